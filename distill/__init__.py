@@ -1,1 +1,1 @@
-"""x"""
+"""What comes from the target: self-distillation data, loss masks, caches, vocab maps, losses."""

@@ -1,1 +1,1 @@
-"""x"""
+"""Command-line glue: the `draftsmith` console script and the benchmark scripts."""

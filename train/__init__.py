@@ -1,1 +1,1 @@
-"""x"""
+"""One readable training loop per method, each runnable with `accelerate launch`."""

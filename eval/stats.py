@@ -1,0 +1,65 @@
+"""Small statistics used by the losslessness checks and the reports (no scipy needed)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ChiSquare:
+    statistic: float
+    dof: int
+    p_value: float
+    bins: int
+
+
+def chi2_sf(statistic: float, dof: int) -> float:
+    """Survival function of the chi-square distribution: P(X >= statistic)."""
+    if dof <= 0:
+        return 1.0
+    x = torch.tensor(statistic / 2.0, dtype=torch.float64)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), x))
+
+
+def chi_square_gof(counts, probs, min_expected: float = 5.0) -> ChiSquare:
+    """Pearson goodness-of-fit of observed `counts` against exact category `probs`.
+
+    Categories whose expected count is below `min_expected` are pooled into one bin (with the
+    mass of categories never observed), the usual validity condition of the test. An
+    observation in a category of probability zero is an impossible event: p-value 0.
+    """
+    counts = torch.as_tensor(counts, dtype=torch.float64).flatten()
+    probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+    if counts.shape != probs.shape:
+        raise ValueError(f"counts {list(counts.shape)} and probs {list(probs.shape)} differ")
+    n = counts.sum()
+    if n <= 0:
+        raise ValueError("no observations")
+    if bool(((probs <= 0) & (counts > 0)).any()):
+        return ChiSquare(statistic=math.inf, dof=max(1, int((probs > 0).sum()) - 1), p_value=0.0, bins=0)
+    probs = probs / probs.sum()
+    expected = n * probs
+    big = expected >= min_expected
+    obs = list(counts[big].tolist())
+    exp = list(expected[big].tolist())
+    rest_exp = float(expected[~big].sum())
+    if rest_exp > 0:
+        obs.append(float(counts[~big].sum()))
+        exp.append(rest_exp)
+    obs_t, exp_t = torch.tensor(obs, dtype=torch.float64), torch.tensor(exp, dtype=torch.float64)
+    statistic = float(((obs_t - exp_t) ** 2 / exp_t).sum())
+    dof = len(obs) - 1
+    return ChiSquare(statistic=statistic, dof=dof, p_value=chi2_sf(statistic, dof), bins=len(obs))
+
+
+def percentile(values, q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
+    vals = sorted(values)
+    if not vals:
+        return math.nan
+    pos = (len(vals) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
