@@ -29,6 +29,8 @@ class SamplingConfig:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise ValueError(f"top_k must be an integer (0 = off), got {self.top_k!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 

@@ -45,10 +45,16 @@ def chi_square_gof(counts, probs, min_expected: float = 5.0) -> ChiSquare:
     big = expected >= min_expected
     obs = list(counts[big].tolist())
     exp = list(expected[big].tolist())
-    rest_exp = float(expected[~big].sum())
-    if rest_exp > 0:
-        obs.append(float(counts[~big].sum()))
+    rest_obs, rest_exp = float(counts[~big].sum()), float(expected[~big].sum())
+    if rest_exp >= min_expected or (rest_exp > 0 and not exp):
+        obs.append(rest_obs)
         exp.append(rest_exp)
+    elif rest_exp > 0:
+        # The pooled bin is itself too small to be tested on its own (one observation there
+        # would dominate the statistic): merge it into the smallest kept bin.
+        j = min(range(len(exp)), key=exp.__getitem__)
+        obs[j] += rest_obs
+        exp[j] += rest_exp
     obs_t, exp_t = torch.tensor(obs, dtype=torch.float64), torch.tensor(exp, dtype=torch.float64)
     statistic = float(((obs_t - exp_t) ** 2 / exp_t).sum())
     dof = len(obs) - 1

@@ -1,111 +1,20 @@
-"""Tiny random models and a tiny tokenizer, built in-process (nothing is downloaded).
+"""Test fixtures: the toy models of `draftsmith.heads.toy`, re-exported for the tests."""
 
-Random models need care to be useful: with the default initialisation every next-token
-distribution is near-uniform, and any two models accept each other's tokens at random.
-Here the output head is scaled up so that distributions are peaked (top token ~0.2-0.6), and
-the draft is a noisy copy of the target, so that acceptance lands between 0.3 and 0.6 and
-every branch of the verification rule (accept, residual, bonus) is exercised.
-"""
-
-from __future__ import annotations
-
-import functools
-import inspect
-
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-from transformers import (
-    AutoModelForCausalLM,
-    GPTNeoXConfig,
-    LlamaConfig,
-    MistralConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
+from draftsmith.heads.toy import (  # noqa: F401
+    CORPUS,
+    DRAFT_NOISE,
+    FAMILIES,
+    HEAD_SCALE,
+    VOCAB,
+    tiny_config,
+    tiny_model,
+    tiny_pair,
+    tiny_tokenizer,
+    write_toy,
 )
-
-VOCAB = 320  # 256 byte symbols + 3 specials + merges
-FAMILIES = ("llama", "qwen2", "mistral", "gpt_neox")
-
-_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "gpt_neox": GPTNeoXConfig}
-
-CORPUS = inspect.getsource(inspect) + inspect.getsource(functools)
-
-
-def tiny_config(family: str, *, hidden: int = 48, layers: int = 2, init: float = 0.05):
-    cls = _CONFIGS[family]
-    kwargs = dict(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        initializer_range=init,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    if family != "gpt_neox":
-        kwargs["num_key_value_heads"] = 2
-    if family == "mistral":
-        kwargs["sliding_window"] = None
-    return cls(**kwargs)
-
-
-HEAD_SCALE = 8.0  # makes the random model's distributions peaked
-DRAFT_NOISE = 0.3  # relative weight noise of the draft: alpha ~0.3-0.6
-
-
-def tiny_model(family: str, seed: int = 0, **kwargs):
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, **kwargs))
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(HEAD_SCALE)
-    model.generation_config.eos_token_id = None  # tests decide where decoding stops
-    model.generation_config.pad_token_id = 0
-    return model.eval()
-
-
-def tiny_pair(family: str, seed: int = 0):
-    """A target (2 layers, hidden 48) and a draft that is a noisy copy of it (same vocab)."""
-    target = tiny_model(family, seed=seed)
-    draft = tiny_model(family, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, weight in draft.named_parameters():
-            if "norm" not in name:
-                noise = torch.randn(weight.shape, generator=gen) * DRAFT_NOISE * weight.std()
-                weight.add_(noise)
-    return target, draft
-
-
-@functools.lru_cache(maxsize=1)
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE with VOCAB tokens trained on a few stdlib modules."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([CORPUS], trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
 
 
 def save_pair(tmp_path, family: str = "llama", seed: int = 0):
     """Write a target and a draft with the tokenizer to `tmp_path/{target,draft}`."""
-    target, draft = tiny_pair(family, seed)
-    tok = tiny_tokenizer()
-    out = {}
-    for name, model in (("target", target), ("draft", draft)):
-        path = tmp_path / name
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-        out[name] = path
-    return out["target"], out["draft"]
+    paths = write_toy(tmp_path, family, seed)
+    return paths["target"], paths["draft"]

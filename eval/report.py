@@ -1,0 +1,148 @@
+"""Evaluation reports: a compact table for the terminal, report.json and report.md on disk."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _num(value, digits=2, suffix=""):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def _positions(values, digits=2):
+    if not values:
+        return "-"
+    return " ".join(_num(v, digits) for v in values)
+
+
+def summary_table(report: dict) -> str:
+    """One Markdown row per method: what a user compares first."""
+    lines = [
+        "| method | alpha | tau | tok/s | speedup | predicted | TTFT ms | latency p50 s | p90 s | KL | TV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["methods"]:
+        lines.append(
+            "| {method} | {alpha} | {tau} | {tps} | {speedup} | {pred} | {ttft} | {p50} | {p90} | {kl} | {tv} |".format(
+                method=row["method"],
+                alpha=_num(row.get("alpha")),
+                tau=_num(row["tau"]),
+                tps=_num(row["tokens_per_second"], 1),
+                speedup=_num(row["speedup"], 2, "x"),
+                pred=_num(row.get("predicted_speedup"), 2, "x"),
+                ttft=_num(row["ttft_ms_p50"], 1),
+                p50=_num(row["latency_s_p50"], 3),
+                p90=_num(row["latency_s_p90"], 3),
+                kl=_num(row.get("kl_mean"), 3),
+                tv=_num(row.get("tv_mean"), 3),
+            )
+        )
+    return "\n".join(lines)
+
+
+def position_table(report: dict) -> str:
+    """Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV."""
+    lines = [
+        "| method | measured alpha_i | expected alpha_i = E[sum min(p,q)] | KL(p||q)_i | TV_i |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["methods"]:
+        if "alpha_per_position" not in row:
+            continue
+        lines.append(
+            f"| {row['method']} | {_positions(row['alpha_per_position'])} | "
+            f"{_positions(row.get('expected_alpha_per_position'))} | "
+            f"{_positions(row.get('kl_per_position'), 3)} | {_positions(row.get('tv_per_position'), 3)} |"
+        )
+    return "\n".join(lines)
+
+
+def theory_table(report: dict) -> str:
+    """Leviathan's predictions from the measured alpha and cost ratio, beside the measurements."""
+    lines = [
+        "| method | alpha | c (draft/target step) | verify cost (x 1 step) | tau measured | tau predicted | speedup measured | predicted (Leviathan) | predicted (measured costs) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["methods"]:
+        if "alpha" not in row:
+            continue
+        lines.append(
+            f"| {row['method']} | {_num(row['alpha'])} | {_num(row['draft_cost_ratio_c'], 3)} | "
+            f"{_num(row['verify_cost_ratio'])} | {_num(row['tau'])} | {_num(row['predicted_tau'])} | "
+            f"{_num(row['speedup'], 2, 'x')} | {_num(row['predicted_speedup'], 2, 'x')} | "
+            f"{_num(row['predicted_speedup_measured_costs'], 2, 'x')} |"
+        )
+    return "\n".join(lines)
+
+
+def header(report: dict) -> str:
+    s = report["settings"]
+    return (
+        f"mode: {report['mode']} (lossless: output distributed exactly as the target's)  |  "
+        f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}  |  "
+        f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}\n"
+        "tau = mean tokens per target call, counting the bonus token (target-only = 1.00); "
+        "speedup = tok/s / target-only tok/s in the same pass, median over passes."
+    )
+
+
+def render_markdown(report: dict) -> str:
+    target = report.get("target", {})
+    parts = [
+        "# draftsmith evaluation",
+        "",
+        f"Target: `{target.get('path', '?')}` ({target.get('parameters', '?')} parameters, "
+        f"{target.get('dtype', '?')} on {target.get('device', '?')})",
+        "",
+        header(report),
+        "",
+        "## Summary",
+        "",
+        summary_table(report),
+        "",
+        "alpha: conditional acceptance pooled over draft positions. KL / TV: target vs draft, "
+        "raw (T=1) distributions on the decoded trajectories (- for drafters without a "
+        "distribution, such as prompt lookup).",
+        "",
+        "## Acceptance by draft position",
+        "",
+        position_table(report),
+        "",
+        "## Theory vs measurement",
+        "",
+        "Leviathan et al.: tau = (1 - alpha^(k+1)) / (1 - alpha) per call with k drafts (averaged "
+        "over the calls made), speedup = tau / (k c + 1). The last column uses the measured tau, "
+        "drafts per call and verify cost instead; its gap to the measured speedup is loop overhead.",
+        "",
+        theory_table(report),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
+    write_atomic(json_path, json.dumps(report, indent=2, allow_nan=True) + "\n")
+    write_atomic(md_path, render_markdown(report))
+    return json_path, md_path

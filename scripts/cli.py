@@ -1,0 +1,277 @@
+"""The `draftsmith` command.
+
+    draftsmith make-toy --out DIR
+    draftsmith eval --target DIR (--draft DIR | --prompt-lookup) --prompts FILE.jsonl --out DIR
+    draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
+
+Every command that loads a model takes --device (default: CUDA when available) and --dtype.
+Errors in the input print one line naming the file, key or value, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0 (0 = off), got {value}")
+        return value
+
+    return parse
+
+
+def _float_in(name, low, high, low_open, what):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        if too_low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {value:g}")
+        return value
+
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
+    p.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
+    p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
+    p.add_argument("--max-ngram", type=_positive_int("--max-ngram"), default=3, help="prompt lookup: longest n-gram to match")
+    p.add_argument("--num-draft-tokens", "-k", type=_positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
+    p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+    p.add_argument("--top-k", type=_non_negative_int("--top-k"), default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=_float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"draftsmith {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="acceptance, speedup and KL of drafters against target-only decoding")
+    _add_model_args(ev)
+    ev.add_argument("--prompts", required=True, help='JSONL: one {"prompt": text} or {"input_ids": [...]} per line')
+    ev.add_argument("--limit", type=_positive_int("--limit"), help="use only the first N prompts")
+    ev.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=128)
+    ev.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
+    ev.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed passes (median reported)")
+    ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
+    ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
+    ev.add_argument("--out", required=True, help="folder for report.json and report.md")
+    ev.set_defaults(func=cmd_eval)
+
+    ck = sub.add_parser("check-lossless", help="chi-square test that speculative sampling matches the target")
+    _add_model_args(ck)
+    ck.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0)
+    ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
+    ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
+    ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this")
+    ck.set_defaults(func=cmd_check_lossless)
+    toy = sub.add_parser("make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools")
+    toy.add_argument("--out", required=True, help="folder to create (target/, draft/, prompts.jsonl)")
+    toy.add_argument("--family", default="llama", help="llama, qwen2, mistral or gpt_neox")
+    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--force", action="store_true", help="replace an existing folder")
+    toy.set_defaults(func=cmd_make_toy)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("draftsmith")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _load(args):
+    """Target, tokenizer and the requested drafters, with every input checked first."""
+    from draftsmith.eval.drafters import DraftModelDrafter, PromptLookupDrafter
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+
+    if not args.draft and not args.prompt_lookup:
+        raise UsageError("give a drafter: --draft DIR and/or --prompt-lookup")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    tokenizer = load_tokenizer(args.target)
+    if args.draft:
+        check_vocab_compatible(args.target, args.draft, target_tokenizer=tokenizer)
+    target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
+    drafters = {}
+    if args.draft:
+        draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
+        drafters["draft"] = DraftModelDrafter(draft, vocab_size=target.get_output_embeddings().weight.shape[0], name=Path(args.draft).name)
+    if args.prompt_lookup:
+        drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
+    return target, tokenizer, drafters, device, dtype
+
+
+def _eos(target, tokenizer):
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    return eos if eos is not None else target.generation_config.eos_token_id
+
+
+def cmd_eval(args) -> int:
+    from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
+    from draftsmith.eval.report import header, position_table, summary_table, write_report
+
+    try:
+        settings = EvalSettings(
+            num_draft_tokens=args.num_draft_tokens,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            repeats=args.repeats,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            measure_distances=not args.no_distances,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} exists and is not a folder")
+    target, tokenizer, drafters, device, dtype = _load(args)
+    prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
+    report = evaluate(target, drafters, prompts, settings, eos_token_id=_eos(target, tokenizer), progress=not args.no_progress)
+    report["target"] = {
+        "path": str(args.target),
+        "parameters": sum(p.numel() for p in target.parameters()),
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+    }
+    report["drafts"] = {"draft": args.draft} if args.draft else {}
+    report["prompts_file"] = str(args.prompts)
+    report["draftsmith_version"] = _version()
+    report["torch_version"] = torch.__version__
+    report["git_revision"] = _git_revision()
+    json_path, md_path = write_report(report, out)
+    print(header(report))
+    print()
+    print(summary_table(report))
+    print()
+    print(position_table(report))
+    print(f"\nwrote {json_path} and {md_path}")
+    return 0
+
+
+def cmd_check_lossless(args) -> int:
+    from draftsmith.eval.lossless import check_lossless
+
+    target, tokenizer, drafters, _, _ = _load(args)
+    if tokenizer is None:
+        raise UsageError(f"--target {args.target!r} has no tokenizer to encode --prompt")
+    prompt = torch.tensor(tokenizer(args.prompt).input_ids, dtype=torch.long)
+    if prompt.numel() == 0:
+        raise UsageError("--prompt tokenizes to nothing")
+    failed = False
+    for name, drafter in drafters.items():
+        print(f"== {name}: K = {args.num_draft_tokens}, T = {args.temperature:g}, top_k = {args.top_k}, top_p = {args.top_p:g}")
+        result = check_lossless(
+            target,
+            drafter,
+            prompt,
+            num_draft_tokens=args.num_draft_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            samples=args.samples,
+            seed=args.seed,
+            threshold=args.threshold,
+            progress=not args.no_progress,
+        )
+        print(result.describe())
+        failed |= not result.passed
+    return 1 if failed else 0
+
+
+def cmd_make_toy(args) -> int:
+    import shutil
+    import tempfile
+
+    from draftsmith.heads.toy import FAMILIES, write_toy
+
+    if args.family not in FAMILIES:
+        raise UsageError(f"--family {args.family!r}: expected one of {', '.join(FAMILIES)}")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {str(out)!r} already exists (pass --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the destination, then rename: an interrupted run leaves no half-written pair.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_toy(tmp, family=args.family, seed=args.seed)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"wrote a toy {args.family} target/draft pair (random weights) and prompts to {out}/")
+    print(f"next: draftsmith eval --target {out}/target --draft {out}/draft --prompt-lookup --prompts {out}/prompts.jsonl --out {out}/eval")
+    return 0
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from draftsmith.eval.evaluator import PromptFileError
+    from draftsmith.heads.models import ModelLoadError
+
+    args = build_parser().parse_args(argv)
+    if getattr(args, "no_progress", False) or args.command == "make-toy":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    try:
+        return args.func(args)
+    except (UsageError, PromptFileError, ModelLoadError) as err:
+        print(f"draftsmith {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
