@@ -52,6 +52,9 @@ class CausalLMAdapter:
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
+        # Sliding-window layers drop old states as they go; a crop after a rejection needs
+        # them back, so keep them until the next crop (as HF's assisted decoding does).
+        self.cache.activate_past_recording()
 
     @torch.inference_mode()
     def forward(
@@ -96,7 +99,7 @@ class CausalLMAdapter:
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens of the cache (drop rejected drafts)."""
         excess = self.seq_len - length
-        if excess < 0:
+        if excess < 0 or length < 0:
             raise ValueError(f"cannot crop a cache of {self.seq_len} tokens to {length}")
         if excess:
             self.cache.crop(-excess)  # transformers 5: negative = number of tokens to remove

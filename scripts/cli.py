@@ -79,7 +79,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="draftsmith", description="Train the drafters of speculative decoding and measure them with a lossless decoder.")
     parser.add_argument("--version", action="version", version=f"draftsmith {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 

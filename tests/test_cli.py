@@ -138,6 +138,7 @@ def test_load_prompts_accepts_token_ids_and_skips_blank_lines(tmp_path):
         load_prompts(path, tokenizer=None)
 
 
+@pytest.mark.slow
 def test_check_lossless_passes_on_the_toy_pair(toy, capsys):
     args = [
         "check-lossless", "--target", toy / "target", "--draft", toy / "draft", "--prompt-lookup",

@@ -1,0 +1,40 @@
+"""Shared test setup: make `import fixtures` work from tests/, and cache the tiny models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fixtures import tiny_pair  # noqa: E402  (needs the path above)
+
+
+@pytest.fixture(scope="session")
+def pairs():
+    """`pairs(family)` -> (target, draft), built once per session.
+
+    The models are only ever read (eval mode, inference), so tests may share them; a test that
+    changes a model's weights or settings must build its own with `fixtures.tiny_pair`.
+    """
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = tiny_pair(family)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models cost per-op overhead, not FLOPs: a second intra-op thread only adds
+    synchronisation (measured ~2x slower on a busy 2-core runner). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
