@@ -25,7 +25,6 @@ from draftsmith.eval.sampling import (
     kl_divergence,
     total_variation,
     verify_chain,
-    verify_chain_greedy,
 )
 from draftsmith.heads.target import CausalLMAdapter
 
@@ -175,9 +174,7 @@ def _as_prompt(input_ids: torch.Tensor) -> torch.Tensor:
 def _eos_set(eos_token_id) -> set[int]:
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}
+    return {int(t) for t in torch.as_tensor(eos_token_id).flatten().tolist()}
 
 
 @torch.inference_mode()
@@ -244,28 +241,40 @@ def generate(
             k = len(proposal)
         t0 = now()
         drafts = proposal.tokens.to(device) if k else seq[:0]
-        fed = torch.cat([seq[length - 1 : length], drafts]).unsqueeze(0)
-        logits = adapter.forward(fed).logits[0].float()  # [k+1, V]
+        last = seq[length - 1 : length]
+        fed = (torch.cat([last, drafts]) if k else last).unsqueeze(0)
+        logits = adapter.forward(fed).logits[0]  # [k+1, V]
+        # One device->host copy per call (the accepted count and the emitted tokens together).
         if sampling.greedy:
-            n, nxt = verify_chain_greedy(logits.argmax(-1)[None], drafts[None])
+            # `verify_chain_greedy` on host lists: keep the drafts that equal the target's
+            # argmax, then emit the argmax at the first mismatch (or the bonus). argmax needs no
+            # float copy of the logits: a bf16 -> fp32 cast is exact and keeps the order.
+            choice = logits.argmax(-1)  # [k+1]
+            ids = torch.cat([choice, drafts]).tolist() if k else choice.tolist()
+            n = 0
+            while n < k and ids[k + 1 + n] == ids[n]:
+                n += 1
+            emitted = ids[: n + 1]  # drafts[:n] equal choice[:n]
+            seq[length : length + n + 1] = choice[: n + 1]
             p = None
         else:
+            logits = logits.float()
             p = sampling.probs(logits)
             q = proposal.probs.to(device)[None] if k and proposal.probs is not None else None
             n, nxt = verify_chain(p[None], drafts[None], q, generator)
-        n = int(n)
+            nxt = nxt.to(device)
+            ids = torch.cat([n.to(device), nxt, drafts]).tolist()
+            n = ids[0]
+            emitted = ids[2 : 2 + n] + ids[1:2]
+            seq[length : length + n + 1] = torch.cat([drafts[:n], nxt])
         # The cache held length-1 tokens and was fed k+1: keep the last token and n drafts.
         adapter.crop(length + n)
         stats.target_seconds += now() - t0
         if drafter is not None and k:
             drafter.accepted(n)
         if measure_distances and k:
-            _add_distances(stats, logits, p, proposal, sampling, reached=min(n + 1, k))
-
-        emitted = torch.cat([drafts[:n], nxt.to(device)])
-        seq[length : length + n + 1] = emitted
+            _add_distances(stats, logits.float(), p, proposal, sampling, reached=min(n + 1, k))
         length += n + 1
-        emitted = emitted.tolist()
         if not new:
             stats.ttft_seconds = now() - start
         stats.proposed.append(k)
