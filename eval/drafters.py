@@ -91,6 +91,8 @@ class DraftModelDrafter(Drafter):
         self._drafted_from = context.shape[0]
         # Catch up on the tokens the cache has not seen (the last correction/bonus token, and
         # after a full acceptance also the last draft token), then extend autoregressively.
+        if self.adapter.seq_len >= context.shape[0]:  # nothing new: recompute the last logits
+            self.adapter.crop(context.shape[0] - 1)
         pending = context[self.adapter.seq_len :].to(device).unsqueeze(0)
         logits = self.adapter.forward(pending, logits_to_keep=1).logits[0, -1]
         tokens, probs, raw = [], [], []
