@@ -146,3 +146,55 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     write_atomic(json_path, json.dumps(report, indent=2, allow_nan=True) + "\n")
     write_atomic(md_path, render_markdown(report))
     return json_path, md_path
+
+
+def compact_table(report: dict) -> str:
+    """The demo's table: method, alpha, tau, speedup, KL (Markdown)."""
+    lines = ["| method | alpha | tau | speedup | KL |", "|---|---|---|---|---|"]
+    for row in report["methods"]:
+        lines.append(
+            f"| {row['method']} | {_num(row.get('alpha'))} | {_num(row['tau'])} | "
+            f"{_num(row['speedup'], 2, 'x')} | {_num(row.get('kl_mean'), 3)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_acceptance(report: dict, path: str | Path) -> Path:
+    """PNG of the measured acceptance alpha_i at each draft position, one line per method
+    (dashed: the analytic E[sum min(p, q)] where the drafter has a distribution)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in report["methods"]:
+        measured = row.get("alpha_per_position")
+        if not measured:
+            continue
+        xs = list(range(1, len(measured) + 1))
+        (line,) = ax.plot(xs, measured, marker="o", label=f"{row['method']} (alpha {_num(row.get('alpha'))})")
+        expected = row.get("expected_alpha_per_position")
+        if expected:
+            ax.plot(list(range(1, len(expected) + 1)), expected, linestyle="--", color=line.get_color(), alpha=0.6)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("acceptance alpha_i (given position i reached)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(range(1, report["settings"]["num_draft_tokens"] + 1))
+    ax.set_title(f"acceptance by draft position - {report['mode']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path

@@ -3,6 +3,8 @@
     draftsmith make-toy --out DIR
     draftsmith eval --target DIR (--draft DIR | --prompt-lookup) --prompts FILE.jsonl --out DIR
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
+    draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
+    draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
 
 Every command that loads a model takes --device (default: CUDA when available) and --dtype.
 Errors in the input print one line naming the file, key or value, and exit with status 2.
@@ -24,30 +26,21 @@ class UsageError(ValueError):
     pass
 
 
+def _int_at_least(name, minimum, note=""):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}{note}, got {value}")
+        return value
+
+    return parse
+
+
 def _positive_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse
-
-
-def _non_negative_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0 (0 = off), got {value}")
-        return value
-
-    return parse
+    return _int_at_least(name, 1)
 
 
 def _float_in(name, low, high, low_open, what):
@@ -72,7 +65,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", "-k", type=_positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
-    p.add_argument("--top-k", type=_non_negative_int("--top-k"), default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-k", type=_int_at_least("--top-k", 0, " (0 = off)"), default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=_float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -108,6 +101,30 @@ def build_parser() -> argparse.ArgumentParser:
     toy.add_argument("--seed", type=int, default=0)
     toy.add_argument("--force", action="store_true", help="replace an existing folder")
     toy.set_defaults(func=cmd_make_toy)
+
+    demo = sub.add_parser("demo", help="build (once) a small real target and evaluate every drafter method on it")
+    demo.add_argument("--quick", action="store_true", help="a smoke run in about a minute (micro target, few short decodes)")
+    demo.add_argument("--out", help="output folder (default runs/demo-<preset>)")
+    demo.add_argument("--preset", help="demo target preset: cpu (default), gpu, micro (default with --quick)")
+    demo.add_argument("--cache-dir", help="where demo targets are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
+    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists")
+    demo.add_argument("--prompts", type=_positive_int("--prompts"), help="number of held-out prompts")
+    demo.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"))
+    demo.add_argument("--num-draft-tokens", "-k", type=_positive_int("--num-draft-tokens (K)"))
+    demo.add_argument("--repeats", type=_positive_int("--repeats"), help="timed passes (median reported)")
+    demo.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
+    demo.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    demo.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.set_defaults(func=cmd_demo)
+
+    bt = sub.add_parser("build-target", help="build (or reuse) the cached demo target, its small draft and prompts")
+    bt.add_argument("--preset", default="cpu", help="cpu (default; <= 15 min on 2 cores), gpu (~105M, one GPU), micro (seconds, tests)")
+    bt.add_argument("--cache-dir", help="cache folder (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
+    bt.add_argument("--force", action="store_true", help="rebuild even when a valid cached build exists")
+    bt.add_argument("--device", default="auto", help="torch device for training (default: cuda when available)")
+    bt.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bt.set_defaults(func=cmd_build_target)
     return parser
 
 
@@ -245,6 +262,45 @@ def cmd_make_toy(args) -> int:
     print(f"wrote a toy {args.family} target/draft pair (random weights) and prompts to {out}/")
     print(f"next: draftsmith eval --target {out}/target --draft {out}/draft --prompt-lookup --prompts {out}/prompts.jsonl --out {out}/eval")
     return 0
+
+
+def cmd_demo(args) -> int:
+    from draftsmith.scripts.demo import QUICK, DemoSettings, run_demo, with_overrides
+    from draftsmith.scripts.demo_target import DemoTargetError
+
+    try:
+        settings = with_overrides(
+            QUICK if args.quick else DemoSettings(),
+            preset=args.preset,
+            num_prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            num_draft_tokens=args.num_draft_tokens,
+            repeats=args.repeats,
+            temperature=args.temperature,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    try:
+        run_demo(
+            settings, out=args.out, cache_dir=args.cache_dir, device=args.device, dtype=args.dtype,
+            force_build=args.rebuild, progress=not args.no_progress,
+        )  # fmt: skip
+    except DemoTargetError as err:
+        raise UsageError(str(err)) from None
+    except KeyboardInterrupt:
+        print("draftsmith demo: interrupted; nothing half-built was cached (an unfinished target build is removed)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_build_target(args) -> int:
+    from draftsmith.scripts.demo_target import run_build
+
+    try:
+        return run_build(args)
+    except KeyboardInterrupt:
+        print("draftsmith build-target: interrupted; the partial build was removed, nothing was cached", file=sys.stderr)
+        return 130
 
 
 def _git_revision() -> str | None:

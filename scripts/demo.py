@@ -1,0 +1,213 @@
+"""`draftsmith demo`: the whole job on the embedded target, in one command.
+
+    draftsmith demo                 # cpu preset: builds the target once (~15 min), then ~2-5 min
+    draftsmith demo --quick         # micro preset, a smoke run in about a minute
+    draftsmith demo --preset gpu --device cuda
+
+  1. build or load the demo target (`draftsmith.scripts.demo_target`, cached);
+  2. prepare every drafter method the toolkit has (training them, with small budgets, where
+     they need it; the small draft is trained with the target, as in the classic baseline);
+  3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
+  4. print one table (method, alpha, tau, speedup, KL) and write report.json, report.md and
+     acceptance.png (acceptance by draft position) to the output folder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    preset: str = "cpu"  # the target to build or load
+    num_prompts: int = 24  # held-out prompts; 24 x 64 tokens keeps the eval to a few minutes on CPU
+    max_new_tokens: int = 64  # prompts are <= ~190 tokens; the target was trained on 256
+    num_draft_tokens: int = 3  # K = 3: a small draft's acceptance decays fast past position 3
+    repeats: int = 3  # timed passes; speedup is their median
+    temperature: float = 0.0  # greedy: acceptance is then a property of the models alone
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+# --quick: the micro target (built in seconds) and a handful of short decodes. It checks that
+# the pipeline runs, not what the numbers are: the micro target is nearly flat.
+QUICK = DemoSettings(preset="micro", num_prompts=4, max_new_tokens=16, repeats=1)
+
+
+@dataclass
+class DemoContext:
+    """What a method may use to prepare its drafter."""
+
+    target: torch.nn.Module
+    tokenizer: object
+    built: object  # draftsmith.scripts.demo_target.DemoTarget
+    device: torch.device
+    dtype: torch.dtype
+    settings: DemoSettings
+
+
+@dataclass(frozen=True)
+class DemoMethod:
+    name: str
+    what: str  # one line for the report
+    prepare: Callable[[DemoContext], object]  # -> a Drafter (may train first)
+
+
+def _prompt_lookup(ctx: DemoContext):
+    from draftsmith.eval.drafters import PromptLookupDrafter
+
+    return PromptLookupDrafter(max_ngram=3)
+
+
+def _small_draft(ctx: DemoContext):
+    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm
+
+    check_vocab_compatible(ctx.built.target, ctx.built.draft, target_tokenizer=ctx.tokenizer)
+    draft = load_causal_lm(ctx.built.draft, device=ctx.device, dtype=ctx.dtype, role="draft")
+    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="small-draft")
+
+
+# Every drafter method of the toolkit, in report order. Distilled drafts, Medusa and EAGLE
+# heads join here as their training loops land (each trained with a small demo budget).
+METHODS: list[DemoMethod] = [
+    DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
+    DemoMethod("small-draft", "independent small Llama trained on the same data (built with the target)", _small_draft),
+]
+
+TABLE_NOTE = """\
+alpha: share of drafted tokens the target accepted (pooled over draft positions).
+tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
+speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes);
+  on a CPU a tiny draft costs about half a target step, so speculation may well lose there.
+KL: KL(target || draft) of the raw distributions along the decoded text (- : no distribution).
+Every row decodes exactly what the target alone would produce (lossless)."""
+
+
+def run_demo(
+    settings: DemoSettings,
+    *,
+    out: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    device: str | None = "auto",
+    dtype: str | None = "auto",
+    force_build: bool = False,
+    progress: bool = True,
+    log=print,
+) -> tuple[dict, Path]:
+    """Build/load, prepare, evaluate, report. Returns (report, output folder)."""
+    from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
+    from draftsmith.eval.report import compact_table, plot_acceptance, render_markdown, write_atomic, write_report
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+    from draftsmith.scripts.demo_target import DemoTargetError, cpu_decode_threads, ensure_demo_target, get_preset, stage_summary
+
+    started = time.perf_counter()
+    preset = get_preset(settings.preset)  # unknown preset: a clear error before any work
+    device_t = resolve_device(device)
+    dtype_t = resolve_dtype(dtype, device_t)
+    out = Path(out) if out else Path("runs") / f"demo-{preset.name}"
+    if out.exists() and not out.is_dir():
+        raise DemoTargetError(f"--out {str(out)!r} exists and is not a folder")
+
+    t = time.perf_counter()
+    built = ensure_demo_target(preset, cache_dir=cache_dir, force=force_build, device=device_t, progress=progress, log=log)
+    build_s = time.perf_counter() - t
+    log(stage_summary(built.manifest))
+
+    tokenizer = load_tokenizer(built.target)
+    target = load_causal_lm(built.target, device=device_t, dtype=dtype_t, role="target")
+    ctx = DemoContext(target, tokenizer, built, device_t, dtype_t, settings)
+    drafters, prepare_s = {}, {}
+    for method in METHODS:
+        t = time.perf_counter()
+        drafters[method.name] = method.prepare(ctx)
+        prepare_s[method.name] = time.perf_counter() - t
+
+    prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.num_prompts)
+    eval_settings = EvalSettings(
+        num_draft_tokens=settings.num_draft_tokens,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        repeats=settings.repeats,
+        seed=settings.seed,
+    )
+    t = time.perf_counter()
+    with cpu_decode_threads(device_t):
+        report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=tokenizer.eos_token_id, progress=progress)
+    eval_s = time.perf_counter() - t
+
+    report["target"] = {
+        "path": str(built.target),
+        "parameters": sum(p.numel() for p in target.parameters()),
+        "dtype": str(dtype_t).replace("torch.", ""),
+        "device": str(device_t),
+    }
+    report["drafts"] = {"small-draft": str(built.draft)}
+    report["prompts_file"] = str(built.heldout_prompts)
+    report["demo"] = {
+        "settings": asdict(settings),
+        "methods": {m.name: m.what for m in METHODS},
+        "demo_target": {
+            "folder": str(built.folder),
+            "preset": built.manifest["preset"],
+            "models": {k: {kk: v[kk] for kk in ("parameters", "tokens_seen", "final_train_loss", "heldout_perplexity")} for k, v in built.manifest["models"].items()},
+            "quality": {k: v for k, v in built.manifest["quality"].items() if k != "samples"},
+        },
+        "seconds": {"build_or_load": build_s, "prepare": prepare_s, "evaluate": eval_s, "total": time.perf_counter() - started},
+        "torch_version": torch.__version__,
+    }
+    json_path, md_path = write_report(report, out)
+    png_path = plot_acceptance(report, out / "acceptance.png")
+    write_atomic(md_path, render_markdown(report) + demo_markdown(report))
+    log("")
+    log(f"draftsmith demo - {preset.name} target ({report['target']['parameters'] / 1e6:.2f}M params), {report['mode']}, "
+        f"K = {settings.num_draft_tokens}, {len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens")
+    log(compact_table(report))
+    log(TABLE_NOTE)
+    log(f"\nwrote {json_path}, {md_path} and {png_path} ({report['demo']['seconds']['total']:.0f} s in all)")
+    return report, out
+
+
+def demo_markdown(report: dict) -> str:
+    """The demo's own sections of report.md: methods, the plot, and the target it ran on."""
+    demo = report["demo"]
+    target = demo["demo_target"]
+    q = target["quality"]
+    lines = ["## Methods", ""]
+    lines += [f"- `{name}`: {what}" for name, what in demo["methods"].items()]
+    lines += ["", "## Acceptance by draft position (plot)", "", "![acceptance by draft position](acceptance.png)", ""]
+    lines += [
+        "## Demo target",
+        "",
+        f"`{target['folder']}` (preset `{target['preset']['name']}`; see its MODEL_CARD.md).",
+        "",
+        "| model | parameters | tokens seen | final train loss | held-out perplexity |",
+        "|---|---|---|---|---|",
+    ]
+    for role, m in target["models"].items():
+        lines.append(f"| {role} | {m['parameters'] / 1e6:.2f}M | {m['tokens_seen']:,} | {m['final_train_loss']:.3f} | {m['heldout_perplexity']:.2f} |")
+    lines += [
+        "",
+        f"Build-time acceptance checks (K = {target['preset']['quality_k']}): self-draft alpha "
+        f"{q['self_draft_greedy']['alpha']:.3f} (must be 1.0), small draft {q['small_draft_greedy']['alpha']:.3f} "
+        f"greedy, {q['small_draft_t1']['alpha']:.3f} at T = 1.",
+        "",
+        "Seconds: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {sum(v.values()):.0f}" for k, v in demo["seconds"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def with_overrides(base: DemoSettings, **overrides) -> DemoSettings:
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})
