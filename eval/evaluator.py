@@ -196,6 +196,16 @@ def evaluate(
     }
 
 
+def describe_target(path, model, device, dtype) -> dict:
+    """The report's `target` entry."""
+    return {
+        "path": str(path),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+    }
+
+
 def _median(values):
     return percentile(values, 50) if values else math.nan
 

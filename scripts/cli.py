@@ -163,7 +163,7 @@ def _eos(target, tokenizer):
 
 
 def cmd_eval(args) -> int:
-    from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
+    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompts
     from draftsmith.eval.report import header, position_table, summary_table, write_report
 
     try:
@@ -186,12 +186,7 @@ def cmd_eval(args) -> int:
     target, tokenizer, drafters, device, dtype = _load(args)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     report = evaluate(target, drafters, prompts, settings, eos_token_id=_eos(target, tokenizer), progress=not args.no_progress)
-    report["target"] = {
-        "path": str(args.target),
-        "parameters": sum(p.numel() for p in target.parameters()),
-        "dtype": str(dtype).replace("torch.", ""),
-        "device": str(device),
-    }
+    report["target"] = describe_target(args.target, target, device, dtype)
     report["drafts"] = {"draft": args.draft} if args.draft else {}
     report["prompts_file"] = str(args.prompts)
     report["draftsmith_version"] = _version()

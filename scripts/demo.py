@@ -107,7 +107,7 @@ def run_demo(
     log=print,
 ) -> tuple[dict, Path]:
     """Build/load, prepare, evaluate, report. Returns (report, output folder)."""
-    from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
+    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompts
     from draftsmith.eval.report import compact_table, plot_acceptance, render_markdown, write_atomic, write_report
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
     from draftsmith.scripts.demo_target import DemoTargetError, cpu_decode_threads, ensure_demo_target, get_preset, stage_summary
@@ -147,12 +147,7 @@ def run_demo(
         report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=tokenizer.eos_token_id, progress=progress)
     eval_s = time.perf_counter() - t
 
-    report["target"] = {
-        "path": str(built.target),
-        "parameters": sum(p.numel() for p in target.parameters()),
-        "dtype": str(dtype_t).replace("torch.", ""),
-        "device": str(device_t),
-    }
+    report["target"] = describe_target(built.target, target, device_t, dtype_t)
     report["drafts"] = {"small-draft": str(built.draft)}
     report["prompts_file"] = str(built.heldout_prompts)
     report["demo"] = {

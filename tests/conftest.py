@@ -38,3 +38,20 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """`run_cli(args)` -> (exit code, stdout, stderr) of the `draftsmith` command, in-process;
+    argparse's own errors exit through SystemExit."""
+    from draftsmith.scripts.cli import main
+
+    def run(args):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

@@ -18,16 +18,6 @@ def toy(tmp_path_factory):
     return out
 
 
-def run_cli(args, capsys):
-    """(exit code, stdout, stderr); argparse's own errors exit through SystemExit."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def eval_args(toy, out, *extra):
     return [
         "eval", "--target", toy / "target", "--draft", toy / "draft", "--prompt-lookup",
@@ -44,9 +34,9 @@ def test_make_toy_writes_a_loadable_pair(toy):
 
 
 @pytest.mark.parametrize("temperature", ["0", "1.0"])
-def test_eval_end_to_end(toy, tmp_path, capsys, temperature):
+def test_eval_end_to_end(toy, tmp_path, run_cli, temperature):
     out = tmp_path / "eval"
-    code, stdout, _ = run_cli(eval_args(toy, out, "--temperature", temperature), capsys)
+    code, stdout, _ = run_cli(eval_args(toy, out, "--temperature", temperature))
     assert code == 0
     assert "counting the bonus token" in stdout
     report = json.loads((out / "report.json").read_text())
@@ -76,16 +66,16 @@ def test_eval_end_to_end(toy, tmp_path, capsys, temperature):
         (["--top-k", "-1"], "--top-k must be >= 0"),
     ],
 )
-def test_eval_rejects_bad_settings(toy, tmp_path, capsys, extra, message):
-    code, _, err = run_cli(eval_args(toy, tmp_path / "out", *extra), capsys)
+def test_eval_rejects_bad_settings(toy, tmp_path, run_cli, extra, message):
+    code, _, err = run_cli(eval_args(toy, tmp_path / "out", *extra))
     assert code == 2
     assert message in err
     assert not (tmp_path / "out").exists()
 
 
-def test_eval_needs_a_drafter(toy, tmp_path, capsys):
+def test_eval_needs_a_drafter(toy, tmp_path, run_cli):
     args = ["eval", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--out", tmp_path / "o"]
-    code, _, err = run_cli(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2 and "--draft DIR and/or --prompt-lookup" in err
 
 
@@ -99,18 +89,18 @@ def test_eval_needs_a_drafter(toy, tmp_path, capsys):
         ('{"input_ids": []}\n', '"input_ids" must be a non-empty list'),
     ],
 )
-def test_eval_rejects_bad_prompt_files(toy, tmp_path, capsys, content, message):
+def test_eval_rejects_bad_prompt_files(toy, tmp_path, run_cli, content, message):
     prompts = tmp_path / "prompts.jsonl"
     if content is not None:
         prompts.write_text(content)
     args = eval_args(toy, tmp_path / "out")
     args[args.index("--prompts") + 1] = prompts
-    code, _, err = run_cli(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2
     assert message in err and str(prompts) in err
 
 
-def test_eval_rejects_a_draft_with_another_vocabulary(toy, tmp_path, capsys):
+def test_eval_rejects_a_draft_with_another_vocabulary(toy, tmp_path, run_cli):
     other = tmp_path / "other-draft"
     tiny_model("llama").save_pretrained(other)
     tok = tiny_tokenizer()
@@ -118,14 +108,14 @@ def test_eval_rejects_a_draft_with_another_vocabulary(toy, tmp_path, capsys):
     tok.save_pretrained(other)
     args = eval_args(toy, tmp_path / "out")
     args[args.index("--draft") + 1] = other
-    code, _, err = run_cli(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2 and "draft vocabulary differs from the target's" in err
 
 
-def test_eval_rejects_a_missing_target(tmp_path, toy, capsys):
+def test_eval_rejects_a_missing_target(tmp_path, toy, run_cli):
     args = eval_args(toy, tmp_path / "out")
     args[args.index("--target") + 1] = tmp_path / "nowhere"
-    code, _, err = run_cli(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2 and "target folder" in err and "does not exist" in err
 
 
@@ -139,17 +129,17 @@ def test_load_prompts_accepts_token_ids_and_skips_blank_lines(tmp_path):
 
 
 @pytest.mark.slow
-def test_check_lossless_passes_on_the_toy_pair(toy, capsys):
+def test_check_lossless_passes_on_the_toy_pair(toy, run_cli):
     args = [
         "check-lossless", "--target", toy / "target", "--draft", toy / "draft", "--prompt-lookup",
         "--samples", 400, "-k", 2, "--no-progress",
     ]  # fmt: skip
-    code, stdout, _ = run_cli(args, capsys)
+    code, stdout, _ = run_cli(args)
     assert stdout.count("PASS") == 2, stdout
     assert code == 0
 
 
-def test_check_lossless_rejects_greedy(toy, capsys):
+def test_check_lossless_rejects_greedy(toy, run_cli):
     args = ["check-lossless", "--target", toy / "target", "--draft", toy / "draft", "--temperature", "0"]
-    code, _, err = run_cli(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2 and "--temperature must be > 0" in err

@@ -10,20 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.scripts import demo_target as dt
-from draftsmith.scripts.cli import main
 from draftsmith.train.lm import LMTrainConfig, lr_at
 
 # Even smaller than micro, for the tests that rebuild: the pipeline, not the model, is tested.
 NANO = replace(dt.PRESETS["micro"], name="nano", target_steps=3, draft_steps=3, warmup_steps=1, num_train_prompts=8, num_heldout_prompts=4)
-
-
-def run_cli(args, capsys):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
@@ -119,28 +109,28 @@ def test_damaged_cache_is_detected(tmp_path, damage, reason):
     assert [p.name for p in tmp_path.iterdir()] == ["demo-target-nano"]
 
 
-def test_interrupted_build_leaves_nothing_loadable(tmp_path, monkeypatch, capsys):
+def test_interrupted_build_leaves_nothing_loadable(tmp_path, monkeypatch, run_cli):
     import draftsmith.train.lm as lm
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(lm, "train_lm", interrupted)
-    code, _, err = run_cli(["build-target", "--preset", "micro", "--cache-dir", tmp_path, "--no-progress"], capsys)
+    code, _, err = run_cli(["build-target", "--preset", "micro", "--cache-dir", tmp_path, "--no-progress"])
     assert code == 130 and "interrupted" in err and "nothing was cached" in err
     assert list(tmp_path.iterdir()) == []  # the temporary build folder was removed
 
 
-def test_unwritable_cache_dir(tmp_path, capsys):
+def test_unwritable_cache_dir(tmp_path, run_cli):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    code, _, err = run_cli(["build-target", "--preset", "micro", "--cache-dir", blocker / "cache", "--no-progress"], capsys)
+    code, _, err = run_cli(["build-target", "--preset", "micro", "--cache-dir", blocker / "cache", "--no-progress"])
     assert code == 2 and "is not writable" in err and "--cache-dir" in err
 
 
 @pytest.mark.parametrize("command", ["build-target", "demo"])
-def test_unknown_preset(tmp_path, capsys, command):
-    code, _, err = run_cli([command, "--preset", "huge", "--cache-dir", tmp_path, "--no-progress"], capsys)
+def test_unknown_preset(tmp_path, run_cli, command):
+    code, _, err = run_cli([command, "--preset", "huge", "--cache-dir", tmp_path, "--no-progress"])
     assert code == 2 and "unknown preset 'huge'" in err and "cpu, gpu, micro" in err
     assert list(tmp_path.iterdir()) == []
 
@@ -161,9 +151,9 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 @pytest.mark.slow
-def test_demo_quick_end_to_end(tmp_path, capsys):
+def test_demo_quick_end_to_end(tmp_path, run_cli):
     out = tmp_path / "demo"
-    code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"], capsys)
+    code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"])
     assert code == 0
     assert "| method | alpha | tau | speedup | KL |" in stdout and "counting the bonus token" in stdout
     report = json.loads((out / "report.json").read_text())
