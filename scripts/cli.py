@@ -13,7 +13,6 @@ Errors in the input print one line naming the file, key or value, and exit with 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from importlib import metadata

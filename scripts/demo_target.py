@@ -31,7 +31,6 @@ import ast
 import contextlib
 import hashlib
 import json
-import math
 import os
 import platform
 import shutil
