@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 class ModelLoadError(ValueError):
@@ -31,8 +34,14 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     """`None`/"auto" -> bfloat16 on CUDA, float32 elsewhere."""
     if name in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return parse_dtype(name)
+
+
+def parse_dtype(name: str, flag: str = "--dtype") -> torch.dtype:
+    """A dtype name or its short alias (bf16, fp16, fp32)."""
+    name = DTYPE_ALIASES.get(name, name)
     if name not in DTYPES:
-        raise ModelLoadError(f"--dtype {name!r}: expected one of auto, {', '.join(DTYPES)}")
+        raise ModelLoadError(f"{flag} {name!r}: expected one of auto, {', '.join(DTYPES)} (or bf16, fp16, fp32)")
     return DTYPES[name]
 
 
@@ -104,3 +113,53 @@ def check_vocab_compatible(target_dir: str | Path, draft_dir: str | Path, target
             f"{v_target} logits, draft {str(draft_dir)!r} outputs {v_draft} "
             "(and no tokenizer in both folders to prove they only differ by padding)"
         )
+
+
+# --------------------------------------------------------------------------- fingerprints
+# Every artifact made from a target (generated data, hidden-state caches, trained heads) records
+# which target made it, so that a later consumer can refuse a mismatch instead of training on
+# silent garbage. Hashing all weights of a 70B model would read 140 GB; instead the fingerprint
+# covers the full config and a strided sample of 64 values from every parameter, rounded to
+# bfloat16 so that one checkpoint loaded in fp32 or in bf16 gives the same fingerprint.
+
+_VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "_commit_hash", "use_cache")
+
+
+def config_fingerprint(config) -> str:
+    data = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@torch.no_grad()
+def target_fingerprint(model: PreTrainedModel) -> str:
+    digest = hashlib.sha256(config_fingerprint(model.config).encode())
+    for name, param in sorted(model.named_parameters()):
+        flat = param.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 64)][:64]
+        digest.update(name.encode())
+        digest.update(sample.to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """sha256 of the vocabulary and the added tokens (what decides the ids), or None."""
+    if tokenizer is None:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def describe_model(path: str | Path, model: PreTrainedModel) -> dict:
+    """Provenance of a loaded model: where it came from and what exactly it is."""
+    config = model.config
+    return {
+        "path": str(Path(path).resolve()) if Path(path).exists() else str(path),
+        "name_or_path": getattr(config, "_name_or_path", None) or str(path),
+        "revision": getattr(config, "_commit_hash", None),
+        "architectures": getattr(config, "architectures", None),
+        "num_layers": config.get_text_config().num_hidden_layers,
+        "hidden_size": config.get_text_config().hidden_size,
+        "vocab_size": model.get_output_embeddings().weight.shape[0],
+        "config_hash": config_fingerprint(config),
+        "fingerprint": target_fingerprint(model),
+    }

@@ -85,6 +85,17 @@ def tiny_pair(family: str, seed: int = 0):
     return target, draft
 
 
+# A Mistral-style chat template over the toy tokenizer's own specials, so that the chat paths
+# (`draftsmith generate` on conversations, loss masks) run on toy models too.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+
+
 @functools.lru_cache(maxsize=1)
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE with VOCAB tokens trained on a few stdlib modules."""
@@ -99,14 +110,16 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator([CORPUS], trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", chat_template=CHAT_TEMPLATE
     )
 
 
 def write_toy(out_dir, family: str = "llama", seed: int = 0, num_prompts: int = 16):
-    """Write `out_dir/{target,draft}` (models + tokenizer) and `out_dir/prompts.jsonl`.
+    """Write `out_dir/{target,draft}` (models + tokenizer), `out_dir/prompts.jsonl` and
+    `out_dir/chats.jsonl`.
 
-    Prompts are three-line windows of the standard-library text the tokenizer was trained on.
+    Prompts are three-line windows of the standard-library text the tokenizer was trained on;
+    chats are two-turn ShareGPT-style conversations made of the same lines.
     """
     import json
     from pathlib import Path
@@ -124,4 +137,10 @@ def write_toy(out_dir, family: str = "llama", seed: int = 0, num_prompts: int = 
     rows = [json.dumps({"prompt": "\n".join(lines[i : i + 3]) + "\n"}) for i in range(0, step * num_prompts, step)]
     paths["prompts"] = out_dir / "prompts.jsonl"
     paths["prompts"].write_text("\n".join(rows) + "\n", encoding="utf-8")
+    chats = []
+    for i in range(0, step * num_prompts, step):
+        turns = [("human", "Continue:\n" + lines[i]), ("gpt", lines[i + 1]), ("human", "And then?"), ("gpt", lines[i + 2])]
+        chats.append(json.dumps({"conversations": [{"from": who, "value": text} for who, text in turns]}))
+    paths["chats"] = out_dir / "chats.jsonl"
+    paths["chats"].write_text("\n".join(chats) + "\n", encoding="utf-8")
     return paths

@@ -5,6 +5,10 @@
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
+    draftsmith inspect-data DIR [--index I]
+    draftsmith vocab-map --data DIR --draft-vocab-size N
+    draftsmith cache-hidden --target DIR --data DIR --layers 2,mid,-3 --out DIR
 
 Every command that loads a model takes --device (default: CUDA when available) and --dtype.
 Errors in the input print one line naming the file, key or value, and exit with status 2.
@@ -124,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--device", default="auto", help="torch device for training (default: cuda when available)")
     bt.add_argument("--no-progress", action="store_true", help="no progress bars")
     bt.set_defaults(func=cmd_build_target)
+
+    from draftsmith.scripts.data_cli import add_data_commands
+
+    add_data_commands(sub)
     return parser
 
 

@@ -55,3 +55,29 @@ def run_cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def toy_dir(tmp_path_factory):
+    """A toy target/draft pair with its tokenizer and prompts.jsonl, written once per session."""
+    from fixtures import write_toy
+
+    out = tmp_path_factory.mktemp("toy-pair")
+    write_toy(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def toy_data(toy_dir, tmp_path_factory):
+    """Self-distillation data of the toy target on 6 of its prompts as raw text (greedy, 8 new
+    tokens, shards of 4). Read-only: tests that change data make their own."""
+    from draftsmith.scripts.cli import main
+
+    out = tmp_path_factory.mktemp("toy-data") / "data"
+    args = [
+        "generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--limit", 6,
+        "--max-new-tokens", 8, "--batch-size", 3, "--shard-size", 4, "--chat-template", "none",
+        "--out", out, "--no-progress", "--device", "cpu",
+    ]  # fmt: skip
+    assert main([str(a) for a in args]) == 0
+    return out

@@ -1,0 +1,395 @@
+"""Self-distillation data: the target answers the prompts itself.
+
+    draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens 512]
+                        [--temperature 0 --top-p 1] [--num-samples 1] [--batch-size 8]
+                        [--chat-template auto|none|FILE]
+
+A drafter is accepted in proportion to how well it predicts *this* target, so it trains on
+the target's own outputs: every assistant turn of the source is replaced by the target's
+answer given the turns before it (earlier turns already regenerated), and plain prompts get
+the target's completion. What the drafter learns is marked by the loss mask: the assistant
+content and its end-of-turn token, taken from the tokenizer's own chat template
+(`distill/chat.py`), or the completion tokens for plain prompts.
+
+Work is split into shards of `shard_size` samples. A shard is generated with its own seed
+(seed * 1_000_003 + shard index), written to a temporary folder and renamed into place, so a
+re-run skips complete shards and ends with exactly the data an uninterrupted run makes.
+Answers cut by --max-new-tokens are kept with finish_reason "length" and counted; a cut turn
+ends its conversation (later turns would follow an answer the target never finished).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill import data as store
+from draftsmith.distill.chat import ChatTemplateError, check_template, conversation_tokens, special_token_ids, template_hash
+from draftsmith.distill.sources import Record, Source, assistant_turns
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    max_new_tokens: int = 512  # per assistant turn; longer answers are cut and flagged
+    temperature: float = 0.0  # 0 = greedy; sample at the serving temperature when serving samples
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (HF's generate defaults to 50; draftsmith never warps silently)
+    num_samples: int = 1  # answers per prompt (needs temperature > 0 when > 1)
+    batch_size: int = 8
+    shard_size: int = 256  # samples per shard: the unit of resumption
+    max_length: int | None = None  # prompt + answer tokens; default: the target's max positions
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = {
+            "max_new_tokens": self.max_new_tokens >= 1,
+            "temperature": self.temperature >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "top_k": self.top_k >= 0,
+            "num_samples": self.num_samples >= 1,
+            "batch_size": self.batch_size >= 1,
+            "shard_size": self.shard_size >= 1,
+            "max_length": self.max_length is None or self.max_length >= 2,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name} = {getattr(self, name)!r} is out of range")
+        if self.num_samples > 1 and self.temperature == 0:
+            raise ValueError("num_samples > 1 with temperature 0 would repeat the same greedy answer; set temperature > 0")
+
+
+@dataclass
+class _Conversation:
+    """One sample in the making: the messages so far and the turns still to generate."""
+
+    record: Record
+    sample_index: int
+    messages: list[dict] | None  # None for plain prompts without a chat template
+    turns: list[int]
+    prompt_ids: list[int] = field(default_factory=list)  # of the last generated turn
+    prompt_mask: list[int] = field(default_factory=list)
+    answer_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_turns: int = 0
+    skipped: str | None = None
+
+
+def stop_token_ids(model, tokenizer, template: str | None) -> list[int]:
+    """EOS ids of the target, plus the chat template's end-of-turn token (e.g. <|im_end|>).
+
+    The end-of-turn token is read off the template itself: render a one-turn exchange and take
+    the special token the mask places after the assistant's content.
+    """
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    if template is not None:
+        try:
+            tokens, mask = conversation_tokens(tokenizer, template, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+            trained = [t for t, m in zip(tokens, mask) if m]
+            if trained and trained[-1] in special_token_ids(tokenizer):
+                ids.append(trained[-1])
+        except ChatTemplateError:
+            pass  # a template that cannot render this exchange is reported when it is first used
+    return sorted(set(ids))
+
+
+def _from_first_user_turn(messages: list[dict]) -> list[dict]:
+    """Drop assistant turns before the first user turn (a canned greeting): the target cannot
+    regenerate an answer to nothing, and training on someone else's text is what this avoids."""
+    roles = [m["role"] for m in messages]
+    if "user" not in roles:
+        return messages
+    first = roles.index("user")
+    return [m for m in messages[:first] if m["role"] == "system"] + messages[first:]
+
+
+def _prompt_tokens(conv: _Conversation, tokenizer, template: str | None) -> tuple[list[int], list[int]]:
+    if conv.messages is None:
+        ids = tokenizer(conv.record.prompt).input_ids
+        return ids, [0] * len(ids)
+    turn = conv.turns[conv.num_turns]
+    return conversation_tokens(tokenizer, template, conv.messages[:turn], add_generation_prompt=True)
+
+
+@torch.inference_mode()
+def _generate_batch(model, prompts: list[list[int]], budgets: list[int], settings: GenerateSettings, stop_ids: list[int], pad_id: int):
+    """Left-padded batched generation; returns each row's answer ids (through the stop token)
+    and its finish reason."""
+    from transformers import GenerationConfig
+
+    width = max(map(len, prompts))
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention[row, width - len(ids) :] = 1
+    sample = settings.temperature > 0
+    config = GenerationConfig(
+        max_new_tokens=max(budgets),
+        do_sample=sample,
+        temperature=settings.temperature if sample else None,
+        top_p=settings.top_p if sample else None,
+        top_k=settings.top_k if sample and settings.top_k else None,
+        eos_token_id=stop_ids or None,
+        pad_token_id=pad_id,
+    )
+    out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device), generation_config=config)
+    new = out[:, width:].tolist()
+    stops = set(stop_ids)
+    results = []
+    for row, budget in zip(new, budgets):
+        row = row[:budget]
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        results.append((row[: end + 1], "stop") if end is not None else (row, "length"))
+    return results
+
+
+def _row(conv: _Conversation) -> dict:
+    ids = conv.prompt_ids + conv.answer_ids
+    mask = conv.prompt_mask + [1] * len(conv.answer_ids)
+    return {
+        "input_ids": ids,
+        "loss_mask": mask,
+        "length": len(ids),
+        "num_trained": sum(mask),
+        "prompt_length": len(conv.prompt_ids),
+        "finish_reason": conv.finish_reason,
+        "num_turns": conv.num_turns,
+        "record_index": conv.record.index,
+        "sample_index": conv.sample_index,
+    }
+
+
+def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: str | None, settings: GenerateSettings, *, max_length: int, stop_ids: list[int], progress=None):
+    """Generate one shard's samples; returns (rows in item order, shard statistics)."""
+    convs = []
+    for record, sample_index in items:
+        if record.messages is not None or template is not None:
+            messages = list(record.messages) if record.messages is not None else [{"role": "user", "content": record.prompt}]
+            messages = _from_first_user_turn(messages)
+            convs.append(_Conversation(record, sample_index, messages, assistant_turns(messages)))
+        else:
+            convs.append(_Conversation(record, sample_index, None, [0]))
+    skipped: dict[str, int] = {}
+    examples: list[dict] = []
+    dropped_turns = 0
+
+    def skip(conv, reason, detail):
+        conv.skipped = reason
+        skipped[reason] = skipped.get(reason, 0) + 1
+        if len(examples) < 5:
+            examples.append({"record_index": conv.record.index, "reason": reason, "detail": detail})
+
+    for conv in convs:
+        if not conv.turns:
+            skip(conv, "no_user_turn", "the conversation has no user message to answer")
+    pad_id = next(x for x in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if x is not None)
+    generated = prompt_tokens = 0
+    round_index = 0
+    while True:
+        active = [c for c in convs if c.skipped is None and c.finish_reason != "length" and c.num_turns < len(c.turns)]
+        if not active:
+            break
+        ready = []
+        for conv in active:
+            try:
+                ids, mask = _prompt_tokens(conv, tokenizer, template)
+            except ChatTemplateError as err:
+                if round_index == 0:
+                    skip(conv, "template_error", str(err))
+                else:  # keep the turns already made; the rest cannot be rendered
+                    conv.turns = conv.turns[: conv.num_turns]
+                    dropped_turns += 1
+                continue
+            if len(ids) >= max_length:
+                if round_index == 0:
+                    skip(conv, "prompt_too_long", f"{len(ids)} prompt tokens >= max_length {max_length}")
+                else:  # the conversation outgrew the window: it ends at its last complete turn
+                    conv.turns = conv.turns[: conv.num_turns]
+                    dropped_turns += 1
+                continue
+            ready.append((conv, ids, mask))
+        # Similar lengths side by side: less padding, and the order is still deterministic.
+        ready.sort(key=lambda r: len(r[1]))
+        for start in range(0, len(ready), settings.batch_size):
+            batch = ready[start : start + settings.batch_size]
+            budgets = [min(settings.max_new_tokens, max_length - len(ids)) for _, ids, _ in batch]
+            results = _generate_batch(model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id)
+            for (conv, ids, mask), (answer, reason) in zip(batch, results):
+                conv.prompt_ids, conv.prompt_mask, conv.answer_ids, conv.finish_reason = ids, mask, answer, reason
+                generated += len(answer)
+                prompt_tokens += len(ids)
+                if conv.messages is not None:
+                    turn = conv.turns[conv.num_turns]
+                    text = tokenizer.decode([t for t in answer if t not in stop_ids], skip_special_tokens=True)
+                    message = {"role": "assistant", "content": text}
+                    if turn < len(conv.messages):
+                        conv.messages[turn] = message
+                    else:
+                        conv.messages.append(message)
+                conv.num_turns += 1
+            if progress is not None:
+                progress.update(len(batch))
+        round_index += 1
+    rows = [_row(c) for c in convs if c.skipped is None]
+    stats = {
+        "samples": len(rows),
+        "skipped": skipped,
+        "skipped_examples": examples,
+        "turns_dropped": dropped_turns,
+        "generated_tokens": generated,
+        "prompt_tokens": prompt_tokens,
+    }
+    return rows, stats
+
+
+def provenance(model, tokenizer, target_path, source: Source, template: str | None, template_spec: str, settings: GenerateSettings, max_length: int, stop_ids: list[int], dtype) -> dict:
+    from draftsmith.heads.models import describe_model, tokenizer_fingerprint
+
+    return {
+        "kind": "draftsmith self-distillation data",
+        "format_version": 1,
+        "target": describe_model(target_path, model) | {"dtype": str(dtype).removeprefix("torch.")},
+        "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+        "chat_template": {"spec": template_spec, "used": template is not None, "hash": template_hash(template)},
+        "source": {"name": source.name, "format": source.format, "records": len(source.records), "fingerprint": source.fingerprint},
+        "settings": asdict(settings) | {"max_length": max_length},
+        "stop_token_ids": stop_ids,
+    }
+
+
+# Keys that must agree for a re-run to resume into an existing folder.
+_RESUME_KEYS = ("target", "tokenizer_hash", "chat_template", "source", "settings", "stop_token_ids")
+
+
+def _check_resumable(out: Path, prov: dict) -> None:
+    old = store.read_json(out / store.PROVENANCE, "existing provenance")
+    differ = [k for k in _RESUME_KEYS if old.get(k) != prov.get(k)]
+    if differ:
+        raise store.DataError(
+            f"--out {str(out)!r} holds data made with other {', '.join(differ)}; "
+            "resume only with the same arguments, or choose a new --out"
+        )
+
+
+def generate_dataset(
+    model, tokenizer, source: Source, out_dir, settings: GenerateSettings, *, template: str | None,
+    template_spec: str = "auto", target_path: str = "", dtype=None, progress: bool = True, log=print,
+) -> dict:  # fmt: skip
+    """Generate (or finish) the dataset in `out_dir`; returns the summary."""
+    out = Path(out_dir)
+    text_config = model.config.get_text_config()
+    max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
+    if template is None and source.format != "prompt":
+        raise store.DataError(
+            f"{source.name!r} holds {source.format} conversations but no chat template is in use "
+            "(the tokenizer has none, or --chat-template none): pass --chat-template FILE"
+        )
+    if template is not None:
+        first = source.records[0]
+        check_template(tokenizer, template, list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}])
+    stop_ids = stop_token_ids(model, tokenizer, template)
+    prov = provenance(model, tokenizer, target_path, source, template, template_spec, settings, max_length, stop_ids, dtype or model.dtype)
+    if out.exists() and not out.is_dir():
+        raise store.DataError(f"--out {str(out)!r} exists and is not a folder")
+    if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
+        _check_resumable(out, prov)
+    elif out.exists() and any(out.iterdir()):
+        raise store.DataError(f"--out {str(out)!r} exists and is not a draftsmith data folder; choose a new folder")
+    (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
+    store.remove_stale_temporaries(out / store.SHARDS)
+    store.remove_stale_temporaries(out)
+    if not (out / store.PROVENANCE).is_file():
+        store.write_json_atomic(out / store.PROVENANCE, prov)
+
+    items = [(record, s) for record in source.records for s in range(settings.num_samples)]
+    num_shards = (len(items) + settings.shard_size - 1) // settings.shard_size
+    done = {p.name for p in store.complete_shards(out)}
+    todo = [k for k in range(num_shards) if store.shard_name(k) not in done]
+    if done:
+        log(f"resuming: {len(done)} of {num_shards} shards already complete")
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo), desc="generate", unit="turn")
+    try:
+        for k in todo:
+            chunk = items[k * settings.shard_size : (k + 1) * settings.shard_size]
+            torch.manual_seed(settings.seed * 1_000_003 + k)  # each shard its own stream: resumable
+            start = time.perf_counter()
+            rows, stats = generate_shard(model, tokenizer, chunk, template, settings, max_length=max_length, stop_ids=stop_ids, progress=bar)
+            stats["seconds"] = _synchronized_elapsed(model.device, start)
+            stats["device"] = str(model.device)
+            store.write_shard(rows, stats, out / store.SHARDS / store.shard_name(k))
+    finally:
+        if bar is not None:
+            bar.close()
+    return finish(out, vocab_size=model.get_output_embeddings().weight.shape[0], num_shards=num_shards, log=log)
+
+
+def _synchronized_elapsed(device, start: float) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def finish(out: Path, *, vocab_size: int, num_shards: int, log=print) -> dict:
+    """Statistics, token counts and the data hash over all shards; summary.json written last."""
+    shards = store.complete_shards(out)
+    if len(shards) != num_shards:
+        raise store.DataError(f"{str(out)!r}: {len(shards)} of {num_shards} shards are complete")
+    parts = [store.load_shard(p) for p in shards]
+    shard_stats = [store.read_json(p / store.SHARD_STATS, "shard statistics") for p in shards]
+    samples = sum(len(p) for p in parts)
+    tokens = sum(int(sum(p["length"])) for p in parts)
+    trained = sum(int(sum(p["num_trained"])) for p in parts)
+    truncated = sum(sum(1 for r in p["finish_reason"] if r == "length") for p in parts)
+    skipped: dict[str, int] = {}
+    for s in shard_stats:
+        for reason, n in s["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    generated = sum(s["generated_tokens"] for s in shard_stats)
+    seconds = sum(s["seconds"] for s in shard_stats)
+    data_hash = store.hash_rows(parts)
+    counts = store.count_trained_tokens(parts, vocab_size)
+    store.save_token_counts(out / store.TOKEN_COUNTS, counts, data_hash)
+    summary = {
+        "data_hash": data_hash,
+        "num_shards": num_shards,
+        "samples": samples,
+        "tokens": tokens,
+        "trained_tokens": trained,
+        "mean_length": tokens / samples if samples else 0.0,
+        "truncated": truncated,
+        "truncation_rate": truncated / samples if samples else 0.0,
+        "skipped": skipped,
+        "skipped_examples": [e for s in shard_stats for e in s["skipped_examples"]][:10],
+        "turns_dropped": sum(s["turns_dropped"] for s in shard_stats),
+        "generated_tokens": generated,
+        "generation_seconds": seconds,
+        "generated_tokens_per_second": generated / seconds if seconds else None,
+        "distinct_trained_tokens": int((counts > 0).sum()),
+    }
+    store.write_json_atomic(out / store.SUMMARY, summary)
+    if samples == 0:
+        log(f"warning: no samples were generated ({skipped or 'empty source'})")
+    return summary
+
+
+def describe_summary(summary: dict) -> str:
+    skipped = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in summary["skipped"].items()) or "none"
+    rate = summary["generated_tokens_per_second"]
+    return "\n".join([
+        f"samples          {summary['samples']} in {summary['num_shards']} shard(s); skipped: {skipped}",
+        f"tokens           {summary['tokens']} ({summary['trained_tokens']} trained = under the loss mask); mean length {summary['mean_length']:.1f}",
+        f"truncated        {summary['truncated']} ({100 * summary['truncation_rate']:.1f}%) cut at --max-new-tokens, kept and flagged",
+        f"generation       {summary['generated_tokens']} tokens in {summary['generation_seconds']:.1f} s"
+        + (f" ({rate:.0f} tokens/s)" if rate else ""),
+        f"data hash        {summary['data_hash']}",
+    ])  # fmt: skip
