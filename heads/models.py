@@ -45,8 +45,18 @@ def parse_dtype(name: str, flag: str = "--dtype") -> torch.dtype:
     return DTYPES[name]
 
 
-def _check_folder(path: str | Path, role: str) -> Path:
-    path = Path(path)
+def is_hub_id(text: str) -> bool:
+    """"org/name" (or "name") that is not a local path: loaded from the Hugging Face Hub."""
+    text = str(text)
+    if Path(text).expanduser().exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        return False
+    return all(part and all(c.isalnum() or c in "-_." for c in part) for part in text.split("/"))
+
+
+def _check_folder(path: str | Path, role: str) -> Path | str:
+    if is_hub_id(str(path)):
+        return str(path)  # from_pretrained fetches it (or finds it in the local HF cache)
+    path = Path(path).expanduser()
     if not path.is_dir():
         raise ModelLoadError(f"{role} folder {str(path)!r} does not exist or is not a directory")
     if not (path / "config.json").is_file():
@@ -59,13 +69,14 @@ def load_causal_lm(path: str | Path, *, device: torch.device, dtype: torch.dtype
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load the {role} from {str(path)!r}: {err}") from None
+        where = "the Hugging Face Hub (or the local HF cache)" if isinstance(path, str) else "its folder"
+        raise ModelLoadError(f"cannot load the {role} {str(path)!r} from {where}: {err}") from None
     return model.to(device).eval()
 
 
 def load_tokenizer(path: str | Path, role: str = "model"):
-    """The folder's tokenizer, or None when it has none."""
-    path = Path(path)
+    """The folder's (or hub id's) tokenizer, or None when it has none."""
+    path = str(path) if is_hub_id(str(path)) else Path(path).expanduser()
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):

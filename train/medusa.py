@@ -1,0 +1,548 @@
+"""Train Medusa heads on a frozen target's own generations.
+
+    accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml
+    accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml max_steps=50 loss=forward_kl
+    python train/medusa.py --recipe recipes/demo/medusa.yaml          # one process, same loop
+
+Medusa head k (0-based) reads the target's last hidden state h_t (after the final norm) and
+predicts token t+2+k: the target itself supplies token t+1, the heads the tokens after it.
+
+- Medusa-1 (`mode: medusa1`): the target is frozen. Its hidden states come from a forward
+  under no_grad inside the loop (online, the default), or from a `draftsmith cache-hidden`
+  cache of the `last` layer (offline: `hidden_cache: DIR`).
+- Medusa-2 (`mode: medusa2`): LoRA adapters on the backbone train jointly with the heads,
+  L = L_base + lambda * sum_k w_k L_k, where L_base = KL(original target || adapted target)
+  on the next token keeps the backbone's own predictions (the adapters are disabled for the
+  teacher pass), lambda warms up linearly, and the heads learn at `head_lr_multiplier` x lr.
+- Head losses: `loss: ce` (hard labels = the data's tokens, i.e. the target's own answers) or
+  a divergence from `draftsmith.distill.losses` against the target's distribution for the
+  same token (its logits at position t+1+k), weighted w_k = head_decay^k.
+- Every `eval_every` steps on the held-out rows: per-head top-1/top-5 accuracy, the rank-wise
+  accuracy table the tree builder uses, and the simulated chain acceptance length
+  tau = 1 + E[consecutive heads whose top-1 is right] (counting the target's own token).
+- Checkpoints every `save_every` steps (accelerate state + step); `resume: true` continues
+  from the latest one and ends with the same weights as an uninterrupted run (the batch order
+  is a function of the seed and the step only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.data import DistillData, write_json_atomic
+from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
+from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
+
+LOSSES = ("ce",) + DIVERGENCES
+
+
+@dataclass
+class MedusaRecipe:
+    target: str  # HF folder of the target (the one that generated `data`)
+    data: str  # a `draftsmith generate` folder
+    out: str  # where heads, checkpoints and metrics go
+    mode: str = "medusa1"  # medusa1: frozen target; medusa2: + LoRA on the backbone
+    hidden_cache: str | None = None  # offline Medusa-1: a `cache-hidden --layers last` folder
+    num_heads: int = 4  # Medusa's default; deeper heads are rarely right (acc ~0.8^k)
+    num_layers: int = 1  # residual blocks per head (Medusa: 1)
+    share_lm_head: bool = False  # reuse the target's frozen lm_head (for 128k+ vocabularies)
+    loss: str = "ce"  # ce, or a divergence: forward_kl, reverse_kl, jsd, tv, soft_ce, kl_tv
+    temperature: float = 1.0  # of the divergence; match the serving temperature
+    head_decay: float = 0.8  # w_k = head_decay^k (Medusa): later heads are less often useful
+    lr: float = 1e-3  # Medusa-1 heads train from identity: a high lr is safe
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_steps: int = 300  # budget in steps, never wall-clock
+    batch_size: int = 8  # rows per step (per process)
+    grad_accum: int = 1
+    max_length: int = 512  # rows are cut to this many tokens
+    grad_clip: float = 1.0
+    chunk_size: int | None = None  # token chunks for the loss (memory for large vocabularies)
+    heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
+    eval_every: int = 100
+    save_every: int = 100
+    log_every: int = 10
+    eval_topk: int = 10  # ranks kept in the accuracy table (the tree builder's input)
+    resume: bool = False  # continue from the latest checkpoint in `out`
+    seed: int = 0
+    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
+    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
+    # Medusa-2 only
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # family-specific
+    medusa2_lambda: float = 0.2  # weight of the head losses against L_base once warmed up
+    lambda_warmup_steps: int = 50  # heads start random-ish: keep them from pulling the backbone early
+    head_lr_multiplier: float = 4.0  # heads learn from scratch, the backbone only adapts
+
+    def __post_init__(self):
+        if self.mode not in ("medusa1", "medusa2"):
+            raise ValueError(f"mode = {self.mode!r}: expected medusa1 or medusa2")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(LOSSES)}")
+        if self.mode == "medusa2" and self.hidden_cache:
+            raise ValueError("hidden_cache (offline) is for medusa1: medusa2 trains the backbone, whose states change")
+        for name in ("num_heads", "num_layers", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every", "eval_topk", "lora_r"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if self.max_length < self.num_heads + 2:
+            raise ValueError(f"max_length = {self.max_length} leaves no position for {self.num_heads} heads")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
+        if not 0 < self.head_decay <= 1 or self.temperature <= 0 or self.lr <= 0:
+            raise ValueError("need 0 < head_decay <= 1, temperature > 0, lr > 0")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
+    """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
+    if heldout_fraction == 0 or n < 2:
+        return list(range(n)), []
+    every = max(2, round(1 / heldout_fraction))
+    return [i for i in range(n) if i % every], [i for i in range(n) if i % every == 0]
+
+
+def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, grad_accum: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
+    """Rows of micro-batch `micro` of optimizer step `step` on process `rank`.
+
+    A pure function of (seed, step): epochs are seeded permutations of the training rows, so a
+    resumed run reads exactly the batches an uninterrupted run would have read.
+    """
+    per_step = batch_size * grad_accum * world
+    start = step * per_step + micro * batch_size * world + rank * batch_size
+    n = len(train_rows)
+    rows = []
+    for position in range(start, start + batch_size):
+        epoch, offset = divmod(position, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        rows.append(train_rows[int(perm[offset])])
+    return rows
+
+
+def collate(data: DistillData, rows: list[int], max_length: int, pad_id: int) -> dict:
+    items = [data[i] for i in rows]
+    width = min(max_length, max(len(it["input_ids"]) for it in items))
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(items), width), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.bool)
+    for r, it in enumerate(items):
+        n = min(width, len(it["input_ids"]))
+        ids[r, :n] = torch.tensor(it["input_ids"][:n])
+        attention[r, :n] = 1
+        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def head_targets(batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels and mask for head k: position t predicts token t+2+k, trained when that token is
+    under the loss mask (an answer token) and both positions are real (not padding)."""
+    shift = 2 + k
+    labels = batch["input_ids"][:, shift:]
+    mask = batch["loss_mask"][:, shift:] & batch["attention_mask"][:, :-shift].bool()
+    return labels, mask
+
+
+def head_losses(heads, hidden, teacher_logits, batch, recipe: MedusaRecipe) -> list[torch.Tensor]:
+    """One loss per head. `hidden` [B, T, H] is the target's post-norm last hidden state;
+    `teacher_logits` [B, T, V] its logits (None for hard CE)."""
+    losses = []
+    for k, hk in enumerate(heads.head_hidden(hidden)):
+        labels, mask = head_targets(batch, k)
+        shift = 2 + k
+        student = Projected(hk[:, :-shift], heads.lm_head_weight(k))
+        if recipe.loss == "ce":
+            losses.append(cross_entropy(student, labels, mask, chunk_size=recipe.chunk_size))
+        else:
+            # The target's distribution for token t+2+k is its prediction at position t+1+k.
+            teacher = teacher_logits[:, 1 + k : teacher_logits.shape[1] - 1]
+            losses.append(divergence(recipe.loss, student, teacher, mask, temperature=recipe.temperature, chunk_size=recipe.chunk_size))
+    return losses
+
+
+def next_token_kl(adapted_logits, original_logits, batch, temperature: float = 1.0) -> torch.Tensor:
+    """Medusa-2's L_base: KL(original || adapted) on the next token at answer positions."""
+    mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
+    return divergence("forward_kl", adapted_logits[:, :-1], original_logits[:, :-1], mask, temperature=temperature)
+
+
+class MedusaObjective(torch.nn.Module):
+    """The trainable parts and the loss, behind one forward (what DDP wraps).
+
+    Medusa-1: `hidden`/`teacher` come from the frozen target, computed outside under no_grad.
+    Medusa-2: the LoRA-adapted backbone runs here; the teacher is the same model with its
+    adapters disabled (the original target), and L = L_base + lam * sum_k w_k L_k.
+    """
+
+    def __init__(self, heads, backbone, recipe: MedusaRecipe):
+        super().__init__()
+        self.heads = heads
+        self.backbone = backbone  # a peft model (medusa2) or None
+        self.recipe = recipe
+        self.weights = [recipe.head_decay**k for k in range(recipe.num_heads)]
+
+    def backbone_forward(self, batch):
+        with torch.no_grad(), self.backbone.disable_adapter():
+            original = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        out = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        return original, out
+
+    def forward(self, input_ids, attention_mask, loss_mask, hidden=None, teacher=None, lam: float = 0.0):
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        base = None
+        if self.backbone is not None:
+            teacher, out = self.backbone_forward(batch)
+            hidden = out.hidden_states[-1]
+            base = next_token_kl(out.logits.float(), teacher, batch)
+        per_head = head_losses(self.heads, hidden.to(self.heads.dtype), teacher, batch, self.recipe)
+        loss = sum(w * l for w, l in zip(self.weights, per_head))
+        if base is not None:
+            loss = base + lam * loss
+        return loss, per_head, base
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: int, device) -> dict:
+    """Per-head top-1/top-5 accuracy, rank-wise accuracy table, simulated chain tau.
+
+    `states_fn(batch) -> (hidden [B,T,H], extra dict)` supplies the target's hidden states.
+    """
+    K, R = recipe.num_heads, recipe.eval_topk
+    rank_hits = torch.zeros(K, R, dtype=torch.float64)
+    counted = torch.zeros(K, dtype=torch.float64)
+    chain_sum = chain_n = 0.0
+    drift_sum = drift_n = 0.0
+    for start in range(0, len(rows), recipe.batch_size):
+        batch = collate(data, rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
+        batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        hidden, extra = states_fn(batch)
+        if "drift" in extra:
+            drift_sum += float(extra["drift"]) * extra["drift_n"]
+            drift_n += extra["drift_n"]
+        T = hidden.shape[1]
+        correct_top1 = []
+        for k, logits in enumerate(heads(hidden.to(heads.dtype))):
+            labels, mask = head_targets(batch, k)
+            top = logits[:, : T - 2 - k].float().topk(min(R, logits.shape[-1]), dim=-1).indices  # [B, T', R]
+            hit = top == labels[..., None]
+            rank_hits[k, : hit.shape[-1]] += hit[mask].double().sum(0).cpu()
+            counted[k] += mask.sum().cpu()
+            # top-1 correctness aligned at the context position t, padded to T
+            c = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+            c[:, : T - 2 - k] = hit[..., 0] & mask
+            valid = torch.zeros_like(c)
+            valid[:, : T - 2 - k] = mask
+            correct_top1.append((c, valid))
+        # Chain acceptance at positions where head 0 is evaluated: heads accepted until the first miss.
+        run = torch.ones_like(correct_top1[0][0])
+        accepted = torch.zeros(hidden.shape[:2], device=hidden.device)
+        for c, valid in correct_top1:
+            run = run & c
+            accepted += run.float()
+        base = correct_top1[0][1]
+        chain_sum += float(accepted[base].sum())
+        chain_n += float(base.sum())
+    acc = (rank_hits / counted.clamp(min=1)[:, None]).tolist()
+    return {
+        "top1": [a[0] for a in acc],
+        "top5": [sum(a[:5]) for a in acc],
+        "rank_accuracy": acc,
+        "tau_simulated": 1.0 + chain_sum / max(1.0, chain_n),  # counts the target's own token
+        "positions": chain_n,
+        **({"kl_drift": drift_sum / max(1.0, drift_n)} if drift_n else {}),
+    }
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    root = out / "checkpoints"
+    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
+    return done[-1] if done else None
+
+
+def save_checkpoint(accelerator, out: Path, step: int, recipe: MedusaRecipe) -> Path:
+    final = out / "checkpoints" / f"step-{step:07d}"
+    tmp = out / "checkpoints" / f".step-{step:07d}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe_dict(recipe)})
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from draftsmith.distill.hidden_cache import HiddenStateCache
+    from draftsmith.heads.medusa import MedusaHeads, save_medusa
+    from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
+
+    accelerator = Accelerator(gradient_accumulation_steps=recipe.grad_accum, cpu=recipe.device == "cpu")
+    device = accelerator.device
+    set_seed(recipe.seed)
+    out = Path(recipe.out)
+    data = DistillData(recipe.data)
+    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target")
+    target.requires_grad_(False)
+    text_config = target.config.get_text_config()
+    fingerprint = target_fingerprint(target)
+    if data.provenance["target"]["fingerprint"] != fingerprint:
+        accelerator.print(f"warning: {recipe.data} was generated by another target ({data.provenance['target']['name_or_path']})")
+    cache = None
+    if recipe.hidden_cache:
+        cache = HiddenStateCache(recipe.hidden_cache)
+        cache.check(target_fingerprint=fingerprint, layers=(text_config.num_hidden_layers,), data_hash=data.data_hash, hidden_size=text_config.hidden_size)
+    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+
+    heads = MedusaHeads.for_target(
+        target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head,
+        target_name_or_path=recipe.target, data_hash=data.data_hash,
+    ).to(device)  # fmt: skip
+    backbone = None
+    params = [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": recipe.lr}]
+    if recipe.mode == "medusa2":
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout, target_modules=list(recipe.lora_target_modules))
+        try:
+            backbone = get_peft_model(target, lora)
+        except ValueError as err:
+            raise RecipeError(f"lora_target_modules {recipe.lora_target_modules}: {err}") from None
+        params = [
+            {"params": [p for p in backbone.parameters() if p.requires_grad], "lr": recipe.lr},
+            {"params": params[0]["params"], "lr": recipe.lr * recipe.head_lr_multiplier},
+        ]
+    # Everything trainable sits behind one forward, so DDP syncs the gradients of all of it.
+    model = MedusaObjective(heads, backbone, recipe)
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+
+    def lr_factor(step):  # linear warm-up, cosine to 10% (the usual fine-tuning schedule)
+        if step < recipe.warmup_steps:
+            return (step + 1) / recipe.warmup_steps
+        t = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    # Stepped by hand once per optimizer step (accelerate's prepared scheduler would step once
+    # per process), so the schedule reads in optimizer steps whatever the number of processes.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    objective = accelerator.unwrap_model(model)
+    heads_module = objective.heads
+
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+
+    def target_states(batch):
+        """Medusa-1: the frozen target's post-norm last hidden state and, for divergence
+        losses, its logits; from the forward (online) or the cache (offline)."""
+        if cache is not None:
+            hidden = torch.zeros(*batch["input_ids"].shape, text_config.hidden_size, device=device)
+            for r, row in enumerate(batch["rows"]):
+                h = cache[row]["hidden"][0][: hidden.shape[1]]
+                hidden[r, : h.shape[0]] = h.to(device, torch.float32)
+            teacher = None if recipe.loss == "ce" else target.get_output_embeddings()(hidden.to(target.dtype)).float()
+            return hidden, teacher
+        with torch.no_grad():
+            out = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        return out.hidden_states[-1].float(), (None if recipe.loss == "ce" else out.logits.float())
+
+    def eval_states(batch):
+        if backbone is None:
+            return target_states(batch)[0], {}
+        with torch.no_grad():
+            original, out = objective.backbone_forward(batch)
+        mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
+        drift = next_token_kl(out.logits.float(), original, batch)
+        return out.hidden_states[-1].float(), {"drift": float(drift), "drift_n": float(mask.sum())}
+
+    step = 0
+    if recipe.resume:
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            accelerator.print(f"resume: no checkpoint in {out}/checkpoints; starting at step 0")
+        else:
+            accelerator.load_state(str(ckpt))
+            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+            accelerator.print(f"resumed from {ckpt} (step {step})")
+    elif latest_checkpoint(out) is not None:
+        raise RecipeError(f"{out} already holds checkpoints: pass resume=true to continue, or choose another out")
+
+    metrics_path = out / "metrics.jsonl"
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "recipe.json", recipe_dict(recipe))
+
+    def log(record):
+        if accelerator.is_main_process:
+            with metrics_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    # Forward-only throughput of the target on a few training batches: the yardstick for the
+    # training throughput below (Medusa-1 training costs a target forward plus the heads).
+    forward_tokens, forward_seconds = 0, 0.0
+    for micro in range(min(3, recipe.max_steps)):
+        batch = collate(data, batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed), recipe.max_length, pad_id)
+        ids, att = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            target(input_ids=ids, attention_mask=att, output_hidden_states=True)
+        _sync(device)
+        forward_seconds += time.perf_counter() - t0
+        forward_tokens += int(att.sum())
+
+    bar = None
+    if progress and accelerator.is_main_process:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=recipe.max_steps, initial=step, desc=f"medusa ({recipe.mode})", unit="step")
+    train_tokens, train_seconds = 0, 0.0
+    last_eval = None
+    model.train()
+    while step < recipe.max_steps:
+        _sync(device)
+        t0 = time.perf_counter()
+        logged = {}
+        for micro in range(recipe.grad_accum):
+            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
+            batch = collate(data, rows, recipe.max_length, pad_id)
+            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+            with accelerator.accumulate(model):
+                hidden = teacher = None
+                if backbone is None:
+                    hidden, teacher = target_states(batch)
+                lam = recipe.medusa2_lambda * min(1.0, (step + 1) / recipe.lambda_warmup_steps)
+                loss, per_head, base = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and recipe.grad_clip:
+                    accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            if base is not None:
+                logged["base_kl"] = float(base)
+            train_tokens += int(batch["attention_mask"].sum())
+            logged["loss"] = float(loss.detach())
+            logged["head_losses"] = [float(x) for x in per_head]
+        _sync(device)
+        train_seconds += time.perf_counter() - t0
+        step += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{logged['loss']:.3f}")
+        if step % recipe.log_every == 0 or step == recipe.max_steps:
+            log({"step": step, "lr": scheduler.get_last_lr()[0], **logged})
+        if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
+            model.eval()
+            last_eval = evaluate_heads(heads_module, eval_states, data, heldout_rows, recipe, pad_id, device)
+            model.train()
+            log({"step": step, "eval": last_eval})
+            accelerator.print(
+                f"step {step}: top-1 per head {[round(a, 3) for a in last_eval['top1']]}, "
+                f"simulated tau {last_eval['tau_simulated']:.3f}" + (f", KL drift {last_eval['kl_drift']:.4f}" if "kl_drift" in last_eval else "")
+            )
+        if step % recipe.save_every == 0 and step < recipe.max_steps:
+            save_checkpoint(accelerator, out, step, recipe)
+    if bar is not None:
+        bar.close()
+
+    summary = {
+        "steps": step,
+        "mode": recipe.mode,
+        "eval": last_eval,
+        "train_tokens_per_second": train_tokens / train_seconds if train_seconds else None,
+        "target_forward_tokens_per_second": forward_tokens / forward_seconds if forward_seconds else None,
+        "device": str(device),
+        "processes": accelerator.num_processes,
+    }
+    if accelerator.is_main_process:
+        if last_eval is not None:
+            heads_module.config.head_accuracies = last_eval["rank_accuracy"]
+        save_medusa(heads_module, out / "heads")
+        if backbone is not None:
+            backbone.save_pretrained(str(out / "adapter"))
+        write_json_atomic(out / "training_summary.json", summary)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return summary
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def merge_adapter(target_dir, adapter_dir, out_dir, *, dtype=torch.float32) -> Path:
+    """Medusa-2: fold the trained LoRA adapter into the target's weights (a plain HF model)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    out = Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp)
+    try:
+        AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Train Medusa heads (Medusa-1 / Medusa-2) on a target's own generations.")
+    parser.add_argument("--recipe", help="recipe YAML (recipes/<family>/medusa.yaml)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
+    args = parser.parse_args(argv)
+    from draftsmith.distill.data import DataError
+    from draftsmith.distill.hidden_cache import CacheError
+    from draftsmith.heads.models import ModelLoadError
+
+    try:
+        recipe = load_recipe(MedusaRecipe, args.recipe, args.overrides)
+        summary = train(recipe, progress=not args.no_progress)
+    except (RecipeError, DataError, CacheError, ModelLoadError) as err:
+        print(f"train/medusa.py: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("steps", "train_tokens_per_second", "target_forward_tokens_per_second")}, indent=None))
+    print(f"heads written to {Path(recipe.out) / 'heads'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
