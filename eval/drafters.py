@@ -3,16 +3,28 @@
 The contract (one sequence at a time; the decoder drives it):
 
     drafter.start(prompt_ids)                   a new sequence begins
+    drafter.observe(hidden)                     target states of the tokens just committed
+                                                (only if `target_layers` is non-empty)
     proposal = drafter.propose(context, k, sampling, generator)
-    drafter.accepted(n)                         n of the proposed tokens were kept
+    drafter.accepted(n)                         n of the proposed tokens were kept (a chain)
+    drafter.accepted_path(path)                 the accepted nodes, root to leaf (a tree)
 
 `context` is every token so far (prompt + emitted). A proposal carries the tokens, and either
 the exact distributions `probs` they were drawn from, or `probs=None` for a deterministic
 proposal (q = 1 on each proposed token). Optionally `logits`: the drafter's raw (T=1)
 logits, used only for the KL/TV report. A drafter may propose fewer than k tokens, or none.
 
-Tree drafters (Medusa, EAGLE) extend `Proposal` with parent links; the chain is the tree in
-which every node's parent is the node before it.
+Trees (Medusa, EAGLE): `parents[i]` is the index of node i's parent, or -1 for a child of the
+last committed token; nodes come in topological order and are deterministic (`probs=None`).
+`k` is then the maximum depth. A chain is the tree in which every node's parent is the node
+before it (`parents=None` means exactly that).
+
+Hidden states: a drafter that reads the TARGET's hidden states (Medusa, EAGLE) names them in
+`target_layers` (HF `output_hidden_states` ids: 0 = embeddings, L = last layer after the final
+norm). The decoder requests them in the prefill and every verification forward and calls
+`observe({layer: [m, H]})` with the states of the tokens that forward committed, in order:
+after the prefill every prompt token but the last; after a verification the fed last token,
+then the accepted drafts (m = accepted + 1). `observe` comes before `accepted`.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ class Proposal:
     tokens: torch.Tensor  # [k] long, on the drafter's device
     probs: torch.Tensor | None = None  # [k, V] exactly what each token was drawn from
     logits: torch.Tensor | None = None  # [k, V] raw logits for distance reports
+    parents: list[int] | None = None  # tree: parent index per node (-1 = the root); None = chain
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -42,6 +55,11 @@ class Drafter:
     name = "drafter"
     #: True when proposals are deterministic (no distribution): q = 1 on each token.
     deterministic = False
+    #: Target hidden-state ids (HF numbering, 0..L) this drafter reads through `observe`.
+    target_layers: tuple[int, ...] = ()
+    #: (epsilon, delta): verify with Medusa's typical acceptance instead of the lossless rule.
+    #: LOSSY (the output is no longer the target's distribution); None = lossless.
+    typical: tuple[float, float] | None = None
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         pass
@@ -57,6 +75,13 @@ class Drafter:
 
     def accepted(self, num_accepted: int) -> None:
         pass
+
+    def accepted_path(self, path: list[int]) -> None:
+        """A tree proposal kept the nodes `path` (root to leaf; empty = none)."""
+        self.accepted(len(path))
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        """States [m, H] of the target layers in `target_layers` for the m tokens just committed."""
 
 
 class DraftModelDrafter(Drafter):
@@ -148,3 +173,97 @@ class PromptLookupDrafter(Drafter):
                 if follow.numel():
                     return Proposal(tokens=follow.to(context.device))
         return Proposal(tokens=context.new_empty(0))
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads on the target's last hidden state (post-norm): head k applied to the state
+    h of a token at position t predicts the token at t + 2 + k. The decoder hands over h of the
+    last committed token; the bonus/correction token after it is what the target's own lm_head
+    predicted from h, so head 0 proposes the first draft after it, head 1 the second, and so on.
+    No model call beyond the heads, no cache.
+
+    `heads`: any module with `heads.config.num_heads` and `heads(hidden [..., H]) -> logits
+    [num_heads, ..., V]` (`draftsmith.heads.medusa.MedusaHeads`).
+    `tree=None`: a chain of the heads' argmax tokens. Otherwise a Medusa tree: a list of
+    paths, each a tuple of ranks, (0, 2) = head 0's top-1 token, then head 1's third-best
+    below it. Every prefix of every path is a node (build one with
+    `draftsmith.eval.tree.build_medusa_tree`). Proposals are deterministic, so both are
+    verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule.
+    """
+
+    deterministic = True
+
+    def __init__(
+        self,
+        heads: torch.nn.Module,
+        target_num_layers: int,
+        *,
+        tree: list[tuple[int, ...]] | None = None,
+        name: str = "medusa",
+        typical: tuple[float, float] | None = None,
+    ):
+        self.heads = heads
+        self.num_heads = int(heads.config.num_heads)
+        self.target_layers = (int(target_num_layers),)
+        self.name = name
+        self.typical = tuple(typical) if typical is not None else None
+        self._h: torch.Tensor | None = None
+        self.tree = None if tree is None else [tuple(int(r) for r in path) for path in tree]
+        if self.tree is not None:
+            self._build_tree(self.tree)
+
+    def _build_tree(self, tree: list[tuple[int, ...]]) -> None:
+        if not tree:
+            raise ValueError("the Medusa tree is empty: give at least one path, or tree=None for a chain")
+        for path in tree:
+            if not path:
+                raise ValueError("a Medusa tree path must hold at least one rank")
+            if len(path) > self.num_heads:
+                raise ValueError(
+                    f"tree deeper than the number of heads: path {path} has depth {len(path)}, "
+                    f"the heads predict {self.num_heads} tokens"
+                )
+            if any(r < 0 for r in path):
+                raise ValueError(f"tree ranks must be >= 0, got path {path}")
+        # Nodes: every prefix of every path, once, ordered by depth then by first appearance.
+        order: dict[tuple[int, ...], int] = {}
+        for path in tree:
+            for d in range(1, len(path) + 1):
+                order.setdefault(path[:d], len(order))
+        nodes = sorted(order, key=lambda node: (len(node), order[node]))
+        index = {node: i for i, node in enumerate(nodes)}
+        self._parents = [index[node[:-1]] if len(node) > 1 else -1 for node in nodes]
+        self._depth = torch.tensor([len(node) - 1 for node in nodes])  # head of each node
+        self._rank = torch.tensor([node[-1] for node in nodes])
+        self._top = int(self._rank.max()) + 1  # top-k width needed from every head
+        # Nodes of depth <= d form a prefix of the list: the tree truncated to d tokens.
+        self._count = [sum(len(node) <= d for node in nodes) for d in range(self.num_heads + 1)]
+
+    @property
+    def max_depth(self) -> int:
+        """K for this drafter: the tree's depth (or the number of heads for a chain)."""
+        return self.num_heads if self.tree is None else int(self._depth.max()) + 1
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self._h = None
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        states = hidden[self.target_layers[0]]
+        if states.shape[0]:
+            self._h = states[-1]
+
+    def propose(self, context, num_tokens, sampling, generator=None) -> Proposal:
+        if self._h is None or num_tokens < 1:  # a one-token prompt: nothing observed yet
+            return Proposal(tokens=context.new_empty(0))
+        param = next(self.heads.parameters(), None)
+        h = self._h if param is None else self._h.to(device=param.device, dtype=param.dtype)
+        logits = self.heads(h[None])[:, 0].float()  # [num_heads, V]
+        if self.tree is None:
+            depth = min(num_tokens, self.num_heads)
+            tokens = logits[:depth].argmax(-1)
+            return Proposal(tokens=tokens.to(context.device), logits=logits[:depth])
+        count = self._count[min(num_tokens, self.num_heads)]
+        depth, rank = self._depth[:count], self._rank[:count]
+        top = logits[: int(depth.max()) + 1].topk(self._top, dim=-1).indices  # [D, top]
+        tokens = top[depth.to(top.device), rank.to(top.device)]
+        return Proposal(tokens=tokens.to(context.device), parents=self._parents[:count])

@@ -181,14 +181,16 @@ def evaluate(
             "new_tokens": stats.new_tokens,
             "target_calls": stats.target_calls,
             "tau": stats.tau,
+            "lossy": stats.lossy,  # Medusa's typical acceptance: NOT the target's distribution
+            "lossy_kl_per_token": stats.lossy_kl_per_token,
         }
         if name != BASELINE:
-            row.update(_acceptance(stats, analysis.get(name), target_step))
+            row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))
         rows.append(row)
 
     return {
         "mode": settings.sampling.describe(),
-        "lossless": True,
+        "lossless": not any(row["lossy"] for row in rows),
         "tau_counts_bonus_token": True,
         "settings": asdict(settings),
         "num_prompts": len(prompts),
@@ -210,10 +212,14 @@ def _median(values):
     return percentile(values, 50) if values else math.nan
 
 
-def _acceptance(stats: DecodeStats, analysis: DecodeStats | None, target_step: float) -> dict:
-    """Acceptance measured, acceptance predicted, and the cost model that links it to speed."""
+def _acceptance(stats: DecodeStats, analysis: DecodeStats | None, target_step: float, tree: bool = False) -> dict:
+    """Acceptance measured, acceptance predicted, and the cost model that links it to speed.
+
+    For tree drafters `proposed` counts tree nodes, drafted in one drafter call per target call:
+    c is then the drafter's cost per call, and the chain predictions (one draft per position)
+    do not apply, so they are left out (None)."""
     alpha = stats.alpha
-    draft_step = stats.drafter_seconds / max(1, sum(stats.proposed))
+    draft_step = stats.drafter_seconds / max(1, stats.target_calls if tree else sum(stats.proposed))
     c = draft_step / target_step if target_step > 0 else math.nan
     verify = (stats.target_seconds / max(1, stats.target_calls)) / target_step if target_step > 0 else math.nan
     mean_k = sum(stats.proposed) / max(1, stats.target_calls)
@@ -233,11 +239,12 @@ def _acceptance(stats: DecodeStats, analysis: DecodeStats | None, target_step: f
         "draft_cost_ratio_c": c,
         "verify_cost_ratio": verify,
         "mean_drafts_per_call": mean_k,
-        "predicted_tau": tau_theory,
-        "predicted_speedup": tau_theory / (mean_k * c + 1),
+        "tree": tree,
+        "predicted_tau": None if tree else tau_theory,
+        "predicted_speedup": None if tree else tau_theory / (mean_k * c + 1),
         # The same accounting with the measured tau, drafts per call and verify cost: the
         # gap to the measured speedup is the decoder's own overhead.
-        "predicted_speedup_measured_costs": stats.tau / (mean_k * c + verify),
+        "predicted_speedup_measured_costs": stats.tau / ((1 if tree else mean_k) * c + verify),
         "drafter_seconds": stats.drafter_seconds,
         "target_seconds": stats.target_seconds,
     }

@@ -35,6 +35,21 @@ def _positions(values, digits=2):
     return " ".join(_num(v, digits) for v in values)
 
 
+LOSSY_LABEL = " (LOSSY typical)"
+
+
+def method_name(row: dict) -> str:
+    """The method's name, marked when its acceptance rule is lossy (Medusa's typical
+    acceptance): such a row must never read as lossless speculative decoding."""
+    return row["method"] + (LOSSY_LABEL if row.get("lossy") else "")
+
+
+def _kl(row: dict):
+    """KL column: for a lossy method, the estimated KL(emitted || target) per token, which is
+    what matters there; otherwise the target-vs-draft KL of the analysis pass."""
+    return row.get("lossy_kl_per_token") if row.get("lossy") else row.get("kl_mean")
+
+
 def summary_table(report: dict) -> str:
     """One Markdown row per method: what a user compares first."""
     lines = [
@@ -44,7 +59,7 @@ def summary_table(report: dict) -> str:
     for row in report["methods"]:
         lines.append(
             "| {method} | {alpha} | {tau} | {tps} | {speedup} | {pred} | {ttft} | {p50} | {p90} | {kl} | {tv} |".format(
-                method=row["method"],
+                method=method_name(row),
                 alpha=_num(row.get("alpha")),
                 tau=_num(row["tau"]),
                 tps=_num(row["tokens_per_second"], 1),
@@ -53,7 +68,7 @@ def summary_table(report: dict) -> str:
                 ttft=_num(row["ttft_ms_p50"], 1),
                 p50=_num(row["latency_s_p50"], 3),
                 p90=_num(row["latency_s_p90"], 3),
-                kl=_num(row.get("kl_mean"), 3),
+                kl=_num(_kl(row), 3),
                 tv=_num(row.get("tv_mean"), 3),
             )
         )
@@ -70,7 +85,7 @@ def position_table(report: dict) -> str:
         if "alpha_per_position" not in row:
             continue
         lines.append(
-            f"| {row['method']} | {_positions(row['alpha_per_position'])} | "
+            f"| {method_name(row)} | {_positions(row['alpha_per_position'])} | "
             f"{_positions(row.get('expected_alpha_per_position'))} | "
             f"{_positions(row.get('kl_per_position'), 3)} | {_positions(row.get('tv_per_position'), 3)} |"
         )
@@ -87,7 +102,7 @@ def theory_table(report: dict) -> str:
         if "alpha" not in row:
             continue
         lines.append(
-            f"| {row['method']} | {_num(row['alpha'])} | {_num(row['draft_cost_ratio_c'], 3)} | "
+            f"| {method_name(row)} | {_num(row['alpha'])} | {_num(row['draft_cost_ratio_c'], 3)} | "
             f"{_num(row['verify_cost_ratio'])} | {_num(row['tau'])} | {_num(row['predicted_tau'])} | "
             f"{_num(row['speedup'], 2, 'x')} | {_num(row['predicted_speedup'], 2, 'x')} | "
             f"{_num(row['predicted_speedup_measured_costs'], 2, 'x')} |"
@@ -97,8 +112,14 @@ def theory_table(report: dict) -> str:
 
 def header(report: dict) -> str:
     s = report["settings"]
+    lossy = [row["method"] for row in report["methods"] if row.get("lossy")]
+    guarantee = (
+        "lossless: output distributed exactly as the target's"
+        if not lossy
+        else f"NOT lossless for {', '.join(lossy)}: typical acceptance; the others are lossless"
+    )
     return (
-        f"mode: {report['mode']} (lossless: output distributed exactly as the target's)  |  "
+        f"mode: {report['mode']} ({guarantee})  |  "
         f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}  |  "
         f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}\n"
         "tau = mean tokens per target call, counting the bonus token (target-only = 1.00); "
@@ -122,7 +143,9 @@ def render_markdown(report: dict) -> str:
         "",
         "alpha: conditional acceptance pooled over draft positions. KL / TV: target vs draft, "
         "raw (T=1) distributions on the decoded trajectories (- for drafters without a "
-        "distribution, such as prompt lookup).",
+        "distribution, such as prompt lookup). Rows marked LOSSY use Medusa's typical acceptance: "
+        "their KL is the estimated KL(emitted || target) per token, sum of -log p(x) over the "
+        "tokens the typical rule accepted.",
         "",
         "## Acceptance by draft position",
         "",
@@ -153,8 +176,8 @@ def compact_table(report: dict) -> str:
     lines = ["| method | alpha | tau | speedup | KL |", "|---|---|---|---|---|"]
     for row in report["methods"]:
         lines.append(
-            f"| {row['method']} | {_num(row.get('alpha'))} | {_num(row['tau'])} | "
-            f"{_num(row['speedup'], 2, 'x')} | {_num(row.get('kl_mean'), 3)} |"
+            f"| {method_name(row)} | {_num(row.get('alpha'))} | {_num(row['tau'])} | "
+            f"{_num(row['speedup'], 2, 'x')} | {_num(_kl(row), 3)} |"
         )
     return "\n".join(lines)
 
@@ -174,7 +197,7 @@ def plot_acceptance(report: dict, path: str | Path) -> Path:
         if not measured:
             continue
         xs = list(range(1, len(measured) + 1))
-        (line,) = ax.plot(xs, measured, marker="o", label=f"{row['method']} (alpha {_num(row.get('alpha'))})")
+        (line,) = ax.plot(xs, measured, marker="o", label=f"{method_name(row)} (alpha {_num(row.get('alpha'))})")
         expected = row.get("expected_alpha_per_position")
         if expected:
             ax.plot(list(range(1, len(expected) + 1)), expected, linestyle="--", color=line.get_color(), alpha=0.6)

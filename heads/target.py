@@ -1,9 +1,10 @@
 """A thin adapter around an unmodified Hugging Face causal LM.
 
-It owns one KV cache and exposes the three things speculative decoding needs from a model:
+It owns one KV cache and exposes the four things speculative decoding needs from a model:
 feed new tokens and get their logits (and, on request, hidden states of chosen layers), crop
-the cache back after a rejection, and verify a token tree with a 4-D attention mask and
-explicit positions. No modeling file is forked: everything goes through `model.forward`.
+the cache back after a rejection, verify a token tree with a 4-D attention mask and explicit
+positions, and compact the cache to the accepted branch of that tree. No modeling file is
+forked: everything goes through `model.forward`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 
 @dataclass
@@ -28,10 +30,18 @@ class CausalLMAdapter:
     output after the final norm.
     """
 
+    #: `keep` moves the kept entries in place when every cache layer is a plain `DynamicLayer`;
+    #: False forces the general fallback (crop, then re-feed the kept tokens), e.g. in tests.
+    keep_in_place: bool = True
+
     def __init__(self, model: PreTrainedModel):
         self.model = model.eval()
         self.config = model.config
         self.cache: DynamicCache | None = None
+        # The last forward's tokens and the cache length before it: `keep`'s fallback re-feeds
+        # some of them.
+        self._fed_start = 0
+        self._fed_ids: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -83,7 +93,9 @@ class CausalLMAdapter:
                 )
             if attention_mask.dtype == torch.bool:
                 raise ValueError("pass a float additive mask (0 / -inf), not a bool mask")
+            self._check_window(input_ids.shape[1])
             attention_mask = attention_mask.to(self.model.dtype)
+        self._fed_start, self._fed_ids = self.seq_len, input_ids
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -103,6 +115,64 @@ class CausalLMAdapter:
             raise ValueError(f"cannot crop a cache of {self.seq_len} tokens to {length}")
         if excess:
             self.cache.crop(-excess)  # transformers 5: negative = number of tokens to remove
+
+    @torch.inference_mode()
+    def keep(self, base: int, indices: list[int]) -> None:
+        """Keep the first `base` cached tokens, then the entries at positions base + i for i in
+        `indices` (in that order); drop the rest. After a tree verification fed at position
+        `base`, `indices` = the root (0) and the accepted path's rows: the cache then holds what
+        sequential decoding of those tokens would have computed, because each tree node's keys
+        and values were computed at its sequential position and saw only its ancestors.
+
+        Plain `DynamicLayer`s (full attention) are compacted in place with one index_select
+        per layer. Any other layer type (sliding window, quantized, linear attention...) is
+        cropped to `base` and the kept tokens are fed again with consecutive positions: one
+        extra forward, still exact. That needs the tokens of the last forward, so `indices`
+        must point into it.
+        """
+        indices = [int(i) for i in indices]
+        if base < 0 or any(i < 0 or base + i >= self.seq_len for i in indices):
+            raise ValueError(f"cannot keep {base} + {indices} of a cache of {self.seq_len} tokens")
+        if indices == list(range(len(indices))):  # a prefix: a plain crop
+            self.crop(base + len(indices))
+            return
+        layers = getattr(self.cache, "layers", None)
+        if self.keep_in_place and layers and all(type(layer) is DynamicLayer for layer in layers):
+            device = layers[0].keys.device
+            src = torch.tensor([base + i for i in indices], dtype=torch.long, device=device)
+            end = base + len(indices)
+            for layer in layers:
+                if not layer.is_initialized or layer.keys.numel() == 0:
+                    continue  # a KV-sharing consumer holds nothing
+                # Gather first (src may overlap the destination), then write and cut.
+                keys, values = layer.keys.index_select(-2, src), layer.values.index_select(-2, src)
+                layer.keys[..., base:end, :] = keys
+                layer.values[..., base:end, :] = values
+                layer.keys = layer.keys[..., :end, :]
+                layer.values = layer.values[..., :end, :]
+            return
+        start, fed = self._fed_start, self._fed_ids
+        if fed is None or any(not start <= base + i < start + fed.shape[1] for i in indices):
+            raise ValueError(
+                "keep() re-feeds the kept tokens for this cache type, so they must come from the "
+                f"last forward (cache positions {start}..{start + (0 if fed is None else fed.shape[1]) - 1})"
+            )
+        ids = fed[:, [base + i - start for i in indices]]
+        self.crop(base)
+        self.forward(ids, logits_to_keep=1)
+
+    def _check_window(self, num_new: int) -> None:
+        """A tree mask attends to the whole cache: exact for sliding-window layers only while
+        every node stays inside the window (HF also hands those layers only the last
+        window - 1 past states once the window is full, which the mask would not match)."""
+        for layer in getattr(self.cache, "layers", ()):
+            window = getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+            if window is not None and self.seq_len + num_new > window:
+                raise ValueError(
+                    f"tree verification past a sliding window is not supported: the cache holds "
+                    f"{self.seq_len} tokens, the tree {num_new} nodes, the window is {window}. "
+                    "Use a chain drafter (no tree) for this target, or shorter sequences."
+                )
 
 
 def tree_attention_mask(

@@ -96,9 +96,16 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=1)
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE with VOCAB tokens trained on a few stdlib modules."""
+    """A byte-level BPE with VOCAB tokens trained on a few stdlib modules (a fresh copy each
+    call: callers may add tokens or change the template without touching anyone else's)."""
+    import copy
+
+    return copy.deepcopy(_trained_tiny_tokenizer())
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -1,10 +1,11 @@
 """The `draftsmith` command.
 
     draftsmith make-toy --out DIR
-    draftsmith eval --target DIR (--draft DIR | --prompt-lookup) --prompts FILE.jsonl --out DIR
+    draftsmith eval --target DIR (--draft DIR | --medusa DIR [--medusa-tree auto] | --prompt-lookup) --prompts FILE.jsonl --out DIR
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith export HEADS_DIR --format medusa|vllm --out DIR
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
     draftsmith inspect-data DIR [--index I]
     draftsmith vocab-map --data DIR --draft-vocab-size N
@@ -65,6 +66,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
     p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
     p.add_argument("--max-ngram", type=_positive_int("--max-ngram"), default=3, help="prompt lookup: longest n-gram to match")
+    p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
+    p.add_argument("--medusa-tree", help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]")
+    p.add_argument("--tree-nodes", type=_positive_int("--tree-nodes"), default=16, help="node budget of --medusa-tree auto")
+    p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
+    p.add_argument("--typical-epsilon", type=float, default=0.09, help="typical acceptance: posterior threshold epsilon")
+    p.add_argument("--typical-delta", type=float, default=0.3, help="typical acceptance: entropy factor delta")
     p.add_argument("--num-draft-tokens", "-k", type=_positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
@@ -129,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-progress", action="store_true", help="no progress bars")
     bt.set_defaults(func=cmd_build_target)
 
+    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm)")
+    ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads)")
+    ex.add_argument("--format", required=True, help="medusa (FasterDecoding / TGI) or vllm")
+    ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
+    ex.add_argument("--target", help="the target: needed for heads that share its lm_head (the formats hold a copy)")
+    ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
+    ex.add_argument("--dtype", default="auto", help="dtype of the written weights (auto: as trained)")
+    ex.set_defaults(func=cmd_export)
+
     from draftsmith.scripts.data_cli import add_data_commands
 
     add_data_commands(sub)
@@ -147,8 +164,10 @@ def _load(args):
     from draftsmith.eval.drafters import DraftModelDrafter, PromptLookupDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    if not args.draft and not args.prompt_lookup:
-        raise UsageError("give a drafter: --draft DIR and/or --prompt-lookup")
+    if not args.draft and not args.prompt_lookup and not args.medusa:
+        raise UsageError("give a drafter: --draft DIR, --medusa DIR and/or --prompt-lookup")
+    if (args.medusa_tree or args.lossy) and not args.medusa:
+        raise UsageError("--medusa-tree and --lossy apply to Medusa heads: give --medusa DIR")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tokenizer = load_tokenizer(args.target)
@@ -161,7 +180,41 @@ def _load(args):
         drafters["draft"] = DraftModelDrafter(draft, vocab_size=target.get_output_embeddings().weight.shape[0], name=Path(args.draft).name)
     if args.prompt_lookup:
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
+    if args.medusa:
+        drafters.update(_medusa_drafters(args, target, device, dtype))
     return target, tokenizer, drafters, device, dtype
+
+
+def _medusa_drafters(args, target, device, dtype) -> dict:
+    import json
+
+    from draftsmith.eval.drafters import MedusaDrafter
+    from draftsmith.eval.tree import build_medusa_tree
+    from draftsmith.heads.medusa import MedusaError, load_medusa
+
+    try:
+        heads = load_medusa(args.medusa, target=target, device=device, dtype=dtype)
+    except MedusaError as err:
+        raise UsageError(str(err)) from None
+    layers = target.config.get_text_config().num_hidden_layers
+    typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
+    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", typical=typical)}
+    if args.medusa_tree:
+        if args.medusa_tree == "auto":
+            accuracies = heads.config.head_accuracies
+            if not accuracies:
+                raise UsageError(f"--medusa-tree auto: {args.medusa} records no head accuracies (train it with train/medusa.py, or give the paths as JSON)")
+            tree = build_medusa_tree(accuracies, args.tree_nodes)
+        else:
+            try:
+                tree = [tuple(int(r) for r in path) for path in json.loads(args.medusa_tree)]
+            except (ValueError, TypeError) as err:
+                raise UsageError(f"--medusa-tree {args.medusa_tree!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})") from None
+        try:
+            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", typical=typical)
+        except ValueError as err:
+            raise UsageError(f"--medusa-tree: {err}") from None
+    return drafters
 
 
 def _eos(target, tokenizer):
@@ -194,7 +247,7 @@ def cmd_eval(args) -> int:
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     report = evaluate(target, drafters, prompts, settings, eos_token_id=_eos(target, tokenizer), progress=not args.no_progress)
     report["target"] = describe_target(args.target, target, device, dtype)
-    report["drafts"] = {"draft": args.draft} if args.draft else {}
+    report["drafts"] = {k: v for k, v in (("draft", args.draft), ("medusa", args.medusa)) if v}
     report["prompts_file"] = str(args.prompts)
     report["draftsmith_version"] = _version()
     report["torch_version"] = torch.__version__
@@ -237,6 +290,24 @@ def cmd_check_lossless(args) -> int:
         print(result.describe())
         failed |= not result.passed
     return 1 if failed else 0
+
+
+def cmd_export(args) -> int:
+    from draftsmith.heads.medusa import EXPORT_FORMATS, MedusaError, export_medusa, load_medusa
+    from draftsmith.heads.models import load_causal_lm, parse_dtype, resolve_device
+
+    if args.format not in EXPORT_FORMATS:
+        raise UsageError(f"--format {args.format!r}: Medusa heads export to {', '.join(EXPORT_FORMATS)}")
+    device = resolve_device(args.device)
+    dtype = None if args.dtype == "auto" else parse_dtype(args.dtype)
+    target = load_causal_lm(args.target, device=device, dtype=dtype or torch.float32, role="target") if args.target else None
+    try:
+        heads = load_medusa(args.heads, target=target, device=device, dtype=dtype)
+        out = export_medusa(heads, args.out, args.format, overwrite=args.overwrite)
+    except MedusaError as err:
+        raise UsageError(str(err)) from None
+    print(f"wrote {args.format} Medusa heads ({heads.config.num_heads} heads x {heads.config.num_layers} blocks) to {out}")
+    return 0
 
 
 def cmd_make_toy(args) -> int:

@@ -6,7 +6,8 @@
 
   1. build or load the demo target (`draftsmith.scripts.demo_target`, cached);
   2. prepare every drafter method the toolkit has (training them, with small budgets, where
-     they need it; the small draft is trained with the target, as in the classic baseline);
+     they need it; the small draft is trained with the target, as in the classic baseline;
+     Medusa heads on the target's own answers, `draftsmith.scripts.demo_heads`, cached);
   3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
   4. print one table (method, alpha, tau, speedup, KL) and write report.json, report.md and
      acceptance.png (acceptance by draft position) to the output folder.
@@ -55,6 +56,31 @@ class DemoContext:
     device: torch.device
     dtype: torch.dtype
     settings: DemoSettings
+    progress: bool = True
+    log: Callable = print
+    _medusa: object = None  # trained heads, shared by the chain and tree methods
+    _heads_cache: tuple | None = None  # (budget, root, data): the self-distillation data, made once
+
+    def distill_data(self):
+        """The target's own answers (made once, cached): (budget, cache root, data folder)."""
+        if self._heads_cache is None:
+            from draftsmith.scripts.demo_heads import BUDGETS, demo_data, prepare_root
+
+            budget = BUDGETS[self.settings.preset]
+            root = prepare_root(self.built, self.target, budget, log=self.log)
+            self._heads_cache = (budget, root, demo_data(self, budget, root, log=self.log))
+        return self._heads_cache
+
+    def medusa_heads(self):
+        """Self-distillation data + Medusa-1 heads for this target (trained once, cached)."""
+        if self._medusa is None:
+            from draftsmith.heads.medusa import load_medusa
+            from draftsmith.scripts.demo_heads import demo_medusa
+
+            budget, root, data = self.distill_data()
+            folder = demo_medusa(self, budget, root, data, log=self.log)
+            self._medusa = load_medusa(folder, target=self.target, device=self.device, dtype=self.dtype)
+        return self._medusa
 
 
 @dataclass(frozen=True)
@@ -79,11 +105,45 @@ def _small_draft(ctx: DemoContext):
     return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="small-draft")
 
 
-# Every drafter method of the toolkit, in report order. Distilled drafts, Medusa and EAGLE
-# heads join here as their training loops land (each trained with a small demo budget).
+def _distilled_draft(ctx: DemoContext):
+    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.heads.models import load_causal_lm
+    from draftsmith.scripts.demo_heads import demo_distilled_draft
+
+    budget, root, data = ctx.distill_data()
+    folder = demo_distilled_draft(ctx, budget, root, data, log=ctx.log)
+    draft = load_causal_lm(folder, device=ctx.device, dtype=ctx.dtype, role="draft")
+    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="distilled-draft")
+
+
+def _medusa_chain(ctx: DemoContext):
+    from draftsmith.eval.drafters import MedusaDrafter
+
+    layers = ctx.target.config.get_text_config().num_hidden_layers
+    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain")
+
+
+MEDUSA_TREE_NODES = 16  # verify 17 tokens per call: cheap on any device for a target this size
+
+
+def _medusa_tree(ctx: DemoContext):
+    from draftsmith.eval.drafters import MedusaDrafter
+    from draftsmith.eval.tree import build_medusa_tree
+
+    heads = ctx.medusa_heads()
+    tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
+    layers = ctx.target.config.get_text_config().num_hidden_layers
+    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
+
+
+# Every drafter method of the toolkit, in report order. EAGLE heads join here when their
+# training loop lands (each method trained with a small demo budget).
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
     DemoMethod("small-draft", "independent small Llama trained on the same data (built with the target)", _small_draft),
+    DemoMethod("distilled-draft", "the small draft distilled from the target (KL + TV) on the target's own answers", _distilled_draft),
+    DemoMethod("medusa-chain", "Medusa-1 heads trained on the target's own answers; top-1 of each head", _medusa_chain),
+    DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies", _medusa_tree),
 ]
 
 TABLE_NOTE = """\
@@ -127,7 +187,7 @@ def run_demo(
 
     tokenizer = load_tokenizer(built.target)
     target = load_causal_lm(built.target, device=device_t, dtype=dtype_t, role="target")
-    ctx = DemoContext(target, tokenizer, built, device_t, dtype_t, settings)
+    ctx = DemoContext(target, tokenizer, built, device_t, dtype_t, settings, progress=progress, log=log)
     drafters, prepare_s = {}, {}
     for method in METHODS:
         t = time.perf_counter()
@@ -149,6 +209,14 @@ def run_demo(
 
     report["target"] = describe_target(built.target, target, device_t, dtype_t)
     report["drafts"] = {"small-draft": str(built.draft)}
+    if ctx._medusa is not None:
+        from draftsmith.scripts.demo_heads import heads_root
+
+        report["drafts"]["medusa"] = str(heads_root(built) / "medusa" / "heads")
+    if ctx._heads_cache is not None:
+        from draftsmith.scripts.demo_heads import heads_root
+
+        report["drafts"]["distilled-draft"] = str(heads_root(built) / "distilled-draft" / "draft")
     report["prompts_file"] = str(built.heldout_prompts)
     report["demo"] = {
         "settings": asdict(settings),

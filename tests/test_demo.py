@@ -157,7 +157,9 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert code == 0
     assert "| method | alpha | tau | speedup | KL |" in stdout and "counting the bonus token" in stdout
     report = json.loads((out / "report.json").read_text())
-    assert [r["method"] for r in report["methods"]] == ["target-only", "prompt-lookup", "small-draft"]
+    assert [r["method"] for r in report["methods"]] == [
+        "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree",
+    ]  # fmt: skip
     for row in report["methods"][1:]:
         for key in ("alpha", "tau", "speedup", "tokens_per_second"):
             assert math.isfinite(row[key]), (row["method"], key)
@@ -167,6 +169,13 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert md.startswith("# draftsmith evaluation") and "## Demo target" in md and "acceptance.png" in md
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     assert report["demo"]["demo_target"]["quality"]["self_draft_greedy"]["alpha"] == 1.0
+    # Medusa heads were trained once on the target's own answers and cached beside the target
+    heads = tmp_path / "cache" / "demo-heads-micro"
+    assert (heads / "data" / "summary.json").is_file() and (heads / "medusa" / "heads" / "config.json").is_file()
+    assert report["drafts"]["medusa"] == str(heads / "medusa" / "heads")
+    assert report["methods"][5]["tree"] and report["methods"][5]["predicted_speedup"] is None
+    assert report["drafts"]["distilled-draft"] == str(heads / "distilled-draft" / "draft")
+    assert (heads / "distilled-draft" / "training_summary.json").is_file()
 
 
 def test_train_lm_learns_a_repeating_stream_and_restores_threads():

@@ -12,7 +12,8 @@ import torch
 
 from draftsmith.distill.hidden_cache import CacheError
 from draftsmith.train import medusa as medusa_train
-from draftsmith.train.medusa import MedusaRecipe, batch_rows, main, split_rows
+from draftsmith.train.common import batch_rows, split_rows
+from draftsmith.train.medusa import MedusaRecipe, main
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

@@ -40,6 +40,7 @@ import torch
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
+from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync
 from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
 
 LOSSES = ("ce",) + DIVERGENCES
@@ -104,31 +105,6 @@ class MedusaRecipe:
 
 
 # --------------------------------------------------------------------------- data
-
-
-def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
-    """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
-    if heldout_fraction == 0 or n < 2:
-        return list(range(n)), []
-    every = max(2, round(1 / heldout_fraction))
-    return [i for i in range(n) if i % every], [i for i in range(n) if i % every == 0]
-
-
-def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, grad_accum: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
-    """Rows of micro-batch `micro` of optimizer step `step` on process `rank`.
-
-    A pure function of (seed, step): epochs are seeded permutations of the training rows, so a
-    resumed run reads exactly the batches an uninterrupted run would have read.
-    """
-    per_step = batch_size * grad_accum * world
-    start = step * per_step + micro * batch_size * world + rank * batch_size
-    n = len(train_rows)
-    rows = []
-    for position in range(start, start + batch_size):
-        epoch, offset = divmod(position, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        rows.append(train_rows[int(perm[offset])])
-    return rows
 
 
 def collate(data: DistillData, rows: list[int], max_length: int, pad_id: int) -> dict:
@@ -270,30 +246,6 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
     }
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    root = out / "checkpoints"
-    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
-    return done[-1] if done else None
-
-
-def save_checkpoint(accelerator, out: Path, step: int, recipe: MedusaRecipe) -> Path:
-    final = out / "checkpoints" / f"step-{step:07d}"
-    tmp = out / "checkpoints" / f".step-{step:07d}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe_dict(recipe)})
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-    accelerator.wait_for_everyone()
-    return final
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -413,11 +365,11 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     for micro in range(min(3, recipe.max_steps)):
         batch = collate(data, batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed), recipe.max_length, pad_id)
         ids, att = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         with torch.no_grad():
             target(input_ids=ids, attention_mask=att, output_hidden_states=True)
-        _sync(device)
+        sync(device)
         forward_seconds += time.perf_counter() - t0
         forward_tokens += int(att.sum())
 
@@ -430,7 +382,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     last_eval = None
     model.train()
     while step < recipe.max_steps:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         logged = {}
         for micro in range(recipe.grad_accum):
@@ -454,8 +406,8 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
                 logged["base_kl"] = float(base)
             train_tokens += int(batch["attention_mask"].sum())
             logged["loss"] = float(loss.detach())
-            logged["head_losses"] = [float(x) for x in per_head]
-        _sync(device)
+            logged["head_losses"] = [float(x.detach()) for x in per_head]
+        sync(device)
         train_seconds += time.perf_counter() - t0
         step += 1
         if bar is not None:
@@ -473,7 +425,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
                 f"simulated tau {last_eval['tau_simulated']:.3f}" + (f", KL drift {last_eval['kl_drift']:.4f}" if "kl_drift" in last_eval else "")
             )
         if step % recipe.save_every == 0 and step < recipe.max_steps:
-            save_checkpoint(accelerator, out, step, recipe)
+            save_checkpoint(accelerator, out, step, recipe_dict(recipe))
     if bar is not None:
         bar.close()
 
@@ -496,11 +448,6 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def merge_adapter(target_dir, adapter_dir, out_dir, *, dtype=torch.float32) -> Path:

@@ -1,0 +1,152 @@
+"""What `draftsmith demo` trains on top of the demo target, cached beside it.
+
+  1. self-distillation data: the target's own greedy answers to its training prompts
+     (`draftsmith.distill.generate`, resumable shards);
+  2. Medusa-1 heads trained on that data with `train/medusa.py`'s loop (`recipes/demo/medusa.yaml`
+     holds the same settings for the command-line route);
+  3. the demo's small draft distilled on the same data with `train/draft.py`'s loop (KL + TV
+     hybrid against the target's distributions; `recipes/demo/draft.yaml`).
+
+They live in `<cache>/demo-heads-<preset>/` with a stamp recording the target's fingerprint and
+the data budget; a stamp that does not match (another target build, another budget) means the
+folder is rebuilt, never reused. A trained artifact is reused only when its saved recipe
+equals the one the demo would run now.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from draftsmith.distill.data import read_json, write_json_atomic
+
+
+@dataclass(frozen=True)
+class HeadsBudget:
+    prompts: int  # training prompts answered by the target
+    max_new_tokens: int  # per answer
+    generate_batch: int
+    medusa_steps: int
+    medusa_batch: int
+    num_heads: int
+    max_length: int  # the demo target was trained on 256-token windows
+    draft_steps: int  # distillation of the small draft
+
+
+BUDGETS = {
+    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200),
+    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000),
+    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10),
+}
+STAMP = "stamp.json"
+
+
+def heads_root(built) -> Path:
+    return built.folder.parent / built.folder.name.replace("demo-target-", "demo-heads-")
+
+
+def _stamp(built, target_fingerprint: str, budget: HeadsBudget) -> dict:
+    """What the cached data depends on; each trained artifact also keeps its own recipe."""
+    data = {k: v for k, v in asdict(budget).items() if k in ("prompts", "max_new_tokens", "generate_batch", "max_length")}
+    return {"target_fingerprint": target_fingerprint, "data": data, "format": 2}
+
+
+def _trained_with(folder: Path, recipe) -> bool:
+    """True when `folder` was trained with `recipe` (its output path aside)."""
+    from draftsmith.train.recipe import recipe_dict
+
+    try:
+        saved = read_json(folder / "recipe.json", "recipe")
+    except ValueError:
+        return False
+    want = recipe_dict(recipe)
+    return {k: v for k, v in saved.items() if k != "out"} == {k: v for k, v in want.items() if k != "out"}
+
+
+def prepare_root(built, target, budget: HeadsBudget, log=print) -> Path:
+    """The cache folder for this target and budget (emptied when its stamp does not match)."""
+    from draftsmith.heads.models import target_fingerprint
+
+    root = heads_root(built)
+    stamp = _stamp(built, target_fingerprint(target), budget)
+    if root.exists():
+        try:
+            old = read_json(root / STAMP, "demo heads stamp")
+        except ValueError:
+            old = None
+        if old != stamp:
+            log(f"{root}: made for another target build or budget; rebuilding")
+            shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / STAMP, stamp)
+    return root
+
+
+def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
+    """The target's own answers to `budget.prompts` training prompts (resumes a partial run)."""
+    from draftsmith.distill.data import SUMMARY
+    from draftsmith.distill.generate import GenerateSettings, describe_summary, generate_dataset
+    from draftsmith.distill.sources import load_source
+
+    out = root / "data"
+    if (out / SUMMARY).is_file():
+        return out
+    log(f"self-distillation data: the target answers {budget.prompts} training prompts ({budget.max_new_tokens} tokens each)")
+    source = load_source(str(ctx.built.train_prompts), limit=budget.prompts)
+    settings = GenerateSettings(max_new_tokens=budget.max_new_tokens, batch_size=budget.generate_batch, max_length=budget.max_length)
+    summary = generate_dataset(
+        ctx.target, ctx.tokenizer, source, out, settings, template=None, template_spec="none",
+        target_path=str(ctx.built.target), dtype=ctx.dtype, progress=ctx.progress, log=log,
+    )  # fmt: skip
+    log(describe_summary(summary))
+    return out
+
+
+def demo_medusa(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """Medusa-1 heads trained on the demo data; returns the heads folder."""
+    from draftsmith.train.medusa import MedusaRecipe, train
+
+    final = root / "medusa"
+    work = root / ".medusa-training"
+    recipe = MedusaRecipe(
+        target=str(ctx.built.target), data=str(data), out=str(work), num_heads=budget.num_heads,
+        max_steps=budget.medusa_steps, batch_size=budget.medusa_batch, max_length=budget.max_length,
+        eval_every=budget.medusa_steps, save_every=budget.medusa_steps + 1, device=ctx.device.type,
+        dtype="float32" if ctx.device.type == "cpu" else "auto",
+    )  # fmt: skip
+    if (final / "heads" / "config.json").is_file() and _trained_with(final, recipe):
+        return final / "heads"
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"Medusa-1: {budget.num_heads} heads, {budget.medusa_steps} steps of {budget.medusa_batch} rows")
+    summary = train(recipe, progress=ctx.progress)
+    ev = summary["eval"] or {}
+    if ev:
+        log(f"Medusa heads: top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.2f}")
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return final / "heads"
+
+
+def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """The demo's independent small draft, distilled from the target on its own answers."""
+    from draftsmith.train.draft import DraftRecipe, train
+
+    final = root / "distilled-draft"
+    work = root / ".distilled-draft-training"
+    recipe = DraftRecipe(
+        target=str(ctx.built.target), out=str(work), data=str(data), draft_init="checkpoint", draft_path=str(ctx.built.draft),
+        loss="kl_tv", lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.draft_steps,
+        eval_every=budget.draft_steps, save_every=budget.draft_steps + 1, num_draft_tokens=ctx.settings.num_draft_tokens,
+        device=ctx.device.type, dtype="float32" if ctx.device.type == "cpu" else "auto",
+    )  # fmt: skip
+    if (final / "draft" / "config.json").is_file() and _trained_with(final, recipe):
+        return final / "draft"
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"draft distillation: the small draft, KL+TV to the target, {budget.draft_steps} steps of 8 rows")
+    summary = train(recipe, progress=ctx.progress)
+    if summary["eval"] and summary["initial"]:
+        log(f"held-out acceptance (T = 1) {summary['initial']['acceptance']:.3f} -> {summary['eval']['acceptance']:.3f}")
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return final / "draft"

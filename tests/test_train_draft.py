@@ -1,0 +1,140 @@
+"""train/draft.py on a toy target: divergences lower, on-policy uses the draft, acceptance rises,
+bad recipes are clear errors."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.distill.losses import divergence
+from draftsmith.train.draft import DraftRecipe, is_on_policy_step, main, simulated_tau
+from draftsmith.train.recipe import RecipeError, load_recipe
+
+
+def write_recipe(path, **values):
+    import yaml
+
+    path.write_text("# test recipe\n" + yaml.safe_dump({k: str(v) if hasattr(v, "is_dir") else v for k, v in values.items()}))
+    return path
+
+
+def base(toy_dir, toy_data, out, **extra):
+    values = dict(
+        target=toy_dir / "target", data=toy_data, out=out, device="cpu", draft_init="checkpoint", draft_path=toy_dir / "draft",
+        batch_size=2, max_length=128, max_steps=10, warmup_steps=2, log_every=1, eval_every=10, save_every=100,
+        heldout_fraction=0.34, lr=3e-4, num_draft_tokens=3,
+    )  # fmt: skip
+    values.update(extra)
+    return values
+
+
+def summary(out):
+    return json.loads((out / "training_summary.json").read_text())
+
+
+def test_bad_recipes(tmp_path):
+    ok = dict(target="t", out="o", data="d", draft_path="p")
+    with pytest.raises(RecipeError, match="loss = 'kld'.*forward_kl, reverse_kl, jsd, tv, kl_tv"):
+        load_recipe(DraftRecipe, write_recipe(tmp_path / "a.yaml", **ok, loss="kld"))
+    with pytest.raises(RecipeError, match="on_policy_fraction = 1.5 must be in \\[0, 1\\]"):
+        load_recipe(DraftRecipe, write_recipe(tmp_path / "b.yaml", **ok), ["on_policy_fraction=1.5"])
+    with pytest.raises(RecipeError, match="draft_path"):
+        load_recipe(DraftRecipe, write_recipe(tmp_path / "c.yaml", target="t", out="o", data="d"))
+    with pytest.raises(RecipeError, match="unknown key.*divergence.*valid keys"):
+        load_recipe(DraftRecipe, write_recipe(tmp_path / "d.yaml", **ok, divergence="tv"))
+
+
+def test_on_policy_steps_are_spread():
+    assert [is_on_policy_step(s, 0.5) for s in range(4)] == [False, True, False, True]
+    assert sum(is_on_policy_step(s, 0.25) for s in range(100)) == 25
+    assert not any(is_on_policy_step(s, 0.0) for s in range(10)) and all(is_on_policy_step(s, 1.0) for s in range(10))
+
+
+def test_simulated_tau_matches_a_hand_computation():
+    a = torch.tensor([[0.5, 0.5, 1.0, 0.0]])
+    valid = torch.ones_like(a, dtype=torch.bool)
+    total, n = simulated_tau(a, valid, 2)
+    # t=0: .5 + .5*.5; t=1: .5 + .5*1; t=2: 1 + 0; t=3: 0 (nothing after the end)
+    assert n == 4 and total == pytest.approx(0.75 + 1.0 + 1.0 + 0.0)
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd", "tv", "kl_tv"])
+def test_each_divergence_lowers(loss):
+    torch.manual_seed(0)
+    teacher = torch.randn(4, 6, 40) * 3
+    student = torch.randn(4, 6, 40, requires_grad=True)
+    opt = torch.optim.Adam([student], lr=0.1)
+    first = None
+    for _ in range(30):
+        value = divergence(loss, student, teacher)
+        first = float(value.detach()) if first is None else first
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+    assert float(value) < 0.5 * first
+
+
+def test_distillation_raises_held_out_acceptance(toy_dir, toy_data, tmp_path):
+    out = tmp_path / "fkl"
+    assert main(["--recipe", str(write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="forward_kl", max_steps=16))), "--no-progress"]) == 0
+    s = summary(out)
+    assert s["eval"]["acceptance"] > s["initial"]["acceptance"] + 0.02
+    assert s["eval"]["tau_simulated"] > s["initial"]["tau_simulated"]
+    assert (out / "draft" / "config.json").is_file() and (out / "draft" / "tokenizer.json").is_file()
+    assert s["draft"]["parameters"] > 0 and s["on_policy_steps"] == 0
+
+
+def test_on_policy_uses_the_draft_and_records_it(toy_dir, toy_data, tmp_path):
+    out = tmp_path / "op"
+    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="tv", on_policy_fraction=0.5, max_steps=4, on_policy_new_tokens=8))
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    s = summary(out)
+    assert s["on_policy_steps"] == 2 and s["off_policy_steps"] == 2 and 0 < s["on_policy_tokens"] <= 2 * 2 * 8
+    logged = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "on_policy" in r]
+    assert [r["on_policy"] for r in logged] == [False, True, False, True]
+
+
+def test_fixed_data_ce_baseline_truncated_draft_and_lora(toy_dir, toy_data, tmp_path):
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("\n".join(json.dumps({"text": line}) for line in (toy_dir / "prompts.jsonl").read_text().splitlines()[:8]) + "\n")
+    out = tmp_path / "ce"
+    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="ce", data_mode="fixed", fixed_data=fixed, draft_init="truncate", draft_layers=1, max_steps=4))
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    assert summary(out)["data"].startswith("fixed:") and summary(out)["draft"]["num_layers"] == 1
+    out = tmp_path / "lora"
+    recipe = write_recipe(tmp_path / "l.yaml", **base(toy_dir, toy_data, out, lora=True, lora_r=4, max_steps=3))
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "draft")  # LoRA merged: a plain model
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_incompatible_draft_is_refused(toy_dir, toy_data, tmp_path):
+    from draftsmith.heads.toy import tiny_model
+
+    other = tmp_path / "other"
+    model = tiny_model("llama", seed=3)
+    model.resize_token_embeddings(400)
+    model.save_pretrained(other)
+    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, tmp_path / "o", draft_path=other))
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 2
+
+
+@pytest.mark.slow
+def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
+    """The command users run: `accelerate launch train/draft.py --recipe ...`, in a subprocess."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "launched"
+    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, max_steps=2, eval_every=2))
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(repo / "train" / "draft.py"), "--recipe", str(recipe), "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "draft" / "config.json").is_file() and "held-out acceptance" in done.stdout

@@ -1,0 +1,69 @@
+"""Small pieces every training loop shares: the held-out split, the batch order, checkpoints.
+
+Functions, not a framework: each loop in train/ reads top to bottom and calls these by name.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.data import write_json_atomic
+
+
+def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
+    """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
+    if heldout_fraction == 0 or n < 2:
+        return list(range(n)), []
+    every = max(2, round(1 / heldout_fraction))
+    return [i for i in range(n) if i % every], [i for i in range(n) if i % every == 0]
+
+
+def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, grad_accum: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
+    """Rows of micro-batch `micro` of optimizer step `step` on process `rank`.
+
+    A pure function of (seed, step): epochs are seeded permutations of the training rows, so a
+    resumed run reads exactly the batches an uninterrupted run would have read, and the
+    processes of a multi-process run read disjoint rows of each step.
+    """
+    per_step = batch_size * grad_accum * world
+    start = step * per_step + micro * batch_size * world + rank * batch_size
+    n = len(train_rows)
+    rows, perms = [], {}
+    for position in range(start, start + batch_size):
+        epoch, offset = divmod(position, n)
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        rows.append(train_rows[int(perms[epoch][offset])])
+    return rows
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    root = Path(out) / "checkpoints"
+    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
+    return done[-1] if done else None
+
+
+def save_checkpoint(accelerator, out: Path, step: int, recipe: dict) -> Path:
+    """accelerate's full state (model, optimizer, registered scheduler, RNG) + the step, written
+    to a temporary folder and renamed: a checkpoint folder with trainer_state.json is complete."""
+    final = Path(out) / "checkpoints" / f"step-{step:07d}"
+    tmp = Path(out) / "checkpoints" / f".step-{step:07d}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe})
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def sync(device) -> None:
+    """Timers read after the device has finished (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
