@@ -21,3 +21,7 @@ __all__ = [
     "verify_tree",
     "verify_tree_greedy",
 ]
+
+from draftsmith.eval.eagle import EagleDrafter  # noqa: E402  (imports heads.eagle only when used)
+
+__all__ += ["EagleDrafter"]

@@ -1,11 +1,11 @@
 """The `draftsmith` command.
 
     draftsmith make-toy --out DIR
-    draftsmith eval --target DIR (--draft DIR | --medusa DIR [--medusa-tree auto] | --prompt-lookup) --prompts FILE.jsonl --out DIR
+    draftsmith eval --target DIR (--draft DIR | --medusa DIR [--medusa-tree auto] | --eagle DIR [--eagle-tree 4,4,16] | --prompt-lookup) --prompts FILE.jsonl --out DIR
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
-    draftsmith export HEADS_DIR --format medusa|vllm --out DIR
+    draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
     draftsmith inspect-data DIR [--index I]
     draftsmith vocab-map --data DIR --draft-vocab-size N
@@ -69,6 +69,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
     p.add_argument("--medusa-tree", help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]")
     p.add_argument("--tree-nodes", type=_positive_int("--tree-nodes"), default=16, help="node budget of --medusa-tree auto")
+    p.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout)")
+    p.add_argument("--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16")
     p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
     p.add_argument("--typical-epsilon", type=float, default=0.09, help="typical acceptance: posterior threshold epsilon")
     p.add_argument("--typical-delta", type=float, default=0.3, help="typical acceptance: entropy factor delta")
@@ -136,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-progress", action="store_true", help="no progress bars")
     bt.set_defaults(func=cmd_build_target)
 
-    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm)")
-    ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads)")
-    ex.add_argument("--format", required=True, help="medusa (FasterDecoding / TGI) or vllm")
+    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf)")
+    ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads, train/eagle.py OUT/head)")
+    ex.add_argument("--format", required=True, help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf")
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
-    ex.add_argument("--target", help="the target: needed for heads that share its lm_head (the formats hold a copy)")
+    ex.add_argument("--target", help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy)")
+    ex.add_argument("--num-speculative-tokens", type=_positive_int("--num-speculative-tokens"), default=3, help="EAGLE: K written into the vLLM/SGLang config")
     ex.add_argument("--overwrite", action="store_true")
     ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
     ex.add_argument("--dtype", default="auto", help="dtype of the written weights (auto: as trained)")
@@ -164,10 +167,14 @@ def _load(args):
     from draftsmith.eval.drafters import DraftModelDrafter, PromptLookupDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    if not args.draft and not args.prompt_lookup and not args.medusa:
-        raise UsageError("give a drafter: --draft DIR, --medusa DIR and/or --prompt-lookup")
-    if (args.medusa_tree or args.lossy) and not args.medusa:
-        raise UsageError("--medusa-tree and --lossy apply to Medusa heads: give --medusa DIR")
+    if not args.draft and not args.prompt_lookup and not args.medusa and not args.eagle:
+        raise UsageError("give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup")
+    if args.medusa_tree and not args.medusa:
+        raise UsageError("--medusa-tree applies to Medusa heads: give --medusa DIR")
+    if args.eagle_tree and not args.eagle:
+        raise UsageError("--eagle-tree applies to EAGLE heads: give --eagle DIR")
+    if args.lossy and not (args.medusa or args.eagle):
+        raise UsageError("--lossy applies to Medusa and EAGLE heads: give --medusa DIR or --eagle DIR")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tokenizer = load_tokenizer(args.target)
@@ -182,7 +189,34 @@ def _load(args):
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
     if args.medusa:
         drafters.update(_medusa_drafters(args, target, device, dtype))
+    if args.eagle:
+        drafters.update(_eagle_drafters(args, target, device, dtype))
     return target, tokenizer, drafters, device, dtype
+
+
+def parse_eagle_tree(text: str) -> dict:
+    try:
+        depth, top_k, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--eagle-tree {text!r}: expected DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16") from None
+    if min(depth, top_k, total) < 1:
+        raise UsageError(f"--eagle-tree {text!r}: all three must be >= 1")
+    return {"depth": depth, "top_k": top_k, "total_tokens": total}
+
+
+def _eagle_drafters(args, target, device, dtype) -> dict:
+    from draftsmith.eval.eagle import EagleDrafter
+    from draftsmith.heads.eagle import EagleError, load_eagle
+
+    try:
+        head = load_eagle(args.eagle, target=target, device=device, dtype=dtype)
+    except EagleError as err:
+        raise UsageError(str(err)) from None
+    typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
+    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", typical=typical)}
+    if args.eagle_tree:
+        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(args.eagle_tree), name="eagle-tree", typical=typical)
+    return drafters
 
 
 def _medusa_drafters(args, target, device, dtype) -> dict:
@@ -247,7 +281,7 @@ def cmd_eval(args) -> int:
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     report = evaluate(target, drafters, prompts, settings, eos_token_id=_eos(target, tokenizer), progress=not args.no_progress)
     report["target"] = describe_target(args.target, target, device, dtype)
-    report["drafts"] = {k: v for k, v in (("draft", args.draft), ("medusa", args.medusa)) if v}
+    report["drafts"] = {k: v for k, v in (("draft", args.draft), ("medusa", args.medusa), ("eagle", args.eagle)) if v}
     report["prompts_file"] = str(args.prompts)
     report["draftsmith_version"] = _version()
     report["torch_version"] = torch.__version__
@@ -292,14 +326,38 @@ def cmd_check_lossless(args) -> int:
     return 1 if failed else 0
 
 
+def _heads_kind(folder) -> str:
+    import json
+
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise UsageError(f"{str(folder)!r} has no config.json: not a folder of trained heads")
+    data = json.loads(config.read_text(encoding="utf-8"))
+    eagle = data.get("model_type") == "draftsmith_eagle" or "speculators_model_type" in data or "LlamaForCausalLMEagle3" in (data.get("architectures") or [])
+    return "eagle" if eagle else "medusa"
+
+
 def cmd_export(args) -> int:
-    from draftsmith.heads.medusa import EXPORT_FORMATS, MedusaError, export_medusa, load_medusa
     from draftsmith.heads.models import load_causal_lm, parse_dtype, resolve_device
+
+    device = resolve_device(args.device)
+    dtype = None if args.dtype == "auto" else parse_dtype(args.dtype)
+    if _heads_kind(args.heads) == "eagle":
+        from draftsmith.heads.eagle import EXPORT_FORMATS, EagleError, export_eagle, load_eagle
+
+        if args.format not in EXPORT_FORMATS:
+            raise UsageError(f"--format {args.format!r}: EAGLE heads export to {', '.join(EXPORT_FORMATS)}")
+        try:
+            head = load_eagle(args.heads, device=device, dtype=dtype)
+            out = export_eagle(head, args.out, args.format, num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite)
+        except EagleError as err:
+            raise UsageError(str(err)) from None
+        print(f"wrote {args.format} {head.config.version} head (aux layers {list(head.config.aux_layer_ids)}, draft vocabulary {head.config.draft_vocab_size}) to {out}")
+        return 0
+    from draftsmith.heads.medusa import EXPORT_FORMATS, MedusaError, export_medusa, load_medusa
 
     if args.format not in EXPORT_FORMATS:
         raise UsageError(f"--format {args.format!r}: Medusa heads export to {', '.join(EXPORT_FORMATS)}")
-    device = resolve_device(args.device)
-    dtype = None if args.dtype == "auto" else parse_dtype(args.dtype)
     target = load_causal_lm(args.target, device=device, dtype=dtype or torch.float32, role="target") if args.target else None
     try:
         heads = load_medusa(args.heads, target=target, device=device, dtype=dtype)

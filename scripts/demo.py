@@ -60,6 +60,16 @@ class DemoContext:
     log: Callable = print
     _medusa: object = None  # trained heads, shared by the chain and tree methods
     _heads_cache: tuple | None = None  # (budget, root, data): the self-distillation data, made once
+    _eagle: object = None  # the trained EAGLE-3 head, shared by the chain and tree methods
+
+    def eagle_head(self):
+        if self._eagle is None:
+            from draftsmith.heads.eagle import load_eagle
+            from draftsmith.scripts.demo_heads import demo_eagle
+
+            budget, root, data = self.distill_data()
+            self._eagle = load_eagle(demo_eagle(self, budget, root, data, log=self.log), target=self.target, device=self.device, dtype=self.dtype)
+        return self._eagle
 
     def distill_data(self):
         """The target's own answers (made once, cached): (budget, cache root, data folder)."""
@@ -136,14 +146,30 @@ def _medusa_tree(ctx: DemoContext):
     return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
 
 
-# Every drafter method of the toolkit, in report order. EAGLE heads join here when their
-# training loop lands (each method trained with a small demo budget).
+EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as the Medusa tree
+
+
+def _eagle_chain(ctx: DemoContext):
+    from draftsmith.eval.eagle import EagleDrafter
+
+    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain")
+
+
+def _eagle_tree(ctx: DemoContext):
+    from draftsmith.eval.eagle import EagleDrafter
+
+    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree")
+
+
+# Every drafter method of the toolkit, in report order (each trained with a small demo budget).
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
     DemoMethod("small-draft", "independent small Llama trained on the same data (built with the target)", _small_draft),
     DemoMethod("distilled-draft", "the small draft distilled from the target (KL + TV) on the target's own answers", _distilled_draft),
     DemoMethod("medusa-chain", "Medusa-1 heads trained on the target's own answers; top-1 of each head", _medusa_chain),
     DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies", _medusa_tree),
+    DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain", _eagle_chain),
+    DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
 ]
 
 TABLE_NOTE = """\
@@ -217,6 +243,8 @@ def run_demo(
         from draftsmith.scripts.demo_heads import heads_root
 
         report["drafts"]["distilled-draft"] = str(heads_root(built) / "distilled-draft" / "draft")
+    if ctx._eagle is not None:
+        report["drafts"]["eagle3"] = str(heads_root(built) / "eagle3" / "head")
     report["prompts_file"] = str(built.heldout_prompts)
     report["demo"] = {
         "settings": asdict(settings),

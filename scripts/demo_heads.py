@@ -5,7 +5,8 @@
   2. Medusa-1 heads trained on that data with `train/medusa.py`'s loop (`recipes/demo/medusa.yaml`
      holds the same settings for the command-line route);
   3. the demo's small draft distilled on the same data with `train/draft.py`'s loop (KL + TV
-     hybrid against the target's distributions; `recipes/demo/draft.yaml`).
+     hybrid against the target's distributions; `recipes/demo/draft.yaml`);
+  4. an EAGLE-3 head trained with `train/eagle.py`'s loop (`recipes/demo/eagle3.yaml`).
 
 They live in `<cache>/demo-heads-<preset>/` with a stamp recording the target's fingerprint and
 the data budget; a stamp that does not match (another target build, another budget) means the
@@ -32,12 +33,14 @@ class HeadsBudget:
     num_heads: int
     max_length: int  # the demo target was trained on 256-token windows
     draft_steps: int  # distillation of the small draft
+    eagle_steps: int  # EAGLE-3 head
+    eagle_draft_vocab: int | None  # reduced draft vocabulary (None = the target's)
 
 
 BUDGETS = {
-    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200),
-    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000),
-    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10),
+    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024),
+    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048),
+    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None),
 }
 STAMP = "stamp.json"
 
@@ -150,3 +153,27 @@ def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=p
     shutil.rmtree(final, ignore_errors=True)
     work.rename(final)
     return final / "draft"
+
+
+def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """An EAGLE-3 head trained on the demo data (training-time test, reduced vocabulary)."""
+    from draftsmith.train.eagle import EagleRecipe, train
+
+    final = root / "eagle3"
+    work = root / ".eagle3-training"
+    recipe = EagleRecipe(
+        target=str(ctx.built.target), data=str(data), out=str(work), version="eagle3",
+        draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
+        max_length=budget.max_length, max_steps=budget.eagle_steps, eval_every=budget.eagle_steps,
+        save_every=budget.eagle_steps + 1, device=ctx.device.type, dtype="float32" if ctx.device.type == "cpu" else "auto",
+    )  # fmt: skip
+    if (final / "head" / "config.json").is_file() and _trained_with(final, recipe):
+        return final / "head"
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows")
+    summary = train(recipe, progress=ctx.progress)
+    if summary["eval"]:
+        log(f"EAGLE-3 head: top-1 per draft step {[round(a, 3) for a in summary['eval']['top1_per_step']]}, simulated tau {summary['eval']['tau_simulated']:.2f}")
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return final / "head"

@@ -76,7 +76,7 @@ def test_eval_rejects_bad_settings(toy, tmp_path, run_cli, extra, message):
 def test_eval_needs_a_drafter(toy, tmp_path, run_cli):
     args = ["eval", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--out", tmp_path / "o"]
     code, _, err = run_cli(args)
-    assert code == 2 and "--draft DIR, --medusa DIR and/or --prompt-lookup" in err
+    assert code == 2 and "--draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup" in err
 
 
 @pytest.mark.parametrize(

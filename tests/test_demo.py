@@ -158,7 +158,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert "| method | alpha | tau | speedup | KL |" in stdout and "counting the bonus token" in stdout
     report = json.loads((out / "report.json").read_text())
     assert [r["method"] for r in report["methods"]] == [
-        "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree",
+        "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree", "eagle3-chain", "eagle3-tree",
     ]  # fmt: skip
     for row in report["methods"][1:]:
         for key in ("alpha", "tau", "speedup", "tokens_per_second"):
@@ -176,6 +176,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert report["methods"][5]["tree"] and report["methods"][5]["predicted_speedup"] is None
     assert report["drafts"]["distilled-draft"] == str(heads / "distilled-draft" / "draft")
     assert (heads / "distilled-draft" / "training_summary.json").is_file()
+    assert report["drafts"]["eagle3"] == str(heads / "eagle3" / "head") and report["methods"][7]["tree"]
 
 
 def test_train_lm_learns_a_repeating_stream_and_restores_threads():

@@ -1,0 +1,929 @@
+"""EAGLE heads (EAGLE-1 and EAGLE-3): one decoder layer that drafts from the target's features.
+
+    head = EagleHead.for_target(target, "eagle3", vocab_map=vmap)   # frozen embeddings, lm_head from the target
+    h = head.project(torch.cat([hs[i] for i in head.config.aux_layer_ids], -1))   # eagle3: fc over the aux states
+    cache = EagleCache()
+    out, logits = head(next_ids, h, position_ids=pos, cache=cache)            # draft step 1
+    out, logits = head(head.draft_to_target(logits.argmax(-1)), out, position_ids=pos + 1, cache=cache)  # step 2
+    save_eagle(head, "out/eagle")                     # draftsmith layout (save_pretrained)
+    export_eagle(head, "out/eagle-vllm", "vllm")      # vLLM speculators format; or "sglang"
+    head = load_eagle("out/eagle-vllm", target=target)   # any of the three layouts
+
+Both versions read, at position t, the embedding of token t+1 and a feature of position t:
+
+- EAGLE-1: x = fc(cat(embed(token_{t+1}), f_t)), Linear(2H, H, bias), then one Llama decoder layer
+  WITHOUT input_layernorm (f_t is already normalised). f_t is the target's last hidden state after
+  the final norm (HF `hidden_states[L]`), so the layer output is a predicted next feature f_{t+1}
+  and the target's frozen lm_head turns it into logits for token t+2. `aux_layer_ids == [L]`.
+- EAGLE-3: the feature is fc(cat of n_aux target hidden states) (`project`), Linear(n_aux*H, H,
+  no bias). The layer's q/k/v read cat(input_layernorm(embed), hidden_norm(h)) (2H wide); the
+  residual stream is h itself (vLLM/speculators `norm_before_residual: false`). Logits come from
+  lm_head(norm(out)) over a reduced draft vocabulary; `out` (before the norm) is what the next
+  draft step reads as `hidden`.
+
+Auxiliary layer ids are HF `output_hidden_states` indices: i = the INPUT of decoder layer i
+(0 = the embedding output), L = the last layer's output after the final norm. Default for
+EAGLE-3: the paper's (2, L//2, L-3) when those are three distinct ids in [1, L) (L >= 7);
+for tinier targets the first, middle and last of range(1, L) (of range(0, L) when L < 4),
+deduplicated: L=4 -> (1, 2, 3), L=5 -> (1, 3, 4), L=6 -> (1, 3, 5), L=3 -> (0, 1, 2).
+
+Layouts (`load_eagle` tells them apart by config.json):
+- draftsmith (`save_eagle`, `export_eagle(.., "hf")`): `save_pretrained`, model_type
+  `draftsmith_eagle`, the provenance, state_dict keys as below.
+- "vllm" (the speculators format, as the speculators trainer writes it; vLLM reads it through
+  `SpeculatorsConfig` and builds `Eagle3LlamaForCausalLM`): keys `fc.weight`, `layers.0.*`,
+  `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, `d2t`, `t2d` (the last two only with a
+  reduced vocabulary). vLLM captures `hidden_states + residual` BEFORE layer i, i.e. HF index i:
+  the ids are written as they are. Ids equal to L (post-norm) cannot be captured by a server.
+- "sglang" (`LlamaForCausalLMEagle3`): a flat llama config, keys `midlayer.*` instead of
+  `layers.0.*`. SGLang adds 1 to the ids it reads from `eagle_config` ("the ith layer takes the
+  output of the (i-1)th layer"), so the ids are written minus one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    repeat_kv,
+)
+
+VERSIONS = ("eagle1", "eagle3")
+EXPORT_FORMATS = ("vllm", "sglang", "hf")
+WEIGHTS = "model.safetensors"
+# What the speculators trainer writes (read off a 0.9.0 checkpoint; `Eagle3DraftModel` is the
+# class name in current speculators, older releases wrote "Eagle3Speculator"). vLLM ignores the
+# top-level `architectures` of a speculators config: it picks Eagle3LlamaForCausalLM from
+# `speculators_model_type` and `transformer_layer_config.model_type`.
+SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
+SPECULATORS_VERSION = "0.9.0"
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# Provenance travels as one nested dict in the exported configs (vLLM builds its draft config from
+# `transformer_layer_config` only; SGLang keeps unknown keys as unused attributes).
+PROVENANCE_KEY = "draftsmith"
+_PROVENANCE_FIELDS = (
+    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers",
+    "target_architectures", "data_hash", "vocab_map_data_hash", "aux_layer_ids",
+)  # fmt: skip
+
+# ---------------------------------------------------------------------- required key sets
+# The EAGLE-3 decoder layer's tensors, relative to the layer (no biases: attention_bias adds the
+# four `self_attn.*_proj.bias`, see `_required_keys`).
+LAYER_KEYS = (
+    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)  # fmt: skip
+# vLLM speculators format (vllm/model_executor/models/llama_eagle3.py: LlamaModel holds
+# embed_tokens, layers, fc, norm; Eagle3LlamaForCausalLM holds lm_head and draft_id_to_target_id,
+# loaded from `d2t`; `t2d` is read and dropped).
+VLLM_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"layers.0.{k}" for k in LAYER_KEYS)
+# SGLang (python/sglang/srt/models/llama_eagle3.py: LlamaModel holds embed_tokens, fc, midlayer,
+# norm; unknown names are skipped SILENTLY by its load_weights, hence the exact check).
+SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"midlayer.{k}" for k in LAYER_KEYS)
+VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both formats
+
+
+class EagleError(ValueError):
+    """A head that cannot be built, loaded, exported or used with a target; the message says why."""
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's (2, L//2, L-3), or first/middle/last of range(1, L) for tiny targets (module docstring)."""
+    L = num_layers
+    paper = [2, L // 2, L - 3]
+    if L >= 7:  # three distinct ids, increasing, none the embedding output
+        return paper
+    pool = list(range(1, L)) if L >= 4 else list(range(max(L, 1)))
+    picks = [pool[0], pool[len(pool) // 2], pool[-1]]
+    return sorted(set(picks))
+
+
+class EagleConfig(PretrainedConfig):
+    model_type = "draftsmith_eagle"
+
+    def __init__(
+        self,
+        version: str = "eagle3",
+        hidden_size: int = 4096,
+        intermediate_size: int = 14336,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,  # None = num_attention_heads (no GQA)
+        head_dim: int | None = None,  # None = hidden_size // num_attention_heads
+        rms_norm_eps: float = 1e-5,
+        rope_parameters: dict | None = None,  # the target's, verbatim: positions must rotate as in the target
+        max_position_embeddings: int = 8192,  # MUST equal the target's (servers size RoPE/caches from it)
+        attention_bias: bool = False,
+        hidden_act: str = "silu",
+        vocab_size: int = 128256,  # the target's output vocabulary
+        draft_vocab_size: int | None = None,  # eagle3: reduced vocabulary; None = vocab_size
+        aux_layer_ids: list[int] | None = None,  # HF hidden_states indices; see default_aux_layer_ids
+        norm_before_residual: bool = False,  # speculators variant: residual = hidden_norm(h); draftsmith trains False
+        initializer_range: float = 0.02,
+        target_name_or_path: str | None = None,
+        target_revision: str | None = None,
+        target_fingerprint: str | None = None,  # draftsmith.heads.models.target_fingerprint of the target
+        target_num_layers: int | None = None,
+        target_architectures: list[str] | None = None,
+        data_hash: str | None = None,  # hash of the training data
+        vocab_map_data_hash: str | None = None,  # data hash the draft vocabulary was counted on
+        rope_theta: float | None = None,  # legacy spelling, folded into rope_parameters
+        **kwargs,
+    ):
+        if version not in VERSIONS:
+            raise EagleError(f"EagleConfig: version={version!r}; expected one of {', '.join(map(repr, VERSIONS))}")
+        kwargs.setdefault("tie_word_embeddings", False)  # embed_tokens and lm_head are distinct tensors
+        if rope_parameters is None:
+            rope_parameters = {"rope_type": "default", "rope_theta": float(rope_theta if rope_theta is not None else 10000.0)}
+        draft_vocab_size = vocab_size if draft_vocab_size is None else draft_vocab_size
+        if version == "eagle1" and draft_vocab_size != vocab_size:
+            raise EagleError(
+                f"EagleConfig: eagle1 projects with the target's lm_head, so draft_vocab_size must equal vocab_size "
+                f"({vocab_size}), got {draft_vocab_size}"
+            )
+        if not 1 <= draft_vocab_size <= vocab_size:
+            raise EagleError(f"EagleConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
+        if aux_layer_ids is None:
+            L = target_num_layers
+            aux_layer_ids = ([L] if version == "eagle1" else default_aux_layer_ids(L)) if L is not None else []
+        self.version = version
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_parameters = dict(rope_parameters)
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.hidden_act = hidden_act
+        self.vocab_size = vocab_size
+        self.draft_vocab_size = draft_vocab_size
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        self.norm_before_residual = norm_before_residual
+        self.initializer_range = initializer_range
+        self.target_name_or_path = target_name_or_path
+        self.target_revision = target_revision
+        self.target_fingerprint = target_fingerprint
+        self.target_num_layers = target_num_layers
+        self.target_architectures = list(target_architectures) if target_architectures else None
+        self.data_hash = data_hash
+        self.vocab_map_data_hash = vocab_map_data_hash
+        super().__init__(**kwargs)
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+    def layer_config(self) -> LlamaConfig:
+        """The decoder layer as a 1-layer llama config (RoPE and MLP are built from it; the vLLM
+        export writes it as `transformer_layer_config`). vocab_size is the TARGET's."""
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=copy.deepcopy(self.rope_parameters),
+            attention_bias=self.attention_bias,
+            mlp_bias=False,
+            tie_word_embeddings=False,
+            initializer_range=self.initializer_range,
+        )
+
+
+# ---------------------------------------------------------------------- the draft's KV cache
+class EagleCache:
+    """The draft layer's own KV cache: keys/values [B, kv_heads, S, head_dim] (None while empty).
+
+    `append` concatenates (no in-place writes), so a cache can sit inside an autograd graph
+    during training-time test."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add [B, kv, T, hd] entries; return the whole cache (old + new)."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` entries (drop rejected drafts)."""
+        if not 0 <= length <= self.seq_len:
+            raise EagleError(f"cannot crop a draft cache of {self.seq_len} entries to {length}")
+        if self.keys is not None:
+            self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
+
+    def keep(self, base: int, indices) -> None:
+        """Keep the first `base` entries, then the entries base + i for i in `indices`, in that
+        order (the accepted path of a tree fed at position `base`)."""
+        indices = [int(i) for i in indices]
+        if base < 0 or base > self.seq_len or any(i < 0 or base + i >= self.seq_len for i in indices):
+            raise EagleError(f"cannot keep {base} + {indices} of a draft cache of {self.seq_len} entries")
+        if self.keys is None:
+            return
+        src = torch.tensor(list(range(base)) + [base + i for i in indices], dtype=torch.long, device=self.keys.device)
+        self.keys, self.values = self.keys.index_select(-2, src), self.values.index_select(-2, src)
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+
+
+# ---------------------------------------------------------------------- the decoder layer
+class EagleAttention(nn.Module):
+    """Llama attention (RoPE, GQA) whose q/k/v read `in_features` (2H for EAGLE-3)."""
+
+    def __init__(self, config: EagleConfig, in_features: int):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if self.num_heads % self.num_kv_heads:
+            raise EagleError(f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}")
+        self.q_proj = nn.Linear(in_features, c.num_attention_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(in_features, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(in_features, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+
+    def forward(self, x, cos, sin, mask, cache: EagleCache | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # keys are cached after RoPE, as in HF
+        if cache is not None:
+            k, v = cache.append(k, v)
+        groups = self.num_heads // self.num_kv_heads
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class EagleDecoderLayer(nn.Module):
+    """One Llama decoder layer, named like Llama's so that the keys match the servers'."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        H = config.hidden_size
+        self.eagle3 = config.version == "eagle3"
+        self.norm_before_residual = config.norm_before_residual
+        layer_config = config.layer_config()
+        self.self_attn = EagleAttention(config, 2 * H if self.eagle3 else H)
+        self.mlp = LlamaMLP(layer_config)
+        if self.eagle3:  # EAGLE-1 drops input_layernorm: its input is fc of an already normalised feature
+            self.input_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+            self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+
+    def forward(self, embeds, hidden, cos, sin, mask, cache) -> torch.Tensor:
+        if self.eagle3:
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        else:
+            residual = x = hidden
+        h = residual + self.self_attn(x, cos, sin, mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ---------------------------------------------------------------------- the head
+class EagleHead(PreTrainedModel):
+    """An EAGLE-1 or EAGLE-3 draft head for one target (see the module docstring)."""
+
+    config_class = EagleConfig
+    base_model_prefix = "eagle"
+
+    def __init__(self, config: EagleConfig):
+        super().__init__(config)
+        H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        self.eagle3 = config.version == "eagle3"
+        self.embed_tokens = nn.Embedding(V, H)
+        if self.eagle3:
+            self.fc = nn.Linear(config.num_aux * H, H, bias=False)
+        else:
+            self.fc = nn.Linear(2 * H, H, bias=True)
+        self.layers = nn.ModuleList([EagleDecoderLayer(config)])
+        if self.eagle3:
+            self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, Vd, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())  # non-persistent buffers: not saved
+        if self.eagle3:
+            self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.int64), persistent=True)
+            self.register_buffer("t2d", torch.ones(V, dtype=torch.bool), persistent=True)
+        self.post_init()
+        self._freeze()
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # `.to(bfloat16)` would cast RoPE's inverse frequencies too; HF targets loaded in bf16 keep
+        # them in fp32 (from_pretrained recomputes them), so do the same or positions drift.
+        inv = self.rotary_emb.inv_freq
+        if inv.dtype != torch.float32 and inv.device.type != "meta":
+            self.rotary_emb = LlamaRotaryEmbedding(self.config.layer_config()).to(inv.device)
+        return self
+
+    def _freeze(self) -> None:
+        # Target copies never train: EAGLE's embeddings are the target's, and EAGLE-1's lm_head is
+        # the target's (its loss targets are that head's outputs).
+        self.embed_tokens.weight.requires_grad_(False)
+        if not self.eagle3:
+            self.lm_head.weight.requires_grad_(False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def for_target(
+        cls,
+        target: PreTrainedModel,
+        version: str = "eagle3",
+        *,
+        aux_layer_ids=None,
+        vocab_map=None,
+        target_name_or_path: str | None = None,
+        data_hash: str | None = None,
+    ) -> EagleHead:
+        """A head shaped like `target`'s decoder layers, on its device and dtype: embeddings copied
+        (frozen), lm_head copied (EAGLE-1: frozen; EAGLE-3: the rows of the draft vocabulary)."""
+        from draftsmith.distill.vocab import VocabMapError, check_consistent
+        from draftsmith.heads.models import target_fingerprint
+
+        if version not in VERSIONS:
+            raise EagleError(f"version {version!r}: expected one of {', '.join(map(repr, VERSIONS))}")
+        tc = target.config.get_text_config()
+        L, H = tc.num_hidden_layers, tc.hidden_size
+        lm_weight, embed_weight = _output_weight(target), _input_weight(target)
+        V = lm_weight.shape[0]
+        if lm_weight.shape[1] != H or tuple(embed_weight.shape) != (V, H):
+            raise EagleError(
+                f"target's embeddings {tuple(embed_weight.shape)} and lm_head {tuple(lm_weight.shape)} do not both "
+                f"match [vocab, hidden_size={H}]"
+            )
+        if aux_layer_ids is None:
+            aux_layer_ids = [L] if version == "eagle1" else default_aux_layer_ids(L)
+        aux_layer_ids = [int(i) for i in aux_layer_ids]
+        if not aux_layer_ids:
+            raise EagleError("aux_layer_ids is empty: give at least one HF hidden_states index")
+        for i in aux_layer_ids:
+            if not 0 <= i <= L:
+                raise EagleError(
+                    f"aux layer id {i} is out of range: the target has {L} layers, so valid HF hidden_states "
+                    f"indices are 0..{L} (0 = embeddings, {L} = last layer after the final norm)"
+                )
+        if len(set(aux_layer_ids)) != len(aux_layer_ids):
+            raise EagleError(f"aux_layer_ids {aux_layer_ids} repeat an id")
+        if version == "eagle1" and aux_layer_ids != [L]:
+            raise EagleError(f"eagle1 reads the post-norm last hidden state: aux_layer_ids must be [{L}], got {aux_layer_ids}")
+        if vocab_map is not None:
+            if version == "eagle1":
+                raise EagleError("eagle1 uses the target's full lm_head: a vocab_map applies to eagle3 only")
+            if vocab_map.target_vocab_size != V:
+                raise EagleError(f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}")
+            try:
+                check_consistent(vocab_map)
+            except VocabMapError as err:
+                raise EagleError(f"vocab_map is inconsistent: {err}") from None
+        config = EagleConfig(
+            version=version,
+            hidden_size=H,
+            intermediate_size=tc.intermediate_size,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=getattr(tc, "head_dim", None) or H // tc.num_attention_heads,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_parameters=_rope_of(tc),
+            max_position_embeddings=tc.max_position_embeddings,
+            attention_bias=bool(getattr(tc, "attention_bias", False)),
+            hidden_act=getattr(tc, "hidden_act", "silu"),
+            vocab_size=V,
+            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else V,
+            aux_layer_ids=aux_layer_ids,
+            initializer_range=getattr(tc, "initializer_range", 0.02),
+            target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
+            target_revision=getattr(target.config, "_commit_hash", None),
+            target_fingerprint=target_fingerprint(target),
+            target_num_layers=L,
+            target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
+            data_hash=data_hash,
+            vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+        )
+        head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(embed_weight)
+            if vocab_map is not None:
+                ids = vocab_map.target_ids().to(lm_weight.device)
+                head.lm_head.weight.copy_(lm_weight[ids])
+                head.d2t.copy_(vocab_map.d2t)
+                head.t2d.copy_(vocab_map.t2d)
+            else:
+                head.lm_head.weight.copy_(lm_weight)
+        head._freeze()
+        return head
+
+    # ------------------------------------------------------------------ computation
+    def project(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: fc over the concatenated aux hidden states [..., n_aux*H] -> [..., H];
+        EAGLE-1: the identity (its fc reads the embedding too, inside `forward`)."""
+        if not self.eagle3:
+            return aux_hidden
+        expected = self.config.num_aux * self.config.hidden_size
+        if aux_hidden.shape[-1] != expected:
+            raise EagleError(
+                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, expected {self.config.num_aux} "
+                f"layers {self.config.aux_layer_ids} x hidden {self.config.hidden_size} = {expected}"
+            )
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: EagleCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out_hidden [B, T, H], logits [B, T, draft_vocab]) for input_ids [B, T] (token t+1 at
+        position t) and hidden [B, T, H] (EAGLE-1: f_t; EAGLE-3: project(aux) or a previous out_hidden).
+
+        attention_mask: None = causal among the T new tokens, each sees the whole cache; else a float
+        additive mask [B, 1, T, cache.seq_len + T] (0 = attend, large negative = blocked)."""
+        if input_ids.dim() != 2 or tuple(hidden.shape[:2]) != tuple(input_ids.shape) or hidden.shape[-1] != self.config.hidden_size:
+            raise EagleError(
+                f"forward: input_ids {list(input_ids.shape)} and hidden {list(hidden.shape)} must be [B, T] and "
+                f"[B, T, {self.config.hidden_size}]"
+            )
+        B, T = input_ids.shape
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if position_ids.shape[-1] != T:
+            raise EagleError(f"forward: position_ids {list(position_ids.shape)} do not cover the {T} new tokens")
+        past = 0 if cache is None else cache.seq_len
+        embeds = self.embed_tokens(input_ids)
+        hidden = hidden.to(embeds.dtype)
+        x = hidden if self.eagle3 else self.fc(torch.cat([embeds, hidden], dim=-1))
+        mask = self._mask(attention_mask, B, T, past, x.dtype, x.device)
+        cos, sin = self.rotary_emb(x, position_ids.expand(B, T) if position_ids.shape[0] == 1 else position_ids)
+        out = self.layers[0](embeds, x, cos, sin, mask, cache)
+        logits = self.lm_head(self.norm(out) if self.eagle3 else out)
+        return out, logits
+
+    @staticmethod
+    def _mask(mask, B, T, past, dtype, device) -> torch.Tensor:
+        if mask is None:
+            blocked = torch.ones(T, past + T, dtype=torch.bool, device=device).triu(past + 1)
+            return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(blocked, torch.finfo(dtype).min)[None, None]
+        if mask.dtype == torch.bool or not mask.is_floating_point():
+            raise EagleError("forward: pass a float additive attention_mask (0 = attend, large negative = blocked), not a bool mask")
+        if mask.dim() != 4 or mask.shape[1] != 1 or tuple(mask.shape[-2:]) != (T, past + T) or mask.shape[0] not in (1, B):
+            raise EagleError(f"forward: attention_mask must be [B, 1, {T}, {past + T}] (cache {past} + new {T}), got {list(mask.shape)}")
+        return mask.to(device=device, dtype=dtype)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft ids (target = draft + d2t[draft]); the identity for EAGLE-1."""
+        if not self.eagle3:
+            return draft_ids
+        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
+        V, Vd = self.config.vocab_size, self.config.draft_vocab_size
+        if not self.eagle3 or (Vd == V and not bool(self.d2t.any())):
+            return logits
+        ids = torch.arange(Vd, device=logits.device) + self.d2t.to(logits.device)
+        out = logits.new_full((*logits.shape[:-1], V), float("-inf"))
+        out[..., ids] = logits
+        return out
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """EagleError when the head cannot serve `target` (sizes, depth, positions, RoPE); a warning
+        when only the fingerprint differs (a fine-tuned target is legitimate)."""
+        from draftsmith.heads.models import target_fingerprint
+
+        c = self.config
+        tc = target.config.get_text_config()
+        name = getattr(target.config, "_name_or_path", None) or type(target).__name__
+        trained_on = c.target_name_or_path or "an unrecorded target"
+        vocab = _output_weight(target).shape[0]
+        checks = [
+            ("hidden size", c.hidden_size, tc.hidden_size),
+            ("vocab size", c.vocab_size, vocab),
+            ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
+            ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
+            ("rope_parameters", c.rope_parameters, _rope_of(tc)),
+        ]
+        for what, ours, theirs in checks:
+            if ours is not None and ours != theirs:
+                raise EagleError(
+                    f"EAGLE head has {what} {ours} (trained on {trained_on}) but target {name!r} has {theirs}"
+                    + (": a mismatch here silently collapses acceptance" if what in ("max_position_embeddings", "rope_parameters") else "")
+                )
+        if max(c.aux_layer_ids) > tc.num_hidden_layers:
+            raise EagleError(f"EAGLE head reads hidden states {c.aux_layer_ids}, target {name!r} has only {tc.num_hidden_layers} layers")
+        if c.target_fingerprint:
+            found = target_fingerprint(target)
+            if found != c.target_fingerprint:
+                warnings.warn(
+                    f"EAGLE head was trained on target fingerprint {c.target_fingerprint[:12]} ({trained_on}) but target "
+                    f"{name!r} has fingerprint {found[:12]}: fine for a fine-tuned target, otherwise expect low acceptance",
+                    stacklevel=2,
+                )
+
+
+def _output_weight(target: PreTrainedModel) -> torch.Tensor:
+    out = target.get_output_embeddings()
+    if out is None:
+        raise EagleError(f"target {type(target).__name__} has no output embeddings (get_output_embeddings() is None)")
+    return out.weight
+
+
+def _input_weight(target: PreTrainedModel) -> torch.Tensor:
+    emb = target.get_input_embeddings()
+    if emb is None:
+        raise EagleError(f"target {type(target).__name__} has no input embeddings (get_input_embeddings() is None)")
+    return emb.weight
+
+
+def _rope_of(text_config) -> dict:
+    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
+    rope = getattr(text_config, "rope_parameters", None)
+    if rope:
+        return copy.deepcopy(dict(rope))
+    rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
+    rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
+    return rope
+
+
+# ---------------------------------------------------------------------- export layouts
+def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
+    base = VLLM_KEYS if fmt == "vllm" else SGLANG_KEYS
+    keys = set(base)
+    if config.attention_bias:  # vLLM builds q/k/v/o with bias=attention_bias (SGLang refuses it earlier)
+        prefix = "layers.0." if fmt == "vllm" else "midlayer."
+        keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
+    if config.draft_vocab_size != config.vocab_size:
+        keys |= set(VOCAB_MAP_KEYS)
+    return keys
+
+
+def _export_state(head: EagleHead, fmt: str) -> dict[str, torch.Tensor]:
+    """The head's state_dict renamed for `fmt` (d2t/t2d dropped for a full vocabulary)."""
+    full_vocab = head.config.draft_vocab_size == head.config.vocab_size
+    state = {}
+    for key, tensor in head.state_dict().items():
+        if key in VOCAB_MAP_KEYS and full_vocab:
+            continue
+        if fmt == "sglang" and key.startswith("layers.0."):
+            key = "midlayer." + key.removeprefix("layers.0.")
+        state[key] = tensor.detach().to("cpu").contiguous()
+    return state
+
+
+def _check_keys(state: dict, required: set[str], fmt: str) -> None:
+    missing, extra = sorted(required - set(state)), sorted(set(state) - required)
+    if missing or extra:
+        raise EagleError(
+            f"{fmt} export: the weights do not match the key set the server loads: missing {missing}, left over {extra}. "
+            "Nothing was written (a server would skip or misplace these tensors silently)."
+        )
+
+
+def _provenance(config: EagleConfig) -> dict:
+    return {field: getattr(config, field) for field in _PROVENANCE_FIELDS}
+
+
+def _dtype_name(head: EagleHead) -> str:
+    return str(head.dtype).removeprefix("torch.")
+
+
+def _layer_config_dict(config: EagleConfig) -> dict:
+    d = config.layer_config().to_dict()
+    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
+        d.pop(key, None)
+    d["architectures"] = ["LlamaForCausalLM"]
+    # Servers on transformers 4.x read rope_theta / rope_scaling; 5.x reads rope_parameters.
+    d["rope_theta"] = config.rope_parameters.get("rope_theta")
+    if config.rope_parameters.get("rope_type", "default") != "default":
+        d["rope_scaling"] = copy.deepcopy(config.rope_parameters)
+    return d
+
+
+def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
+    c = head.config
+    return {
+        "architectures": [SPECULATORS_ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": c.draft_vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
+        # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
+        "norm_before_residual": bool(c.norm_before_residual),
+        "norm_before_fc": False,  # no input_norm over the concatenated aux states
+        "norm_output": False,
+        "fc_norm": False,
+        "embed_requires_grad": False,
+        "target_hidden_size": None,  # null = the draft's hidden size (same as the target's)
+        "tie_word_embeddings": False,
+        "transformer_layer_config": _layer_config_dict(c),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": c.target_name_or_path, "architectures": c.target_architectures or []},
+        },
+        "torch_dtype": _dtype_name(head),
+        PROVENANCE_KEY: _provenance(c),
+    }
+
+
+def _sglang_config(head: EagleHead, num_speculative_tokens: int) -> dict:
+    c = head.config
+    d = _layer_config_dict(c)
+    d.update({
+        "architectures": [SGLANG_ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "draft_vocab_size": c.draft_vocab_size,
+        "tie_word_embeddings": False,
+        # SGLang captures layers_to_capture = [id + 1 for id in these]: write HF index - 1.
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids], "use_aux_hidden_state": True},
+        "num_speculative_tokens": num_speculative_tokens,  # informational: SGLang takes --speculative-num-steps
+        "torch_dtype": _dtype_name(head),
+        PROVENANCE_KEY: _provenance(c),
+    })  # fmt: skip
+    return d
+
+
+def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) -> None:
+    c = head.config
+    if c.version != "eagle3":
+        raise EagleError(
+            f"export to {fmt!r}: only EAGLE-3 heads have a {fmt} layout here (vLLM's EAGLE-1 layout is not implemented); "
+            "save EAGLE-1 heads with format 'hf' (save_eagle)"
+        )
+    if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+        raise EagleError(f"num_speculative_tokens={num_speculative_tokens!r}: expected an int >= 1")
+    L = c.target_num_layers
+    if c.num_aux != 3:
+        raise EagleError(f"export to {fmt!r}: the server's fc reads exactly 3 aux hidden states, this head reads {c.aux_layer_ids}")
+    if L is not None and max(c.aux_layer_ids) >= L:
+        raise EagleError(
+            f"export to {fmt!r}: aux layer id {max(c.aux_layer_ids)} is the target's post-norm output; servers capture "
+            f"only layer inputs (ids 0..{L - 1})"
+        )
+    if fmt == "sglang" and (c.attention_bias or c.norm_before_residual):
+        raise EagleError("export to 'sglang': SGLang's Eagle3 layer has no attention bias and no norm_before_residual variant")
+
+
+# ---------------------------------------------------------------------- writing
+def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
+    """Run `write(tmp_dir)` in a temp folder beside `out_dir`, then rename it into place; a failure
+    leaves `out_dir` as it was. An occupied `out_dir` is replaced only with `overwrite` or when
+    `may_replace(out_dir)` says it holds an artifact of the same kind."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EagleError(f"{str(out_dir)!r} exists and is not a directory")
+    occupied = out_dir.is_dir() and any(out_dir.iterdir())
+    if occupied and not overwrite and not (may_replace and may_replace(out_dir)):
+        raise EagleError(f"{str(out_dir)!r} is not empty; choose a new folder or pass overwrite=True")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        write(tmp)
+        if out_dir.exists():
+            out_dir.rename(old)
+        try:
+            tmp.rename(out_dir)
+        except OSError:
+            if old.exists():
+                old.rename(out_dir)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _is_draftsmith_eagle(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == EagleConfig.model_type
+    except (OSError, ValueError):
+        return False
+
+
+def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:
+    """Draftsmith layout (`save_pretrained`, safetensors), written atomically. An existing folder is
+    replaced when it holds a draftsmith EAGLE head (re-running a training), anything else only with
+    `overwrite`."""
+    return _write_atomic(
+        out_dir, lambda tmp: head.save_pretrained(tmp, safe_serialization=True),
+        overwrite=overwrite, may_replace=_is_draftsmith_eagle,
+    )  # fmt: skip
+
+
+def export_eagle(head: EagleHead, out_dir, format: str, *, num_speculative_tokens: int = 3, overwrite: bool = False) -> Path:
+    """Write `head` for a server: "vllm" (speculators format), "sglang", or "hf" (= save_eagle).
+
+    The produced weights are compared with the format's required key set before anything is
+    written; `num_speculative_tokens` is the draft length the vLLM config proposes."""
+    if format not in EXPORT_FORMATS:
+        raise EagleError(f"export format {format!r}: expected one of {', '.join(map(repr, EXPORT_FORMATS))}")
+    if format == "hf":
+        return save_eagle(head, out_dir, overwrite=overwrite)
+    _check_exportable(head, format, num_speculative_tokens)
+    state = _export_state(head, format)
+    _check_keys(state, _required_keys(head.config, format), format)
+    config = (_vllm_config if format == "vllm" else _sglang_config)(head, num_speculative_tokens)
+    layer = config["transformer_layer_config"] if format == "vllm" else config
+    for key, expected in (
+        ("max_position_embeddings", head.config.max_position_embeddings),
+        ("rope_parameters", head.config.rope_parameters),
+        ("vocab_size", head.config.vocab_size),
+    ):
+        if layer.get(key) != expected:  # guards against a future edit of the config writers
+            raise EagleError(f"{format} export: config {key}={layer.get(key)!r}, expected the target's {expected!r}")
+
+    def write(tmp: Path) -> None:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return _write_atomic(out_dir, write, overwrite=overwrite)
+
+
+# ---------------------------------------------------------------------- loading
+def load_eagle(
+    path,
+    *,
+    target: PreTrainedModel | None = None,
+    device=None,
+    dtype: torch.dtype | None = None,
+    expected_data_hash: str | None = None,
+) -> EagleHead:
+    """A head from a draftsmith, vLLM speculators or SGLang folder (detected from config.json).
+
+    With `target`: `check_target`. With `expected_data_hash`: the draft vocabulary must have been
+    counted on that data (a stale vocabulary map trains and serves a head at alpha ~ 0)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise EagleError(f"EAGLE head folder {str(path)!r} does not exist or is not a directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise EagleError(f"EAGLE head folder {str(path)!r} has no config.json")
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise EagleError(f"{str(config_file)!r} is not valid JSON: {err}") from None
+    if raw.get("model_type") == EagleConfig.model_type:
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        try:
+            head = EagleHead.from_pretrained(path, **kwargs)
+        except (OSError, ValueError) as err:
+            raise EagleError(f"cannot load an EAGLE head from {str(path)!r}: {err}") from None
+        head._freeze()
+    elif raw.get("speculators_model_type") is not None:
+        head = _load_vllm(path, raw)
+    elif SGLANG_ARCHITECTURE in (raw.get("architectures") or []):
+        head = _load_sglang(path, raw)
+    else:
+        raise EagleError(
+            f"{str(config_file)!r} is not an EAGLE head config: expected model_type {EagleConfig.model_type!r} "
+            f"(draftsmith), a speculators_model_type (vLLM) or architectures [{SGLANG_ARCHITECTURE!r}] (SGLang)"
+        )
+    if dtype is not None or device is not None:
+        head = head.to(device=device, dtype=dtype)
+    c = head.config
+    if expected_data_hash is not None and c.draft_vocab_size != c.vocab_size and c.vocab_map_data_hash != expected_data_hash:
+        recorded = c.vocab_map_data_hash[:12] if c.vocab_map_data_hash else "an unrecorded hash"
+        raise EagleError(
+            f"EAGLE head {str(path)!r} has a draft vocabulary counted on data {recorded}, but the data is "
+            f"{expected_data_hash[:12]}: rebuild the vocabulary map (`draftsmith vocab-map`) and retrain the head"
+        )
+    if target is not None:
+        head.check_target(target)
+    return head.eval()
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise EagleError(f"EAGLE weights {str(file)!r} are missing")
+    try:
+        return load_file(str(file))
+    except (OSError, SafetensorError) as err:
+        raise EagleError(f"cannot read EAGLE weights {str(file)!r}: {err}") from None
+
+
+def _load_vllm(path: Path, raw: dict) -> EagleHead:
+    if raw.get("speculators_model_type") != "eagle3":
+        raise EagleError(f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'eagle3' is supported")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if raw.get(flag):
+            raise EagleError(f"{str(path)!r}: {flag}=true is a speculators variant draftsmith does not implement")
+    if raw.get("target_hidden_size") not in (None, (raw.get("transformer_layer_config") or {}).get("hidden_size")):
+        raise EagleError(f"{str(path)!r}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise EagleError(f"{str(path)!r}: config.json has no transformer_layer_config")
+    state = _read_weights(path / WEIGHTS)
+    # vLLM reads a missing norm_before_residual as True (speculators' own default is False).
+    return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"),
+                       bool(raw.get("norm_before_residual", True)), raw.get("draft_vocab_size"))  # fmt: skip
+
+
+def _load_sglang(path: Path, raw: dict) -> EagleHead:
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise EagleError(f"{str(path)!r}: num_hidden_layers={raw['num_hidden_layers']}; only 1-layer EAGLE-3 heads are supported")
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = [i + 1 for i in ids] if ids is not None else None  # SGLang's "output of layer i" -> HF index i + 1
+    state = {}
+    for key, tensor in _read_weights(path / WEIGHTS).items():
+        key = key.removeprefix("model.")
+        state["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = tensor
+    return _from_state(path, raw, raw, state, ids, False, raw.get("draft_vocab_size"))
+
+
+def _from_state(path, raw, layer: dict, state, aux_ids, norm_before_residual, draft_vocab) -> EagleHead:
+    provenance = dict(raw.get(PROVENANCE_KEY) or {})
+    fc = state.get("fc.weight")
+    if fc is None or "embed_tokens.weight" not in state:
+        raise EagleError(f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)")
+    H = layer.get("hidden_size", fc.shape[0])
+    if aux_ids is None:
+        aux_ids = provenance.get("aux_layer_ids")
+    if aux_ids is None:
+        raise EagleError(f"{str(path)!r}: config.json does not say which target layers the head reads (eagle_aux_hidden_state_layer_ids)")
+    rope = layer.get("rope_parameters") or {
+        **(layer.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": layer.get("rope_theta", 10000.0)
+    }  # fmt: skip
+    V = state["embed_tokens.weight"].shape[0]
+    if layer.get("vocab_size") not in (None, V):
+        raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
+    try:
+        config = EagleConfig(
+            version="eagle3",
+            hidden_size=H,
+            intermediate_size=layer["intermediate_size"],
+            num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads"),
+            head_dim=layer.get("head_dim"),
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+            rope_parameters=rope,
+            max_position_embeddings=layer["max_position_embeddings"],
+            attention_bias=bool(layer.get("attention_bias", False)),
+            hidden_act=layer.get("hidden_act", "silu"),
+            vocab_size=V,
+            draft_vocab_size=draft_vocab or state["lm_head.weight"].shape[0],
+            aux_layer_ids=list(aux_ids),
+            norm_before_residual=norm_before_residual,
+            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k != "aux_layer_ids"},
+        )
+    except KeyError as err:
+        raise EagleError(f"{str(path / 'config.json')!r} lacks {err.args[0]!r}") from None
+    if config.target_name_or_path is None:
+        verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+        config.target_name_or_path = verifier.get("name_or_path")
+        config.target_architectures = verifier.get("architectures") or None
+    if config.draft_vocab_size == config.vocab_size:  # full vocabulary: the maps may be omitted
+        state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        state.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+    with torch.device("meta"):  # no random init of tensors that are overwritten at once
+        head = EagleHead(config)
+    expected = set(head.state_dict())
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise EagleError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
+    try:
+        head.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
+    except RuntimeError as err:  # shape mismatches
+        raise EagleError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
+    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config()).to(state["fc.weight"].device)  # real buffers, not meta
+    head._freeze()
+    return head

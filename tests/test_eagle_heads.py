@@ -1,0 +1,400 @@
+"""EAGLE heads: shapes, frozen target copies, vocabulary maps, the draft cache, exports, checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.heads import eagle
+from draftsmith.heads.eagle import (
+    SGLANG_KEYS,
+    VLLM_KEYS,
+    EagleCache,
+    EagleError,
+    EagleHead,
+    default_aux_layer_ids,
+    export_eagle,
+    load_eagle,
+    save_eagle,
+)
+from draftsmith.heads.target import tree_attention_mask
+from fixtures import tiny_model
+from safetensors.torch import load_file
+from transformers import LlamaConfig
+
+H, V, VD, L, I = 48, 320, 64, 4, 96  # toy hidden, vocab, draft vocab, target layers, intermediate
+HEADS, KV, HD = 4, 2, 12
+
+
+@pytest.fixture(scope="module")
+def targets():
+    cache = {}
+
+    def get(family: str = "llama", **kwargs):
+        key = (family, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = tiny_model(family, layers=L, **kwargs)
+        return cache[key]
+
+    return get
+
+
+def vocab_map(data_hash: str = "data-1234567890ab"):
+    counts = torch.arange(V).flip(0) * (torch.arange(V) % 3 != 0)  # every third id never seen: a gappy map
+    return build_vocab_map(counts, VD, data_hash)
+
+
+def trained(head: EagleHead, seed: int = 1) -> EagleHead:
+    """Move every trainable parameter off its init, so that round trips compare something."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return head.eval()
+
+
+def make(target, version="eagle3", reduced=True, **kwargs) -> EagleHead:
+    vmap = vocab_map() if (reduced and version == "eagle3") else None
+    return EagleHead.for_target(target, version, vocab_map=vmap, target_name_or_path="toy/target", data_hash="d" * 8, **kwargs)
+
+
+def inputs(head: EagleHead, T: int = 6, B: int = 2, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, V, (B, T), generator=gen)
+    width = head.config.num_aux * H if head.config.version == "eagle3" else H
+    hidden = head.project(torch.randn(B, T, width, generator=gen))
+    return ids, hidden, torch.arange(T).expand(B, T)
+
+
+# ---------------------------------------------------------------------- shapes and parameters
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("version", ["eagle1", "eagle3"])
+def test_shapes_parameter_counts_and_exactly_the_trainable_parameters(targets, family, version):
+    target = targets(family)
+    head = make(target, version)
+    c = head.config
+    assert (c.max_position_embeddings, c.rope_parameters) == (target.config.max_position_embeddings, target.config.rope_parameters)
+    attn_in = 2 * H if version == "eagle3" else H
+    attention = attn_in * (HEADS + 2 * KV) * HD + HEADS * HD * H
+    mlp = 3 * H * I
+    if version == "eagle3":
+        assert c.aux_layer_ids == [1, 2, 3] and c.draft_vocab_size == VD
+        trainable = 3 * H * H + attention + mlp + 4 * H + VD * H  # fc, layer, 3 layer norms + norm, lm_head
+        frozen = V * H  # embed_tokens
+    else:
+        assert c.aux_layer_ids == [L] and c.draft_vocab_size == V
+        trainable = 2 * H * H + H + attention + mlp + H  # fc (bias), layer, post_attention_layernorm only
+        frozen = 2 * V * H  # embed_tokens, lm_head
+    params = dict(head.named_parameters())
+    assert sum(p.numel() for p in params.values() if p.requires_grad) == trainable
+    assert sum(p.numel() for p in params.values() if not p.requires_grad) == frozen
+    frozen_names = {n for n, p in params.items() if not p.requires_grad}
+    assert frozen_names == ({"embed_tokens.weight"} if version == "eagle3" else {"embed_tokens.weight", "lm_head.weight"})
+    assert ("layers.0.input_layernorm.weight" in params) == (version == "eagle3")  # EAGLE-1 drops it
+    torch.testing.assert_close(head.embed_tokens.weight, target.get_input_embeddings().weight, rtol=0, atol=0)
+
+    ids, hidden, pos = inputs(head)
+    out, logits = head(ids, hidden, position_ids=pos)
+    assert out.shape == (2, 6, H) and logits.shape == (2, 6, c.draft_vocab_size)
+    logits.logsumexp(-1).sum().backward()
+    assert all((p.grad is None) != p.requires_grad for p in head.parameters())
+
+
+def test_eagle1_reproduces_the_target_lm_head_on_its_output(targets):
+    target = targets()
+    head = make(target, "eagle1")
+    ids, hidden, pos = inputs(head)
+    out, logits = head(ids, hidden, position_ids=pos)
+    torch.testing.assert_close(logits, target.lm_head(out), rtol=0, atol=1e-5)
+
+
+def test_default_aux_layer_ids_rule():
+    assert default_aux_layer_ids(32) == [2, 16, 29]  # the paper's (2, L//2, L-3)
+    assert default_aux_layer_ids(7) == [2, 3, 4]
+    assert default_aux_layer_ids(6) == [1, 3, 5]
+    assert default_aux_layer_ids(4) == [1, 2, 3]
+    assert default_aux_layer_ids(3) == [0, 1, 2]
+    assert default_aux_layer_ids(2) == [0, 1]
+
+
+# ---------------------------------------------------------------------- vocabulary maps
+def test_d2t_t2d_consistency_draft_to_target_and_target_logits(targets):
+    target = targets()
+    vmap = vocab_map()
+    head = make(target)
+    ids = torch.arange(VD)
+    mapped = head.draft_to_target(ids)
+    assert head.t2d[mapped].all() and int(head.t2d.sum()) == VD and mapped.unique().numel() == VD
+    torch.testing.assert_close(mapped, vmap.target_ids(), rtol=0, atol=0)
+    # lm_head rows are the target's rows of the draft vocabulary
+    torch.testing.assert_close(head.lm_head.weight, target.lm_head.weight[mapped], rtol=0, atol=0)
+
+    logits = torch.randn(2, 3, VD)
+    full = head.target_logits(logits)
+    assert full.shape == (2, 3, V)
+    assert torch.isinf(full[..., ~head.t2d]).all() and torch.isfinite(full[..., head.t2d]).all()
+    torch.testing.assert_close(full.argmax(-1), head.draft_to_target(logits.argmax(-1)), rtol=0, atol=0)
+    torch.testing.assert_close(full[..., mapped], logits, rtol=0, atol=0)
+
+    plain = make(target, reduced=False)  # full vocabulary: d2t zeros, t2d all True, identities
+    assert not plain.d2t.any() and plain.t2d.all()
+    torch.testing.assert_close(plain.draft_to_target(ids), ids)
+    wide = torch.randn(2, V)
+    assert plain.target_logits(wide) is wide
+    e1 = make(target, "eagle1")
+    torch.testing.assert_close(e1.draft_to_target(ids), ids)
+
+
+# ---------------------------------------------------------------------- the cache
+@pytest.mark.parametrize("version", ["eagle1", "eagle3"])
+def test_one_forward_equals_token_by_token_through_the_cache(targets, version):
+    head = trained(make(targets("mistral"), version))
+    ids, hidden, pos = inputs(head, T=6)
+    with torch.no_grad():
+        full_out, full_logits = head(ids, hidden, position_ids=pos)
+        cache = EagleCache()
+        outs, logits = [], []
+        for start, end in [(0, 2), (2, 3), (3, 4), (4, 5), (5, 6)]:  # a prefix of 2, then one token at a time
+            sl = slice(start, end)
+            o, lg = head(ids[:, sl], hidden[:, sl], position_ids=pos[:, sl], cache=cache)
+            outs.append(o)
+            logits.append(lg)
+    assert cache.seq_len == 6
+    torch.testing.assert_close(torch.cat(outs, 1), full_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(logits, 1), full_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_crop_keep_and_reset():
+    cache = EagleCache()
+    k = torch.arange(10.0).view(1, 1, 10, 1).expand(2, 2, 10, 3)
+    cache.append(k[..., :6, :], -k[..., :6, :])
+    cache.append(k[..., 6:, :], -k[..., 6:, :])
+    assert cache.seq_len == 10
+    cache.keep(4, [0, 2, 5])  # first 4, then entries 4, 6, 9
+    assert cache.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 9]
+    assert cache.values[0, 0, :, 0].tolist() == [-0.0, -1, -2, -3, -4, -6, -9]
+    cache.crop(5)
+    assert cache.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(EagleError, match="crop"):
+        cache.crop(6)
+    with pytest.raises(EagleError, match="keep"):
+        cache.keep(3, [2])  # entry 5 does not exist
+    cache.reset()
+    assert cache.seq_len == 0 and cache.keys is None
+
+
+def test_tree_mask_matches_the_causal_chain_and_keep_compacts_to_it(targets):
+    head = trained(make(targets()))
+    ids, hidden, pos = inputs(head, T=7, B=1)
+    with torch.no_grad():
+        # A chain-only tree mask equals the default causal run.
+        mask, depth = tree_attention_mask([-1, 0, 1, 2], past_len=0)
+        a = head(ids[:, :4], hidden[:, :4], position_ids=pos[:, :4], attention_mask=mask)
+        b = head(ids[:, :4], hidden[:, :4], position_ids=pos[:, :4])
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+        # A prefix of 3 in the cache, then a tree of 4 nodes: 0 <- 1 <- 3 is a chain, 2 a sibling of 0.
+        ref_cache, tree_cache = EagleCache(), EagleCache()
+        for cache in (ref_cache, tree_cache):
+            head(ids[:, :3], hidden[:, :3], position_ids=pos[:, :3], cache=cache)
+        chain = [3, 4, 6]  # the tokens of nodes 0, 1, 3
+        ref = head(ids[:, chain], hidden[:, chain], position_ids=torch.tensor([[3, 4, 5]]), cache=ref_cache)
+        parents = [-1, 0, -1, 1]
+        mask, depth = tree_attention_mask(parents, past_len=3)
+        nodes = [3, 4, 5, 6]
+        out = head(ids[:, nodes], hidden[:, nodes], position_ids=3 + depth[None], attention_mask=mask, cache=tree_cache)
+    for x, y in zip(out, ref):
+        torch.testing.assert_close(x[:, [0, 1, 3]], y, rtol=1e-5, atol=1e-5)
+    tree_cache.keep(3, [0, 1, 3])
+    torch.testing.assert_close(tree_cache.keys, ref_cache.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree_cache.values, ref_cache.values, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_masks_are_refused(targets):
+    head = make(targets())
+    ids, hidden, pos = inputs(head, T=3, B=1)
+    with pytest.raises(EagleError, match="float additive"):
+        head(ids, hidden, position_ids=pos, attention_mask=torch.ones(1, 1, 3, 3, dtype=torch.bool))
+    with pytest.raises(EagleError, match=r"\[B, 1, 3, 3\]"):
+        head(ids, hidden, position_ids=pos, attention_mask=torch.zeros(1, 1, 3, 4))
+
+
+# ---------------------------------------------------------------------- exports
+def outputs(head: EagleHead):
+    ids, hidden, pos = inputs(head, seed=3)
+    with torch.no_grad():
+        return head(ids, hidden, position_ids=pos)
+
+
+@pytest.mark.parametrize("reduced", [True, False], ids=["reduced", "full"])
+def test_vllm_export_keys_config_and_round_trip(targets, tmp_path, reduced):
+    target = targets("qwen2")
+    head = trained(make(target, reduced=reduced))
+    out = export_eagle(head, tmp_path / "vllm", "vllm", num_speculative_tokens=5)
+    keys = set(load_file(str(out / "model.safetensors")))
+    assert keys == set(VLLM_KEYS) | ({"d2t", "t2d"} if reduced else set())
+    cfg = json.loads((out / "config.json").read_text())
+    for field in (
+        "speculators_model_type", "speculators_version", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
+        "norm_before_residual", "norm_before_fc", "norm_output", "fc_norm", "embed_requires_grad",
+        "target_hidden_size", "tie_word_embeddings", "transformer_layer_config", "speculators_config",
+    ):  # fmt: skip
+        assert field in cfg, field
+    assert cfg["architectures"] == ["Eagle3DraftModel"] and cfg["speculators_model_type"] == "eagle3"
+    assert cfg["norm_before_residual"] is False and cfg["tie_word_embeddings"] is False
+    assert cfg["draft_vocab_size"] == (VD if reduced else V)
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    tlc = cfg["transformer_layer_config"]
+    assert tlc["num_hidden_layers"] == 1 and tlc["head_dim"] == HD and tlc["vocab_size"] == V
+    assert tlc["max_position_embeddings"] == target.config.max_position_embeddings
+    assert tlc["rope_parameters"] == target.config.rope_parameters
+    assert tlc["rope_theta"] == target.config.rope_parameters["rope_theta"]
+    parsed = LlamaConfig(**tlc)  # what a server builds from it
+    assert parsed.rope_parameters == target.config.rope_parameters and parsed.max_position_embeddings == 512
+    spec = cfg["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["proposal_methods"][0] == {**spec["proposal_methods"][0], "proposal_type": "greedy", "speculative_tokens": 5}
+    assert spec["verifier"] == {"name_or_path": "toy/target", "architectures": ["Qwen2ForCausalLM"]}
+
+    back = load_eagle(out, target=target, expected_data_hash="data-1234567890ab")
+    for a, b in zip(outputs(back), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert back.config.aux_layer_ids == head.config.aux_layer_ids
+    assert back.config.vocab_map_data_hash == head.config.vocab_map_data_hash
+    assert {n for n, p in back.named_parameters() if not p.requires_grad} == {"embed_tokens.weight"}
+
+
+def test_sglang_export_keys_config_and_round_trip(targets, tmp_path):
+    target = targets()
+    head = trained(make(target))
+    out = export_eagle(head, tmp_path / "sglang", "sglang")
+    keys = set(load_file(str(out / "model.safetensors")))
+    assert keys == set(SGLANG_KEYS) | {"d2t", "t2d"}
+    assert "midlayer.hidden_norm.weight" in keys and "midlayer.self_attn.q_proj.weight" in keys
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == VD and cfg["vocab_size"] == V
+    assert cfg["max_position_embeddings"] == target.config.max_position_embeddings
+    assert cfg["rope_parameters"] == target.config.rope_parameters
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang adds 1 back
+    back = load_eagle(out, target=target)
+    assert back.config.aux_layer_ids == [1, 2, 3]
+    for a, b in zip(outputs(back), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+@pytest.mark.parametrize("fault", ["missing", "left_over"])
+def test_a_missing_or_left_over_key_refuses_to_export(targets, tmp_path, monkeypatch, fmt, fault):
+    head = make(targets())
+    real = eagle._export_state
+
+    def broken(h, f):
+        state = real(h, f)
+        if fault == "missing":
+            state.pop("norm.weight")
+        else:
+            state["layers.0.rotary_emb.inv_freq"] = torch.zeros(6)
+        return state
+
+    monkeypatch.setattr(eagle, "_export_state", broken)
+    with pytest.raises(EagleError, match="norm.weight" if fault == "missing" else "rotary_emb"):
+        export_eagle(head, tmp_path / "out", fmt)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+
+
+def test_hf_save_round_trip_and_eagle1_exports(targets, tmp_path):
+    target = targets()
+    e1 = trained(make(target, "eagle1"))
+    with pytest.raises(EagleError, match="only EAGLE-3.*'hf'"):
+        export_eagle(e1, tmp_path / "e1-vllm", "vllm")
+    with pytest.raises(EagleError, match="only EAGLE-3"):
+        export_eagle(e1, tmp_path / "e1-sglang", "sglang")
+    out = export_eagle(e1, tmp_path / "e1", "hf")
+    back = load_eagle(out, target=target)
+    assert back.config.version == "eagle1" and back.config.aux_layer_ids == [L]
+    assert {n for n, p in back.named_parameters() if not p.requires_grad} == {"embed_tokens.weight", "lm_head.weight"}
+    for a, b in zip(outputs(back), outputs(e1)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    e3 = trained(make(target))
+    out = save_eagle(e3, tmp_path / "e3")
+    save_eagle(e3, tmp_path / "e3")  # re-saving over a draftsmith EAGLE head is allowed
+    back = load_eagle(out, expected_data_hash="data-1234567890ab")
+    torch.testing.assert_close(back.d2t, e3.d2t, rtol=0, atol=0)
+    for a, b in zip(outputs(back), outputs(e3)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(EagleError, match="not empty"):
+        save_eagle(e3, tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_attention_bias_travels_to_vllm_and_is_refused_by_sglang(tmp_path):
+    target = tiny_model("llama", layers=L)
+    target.config.attention_bias = True  # the head copies the flag (its own layer is built from it)
+    head = trained(make(target))
+    out = export_eagle(head, tmp_path / "vllm", "vllm")
+    keys = set(load_file(str(out / "model.safetensors")))
+    assert {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"} <= keys
+    for a, b in zip(outputs(load_eagle(out)), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(EagleError, match="attention bias"):
+        export_eagle(head, tmp_path / "sglang", "sglang")
+
+
+def test_bf16_keeps_rope_frequencies_in_fp32(targets):
+    head = make(targets()).to(torch.bfloat16)
+    assert head.lm_head.weight.dtype == torch.bfloat16 and head.rotary_emb.inv_freq.dtype == torch.float32
+    ids, hidden, pos = inputs(head)
+    out, logits = head(ids, hidden, position_ids=pos)
+    assert out.dtype == logits.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("bad", [-1, L + 1])
+def test_aux_layer_id_out_of_range(targets, bad):
+    with pytest.raises(EagleError, match=rf"aux layer id {bad} .*0\.\.{L}"):
+        make(targets(), aux_layer_ids=[1, bad, 3])
+
+
+def test_post_norm_aux_id_is_not_exportable(targets, tmp_path):
+    head = make(targets(), aux_layer_ids=[1, 2, L])
+    with pytest.raises(EagleError, match="post-norm"):
+        export_eagle(head, tmp_path / "x", "vllm")
+
+
+def test_wrong_expected_data_hash(targets, tmp_path):
+    out = save_eagle(make(targets()), tmp_path / "e3")
+    with pytest.raises(EagleError, match="vocab-map"):
+        load_eagle(out, expected_data_hash="other-data-hash0")
+
+
+def test_check_target_refuses_another_shape(targets):
+    head = make(targets())
+    with pytest.raises(EagleError, match="hidden size 48.*64"):
+        head.check_target(targets(hidden=64))
+    other = tiny_model("llama", layers=L)
+    other.config.max_position_embeddings = 4096
+    with pytest.raises(EagleError, match="max_position_embeddings"):
+        head.check_target(other)
+    other = tiny_model("llama", layers=L + 1)
+    with pytest.raises(EagleError, match="num_hidden_layers"):
+        head.check_target(other)
+
+
+def test_unknown_format_and_bad_folders(targets, tmp_path):
+    head = make(targets())
+    with pytest.raises(EagleError, match="'onnx'"):
+        export_eagle(head, tmp_path / "x", "onnx")
+    with pytest.raises(EagleError, match="does not exist"):
+        load_eagle(tmp_path / "nowhere")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(EagleError, match="not an EAGLE head config"):
+        load_eagle(tmp_path / "junk")

@@ -1,0 +1,400 @@
+"""Train EAGLE-1 / EAGLE-3 heads on a frozen target's own generations.
+
+    accelerate launch train/eagle.py --recipe recipes/demo/eagle3.yaml
+    accelerate launch train/eagle.py --recipe recipes/demo/eagle3.yaml ttt_steps=1 max_steps=100
+    python train/eagle.py --recipe recipes/demo/eagle3.yaml          # one process, same loop
+
+At position t the head reads the embedding of token t+1 and the target's feature f_t and
+predicts token t+2 (its output g_t is the next step's feature when drafting further):
+
+- EAGLE-1 (`version: eagle1`): f_t is the target's last hidden state (after the final norm);
+  loss = `feature_weight` * SmoothL1(g_t, f_{t+1}) + `ce_weight` * soft CE against the target's
+  distribution for token t+2; uniform noise U(-feature_noise/2, +feature_noise/2) on the input
+  features makes the head robust to its own errors.
+- EAGLE-3 (`version: eagle3`): f_t = fc(concat of the target's hidden states at `aux_layers`,
+  default (2, L//2, L-3)); training-time test: the head is unrolled `ttt_steps` times, step j
+  feeding its own output of step j-1 as the feature (tokens stay the data's), attending to the
+  step-0 keys of positions <= t and to its own earlier steps at t; loss = sum_j ttt_decay^j
+  soft CE against the target's distribution restricted to the draft vocabulary (positions
+  whose target argmax falls outside it are masked). The reduced draft vocabulary comes from
+  the data's trained-token counts (`draft_vocab_size`) or a `vocab_map` file built from the
+  same data (a map of other data is refused).
+- online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
+  folder holding the aux layers and `last`); held-out per-step top-1 accuracy and simulated
+  chain tau every `eval_every` steps; checkpoints and `resume=true` as for Medusa.
+The result is `OUT/head/` (`EagleHead.save_pretrained`), for `draftsmith eval --eagle` and
+`draftsmith export --format vllm|sglang|hf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.distill.data import DistillData, write_json_atomic
+from draftsmith.distill.losses import divergence, smooth_l1
+from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync
+from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
+
+
+@dataclass
+class EagleRecipe:
+    target: str  # HF folder (or hub id) of the target that generated `data`
+    data: str  # a `draftsmith generate` folder
+    out: str
+    version: str = "eagle3"  # eagle3 | eagle1
+    aux_layers: list | None = None  # eagle3: HF hidden_states ids; default (2, L//2, L-3)
+    draft_vocab_size: int | None = None  # eagle3: reduced vocabulary from the data (None = full)
+    vocab_map: str | None = None  # eagle3: a `draftsmith vocab-map` file of this data instead
+    ttt_steps: int = 7  # eagle3 training-time test unroll (EAGLE-3: 7)
+    ttt_decay: float = 0.8  # weight of step j: decay^j
+    eval_depth: int = 4  # held-out accuracy is measured this many draft steps deep (any ttt_steps)
+    feature_weight: float = 1.0  # eagle1: SmoothL1 on the next feature (EAGLE-1: 1.0)
+    ce_weight: float = 0.1  # eagle1: soft CE weight (EAGLE-1: 0.1)
+    feature_noise: float = 0.2  # eagle1: width of the uniform noise on input features (EAGLE-1: 0.2)
+    hidden_cache: str | None = None  # offline: a cache-hidden folder with the needed layers + last
+    lr: float = 1e-4  # EAGLE used 3e-5 at 7B; small heads on small targets take 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_steps: int = 300
+    batch_size: int = 8
+    grad_accum: int = 1
+    max_length: int = 512
+    grad_clip: float = 0.5  # EAGLE clips at 0.5
+    heldout_fraction: float = 0.05
+    eval_every: int = 100
+    save_every: int = 100
+    log_every: int = 10
+    resume: bool = False
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self):
+        if self.version not in ("eagle1", "eagle3"):
+            raise ValueError(f"version = {self.version!r}: expected eagle1 or eagle3")
+        if self.version == "eagle1" and (self.draft_vocab_size or self.vocab_map):
+            raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
+        if self.draft_vocab_size is not None and self.vocab_map:
+            raise ValueError("give draft_vocab_size or vocab_map, not both")
+        for name in ("ttt_steps", "eval_depth", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if not 0 < self.ttt_decay <= 1 or self.lr <= 0 or self.feature_noise < 0:
+            raise ValueError("need 0 < ttt_decay <= 1, lr > 0, feature_noise >= 0")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
+
+
+def collate(data: DistillData, rows: list[int], max_length: int, pad_id: int) -> dict:
+    items = [data[i] for i in rows]
+    width = min(max_length, max(len(it["input_ids"]) for it in items))
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(items), width), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.bool)
+    for r, it in enumerate(items):
+        n = min(width, len(it["input_ids"]))
+        ids[r, :n] = torch.tensor(it["input_ids"][:n])
+        attention[r, :n] = 1
+        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
+
+
+def shifted(x: torch.Tensor, j: int, fill=0) -> torch.Tensor:
+    """x[:, j:] padded back to x's length with `fill` (positions past the end)."""
+    if j == 0:
+        return x
+    pad = torch.full_like(x[:, :j], fill)
+    return torch.cat([x[:, j:], pad], dim=1)
+
+
+def ttt_mask(n: int, step: int, device, dtype=torch.float32) -> torch.Tensor:
+    """Additive mask [1, 1, n, (step + 1) n] of training-time-test step `step` (>= 1).
+
+    The cache holds step 0's keys for positions 0..n-1, then one block per later step. The
+    query at position t (drafting `step` tokens past t) sees step 0's keys at s <= t (the real
+    context) and its own chain: the entries at t of steps 1..step (the last being itself).
+    """
+    t = torch.arange(n, device=device)
+    allowed = [t[None, :] <= t[:, None]]  # step 0: causal
+    for _ in range(step):
+        allowed.append(torch.eye(n, dtype=torch.bool, device=device))
+    allowed = torch.cat(allowed, dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, train: bool, steps: int):
+    """Per-step losses and top-1 hits over `steps` unrolled draft steps. `feats`: eagle1 the
+    post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
+    target's logits [B,T,V]. Unrolling is the training-time test for EAGLE-3 and, at
+    evaluation, simply how both versions draft past the first token (own output fed back)."""
+    from draftsmith.heads.eagle import EagleCache
+
+    ids = batch["input_ids"]
+    valid = batch["attention_mask"].bool()
+    n = ids.shape[1] - 1  # positions t = 0..T-2 (token t+1 exists)
+    positions = torch.arange(n, device=ids.device)[None].expand(ids.shape[0], n)
+    step_ids = ids[:, 1:]  # token t+1 at position t
+    losses, hits, counts = [], [], []
+    cache = EagleCache()
+    hidden = None
+    for j in range(steps):
+        # Step j at position t drafts token t+2+j; the target's distribution for it is its
+        # prediction at position t+1+j.
+        target_logits = shifted(teacher, 1 + j)[:, :n]
+        label_mask = shifted(batch["loss_mask"], 2 + j, False)[:, :n] & valid[:, 1:]
+        if j == 0:
+            if recipe.version == "eagle1":
+                f = feats[:, :-1]
+                if train and recipe.feature_noise:
+                    f = f + (torch.rand_like(f) - 0.5) * recipe.feature_noise
+                hidden = f
+            else:
+                hidden = head.project(feats[:, :-1].to(head.dtype))
+            out, logits = head(step_ids, hidden.to(head.dtype), position_ids=positions, cache=cache)
+        else:
+            out, logits = head(
+                shifted(step_ids, j), hidden, position_ids=positions + j, cache=cache,
+                attention_mask=ttt_mask(n, j, ids.device, head.dtype),
+            )  # fmt: skip
+        # The target's distribution restricted to the draft vocabulary (EAGLE-3); positions whose
+        # target argmax the draft vocabulary cannot produce teach nothing useful and are masked.
+        restricted = target_logits[..., vocab] if vocab is not None else target_logits
+        if vocab is not None:
+            in_vocab = head.t2d[target_logits.argmax(-1)]
+            label_mask = label_mask & in_vocab
+        loss = divergence("soft_ce", logits.float(), restricted.float(), label_mask)
+        if recipe.version == "eagle1":
+            feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
+            loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(out.float(), feats[:, 1:].float(), feature_mask)
+        losses.append(loss)
+        with torch.no_grad():
+            hit = (logits.argmax(-1) == restricted.argmax(-1)) & label_mask
+            hits.append(hit)
+            counts.append(label_mask)
+        hidden = out  # the next step reads the head's own output (training-time test)
+    return losses, hits, counts
+
+
+def chain_tau(hits: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[float, float]:
+    """Sum over positions of 1 + consecutive correct steps, and the number of positions."""
+    run = torch.ones_like(hits[0])
+    accepted = torch.zeros(hits[0].shape, dtype=torch.float64, device=hits[0].device)
+    for h in hits:
+        run = run & h
+        accepted += run.double()
+    base = counts[0]
+    return float((1 + accepted)[base].sum()), float(base.sum())
+
+
+def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from draftsmith.distill.hidden_cache import HiddenStateCache
+    from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
+    from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
+    from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
+
+    accelerator = Accelerator(gradient_accumulation_steps=recipe.grad_accum, cpu=recipe.device == "cpu")
+    device = accelerator.device
+    set_seed(recipe.seed)
+    out = Path(recipe.out)
+    data = DistillData(recipe.data)
+    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target")
+    target.requires_grad_(False)
+    text_config = target.config.get_text_config()
+    L = text_config.num_hidden_layers
+    fingerprint = target_fingerprint(target)
+    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+
+    vocab_map = None
+    if recipe.version == "eagle3":
+        if recipe.vocab_map:
+            try:
+                vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=target.get_output_embeddings().weight.shape[0])
+            except ValueError as err:
+                raise RecipeError(str(err)) from None
+        elif recipe.draft_vocab_size:
+            vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+    try:
+        head = EagleHead.for_target(
+            target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
+            target_name_or_path=recipe.target, data_hash=data.data_hash,
+        ).to(device)  # fmt: skip
+    except EagleError as err:
+        raise RecipeError(str(err)) from None
+    aux = tuple(head.config.aux_layer_ids)
+    vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device)) if vocab_map is not None else None
+    if vocab_map is not None:
+        accelerator.print(vocab_map.describe())
+
+    cache = None
+    if recipe.hidden_cache:
+        cache = HiddenStateCache(recipe.hidden_cache)
+        needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
+        cache.check(target_fingerprint=fingerprint, layers=needed, data_hash=data.data_hash, hidden_size=text_config.hidden_size)
+
+    def target_states(batch):
+        """(features, teacher logits): eagle1 the post-norm last state, eagle3 the aux states concatenated."""
+        if cache is not None:
+            width = batch["input_ids"].shape[1]
+            stacks = []
+            for row in batch["rows"]:
+                h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
+                pad = width - h.shape[1]
+                stacks.append(F.pad(h, (0, 0, 0, pad)))
+            states = torch.stack(stacks).to(device)  # [B, layers, T, H]
+            index = {layer: i for i, layer in enumerate(cache.layers)}
+            last = states[:, index[L]]
+            feats = last if recipe.version == "eagle1" else torch.cat([states[:, index[i]] for i in aux], dim=-1)
+            return feats, target.get_output_embeddings()(last.to(target.dtype)).float()
+        with torch.no_grad():
+            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        feats = o.hidden_states[L] if recipe.version == "eagle1" else torch.cat([o.hidden_states[i] for i in aux], dim=-1)
+        return feats.float(), o.logits.float()
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+
+    def lr_factor(step):
+        if step < recipe.warmup_steps:
+            return (step + 1) / recipe.warmup_steps
+        t = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model, optimizer = accelerator.prepare(head, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    head = accelerator.unwrap_model(model)
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+
+    step = 0
+    if recipe.resume:
+        ckpt = latest_checkpoint(out)
+        if ckpt is not None:
+            accelerator.load_state(str(ckpt))
+            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+    elif latest_checkpoint(out) is not None:
+        raise RecipeError(f"{out} already holds checkpoints: pass resume=true to continue, or choose another out")
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "recipe.json", recipe_dict(recipe))
+    metrics_path = out / "metrics.jsonl"
+
+    def log(record):
+        if accelerator.is_main_process:
+            with metrics_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    @torch.no_grad()
+    def evaluate():
+        hit_sums = None
+        tau_sum = tau_n = 0.0
+        for start in range(0, len(heldout_rows), recipe.batch_size):
+            batch = collate(data, heldout_rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
+            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+            feats, teacher = target_states(batch)
+            _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
+            sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
+            hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
+            t, n = chain_tau(hits, counts)
+            tau_sum, tau_n = tau_sum + t, tau_n + n
+        return {
+            "top1_per_step": [a / max(1.0, b) for a, b in hit_sums],
+            "tau_simulated": tau_sum / max(1.0, tau_n),  # counts the bonus token; greedy, teacher-forced tokens
+            "positions": tau_n,
+        }
+
+    bar = None
+    if progress and accelerator.is_main_process:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=recipe.max_steps, initial=step, desc=f"{recipe.version}", unit="step")
+    tokens, seconds = 0, 0.0
+    last_eval = None
+    model.train()
+    while step < recipe.max_steps:
+        sync(device)
+        t0 = time.perf_counter()
+        for micro in range(recipe.grad_accum):
+            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
+            batch = collate(data, rows, recipe.max_length, pad_id)
+            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+            feats, teacher = target_states(batch)
+            with accelerator.accumulate(model):
+                steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
+                per_step, _, _ = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=True, steps=steps)
+                loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and recipe.grad_clip:
+                    accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            tokens += int(batch["attention_mask"].sum())
+        sync(device)
+        seconds += time.perf_counter() - t0
+        step += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if step % recipe.log_every == 0 or step == recipe.max_steps:
+            log({"step": step, "loss": float(loss.detach()), "step_losses": [float(x.detach()) for x in per_step], "lr": scheduler.get_last_lr()[0]})
+        if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
+            model.eval()
+            last_eval = evaluate()
+            model.train()
+            log({"step": step, "eval": last_eval})
+            accelerator.print(f"step {step}: top-1 per step {[round(a, 3) for a in last_eval['top1_per_step']]}, simulated tau {last_eval['tau_simulated']:.3f}")
+        if step % recipe.save_every == 0 and step < recipe.max_steps:
+            save_checkpoint(accelerator, out, step, recipe_dict(recipe))
+    if bar is not None:
+        bar.close()
+    summary = {
+        "steps": step, "version": recipe.version, "aux_layers": list(aux), "eval": last_eval,
+        "draft_vocab_size": head.config.draft_vocab_size, "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
+        "train_tokens_per_second": tokens / seconds if seconds else None, "device": str(device), "processes": accelerator.num_processes,
+    }  # fmt: skip
+    if accelerator.is_main_process:
+        save_eagle(head, out / "head", overwrite=True)
+        write_json_atomic(out / "training_summary.json", summary)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Train EAGLE-1 / EAGLE-3 heads on a target's own generations.")
+    parser.add_argument("--recipe", help="recipe YAML (recipes/<family>/eagle3.yaml)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
+    args = parser.parse_args(argv)
+    from draftsmith.distill.data import DataError
+    from draftsmith.distill.hidden_cache import CacheError
+    from draftsmith.heads.models import ModelLoadError
+
+    try:
+        recipe = load_recipe(EagleRecipe, args.recipe, args.overrides)
+        summary = train(recipe, progress=not args.no_progress)
+    except (RecipeError, DataError, CacheError, ModelLoadError) as err:
+        print(f"train/eagle.py: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("steps", "version", "train_tokens_per_second")}))
+    print(f"head written to {Path(recipe.out) / 'head'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
