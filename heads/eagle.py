@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import uuid
 import warnings
 from pathlib import Path
 
@@ -62,6 +60,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
     repeat_kv,
 )
+
+from draftsmith.heads.artifacts import has_model_type, write_folder_atomic
 
 VERSIONS = ("eagle1", "eagle3")
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
@@ -704,40 +704,11 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
 
 # ---------------------------------------------------------------------- writing
 def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
-    """Run `write(tmp_dir)` in a temp folder beside `out_dir`, then rename it into place; a failure
-    leaves `out_dir` as it was. An occupied `out_dir` is replaced only with `overwrite` or when
-    `may_replace(out_dir)` says it holds an artifact of the same kind."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise EagleError(f"{str(out_dir)!r} exists and is not a directory")
-    occupied = out_dir.is_dir() and any(out_dir.iterdir())
-    if occupied and not overwrite and not (may_replace and may_replace(out_dir)):
-        raise EagleError(f"{str(out_dir)!r} is not empty; choose a new folder or pass overwrite=True")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        write(tmp)
-        if out_dir.exists():
-            out_dir.rename(old)
-        try:
-            tmp.rename(out_dir)
-        except OSError:
-            if old.exists():
-                old.rename(out_dir)
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    return write_folder_atomic(out_dir, write, overwrite=overwrite, may_replace=may_replace, error=EagleError)
 
 
 def _is_draftsmith_eagle(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") == EagleConfig.model_type
-    except (OSError, ValueError):
-        return False
+    return has_model_type(folder, EagleConfig.model_type)
 
 
 def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:

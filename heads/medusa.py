@@ -35,8 +35,6 @@ Layouts (`load_medusa` tells them apart by config.json):
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
 import warnings
 from pathlib import Path
 
@@ -47,6 +45,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
+
+from draftsmith.heads.artifacts import has_model_type, write_folder_atomic
 
 EXPORT_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
@@ -341,41 +341,11 @@ def _vllm_config(heads: MedusaHeads) -> dict:
 
 # ---------------------------------------------------------------------- writing
 def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
-    """Run `write(tmp_dir)` in a temp folder beside `out_dir`, then rename it into place.
-
-    An existing non-empty `out_dir` is replaced only with `overwrite` or when `may_replace(out_dir)`
-    says it holds an artifact of the same kind; a failure leaves `out_dir` as it was."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise MedusaError(f"{str(out_dir)!r} exists and is not a directory")
-    occupied = out_dir.is_dir() and any(out_dir.iterdir())
-    if occupied and not overwrite and not (may_replace and may_replace(out_dir)):
-        raise MedusaError(f"{str(out_dir)!r} is not empty; choose a new folder or pass overwrite=True")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        write(tmp)
-        if out_dir.exists():
-            out_dir.rename(old)
-        try:
-            tmp.rename(out_dir)
-        except OSError:
-            if old.exists():
-                old.rename(out_dir)  # put the previous artifact back
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    return write_folder_atomic(out_dir, write, overwrite=overwrite, may_replace=may_replace, error=MedusaError)
 
 
 def _is_draftsmith_medusa(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") == MedusaConfig.model_type
-    except (OSError, ValueError):
-        return False
+    return has_model_type(folder, MedusaConfig.model_type)
 
 
 def save_medusa(heads: MedusaHeads, out_dir, *, overwrite: bool = False) -> Path:

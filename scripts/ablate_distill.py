@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 DIVERGENCE_RUNS = ("forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_RUNS = ("fixed", "generated", "on-policy")

@@ -1,6 +1,5 @@
 """Offline hidden states: values equal a fresh forward, padding does not leak, mismatches are errors."""
 
-import json
 
 import pytest
 import torch

@@ -5,6 +5,7 @@ Functions, not a framework: each loop in train/ reads top to bottom and calls th
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -67,3 +68,32 @@ def sync(device) -> None:
     """Timers read after the device has finished (CUDA runs asynchronously)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def warmup_cosine(warmup_steps: int, max_steps: int):
+    """LambdaLR factor: linear warm-up, then cosine decay to 10% of the peak (the usual
+    fine-tuning schedule; the floor keeps late steps useful)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return factor
+
+
+def collate_rows(data, rows: list[int], max_length: int, pad_id: int) -> dict:
+    """Rows of a `DistillData` as right-padded tensors: input_ids, attention_mask, loss_mask
+    (cut to `max_length`), plus the row indices (offline caches look states up by row)."""
+    items = [data[i] for i in rows]
+    width = min(max_length, max(len(it["input_ids"]) for it in items))
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(items), width), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.bool)
+    for r, it in enumerate(items):
+        n = min(width, len(it["input_ids"]))
+        ids[r, :n] = torch.tensor(it["input_ids"][:n])
+        attention[r, :n] = 1
+        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}

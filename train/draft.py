@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.data import DistillData, write_json_atomic
-from draftsmith.distill.losses import DIVERGENCES, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync
+from draftsmith.distill.losses import cross_entropy, divergence
+from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
 from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
@@ -320,13 +320,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
             raise RecipeError(f"lora_target_modules {recipe.lora_target_modules}: {err}") from None
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
 
-    def lr_factor(step):  # linear warm-up, cosine to 10%
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        t = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
     model, optimizer = accelerator.prepare(draft, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     draft = accelerator.unwrap_model(model)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import divergence, smooth_l1
-from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync
+from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
 from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
 
 
@@ -92,20 +91,6 @@ class EagleRecipe:
             raise ValueError("need 0 < ttt_decay <= 1, lr > 0, feature_noise >= 0")
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
-
-
-def collate(data: DistillData, rows: list[int], max_length: int, pad_id: int) -> dict:
-    items = [data[i] for i in rows]
-    width = min(max_length, max(len(it["input_ids"]) for it in items))
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(items), width), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.bool)
-    for r, it in enumerate(items):
-        n = min(width, len(it["input_ids"]))
-        ids[r, :n] = torch.tensor(it["input_ids"][:n])
-        attention[r, :n] = 1
-        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
 
 
 def shifted(x: torch.Tensor, j: int, fill=0) -> torch.Tensor:
@@ -267,13 +252,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
 
-    def lr_factor(step):
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        t = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
     model, optimizer = accelerator.prepare(head, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     head = accelerator.unwrap_model(model)
@@ -302,7 +282,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         hit_sums = None
         tau_sum = tau_n = 0.0
         for start in range(0, len(heldout_rows), recipe.batch_size):
-            batch = collate(data, heldout_rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
+            batch = collate_rows(data, heldout_rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
             batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
@@ -329,7 +309,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         t0 = time.perf_counter()
         for micro in range(recipe.grad_accum):
             rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
-            batch = collate(data, rows, recipe.max_length, pad_id)
+            batch = collate_rows(data, rows, recipe.max_length, pad_id)
             batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
             feats, teacher = target_states(batch)
             with accelerator.accumulate(model):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
@@ -40,7 +39,7 @@ import torch
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync
+from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
 from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
 
 LOSSES = ("ce",) + DIVERGENCES
@@ -102,23 +101,6 @@ class MedusaRecipe:
             raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
         if not 0 < self.head_decay <= 1 or self.temperature <= 0 or self.lr <= 0:
             raise ValueError("need 0 < head_decay <= 1, temperature > 0, lr > 0")
-
-
-# --------------------------------------------------------------------------- data
-
-
-def collate(data: DistillData, rows: list[int], max_length: int, pad_id: int) -> dict:
-    items = [data[i] for i in rows]
-    width = min(max_length, max(len(it["input_ids"]) for it in items))
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(items), width), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.bool)
-    for r, it in enumerate(items):
-        n = min(width, len(it["input_ids"]))
-        ids[r, :n] = torch.tensor(it["input_ids"][:n])
-        attention[r, :n] = 1
-        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
 
 
 # --------------------------------------------------------------------------- losses
@@ -206,7 +188,7 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
     chain_sum = chain_n = 0.0
     drift_sum = drift_n = 0.0
     for start in range(0, len(rows), recipe.batch_size):
-        batch = collate(data, rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
+        batch = collate_rows(data, rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
         batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
         hidden, extra = states_fn(batch)
         if "drift" in extra:
@@ -296,15 +278,10 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     model = MedusaObjective(heads, backbone, recipe)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
 
-    def lr_factor(step):  # linear warm-up, cosine to 10% (the usual fine-tuning schedule)
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        t = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
     # Stepped by hand once per optimizer step (accelerate's prepared scheduler would step once
     # per process), so the schedule reads in optimizer steps whatever the number of processes.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     objective = accelerator.unwrap_model(model)
@@ -363,7 +340,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     # training throughput below (Medusa-1 training costs a target forward plus the heads).
     forward_tokens, forward_seconds = 0, 0.0
     for micro in range(min(3, recipe.max_steps)):
-        batch = collate(data, batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed), recipe.max_length, pad_id)
+        batch = collate_rows(data, batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed), recipe.max_length, pad_id)
         ids, att = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         sync(device)
         t0 = time.perf_counter()
@@ -387,7 +364,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         logged = {}
         for micro in range(recipe.grad_accum):
             rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
-            batch = collate(data, rows, recipe.max_length, pad_id)
+            batch = collate_rows(data, rows, recipe.max_length, pad_id)
             batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
             with accelerator.accumulate(model):
                 hidden = teacher = None

@@ -1,0 +1,48 @@
+"""Writing trained artifacts (heads, exports) to folders: atomically, never over a stranger."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+
+def write_folder_atomic(out_dir, write, *, overwrite: bool, may_replace=None, error=ValueError) -> Path:
+    """Run `write(tmp_dir)` in a temp folder beside `out_dir`, then rename it into place.
+
+    An existing non-empty `out_dir` is replaced only with `overwrite` or when `may_replace(out_dir)`
+    says it holds an artifact of the same kind; a failure leaves `out_dir` as it was. Errors are
+    raised as `error` (the caller's error class)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise error(f"{str(out_dir)!r} exists and is not a directory")
+    occupied = out_dir.is_dir() and any(out_dir.iterdir())
+    if occupied and not overwrite and not (may_replace and may_replace(out_dir)):
+        raise error(f"{str(out_dir)!r} is not empty; choose a new folder or pass overwrite=True")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        write(tmp)
+        if out_dir.exists():
+            out_dir.rename(old)
+        try:
+            tmp.rename(out_dir)
+        except OSError:
+            if old.exists():
+                old.rename(out_dir)  # put the previous artifact back
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def has_model_type(folder: Path, model_type: str) -> bool:
+    """True when `folder/config.json` declares `model_type`."""
+    try:
+        return json.loads((Path(folder) / "config.json").read_text()).get("model_type") == model_type
+    except (OSError, ValueError):
+        return False
