@@ -42,7 +42,7 @@ def losses(out: Path) -> list[float]:
 
 def test_recipe_errors_name_the_key(tmp_path):
     path = write_recipe(tmp_path / "r.yaml", target="t", data="d", out="o", num_heds=3)
-    with pytest.raises(RecipeError, match="unknown key.*num_heds.*valid keys:.*num_heads"):
+    with pytest.raises(RecipeError, match="unknown key.*num_heds \\(did you mean num_heads\\?\\).*valid keys:.*num_heads"):
         load_recipe(MedusaRecipe, path)
     with pytest.raises(RecipeError, match="command line: unknown key.*bogus"):
         load_recipe(MedusaRecipe, write_recipe(tmp_path / "ok.yaml", target="t", data="d", out="o"), ["bogus=1"])
@@ -90,6 +90,9 @@ def test_medusa1_loss_falls_and_heads_are_saved(toy_dir, toy_data, tmp_path, los
     assert summary["train_tokens_per_second"] > 0 and summary["target_forward_tokens_per_second"] > 0
     assert 1.0 <= summary["eval"]["tau_simulated"] <= 4.0
     assert json.loads((out / "recipe.json").read_text())["loss"] == loss
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["recipe"]["loss"] == loss and info["versions"]["torch"] and info["versions"]["transformers"]
+    assert info["python"] and "git_revision" in info
 
 
 def test_resume_gives_the_same_heads(toy_dir, toy_data, tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ import torch
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence
 from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
+from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_MODES = ("generated", "fixed")
@@ -338,6 +338,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "recipe.json", recipe_dict(recipe))
+        write_json_atomic(out / "run_info.json", run_info(recipe))
     metrics_path = out / "metrics.jsonl"
 
     def log(record):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import divergence, smooth_l1
 from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
+from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
 
 
 @dataclass
@@ -270,6 +270,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "recipe.json", recipe_dict(recipe))
+        write_json_atomic(out / "run_info.json", run_info(recipe))
     metrics_path = out / "metrics.jsonl"
 
     def log(record):

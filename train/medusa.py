@@ -40,7 +40,7 @@ import torch
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
 from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict
+from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
 
 LOSSES = ("ce",) + DIVERGENCES
 
@@ -330,6 +330,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / "recipe.json", recipe_dict(recipe))
+        write_json_atomic(out / "run_info.json", run_info(recipe))
 
     def log(record):
         if accelerator.is_main_process:

@@ -12,6 +12,7 @@ Strings that start with `~` are expanded to the home folder.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import typing
 from pathlib import Path
@@ -87,7 +88,11 @@ def load_recipe(config_cls, path: str | Path | None, overrides: list[str] | dict
     for source, mapping in ((where, values), ("command line", extra)):
         unknown = sorted(set(mapping) - fields)
         if unknown:
-            raise RecipeError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}")
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+            raise RecipeError(f"{source}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(sorted(fields))}")
     values.update(extra)
     checked = {name: _check_value(config_cls, name, value, where) for name, value in values.items()}
     try:
@@ -103,3 +108,34 @@ def load_recipe(config_cls, path: str | Path | None, overrides: list[str] | dict
 def recipe_dict(config) -> dict:
     """The resolved recipe (every default filled in), saved with checkpoints and results."""
     return dataclasses.asdict(config)
+
+
+def run_info(recipe) -> dict:
+    """What a run's folder records beside its outputs: the resolved recipe, the versions of the
+    packages that shape the result, the git revision and the machine, so a run can be
+    reproduced (or a drift explained) from its folder alone."""
+    import platform
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    versions = {}
+    for package in ("draftsmith", "torch", "transformers", "accelerate", "peft", "datasets", "safetensors", "tokenizers"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        revision = None
+    return {
+        "recipe": recipe_dict(recipe),
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "git_revision": revision,
+        "command": sys.argv,
+    }
