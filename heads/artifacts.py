@@ -46,3 +46,17 @@ def has_model_type(folder: Path, model_type: str) -> bool:
         return json.loads((Path(folder) / "config.json").read_text()).get("model_type") == model_type
     except (OSError, ValueError):
         return False
+
+
+def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
+    """(folder, its config.json as a dict) of an artifact folder; `error` names what is wrong."""
+    path = Path(path)
+    if not path.is_dir():
+        raise error(f"{what} folder {str(path)!r} does not exist or is not a directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise error(f"{what} folder {str(path)!r} has no config.json")
+    try:
+        return path, json.loads(config_file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise error(f"{str(config_file)!r} is not valid JSON: {err}") from None

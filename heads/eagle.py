@@ -61,7 +61,7 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
-from draftsmith.heads.artifacts import has_model_type, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 
 VERSIONS = ("eagle1", "eagle3")
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
@@ -763,16 +763,7 @@ def load_eagle(
 
     With `target`: `check_target`. With `expected_data_hash`: the draft vocabulary must have been
     counted on that data (a stale vocabulary map trains and serves a head at alpha ~ 0)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise EagleError(f"EAGLE head folder {str(path)!r} does not exist or is not a directory")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise EagleError(f"EAGLE head folder {str(path)!r} has no config.json")
-    try:
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise EagleError(f"{str(config_file)!r} is not valid JSON: {err}") from None
+    path, raw = read_config(path, "EAGLE head", EagleError)
     if raw.get("model_type") == EagleConfig.model_type:
         kwargs = {"dtype": dtype} if dtype is not None else {}
         try:
@@ -786,7 +777,7 @@ def load_eagle(
         head = _load_sglang(path, raw)
     else:
         raise EagleError(
-            f"{str(config_file)!r} is not an EAGLE head config: expected model_type {EagleConfig.model_type!r} "
+            f"{str(path / 'config.json')!r} is not an EAGLE head config: expected model_type {EagleConfig.model_type!r} "
             f"(draftsmith), a speculators_model_type (vLLM) or architectures [{SGLANG_ARCHITECTURE!r}] (SGLang)"
         )
     if dtype is not None or device is not None:

@@ -46,7 +46,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from draftsmith.heads.artifacts import has_model_type, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 
 EXPORT_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
@@ -397,16 +397,7 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
 def load_medusa(path, *, target: PreTrainedModel | None = None, device=None, dtype: torch.dtype | None = None) -> MedusaHeads:
     """Heads from a draftsmith, "medusa" or "vllm" folder (detected from config.json). With
     `target`: sizes checked (fingerprint warned) and, for share_lm_head, its lm_head attached."""
-    path = Path(path)
-    if not path.is_dir():
-        raise MedusaError(f"Medusa heads folder {str(path)!r} does not exist or is not a directory")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise MedusaError(f"Medusa heads folder {str(path)!r} has no config.json")
-    try:
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise MedusaError(f"{str(config_file)!r} is not valid JSON: {err}") from None
+    path, raw = read_config(path, "Medusa heads", MedusaError)
     if raw.get("model_type") == MedusaConfig.model_type:
         kwargs = {"dtype": dtype} if dtype is not None else {}
         try:
@@ -419,7 +410,7 @@ def load_medusa(path, *, target: PreTrainedModel | None = None, device=None, dty
         heads = _load_original(path, raw)
     else:
         raise MedusaError(
-            f"{str(config_file)!r} is not a Medusa config (model_type={raw.get('model_type')!r}): expected "
+            f"{str(path / 'config.json')!r} is not a Medusa config (model_type={raw.get('model_type')!r}): expected "
             f"model_type {MedusaConfig.model_type!r} (draftsmith), 'medusa' (vLLM) or a 'medusa_num_heads' key (FasterDecoding)"
         )
     if dtype is not None or device is not None:

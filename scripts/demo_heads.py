@@ -106,74 +106,82 @@ def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
     return out
 
 
+def _train_once(ctx, root: Path, name: str, artifact: str, recipe_for, train, announce: str, report, log) -> Path:
+    """Train into `root/name` once and reuse it while its saved recipe equals this one. The run
+    goes to a hidden work folder, renamed into place when complete: nothing half-trained is
+    ever reused. Returns the artifact folder (`root/name/artifact`)."""
+    final, work = root / name, root / f".{name}-training"
+    recipe = recipe_for(str(work))
+    if (final / artifact / "config.json").is_file() and _trained_with(final, recipe):
+        return final / artifact
+    shutil.rmtree(work, ignore_errors=True)
+    log(announce)
+    line = report(train(recipe, progress=ctx.progress))
+    if line:
+        log(line)
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return final / artifact
+
+
+def _device_dtype(ctx) -> dict:
+    return {"device": ctx.device.type, "dtype": "float32" if ctx.device.type == "cpu" else "auto"}
+
+
 def demo_medusa(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """Medusa-1 heads trained on the demo data; returns the heads folder."""
     from draftsmith.train.medusa import MedusaRecipe, train
 
-    final = root / "medusa"
-    work = root / ".medusa-training"
-    recipe = MedusaRecipe(
-        target=str(ctx.built.target), data=str(data), out=str(work), num_heads=budget.num_heads,
-        max_steps=budget.medusa_steps, batch_size=budget.medusa_batch, max_length=budget.max_length,
-        eval_every=budget.medusa_steps, save_every=budget.medusa_steps + 1, device=ctx.device.type,
-        dtype="float32" if ctx.device.type == "cpu" else "auto",
-    )  # fmt: skip
-    if (final / "heads" / "config.json").is_file() and _trained_with(final, recipe):
-        return final / "heads"
-    shutil.rmtree(work, ignore_errors=True)
-    log(f"Medusa-1: {budget.num_heads} heads, {budget.medusa_steps} steps of {budget.medusa_batch} rows")
-    summary = train(recipe, progress=ctx.progress)
-    ev = summary["eval"] or {}
-    if ev:
-        log(f"Medusa heads: top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.2f}")
-    shutil.rmtree(final, ignore_errors=True)
-    work.rename(final)
-    return final / "heads"
+    def recipe_for(out):
+        return MedusaRecipe(
+            target=str(ctx.built.target), data=str(data), out=out, num_heads=budget.num_heads,
+            max_steps=budget.medusa_steps, batch_size=budget.medusa_batch, max_length=budget.max_length,
+            eval_every=budget.medusa_steps, save_every=budget.medusa_steps + 1, **_device_dtype(ctx),
+        )  # fmt: skip
+
+    def report(summary):
+        ev = summary["eval"]
+        return ev and f"Medusa heads: top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.2f}"
+
+    announce = f"Medusa-1: {budget.num_heads} heads, {budget.medusa_steps} steps of {budget.medusa_batch} rows"
+    return _train_once(ctx, root, "medusa", "heads", recipe_for, train, announce, report, log)
 
 
 def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """The demo's independent small draft, distilled from the target on its own answers."""
     from draftsmith.train.draft import DraftRecipe, train
 
-    final = root / "distilled-draft"
-    work = root / ".distilled-draft-training"
-    recipe = DraftRecipe(
-        target=str(ctx.built.target), out=str(work), data=str(data), draft_init="checkpoint", draft_path=str(ctx.built.draft),
-        loss="kl_tv", lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.draft_steps,
-        eval_every=budget.draft_steps, save_every=budget.draft_steps + 1, num_draft_tokens=ctx.settings.num_draft_tokens,
-        device=ctx.device.type, dtype="float32" if ctx.device.type == "cpu" else "auto",
-    )  # fmt: skip
-    if (final / "draft" / "config.json").is_file() and _trained_with(final, recipe):
-        return final / "draft"
-    shutil.rmtree(work, ignore_errors=True)
-    log(f"draft distillation: the small draft, KL+TV to the target, {budget.draft_steps} steps of 8 rows")
-    summary = train(recipe, progress=ctx.progress)
-    if summary["eval"] and summary["initial"]:
-        log(f"held-out acceptance (T = 1) {summary['initial']['acceptance']:.3f} -> {summary['eval']['acceptance']:.3f}")
-    shutil.rmtree(final, ignore_errors=True)
-    work.rename(final)
-    return final / "draft"
+    def recipe_for(out):
+        return DraftRecipe(
+            target=str(ctx.built.target), out=out, data=str(data), draft_init="checkpoint", draft_path=str(ctx.built.draft),
+            loss="kl_tv", lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.draft_steps,
+            eval_every=budget.draft_steps, save_every=budget.draft_steps + 1, num_draft_tokens=ctx.settings.num_draft_tokens,
+            **_device_dtype(ctx),
+        )  # fmt: skip
+
+    def report(summary):
+        ev, init = summary["eval"], summary["initial"]
+        return ev and init and f"held-out acceptance (T = 1) {init['acceptance']:.3f} -> {ev['acceptance']:.3f}"
+
+    announce = f"draft distillation: the small draft, KL+TV to the target, {budget.draft_steps} steps of 8 rows"
+    return _train_once(ctx, root, "distilled-draft", "draft", recipe_for, train, announce, report, log)
 
 
 def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """An EAGLE-3 head trained on the demo data (training-time test, reduced vocabulary)."""
     from draftsmith.train.eagle import EagleRecipe, train
 
-    final = root / "eagle3"
-    work = root / ".eagle3-training"
-    recipe = EagleRecipe(
-        target=str(ctx.built.target), data=str(data), out=str(work), version="eagle3",
-        draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
-        max_length=budget.max_length, max_steps=budget.eagle_steps, eval_every=budget.eagle_steps,
-        save_every=budget.eagle_steps + 1, device=ctx.device.type, dtype="float32" if ctx.device.type == "cpu" else "auto",
-    )  # fmt: skip
-    if (final / "head" / "config.json").is_file() and _trained_with(final, recipe):
-        return final / "head"
-    shutil.rmtree(work, ignore_errors=True)
-    log(f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows")
-    summary = train(recipe, progress=ctx.progress)
-    if summary["eval"]:
-        log(f"EAGLE-3 head: top-1 per draft step {[round(a, 3) for a in summary['eval']['top1_per_step']]}, simulated tau {summary['eval']['tau_simulated']:.2f}")
-    shutil.rmtree(final, ignore_errors=True)
-    work.rename(final)
-    return final / "head"
+    def recipe_for(out):
+        return EagleRecipe(
+            target=str(ctx.built.target), data=str(data), out=out, version="eagle3",
+            draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
+            max_length=budget.max_length, max_steps=budget.eagle_steps, eval_every=budget.eagle_steps,
+            save_every=budget.eagle_steps + 1, **_device_dtype(ctx),
+        )  # fmt: skip
+
+    def report(summary):
+        ev = summary["eval"]
+        return ev and f"EAGLE-3 head: top-1 per draft step {[round(a, 3) for a in ev['top1_per_step']]}, simulated tau {ev['tau_simulated']:.2f}"
+
+    announce = f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows"
+    return _train_once(ctx, root, "eagle3", "head", recipe_for, train, announce, report, log)
