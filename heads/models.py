@@ -64,21 +64,23 @@ def _check_folder(path: str | Path, role: str) -> Path | str:
     return path
 
 
-def load_causal_lm(path: str | Path, *, device: torch.device, dtype: torch.dtype, role: str = "model") -> PreTrainedModel:
+def load_causal_lm(path: str | Path, *, device: torch.device, dtype: torch.dtype, role: str = "model", trust_remote_code: bool = False) -> PreTrainedModel:
+    """An unmodified HF causal LM in eval mode. Python shipped with a hub model runs only with
+    `trust_remote_code=True` (off by default: a recipe must ask for it)."""
     path = _check_folder(path, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         where = "the Hugging Face Hub (or the local HF cache)" if isinstance(path, str) else "its folder"
         raise ModelLoadError(f"cannot load the {role} {str(path)!r} from {where}: {err}") from None
     return model.to(device).eval()
 
 
-def load_tokenizer(path: str | Path, role: str = "model"):
+def load_tokenizer(path: str | Path, role: str = "model", trust_remote_code: bool = False):
     """The folder's (or hub id's) tokenizer, or None when it has none."""
     path = str(path) if is_hub_id(str(path)) else Path(path).expanduser()
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError):
         return None
 

@@ -6,6 +6,7 @@
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
     draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
+    draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
     draftsmith inspect-data DIR [--index I]
     draftsmith vocab-map --data DIR --draft-vocab-size N
@@ -148,6 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
     ex.add_argument("--dtype", default="auto", help="dtype of the written weights (auto: as trained)")
     ex.set_defaults(func=cmd_export)
+
+    pu = sub.add_parser("push", help="upload a trained drafter to the Hugging Face Hub with a generated model card")
+    pu.add_argument("run", help="a run folder (the --out of train/medusa.py, train/eagle.py, train/draft.py) or an artifact folder")
+    pu.add_argument("--repo-id", required=True, help="NAME or ORG/NAME of the Hub model repository (created when missing)")
+    pu.add_argument("--private", action="store_true", help="create the repository private (refused for an existing public one)")
+    pu.add_argument("--format", help="pushed layout: Medusa vllm (default), medusa or hf; EAGLE-3 vllm (default), sglang or hf; EAGLE-1 hf; drafts as they are")
+    pu.add_argument("--eval-report", help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)")
+    pu.add_argument("--revision", help="branch to push to, created from main when missing (default: main)")
+    pu.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
+    pu.add_argument("--base-model", help="the target's Hub id (ORG/NAME) when the run loaded it from a local folder")
+    pu.add_argument("--commit-message", help="message of the Hub commit (default: the method and its steps)")
+    pu.add_argument("--dry-run", action="store_true", help="write what would be pushed to --out and push nothing")
+    pu.add_argument("--out", help="with --dry-run: the folder to write (must not exist or be empty, or hold an earlier dry run)")
+    pu.set_defaults(func=cmd_push)
 
     from draftsmith.scripts.data_cli import add_data_commands
 
@@ -365,6 +380,32 @@ def cmd_export(args) -> int:
     except MedusaError as err:
         raise UsageError(str(err)) from None
     print(f"wrote {args.format} Medusa heads ({heads.config.num_heads} heads x {heads.config.num_layers} blocks) to {out}")
+    return 0
+
+
+def cmd_push(args) -> int:
+    """Stage the run (weights as safetensors, config, card, recipe, run info) and upload it; the
+    token comes from HF_TOKEN or `hf auth login` and is never printed."""
+    from draftsmith.train.hub import HubError, check_repo_id, find_eval_report, local_eval_command, push, stage_run
+
+    if args.dry_run and not args.out:
+        raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")
+    if args.out and not args.dry_run:
+        raise UsageError("--out applies to --dry-run (a push stages in a temporary folder): add --dry-run")
+    try:
+        check_repo_id(args.repo_id)
+        options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model, "revision": args.revision}
+        if args.dry_run:
+            out = stage_run(args.run, args.out, repo_id=args.repo_id, **options)
+            files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+            print(f"staged {len(files)} files for {args.repo_id} in {out}/ (nothing pushed): {', '.join(files)}")
+        else:
+            url = push(args.run, args.repo_id, private=args.private, endpoint=args.endpoint, commit_message=args.commit_message, **options)
+            print(f"pushed {args.run} to {url}")
+        if args.eval_report is None and find_eval_report(args.run) is None:
+            print(f"not evaluated (the card says so); measure it, then push again:\n  {local_eval_command(args.run)}")
+    except HubError as err:
+        raise UsageError(str(err)) from None
     return 0
 
 

@@ -26,7 +26,8 @@ def config_for(path: Path):
     raise AssertionError(f"{path}: no method for this recipe name")
 
 
-RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if p.parent.name != "accelerate")
+LAUNCH_CONFIGS = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
 
 
 def test_there_are_recipes_for_every_family():
@@ -41,4 +42,32 @@ def test_recipe_loads_and_documents_its_command(path):
     text = path.read_text()
     assert text.startswith("#"), "a recipe starts with a comment block"
     assert f"accelerate launch {script} --recipe recipes/{path.parent.name}/{path.name}" in text
+    import re
+
+    command = re.escape(f"accelerate launch {script} --recipe recipes/{path.parent.name}/{path.name}")
+    assert re.search(rf"^#.*{command} [a-z0-9_]+=", text, re.M), "the comment block shows one key=value override"
     assert recipe.out and recipe.target
+
+
+def test_launch_configs_for_every_engine():
+    assert {p.stem for p in LAUNCH_CONFIGS} == {"ddp", "fsdp2", "zero2", "zero3", "zero3_offload"}
+
+
+@pytest.mark.parametrize("path", LAUNCH_CONFIGS, ids=lambda p: p.name)
+def test_launch_config_loads_and_leaves_batch_sizes_to_the_recipe(path):
+    import json
+
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(path))
+    text = path.read_text()
+    assert text.startswith("#") and f"accelerate launch --config_file recipes/accelerate/{path.name} " in text
+    if config.distributed_type == "DEEPSPEED":
+        ds_file = REPO / config.deepspeed_config["deepspeed_config_file"]
+        ds = json.loads(ds_file.read_text())
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+            assert ds[key] == "auto", f"{ds_file.name}: {key} must come from the recipe"
+        assert ds["zero_optimization"]["stage"] == (2 if "zero2" in path.stem else 3)
+        assert ("offload_optimizer" in ds["zero_optimization"]) == ("offload" in path.stem)
+    elif config.distributed_type == "FSDP":
+        assert config.fsdp_config["fsdp_version"] == 2

@@ -102,16 +102,18 @@ def test_resume_gives_the_same_heads(toy_dir, toy_data, tmp_path, monkeypatch):
     main(["--recipe", str(write_recipe(tmp_path / "a.yaml", **base(toy_dir, toy_data, whole, max_steps=6, save_every=3))), "--no-progress"])
     part = tmp_path / "part"
     recipe = write_recipe(tmp_path / "b.yaml", **base(toy_dir, toy_data, part, max_steps=6, save_every=3))
-    real = medusa_train.save_checkpoint
+    import draftsmith.train.run as run_module
+
+    real = run_module.save_checkpoint
 
     def save_then_die(*args, **kwargs):
         real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(medusa_train, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(run_module, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         main(["--recipe", str(recipe), "--no-progress"])
-    monkeypatch.setattr(medusa_train, "save_checkpoint", real)
+    monkeypatch.setattr(run_module, "save_checkpoint", real)
     assert main(["--recipe", str(recipe), "--no-progress"]) == 2  # checkpoints present: resume must be asked for
     assert main(["--recipe", str(recipe), "--no-progress", "resume=true"]) == 0
     a = load_file(next((whole / "heads").glob("*.safetensors")))

@@ -1,4 +1,4 @@
-"""Small pieces every training loop shares: the held-out split, the batch order, checkpoints.
+"""Small pieces every training loop shares: the held-out split, the batch order, the schedule.
 
 Functions, not a framework: each loop in train/ reads top to bottom and calls these by name.
 """
@@ -6,12 +6,9 @@ Functions, not a framework: each loop in train/ reads top to bottom and calls th
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 
 import torch
 
-from draftsmith.distill.data import write_json_atomic
 
 
 def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
@@ -39,29 +36,6 @@ def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, gr
             perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
         rows.append(train_rows[int(perms[epoch][offset])])
     return rows
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    root = Path(out) / "checkpoints"
-    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
-    return done[-1] if done else None
-
-
-def save_checkpoint(accelerator, out: Path, step: int, recipe: dict) -> Path:
-    """accelerate's full state (model, optimizer, registered scheduler, RNG) + the step, written
-    to a temporary folder and renamed: a checkpoint folder with trainer_state.json is complete."""
-    final = Path(out) / "checkpoints" / f"step-{step:07d}"
-    tmp = Path(out) / "checkpoints" / f".step-{step:07d}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe})
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-    accelerator.wait_for_everyone()
-    return final
 
 
 def sync(device) -> None:

@@ -32,7 +32,6 @@ The result is `OUT/draft/`, a plain HF model (+ the target's tokenizer) for
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -45,8 +44,9 @@ import torch
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence
-from draftsmith.train.common import batch_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
+from draftsmith.train.common import batch_rows, split_rows, sync, warmup_cosine
+from draftsmith.train.recipe import RecipeError
+from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_MODES = ("generated", "fixed")
@@ -54,7 +54,7 @@ DRAFT_INITS = ("checkpoint", "truncate", "config")
 
 
 @dataclass
-class DraftRecipe:
+class DraftRecipe(RunRecipe):
     target: str  # HF folder (or hub id) of the target
     out: str  # draft, checkpoints and metrics go here
     data: str | None = None  # `draftsmith generate` folder: the target's own answers
@@ -85,15 +85,10 @@ class DraftRecipe:
     chunk_size: int | None = None  # loss chunking for large vocabularies
     heldout_fraction: float = 0.05
     eval_every: int = 100
-    save_every: int = 100
-    log_every: int = 10
     num_draft_tokens: int = 4  # K for the simulated tau
-    resume: bool = False
-    seed: int = 0
-    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
-    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
 
     def __post_init__(self):
+        super().__post_init__()
         if self.loss not in LOSSES:
             raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(LOSSES)}")
         if self.data_mode not in DATA_MODES:
@@ -112,7 +107,7 @@ class DraftRecipe:
             raise ValueError(f"temperature = {self.temperature} must be > 0 (match the serving temperature; 1 for greedy serving)")
         if not 0 <= self.beta <= 1 or not 0 <= self.tv_weight <= 1:
             raise ValueError("beta and tv_weight must be in [0, 1]")
-        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every", "num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
+        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if not 0 <= self.heldout_fraction < 1:
@@ -281,20 +276,19 @@ def build_draft(recipe: DraftRecipe, target, tokenizer, device):
 
 
 def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from draftsmith.heads.draft import describe_draft
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_dtype
 
-    accelerator = Accelerator(gradient_accumulation_steps=recipe.grad_accum, cpu=recipe.device == "cpu")
-    device = accelerator.device
+    run = TrainingRun(recipe, "draft")
+    device = run.device
     set_seed(recipe.seed)
     out = Path(recipe.out)
-    tokenizer = load_tokenizer(recipe.target)
+    tokenizer = load_tokenizer(recipe.target, trust_remote_code=recipe.trust_remote_code)
     if tokenizer is None:
         raise RecipeError(f"target {recipe.target!r} has no tokenizer")
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target")
+    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
     target.requires_grad_(False)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos_ids = sorted({t for t in (tokenizer.eos_token_id,) if t is not None})
@@ -322,91 +316,83 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
 
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = accelerator.prepare(draft, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    draft = accelerator.unwrap_model(model)
-
-    step = 0
-    if recipe.resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is not None:
-            accelerator.load_state(str(ckpt))
-            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
-            accelerator.print(f"resumed from {ckpt} (step {step})")
-    elif latest_checkpoint(out) is not None:
-        raise RecipeError(f"{out} already holds checkpoints: pass resume=true to continue, or choose another out")
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "recipe.json", recipe_dict(recipe))
-        write_json_atomic(out / "run_info.json", run_info(recipe))
-    metrics_path = out / "metrics.jsonl"
-
-    def log(record):
-        if accelerator.is_main_process:
-            with metrics_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+    model, optimizer = run.prepare(draft, optimizer, scheduler)
+    draft = run.accelerator.unwrap_model(model)
+    step = run.start()
 
     evaluate = lambda: evaluate_draft(draft, target, eval_rows, heldout_index, recipe, pad_id, device) if heldout_index else None  # noqa: E731
-    model.eval()
-    initial = evaluate()
-    model.train()
-    if initial:
-        log({"step": step, "eval": initial})
-        accelerator.print(f"initial draft: acceptance {initial['acceptance']:.4f} (T = {recipe.temperature:g}), greedy {initial['acceptance_greedy']:.4f}")
+    initial_path = out / "initial_eval.json"
+    if step == 0:
+        model.eval()
+        with run.gathered(model):
+            initial = evaluate()
+        model.train()
+        if initial:
+            run.log(step, {"eval": initial})
+            run.print(f"initial draft: acceptance {initial['acceptance']:.4f} (T = {recipe.temperature:g}), greedy {initial['acceptance_greedy']:.4f}")
+            if run.is_main:
+                write_json_atomic(initial_path, initial)
+    else:  # resumed: the starting point was measured by the first run (re-measuring would move the RNG)
+        initial = json.loads(initial_path.read_text()) if initial_path.is_file() else None
 
-    bar = None
-    if progress and accelerator.is_main_process:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=recipe.max_steps, initial=step, desc=f"draft ({recipe.loss})", unit="step")
+    bar = run.progress(step, f"draft ({recipe.loss})", progress)
     counts = {"on_policy_steps": 0, "on_policy_tokens": 0, "off_policy_steps": 0}
     tokens, seconds = 0, 0.0
+    window_tokens, window_seconds = 0, 0.0
     last_eval = initial
     while step < recipe.max_steps:
         sync(device)
         t0 = time.perf_counter()
+        logged = {}
         on_policy = is_on_policy_step(step, recipe.on_policy_fraction)
         for micro in range(recipe.grad_accum):
-            index = batch_rows(train_index, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
+            index = batch_rows(train_index, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
             if on_policy:
                 batch = on_policy_batch(draft, rows, index, recipe, pad_id, eos_ids, device)
                 counts["on_policy_tokens"] += batch.pop("generated_tokens")
             else:
                 batch = collate(rows, index, recipe.max_length, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
-            with accelerator.accumulate(model):
+            with run.accelerator.accumulate(model):
                 with torch.no_grad():
                     target_logits = None if recipe.loss == "ce" else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
                 loss = draft_loss(logits, target_logits, batch, recipe)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and recipe.grad_clip:
-                    accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                loss = loss * run.token_shares([(batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()])[0]
+                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
+                run.accelerator.backward(loss)
+                if run.accelerator.sync_gradients and recipe.grad_clip:
+                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                    if norm is not None:
+                        logged["grad_norm"] = float(norm)
                 optimizer.step()
-                if accelerator.sync_gradients:
+                if run.accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
-            tokens += int(batch["attention_mask"].sum())
+            n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
+            tokens, window_tokens = tokens + n, window_tokens + n
         counts["on_policy_steps" if on_policy else "off_policy_steps"] += 1
         sync(device)
         seconds += time.perf_counter() - t0
+        window_seconds += time.perf_counter() - t0
         step += 1
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+            bar.set_postfix(loss=f"{logged['loss']:.4f}")
         if step % recipe.log_every == 0 or step == recipe.max_steps:
-            log({"step": step, "loss": float(loss.detach()), "on_policy": on_policy, "lr": scheduler.get_last_lr()[0]})
+            run.log(step, {"on_policy": on_policy, "lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
+            window_tokens, window_seconds = 0, 0.0
         if heldout_index and (step % recipe.eval_every == 0 or step == recipe.max_steps):
             model.eval()
-            last_eval = evaluate()
+            with run.gathered(model):
+                last_eval = evaluate()
             model.train()
-            log({"step": step, "eval": last_eval})
-            accelerator.print(
+            run.log(step, {"eval": last_eval})
+            run.print(
                 f"step {step}: acceptance {last_eval['acceptance']:.4f} (T = {recipe.temperature:g}), greedy "
                 f"{last_eval['acceptance_greedy']:.4f}, simulated tau (K = {recipe.num_draft_tokens}) {last_eval['tau_simulated']:.3f}"
             )
-        if step % recipe.save_every == 0 and step < recipe.max_steps:
-            save_checkpoint(accelerator, out, step, recipe_dict(recipe))
+        run.checkpoint(step)
     if bar is not None:
         bar.close()
 
@@ -420,38 +406,32 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         "draft": draft_info,
         **counts,
         "device": str(device),
-        "processes": accelerator.num_processes,
+        "processes": run.accelerator.num_processes,
+        "distributed": str(run.accelerator.distributed_type),
     }
-    if accelerator.is_main_process:
-        final = draft.merge_and_unload() if recipe.lora else draft
-        tmp = out / ".draft.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        final.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(out / "draft", ignore_errors=True)
-        tmp.rename(out / "draft")
-        write_json_atomic(out / "training_summary.json", summary)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    with run.gathered(model):
+        if run.is_main:
+            final = draft.merge_and_unload() if recipe.lora else draft
+            tmp = out / ".draft.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            final.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(out / "draft", ignore_errors=True)
+            tmp.rename(out / "draft")
+            write_json_atomic(out / "training_summary.json", summary)
+    run.finish()
     return summary
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Distil a small draft model from the target (DistillSpec-style).")
-    parser.add_argument("--recipe", help="recipe YAML (recipes/<family>/draft.yaml)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
-    args = parser.parse_args(argv)
-    from draftsmith.distill.data import DataError
-    from draftsmith.distill.sources import SourceError
-    from draftsmith.heads.models import ModelLoadError
-
     try:
-        recipe = load_recipe(DraftRecipe, args.recipe, args.overrides)
-        summary = train(recipe, progress=not args.no_progress)
-    except (RecipeError, DataError, SourceError, ModelLoadError) as err:
+        recipe, progress = command_line(DraftRecipe, "Distil a small draft model from the target (DistillSpec-style).", "recipes/<family>/draft.yaml", argv)
+        summary = train(recipe, progress=progress)
+    except user_errors() as err:
         print(f"train/draft.py: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     ev, init = summary["eval"] or {}, summary["initial"] or {}
     if ev and init:
         print(f"held-out acceptance {init['acceptance']:.4f} -> {ev['acceptance']:.4f} (x{ev['acceptance'] / max(1e-9, init['acceptance']):.3f})")

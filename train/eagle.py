@@ -28,7 +28,6 @@ The result is `OUT/head/` (`EagleHead.save_pretrained`), for `draftsmith eval --
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -40,12 +39,13 @@ import torch.nn.functional as F
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import divergence, smooth_l1
-from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
+from draftsmith.train.common import batch_rows, collate_rows, split_rows, sync, warmup_cosine
+from draftsmith.train.recipe import RecipeError
+from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
 
 
 @dataclass
-class EagleRecipe:
+class EagleRecipe(RunRecipe):
     target: str  # HF folder (or hub id) of the target that generated `data`
     data: str  # a `draftsmith generate` folder
     out: str
@@ -70,21 +70,16 @@ class EagleRecipe:
     grad_clip: float = 0.5  # EAGLE clips at 0.5
     heldout_fraction: float = 0.05
     eval_every: int = 100
-    save_every: int = 100
-    log_every: int = 10
-    resume: bool = False
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.version not in ("eagle1", "eagle3"):
             raise ValueError(f"version = {self.version!r}: expected eagle1 or eagle3")
         if self.version == "eagle1" and (self.draft_vocab_size or self.vocab_map):
             raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
-        for name in ("ttt_steps", "eval_depth", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every"):
+        for name in ("ttt_steps", "eval_depth", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if not 0 < self.ttt_decay <= 1 or self.lr <= 0 or self.feature_noise < 0:
@@ -171,6 +166,21 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
     return losses, hits, counts
 
 
+class EagleObjective(torch.nn.Module):
+    """The head and its unrolled loss behind one forward: DDP and DeepSpeed average the
+    gradients of what runs inside the wrapped module's forward, so every unrolled step must."""
+
+    def __init__(self, head, recipe: EagleRecipe, vocab):
+        super().__init__()
+        self.head = head
+        self.recipe = recipe
+        self.vocab = vocab  # draft id -> target id (EAGLE-3 reduced vocabulary), not a parameter
+
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, steps: int):
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        return eagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, train=True, steps=steps)
+
+
 def chain_tau(hits: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[float, float]:
     """Sum over positions of 1 + consecutive correct steps, and the number of positions."""
     run = torch.ones_like(hits[0])
@@ -183,7 +193,6 @@ def chain_tau(hits: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[flo
 
 
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from draftsmith.distill.hidden_cache import HiddenStateCache
@@ -191,12 +200,12 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
     from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
 
-    accelerator = Accelerator(gradient_accumulation_steps=recipe.grad_accum, cpu=recipe.device == "cpu")
-    device = accelerator.device
+    run = TrainingRun(recipe, "eagle")
+    device = run.device
     set_seed(recipe.seed)
     out = Path(recipe.out)
     data = DistillData(recipe.data)
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target")
+    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
     target.requires_grad_(False)
     text_config = target.config.get_text_config()
     L = text_config.num_hidden_layers
@@ -222,7 +231,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     aux = tuple(head.config.aux_layer_ids)
     vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device)) if vocab_map is not None else None
     if vocab_map is not None:
-        accelerator.print(vocab_map.describe())
+        run.print(vocab_map.describe())
 
     cache = None
     if recipe.hidden_cache:
@@ -251,32 +260,11 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
 
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
-
-
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = accelerator.prepare(head, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    head = accelerator.unwrap_model(model)
+    model, optimizer = run.prepare(EagleObjective(head, recipe, vocab), optimizer, scheduler)
+    head = run.accelerator.unwrap_model(model).head
     train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-
-    step = 0
-    if recipe.resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is not None:
-            accelerator.load_state(str(ckpt))
-            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
-    elif latest_checkpoint(out) is not None:
-        raise RecipeError(f"{out} already holds checkpoints: pass resume=true to continue, or choose another out")
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "recipe.json", recipe_dict(recipe))
-        write_json_atomic(out / "run_info.json", run_info(recipe))
-    metrics_path = out / "metrics.jsonl"
-
-    def log(record):
-        if accelerator.is_main_process:
-            with metrics_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+    step = run.start()
 
     @torch.no_grad()
     def evaluate():
@@ -297,81 +285,81 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
             "positions": tau_n,
         }
 
-    bar = None
-    if progress and accelerator.is_main_process:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=recipe.max_steps, initial=step, desc=f"{recipe.version}", unit="step")
+    bar = run.progress(step, f"{recipe.version}", progress)
     tokens, seconds = 0, 0.0
+    window_tokens, window_seconds = 0, 0.0
     last_eval = None
     model.train()
     while step < recipe.max_steps:
         sync(device)
         t0 = time.perf_counter()
+        logged = {}
         for micro in range(recipe.grad_accum):
-            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
+            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
             batch = collate_rows(data, rows, recipe.max_length, pad_id)
             batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
             feats, teacher = target_states(batch)
-            with accelerator.accumulate(model):
+            with run.accelerator.accumulate(model):
                 steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
-                per_step, _, _ = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=True, steps=steps)
+                per_step, _, counts = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, teacher, steps)
+                per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
                 loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and recipe.grad_clip:
-                    accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
+                run.accelerator.backward(loss)
+                if run.accelerator.sync_gradients and recipe.grad_clip:
+                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                    if norm is not None:
+                        logged["grad_norm"] = float(norm)
                 optimizer.step()
-                if accelerator.sync_gradients:
+                if run.accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
-            tokens += int(batch["attention_mask"].sum())
+            logged["step_losses"] = [run.mean(x) for x in per_step]
+            n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
+            tokens, window_tokens = tokens + n, window_tokens + n
         sync(device)
         seconds += time.perf_counter() - t0
+        window_seconds += time.perf_counter() - t0
         step += 1
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+            bar.set_postfix(loss=f"{logged['loss']:.3f}")
         if step % recipe.log_every == 0 or step == recipe.max_steps:
-            log({"step": step, "loss": float(loss.detach()), "step_losses": [float(x.detach()) for x in per_step], "lr": scheduler.get_last_lr()[0]})
+            run.log(step, {"lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
+            window_tokens, window_seconds = 0, 0.0
         if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
             model.eval()
-            last_eval = evaluate()
+            with run.gathered(model):
+                last_eval = evaluate()
             model.train()
-            log({"step": step, "eval": last_eval})
-            accelerator.print(f"step {step}: top-1 per step {[round(a, 3) for a in last_eval['top1_per_step']]}, simulated tau {last_eval['tau_simulated']:.3f}")
-        if step % recipe.save_every == 0 and step < recipe.max_steps:
-            save_checkpoint(accelerator, out, step, recipe_dict(recipe))
+            run.log(step, {"eval": last_eval})
+            run.print(f"step {step}: top-1 per step {[round(a, 3) for a in last_eval['top1_per_step']]}, simulated tau {last_eval['tau_simulated']:.3f}")
+        run.checkpoint(step)
     if bar is not None:
         bar.close()
     summary = {
         "steps": step, "version": recipe.version, "aux_layers": list(aux), "eval": last_eval,
         "draft_vocab_size": head.config.draft_vocab_size, "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
-        "train_tokens_per_second": tokens / seconds if seconds else None, "device": str(device), "processes": accelerator.num_processes,
+        "train_tokens_per_second": tokens / seconds if seconds else None, "device": str(device), "processes": run.accelerator.num_processes,
+        "distributed": str(run.accelerator.distributed_type),
     }  # fmt: skip
-    if accelerator.is_main_process:
-        save_eagle(head, out / "head", overwrite=True)
-        write_json_atomic(out / "training_summary.json", summary)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    with run.gathered(model):
+        if run.is_main:
+            save_eagle(head, out / "head", overwrite=True)
+            write_json_atomic(out / "training_summary.json", summary)
+    run.finish()
     return summary
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Train EAGLE-1 / EAGLE-3 heads on a target's own generations.")
-    parser.add_argument("--recipe", help="recipe YAML (recipes/<family>/eagle3.yaml)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
-    args = parser.parse_args(argv)
-    from draftsmith.distill.data import DataError
-    from draftsmith.distill.hidden_cache import CacheError
-    from draftsmith.heads.models import ModelLoadError
-
     try:
-        recipe = load_recipe(EagleRecipe, args.recipe, args.overrides)
-        summary = train(recipe, progress=not args.no_progress)
-    except (RecipeError, DataError, CacheError, ModelLoadError) as err:
+        recipe, progress = command_line(EagleRecipe, "Train EAGLE-1 / EAGLE-3 heads on a target's own generations.", "recipes/<family>/eagle3.yaml", argv)
+        summary = train(recipe, progress=progress)
+    except user_errors() as err:
         print(f"train/eagle.py: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     print(json.dumps({k: summary[k] for k in ("steps", "version", "train_tokens_per_second")}))
     print(f"head written to {Path(recipe.out) / 'head'}")
     return 0

@@ -27,7 +27,6 @@ predicts token t+2+k: the target itself supplies token t+1, the heads the tokens
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -39,14 +38,15 @@ import torch
 
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, collate_rows, latest_checkpoint, save_checkpoint, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError, load_recipe, recipe_dict, run_info
+from draftsmith.train.common import batch_rows, collate_rows, split_rows, sync, warmup_cosine
+from draftsmith.train.recipe import RecipeError
+from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
 
 LOSSES = ("ce",) + DIVERGENCES
 
 
 @dataclass
-class MedusaRecipe:
+class MedusaRecipe(RunRecipe):
     target: str  # HF folder of the target (the one that generated `data`)
     data: str  # a `draftsmith generate` folder
     out: str  # where heads, checkpoints and metrics go
@@ -69,13 +69,7 @@ class MedusaRecipe:
     chunk_size: int | None = None  # token chunks for the loss (memory for large vocabularies)
     heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
     eval_every: int = 100
-    save_every: int = 100
-    log_every: int = 10
     eval_topk: int = 10  # ranks kept in the accuracy table (the tree builder's input)
-    resume: bool = False  # continue from the latest checkpoint in `out`
-    seed: int = 0
-    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
-    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
     # Medusa-2 only
     lora_r: int = 8
     lora_alpha: int = 16
@@ -86,13 +80,14 @@ class MedusaRecipe:
     head_lr_multiplier: float = 4.0  # heads learn from scratch, the backbone only adapts
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mode not in ("medusa1", "medusa2"):
             raise ValueError(f"mode = {self.mode!r}: expected medusa1 or medusa2")
         if self.loss not in LOSSES:
             raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(LOSSES)}")
         if self.mode == "medusa2" and self.hidden_cache:
             raise ValueError("hidden_cache (offline) is for medusa1: medusa2 trains the backbone, whose states change")
-        for name in ("num_heads", "num_layers", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every", "eval_topk", "lora_r"):
+        for name in ("num_heads", "num_layers", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "eval_topk", "lora_r"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if self.max_length < self.num_heads + 2:
@@ -159,14 +154,18 @@ class MedusaObjective(torch.nn.Module):
         out = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
         return original, out
 
-    def forward(self, input_ids, attention_mask, loss_mask, hidden=None, teacher=None, lam: float = 0.0):
+    def forward(self, input_ids, attention_mask, loss_mask, hidden=None, teacher=None, lam: float = 0.0, shares=None):
+        """`shares`: per head (then L_base) the factor of this process's token share
+        (`TrainingRun.token_shares`; 1 with one process)."""
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        shares = shares or [1.0] * (len(self.weights) + 1)
         base = None
         if self.backbone is not None:
             teacher, out = self.backbone_forward(batch)
             hidden = out.hidden_states[-1]
-            base = next_token_kl(out.logits.float(), teacher, batch)
+            base = next_token_kl(out.logits.float(), teacher, batch) * shares[-1]
         per_head = head_losses(self.heads, hidden.to(self.heads.dtype), teacher, batch, self.recipe)
+        per_head = [l * share for l, share in zip(per_head, shares)]
         loss = sum(w * l for w, l in zip(self.weights, per_head))
         if base is not None:
             loss = base + lam * loss
@@ -232,24 +231,23 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
 
 
 def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.heads.medusa import MedusaHeads, save_medusa
     from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
 
-    accelerator = Accelerator(gradient_accumulation_steps=recipe.grad_accum, cpu=recipe.device == "cpu")
-    device = accelerator.device
+    run = TrainingRun(recipe, "medusa")
+    device = run.device
     set_seed(recipe.seed)
     out = Path(recipe.out)
     data = DistillData(recipe.data)
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target")
+    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
     target.requires_grad_(False)
     text_config = target.config.get_text_config()
     fingerprint = target_fingerprint(target)
     if data.provenance["target"]["fingerprint"] != fingerprint:
-        accelerator.print(f"warning: {recipe.data} was generated by another target ({data.provenance['target']['name_or_path']})")
+        run.print(f"warning: {recipe.data} was generated by another target ({data.provenance['target']['name_or_path']})")
     cache = None
     if recipe.hidden_cache:
         cache = HiddenStateCache(recipe.hidden_cache)
@@ -277,14 +275,9 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     # Everything trainable sits behind one forward, so DDP syncs the gradients of all of it.
     model = MedusaObjective(heads, backbone, recipe)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-
-
-    # Stepped by hand once per optimizer step (accelerate's prepared scheduler would step once
-    # per process), so the schedule reads in optimizer steps whatever the number of processes.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    objective = accelerator.unwrap_model(model)
+    model, optimizer = run.prepare(model, optimizer, scheduler)
+    objective = run.accelerator.unwrap_model(model)
     heads_module = objective.heads
 
     train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
@@ -314,28 +307,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         drift = next_token_kl(out.logits.float(), original, batch)
         return out.hidden_states[-1].float(), {"drift": float(drift), "drift_n": float(mask.sum())}
 
-    step = 0
-    if recipe.resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is None:
-            accelerator.print(f"resume: no checkpoint in {out}/checkpoints; starting at step 0")
-        else:
-            accelerator.load_state(str(ckpt))
-            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
-            accelerator.print(f"resumed from {ckpt} (step {step})")
-    elif latest_checkpoint(out) is not None:
-        raise RecipeError(f"{out} already holds checkpoints: pass resume=true to continue, or choose another out")
-
-    metrics_path = out / "metrics.jsonl"
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "recipe.json", recipe_dict(recipe))
-        write_json_atomic(out / "run_info.json", run_info(recipe))
-
-    def log(record):
-        if accelerator.is_main_process:
-            with metrics_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+    step = run.start()
 
     # Forward-only throughput of the target on a few training batches: the yardstick for the
     # training throughput below (Medusa-1 training costs a target forward plus the heads).
@@ -351,12 +323,9 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         forward_seconds += time.perf_counter() - t0
         forward_tokens += int(att.sum())
 
-    bar = None
-    if progress and accelerator.is_main_process:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=recipe.max_steps, initial=step, desc=f"medusa ({recipe.mode})", unit="step")
+    bar = run.progress(step, f"medusa ({recipe.mode})", progress)
     train_tokens, train_seconds = 0, 0.0
+    window_tokens, window_seconds = 0, 0.0
     last_eval = None
     model.train()
     while step < recipe.max_steps:
@@ -364,46 +333,55 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         t0 = time.perf_counter()
         logged = {}
         for micro in range(recipe.grad_accum):
-            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, accelerator.process_index, accelerator.num_processes)
+            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
             batch = collate_rows(data, rows, recipe.max_length, pad_id)
             batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
-            with accelerator.accumulate(model):
+            with run.accelerator.accumulate(model):
                 hidden = teacher = None
                 if backbone is None:
                     hidden, teacher = target_states(batch)
                 lam = recipe.medusa2_lambda * min(1.0, (step + 1) / recipe.lambda_warmup_steps)
-                loss, per_head, base = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and recipe.grad_clip:
-                    accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                counts = [head_targets(batch, k)[1].sum() for k in range(recipe.num_heads)]
+                counts.append((batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum())  # L_base's tokens
+                shares = run.token_shares(counts)
+                loss, per_head, base = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam, shares)
+                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
+                run.accelerator.backward(loss)
+                if run.accelerator.sync_gradients and recipe.grad_clip:
+                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                    if norm is not None:
+                        logged["grad_norm"] = float(norm)
                 optimizer.step()
-                if accelerator.sync_gradients:
+                if run.accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
             if base is not None:
-                logged["base_kl"] = float(base)
-            train_tokens += int(batch["attention_mask"].sum())
-            logged["loss"] = float(loss.detach())
-            logged["head_losses"] = [float(x.detach()) for x in per_head]
+                logged["base_kl"] = run.mean(base)
+            tokens = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
+            train_tokens += tokens
+            window_tokens += tokens
+            logged["head_losses"] = [run.mean(x) for x in per_head]
         sync(device)
         train_seconds += time.perf_counter() - t0
+        window_seconds += time.perf_counter() - t0
         step += 1
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{logged['loss']:.3f}")
         if step % recipe.log_every == 0 or step == recipe.max_steps:
-            log({"step": step, "lr": scheduler.get_last_lr()[0], **logged})
+            run.log(step, {"lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
+            window_tokens, window_seconds = 0, 0.0
         if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
             model.eval()
-            last_eval = evaluate_heads(heads_module, eval_states, data, heldout_rows, recipe, pad_id, device)
+            with run.gathered(model):
+                last_eval = evaluate_heads(heads_module, eval_states, data, heldout_rows, recipe, pad_id, device)
             model.train()
-            log({"step": step, "eval": last_eval})
-            accelerator.print(
+            run.log(step, {"eval": last_eval})
+            run.print(
                 f"step {step}: top-1 per head {[round(a, 3) for a in last_eval['top1']]}, "
                 f"simulated tau {last_eval['tau_simulated']:.3f}" + (f", KL drift {last_eval['kl_drift']:.4f}" if "kl_drift" in last_eval else "")
             )
-        if step % recipe.save_every == 0 and step < recipe.max_steps:
-            save_checkpoint(accelerator, out, step, recipe_dict(recipe))
+        run.checkpoint(step)
     if bar is not None:
         bar.close()
 
@@ -414,17 +392,18 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         "train_tokens_per_second": train_tokens / train_seconds if train_seconds else None,
         "target_forward_tokens_per_second": forward_tokens / forward_seconds if forward_seconds else None,
         "device": str(device),
-        "processes": accelerator.num_processes,
+        "processes": run.accelerator.num_processes,
+        "distributed": str(run.accelerator.distributed_type),
     }
-    if accelerator.is_main_process:
-        if last_eval is not None:
-            heads_module.config.head_accuracies = last_eval["rank_accuracy"]
-        save_medusa(heads_module, out / "heads")
-        if backbone is not None:
-            backbone.save_pretrained(str(out / "adapter"))
-        write_json_atomic(out / "training_summary.json", summary)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    with run.gathered(model):
+        if run.is_main:
+            if last_eval is not None:
+                heads_module.config.head_accuracies = last_eval["rank_accuracy"]
+            save_medusa(heads_module, out / "heads")
+            if backbone is not None:
+                backbone.save_pretrained(str(out / "adapter"))
+            write_json_atomic(out / "training_summary.json", summary)
+    run.finish()
     return summary
 
 
@@ -449,21 +428,14 @@ def merge_adapter(target_dir, adapter_dir, out_dir, *, dtype=torch.float32) -> P
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Train Medusa heads (Medusa-1 / Medusa-2) on a target's own generations.")
-    parser.add_argument("--recipe", help="recipe YAML (recipes/<family>/medusa.yaml)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
-    args = parser.parse_args(argv)
-    from draftsmith.distill.data import DataError
-    from draftsmith.distill.hidden_cache import CacheError
-    from draftsmith.heads.models import ModelLoadError
-
     try:
-        recipe = load_recipe(MedusaRecipe, args.recipe, args.overrides)
-        summary = train(recipe, progress=not args.no_progress)
-    except (RecipeError, DataError, CacheError, ModelLoadError) as err:
+        recipe, progress = command_line(MedusaRecipe, "Train Medusa heads (Medusa-1 / Medusa-2) on a target's own generations.", "recipes/<family>/medusa.yaml", argv)
+        summary = train(recipe, progress=progress)
+    except user_errors() as err:
         print(f"train/medusa.py: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     print(json.dumps({k: summary[k] for k in ("steps", "train_tokens_per_second", "target_forward_tokens_per_second")}, indent=None))
     print(f"heads written to {Path(recipe.out) / 'heads'}")
     return 0

@@ -1,0 +1,434 @@
+"""A training run's lifecycle, the same for every method: the accelerator and its engine
+(one process, DDP, DeepSpeed, FSDP2), checkpoints and exact resume, warm start, metrics and
+trackers, the NaN stop and the Hub push.
+
+Each loop in train/ stays readable top to bottom: it builds its model and optimizer, then
+
+    run = TrainingRun(recipe, "medusa")            # accelerator, output folder checked
+    model, optimizer = run.prepare(model, optimizer, scheduler)
+    step = run.start()                             # resume / warm start; recipe + run_info written
+    ...  loss = run.mean(loss)  (every process stops together on nan/inf)
+    ...  run.log(step, {...}); run.checkpoint(step)
+    run.finish(summary)                            # trackers closed, pushed when the recipe asks
+
+A checkpoint is a folder `OUT/checkpoints/step-NNNNNNN` with accelerate's full state (model,
+optimizer, registered scheduler, every process's RNG) and `trainer_state.json` (the step and
+the resolved recipe), written to a temporary name and renamed: a folder with
+`trainer_state.json` is complete. Batches are a pure function of (seed, step), so a run
+resumed from step s reads what the uninterrupted run read and ends with the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.data import write_json_atomic
+from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
+
+TRACKERS = ("wandb", "tensorboard")
+
+# Keys that steer the run, not what it computes: they may change when a run is resumed.
+# Every other key must match the checkpoint's recipe (a resumed run that silently trained on
+# other data or with another schedule would be neither run).
+RUN_CONTROL_KEYS = frozenset(
+    {"out", "resume", "init_from", "save_every", "keep_checkpoints", "log_every", "eval_every", "report_to",
+     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device"}
+)  # fmt: skip
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (a non-finite loss, a checkpoint that does not fit); the message says
+    what happened and what on disk is still good."""
+
+
+@dataclass(kw_only=True)
+class RunRecipe:
+    """Keys every method's recipe has: where the run lives, how it resumes, logs and publishes."""
+
+    save_every: int = 100  # checkpoint every N optimizer steps
+    keep_checkpoints: int = 3  # the newest K checkpoints stay on disk (0 keeps every one)
+    resume: bool | str = False  # true: the latest checkpoint in out; a path: that checkpoint
+    init_from: str | None = None  # warm start, weights only: a checkpoint folder or a run folder
+    log_every: int = 10
+    report_to: list = field(default_factory=list)  # trackers: wandb, tensorboard (metrics.jsonl always)
+    tracker_project: str = "draftsmith"
+    push_to_hub: bool = False  # push the result when training ends (`draftsmith push` does it later)
+    hub_repo_id: str | None = None  # ORG/NAME
+    hub_private: bool = False
+    trust_remote_code: bool = False  # run Python shipped with a hub model: only for models you trust
+    seed: int = 0
+    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
+    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
+
+    def __post_init__(self):
+        for name in ("save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints = {self.keep_checkpoints} must be >= 0 (0 keeps every checkpoint)")
+        unknown = [t for t in self.report_to if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"report_to = {self.report_to}: unknown tracker(s) {unknown}; expected a list of {', '.join(TRACKERS)}")
+        if self.push_to_hub and not self.hub_repo_id:
+            raise ValueError("push_to_hub = true needs hub_repo_id (ORG/NAME)")
+        if self.resume and self.init_from:
+            raise ValueError("resume and init_from exclude each other: resume continues a run, init_from starts a new one from its weights")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(out) / "checkpoints"
+    return sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    done = checkpoints(out)
+    return done[-1] if done else None
+
+
+def save_checkpoint(accelerator, out: Path, step: int, recipe: dict, keep: int = 0) -> Path:
+    """accelerate's full state + the step, written to a temporary folder and renamed; then all
+    but the newest `keep` checkpoints are removed (0 keeps all)."""
+    final = Path(out) / "checkpoints" / f"step-{step:07d}"
+    tmp = Path(out) / "checkpoints" / f".step-{step:07d}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe})
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        if keep:
+            for old in checkpoints(out)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def read_checkpoint(path: Path) -> dict:
+    state_file = Path(path) / "trainer_state.json"
+    if not state_file.is_file():
+        raise RecipeError(f"resume: {str(path)!r} is not a complete checkpoint (no trainer_state.json); complete ones: step-* folders under OUT/checkpoints")
+    return json.loads(state_file.read_text(encoding="utf-8"))
+
+
+def recipe_differences(saved: dict, current: dict) -> list[str]:
+    """'key: saved -> current' for every key that shapes the result and differs."""
+    keys = sorted((set(saved) | set(current)) - RUN_CONTROL_KEYS)
+    return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+
+
+def _model_weights(folder: Path) -> Path:
+    """The model's weights in an accelerate checkpoint folder (the first prepared model)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    raise RecipeError(
+        f"init_from {str(folder)!r}: no model.safetensors in it (a DeepSpeed checkpoint keeps sharded states; "
+        "warm-start from a checkpoint written without DeepSpeed, or resume the DeepSpeed run instead)"
+    )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def make_accelerator(recipe, grad_accum: int):
+    """An Accelerator for whatever `accelerate launch` set up (one process, DDP, DeepSpeed,
+    FSDP2). On CPU the processes talk over gloo (DeepSpeed picks no backend of its own there)."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = []
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if launched and (recipe.device == "cpu" or not torch.cuda.is_available()):
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    return Accelerator(
+        gradient_accumulation_steps=grad_accum,
+        cpu=recipe.device == "cpu",
+        log_with=list(recipe.report_to) or None,
+        project_dir=str(recipe.out),
+        kwargs_handlers=handlers,
+    )
+
+
+def check_out_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as err:
+        raise RecipeError(f"out {str(out)!r} is not a writable folder: {err.strerror or err}") from None
+
+
+def _scalars(record: dict, prefix: str = "") -> dict:
+    """Flatten a metrics record to the scalar name -> value map trackers take
+    (lists become name/1, name/2, ... : position 1 is the first draft position)."""
+    flat = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_scalars(value, f"{name}/"))
+        elif isinstance(value, (list, tuple)):
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                flat.update({f"{name}/{i + 1}": float(v) for i, v in enumerate(value)})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            flat[name] = float(value)
+    return flat
+
+
+class TrainingRun:
+    def __init__(self, recipe, method: str):
+        self.recipe, self.method = recipe, method
+        self.out = Path(recipe.out)
+        self.accelerator = make_accelerator(recipe, recipe.grad_accum)
+        if self.accelerator.is_main_process:
+            check_out_writable(self.out)
+        self.accelerator.wait_for_everyone()
+        self.metrics_path = self.out / "metrics.jsonl"
+        self._scheduler = None
+        if self.accelerator.state.deepspeed_plugin is not None:
+            # Models load whole on every process: the frozen target must stay a plain module and
+            # heads copy target weights; ZeRO-3 partitions the trainable model when it is prepared.
+            from transformers.integrations import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def print(self, *args) -> None:
+        self.accelerator.print(*args)
+
+    def batch_rows_kwargs(self) -> dict:
+        return {"rank": self.accelerator.process_index, "world": self.accelerator.num_processes}
+
+    # ---------------------------------------------------------------- engine
+
+    def _fit_deepspeed_config(self) -> None:
+        """DeepSpeed reads batch sizes from its own config; they must be the recipe's. 'auto'
+        takes the recipe's value, a number that contradicts it is an error naming both."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
+            return
+        plugin = self.accelerator.state.deepspeed_plugin
+        config = plugin.deepspeed_config
+        where = getattr(plugin.hf_ds_config, "config_file", None) or "the DeepSpeed config"
+        r = self.recipe
+        wanted = {
+            "train_micro_batch_size_per_gpu": r.batch_size,
+            "gradient_accumulation_steps": r.grad_accum,
+            "train_batch_size": r.batch_size * r.grad_accum * self.accelerator.num_processes,
+            "gradient_clipping": float(r.grad_clip or 0.0),
+        }
+        for key, value in wanted.items():
+            have = config.get(key, "auto")
+            if have != "auto" and have != value and not (key == "gradient_clipping" and float(have) == value):
+                recipe_key = {"train_micro_batch_size_per_gpu": "batch_size", "gradient_accumulation_steps": "grad_accum",
+                              "train_batch_size": "batch_size x grad_accum x processes", "gradient_clipping": "grad_clip"}[key]  # fmt: skip
+                raise RecipeError(f"{where}: {key} = {have} contradicts the recipe ({recipe_key} gives {value}); set it to \"auto\" or {value}")
+            config[key] = value
+
+    def prepare(self, model, optimizer, scheduler):
+        """Wrap the trainable model and its optimizer for the engine. The scheduler is stepped by
+        hand once per optimizer step (so the schedule reads in optimizer steps whatever the
+        number of processes) and saved with every checkpoint."""
+        self._fit_deepspeed_config()
+        model, optimizer = self.accelerator.prepare(model, optimizer)
+        self.accelerator.register_for_checkpointing(scheduler)
+        self._scheduler = scheduler
+        return model, optimizer
+
+    def gathered(self, model):
+        """A context in which the trainable model's parameters are whole on every process (they
+        are partitioned under DeepSpeed ZeRO-3): evaluation and saving run inside it."""
+        if self.accelerator.state.deepspeed_plugin is not None and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        return contextlib.nullcontext()
+
+    # ---------------------------------------------------------------- start
+
+    def start(self) -> int:
+        """Resume (latest or a given checkpoint) or warm-start when the recipe says so, refuse to
+        write over another run's checkpoints, record the recipe and the environment, open the
+        trackers. Returns the step to continue from."""
+        r, acc = self.recipe, self.accelerator
+        current = recipe_dict(r)
+        step = 0
+        if r.resume:
+            ckpt = latest_checkpoint(self.out) if r.resume is True else Path(r.resume).expanduser()
+            if ckpt is None:
+                self.print(f"resume: no checkpoint in {self.out}/checkpoints; starting at step 0")
+            else:
+                state = read_checkpoint(ckpt)
+                differ = recipe_differences(state["recipe"], current)
+                if differ:
+                    raise RecipeError(f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)")
+                acc.load_state(str(ckpt))
+                step = int(state["step"])
+                self.print(f"resumed from {ckpt} (step {step})")
+        elif latest_checkpoint(self.out) is not None:
+            raise RecipeError(f"{self.out} already holds checkpoints: pass resume=true (or --resume) to continue, or choose another out")
+        elif r.init_from:
+            self._warm_start(Path(r.init_from).expanduser())
+        if self.is_main:
+            write_json_atomic(self.out / "recipe.json", current)
+            write_json_atomic(self.out / "run_info.json", run_info(r))
+        if r.report_to:
+            acc.init_trackers(
+                r.tracker_project,
+                config=_scalars({k: v for k, v in current.items() if isinstance(v, (int, float, str, bool)) and v is not None}) | {
+                    k: str(v) for k, v in current.items() if isinstance(v, (str, bool)) or v is None
+                },
+                init_kwargs={"wandb": {"dir": str(self.out), "name": f"{self.method}-{self.out.name}"}},
+            )
+        acc.wait_for_everyone()
+        return step
+
+    def _warm_start(self, source: Path) -> None:
+        """Weights only: optimizer, schedule and step start fresh."""
+        if (source / "checkpoints").is_dir():
+            latest = latest_checkpoint(source)
+            if latest is None:
+                raise RecipeError(f"init_from {str(source)!r}: the run holds no complete checkpoint")
+            source = latest
+        if not source.is_dir():
+            raise RecipeError(f"init_from {str(source)!r} is not a folder (expected a checkpoint folder or a run folder)")
+        weights = _model_weights(source)
+        if weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(weights))
+        else:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        model = self.accelerator.unwrap_model(self.accelerator._models[0])
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise RecipeError(
+                f"init_from {str(source)!r}: its weights do not fit this model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
+                "warm start needs a checkpoint of the same method and shape"
+            )
+        self.print(f"warm start from {weights} (weights only; optimizer and schedule start fresh)")
+
+    # ---------------------------------------------------------------- each step
+
+    def mean(self, value) -> float:
+        """The mean of a scalar over every process; a nan/inf stops every process together with
+        a message naming the last good checkpoint (nothing is saved after it)."""
+        t = value.detach().float().reshape(1) if torch.is_tensor(value) else torch.tensor([float(value)])
+        mean = float(self.accelerator.reduce(t.to(self.device), reduction="mean"))
+        if not math.isfinite(mean):
+            good = latest_checkpoint(self.out)
+            where = f"the last good checkpoint is {good} (resume=true continues from it)" if good else "no checkpoint was written yet"
+            raise TrainingError(f"{self.method}: the loss became {mean}; training stopped, {where}. Lower lr, check grad_clip and the data.")
+        return mean
+
+    def token_shares(self, counts) -> list[float]:
+        """Factors that turn losses averaged over this process's tokens into its share of the
+        average over every process's tokens: a loss l_r averaged over n_r tokens, times
+        n_r * P / sum_r n_r, has gradients whose average over the P processes (what DDP and
+        DeepSpeed compute) equals the gradient of the loss over the whole global batch. With one
+        process every factor is 1, so the multi-process run trains what the single one does."""
+        P = self.accelerator.num_processes
+        if P == 1:
+            return [1.0] * len(counts)
+        local = torch.tensor([float(c) for c in counts], dtype=torch.float64, device=self.device)
+        total = self.accelerator.reduce(local.clone(), reduction="sum")
+        return [float(n * P / t) if t > 0 else 0.0 for n, t in zip(local.tolist(), total.tolist())]
+
+    def log(self, step: int, record: dict) -> None:
+        """One line of OUT/metrics.jsonl, and the same numbers to the trackers."""
+        if self.is_main:
+            with self.metrics_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, **record}) + "\n")
+        if self.recipe.report_to:
+            self.accelerator.log(_scalars(record), step=step)
+
+    def checkpoint(self, step: int) -> None:
+        if step % self.recipe.save_every == 0 and step < self.recipe.max_steps:
+            save_checkpoint(self.accelerator, self.out, step, recipe_dict(self.recipe), keep=self.recipe.keep_checkpoints)
+
+    def progress(self, step: int, desc: str, enabled: bool = True):
+        """A progress bar on the main process only (None elsewhere)."""
+        if not (enabled and self.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.recipe.max_steps, initial=step, desc=desc, unit="step")
+
+    # ---------------------------------------------------------------- end
+
+    def finish(self) -> None:
+        """Every process done; trackers closed; the result pushed when the recipe asks."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        if self.recipe.push_to_hub and self.is_main:
+            from draftsmith.train.hub import push
+
+            url = push(self.out, self.recipe.hub_repo_id, private=self.recipe.hub_private)
+            self.print(f"pushed to {url}")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
+    """(recipe, show_progress) from `--recipe FILE [--resume [PATH]] [--init-from PATH] key=value ...`."""
+    import argparse
+
+    from draftsmith.train.recipe import load_recipe, parse_overrides
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--recipe", help=f"recipe YAML ({recipe_hint})")
+    parser.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint folder given")
+    parser.add_argument("--init-from", metavar="PATH", help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
+    args = parser.parse_args(argv)
+    overrides = parse_overrides(args.overrides)
+    if args.resume is not None:
+        overrides["resume"] = args.resume
+    if args.init_from is not None:
+        overrides["init_from"] = args.init_from
+    return load_recipe(recipe_cls, args.recipe, overrides), not args.no_progress
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors a trainer's command line reports as one clean line (exit status 2)."""
+    from draftsmith.distill.data import DataError
+    from draftsmith.distill.hidden_cache import CacheError
+    from draftsmith.distill.sources import SourceError
+    from draftsmith.heads.models import ModelLoadError
+    from draftsmith.train.hub import HubError
+
+    return (RecipeError, TrainingError, DataError, CacheError, SourceError, ModelLoadError, HubError)
+
+
+def is_main_process() -> bool:
+    """After training: whether this process prints the command line's summary (one, not P)."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
