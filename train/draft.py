@@ -360,15 +360,9 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
                 loss = draft_loss(logits, target_logits, batch, recipe)
                 loss = loss * run.token_shares([(batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()])[0]
                 logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                run.accelerator.backward(loss)
-                if run.accelerator.sync_gradients and recipe.grad_clip:
-                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-                    if norm is not None:
-                        logged["grad_norm"] = float(norm)
-                optimizer.step()
-                if run.accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
+                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
+                if norm is not None:
+                    logged["grad_norm"] = norm
             n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
             tokens, window_tokens = tokens + n, window_tokens + n
         counts["on_policy_steps" if on_policy else "off_policy_steps"] += 1

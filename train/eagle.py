@@ -305,15 +305,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
                 per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
                 loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
                 logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                run.accelerator.backward(loss)
-                if run.accelerator.sync_gradients and recipe.grad_clip:
-                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-                    if norm is not None:
-                        logged["grad_norm"] = float(norm)
-                optimizer.step()
-                if run.accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
+                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
+                if norm is not None:
+                    logged["grad_norm"] = norm
             logged["step_losses"] = [run.mean(x) for x in per_step]
             n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
             tokens, window_tokens = tokens + n, window_tokens + n

@@ -346,15 +346,9 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
                 shares = run.token_shares(counts)
                 loss, per_head, base = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam, shares)
                 logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                run.accelerator.backward(loss)
-                if run.accelerator.sync_gradients and recipe.grad_clip:
-                    norm = run.accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-                    if norm is not None:
-                        logged["grad_norm"] = float(norm)
-                optimizer.step()
-                if run.accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
+                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
+                if norm is not None:
+                    logged["grad_norm"] = norm
             if base is not None:
                 logged["base_kl"] = run.mean(base)
             tokens = int(batch["attention_mask"].sum()) * run.accelerator.num_processes

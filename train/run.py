@@ -359,6 +359,20 @@ class TrainingRun:
         total = self.accelerator.reduce(local.clone(), reduction="sum")
         return [float(n * P / t) if t > 0 else 0.0 for n, t in zip(local.tolist(), total.tolist())]
 
+    def backward_and_step(self, model, optimizer, scheduler, loss, grad_clip: float) -> float | None:
+        """Backward; on the micro-step that completes an optimizer step, clip, step the optimizer
+        and the schedule. Returns the gradient norm before clipping when the engine reports it."""
+        acc = self.accelerator
+        acc.backward(loss)
+        norm = None
+        if acc.sync_gradients and grad_clip:
+            norm = acc.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        if acc.sync_gradients:
+            scheduler.step()
+        optimizer.zero_grad()
+        return None if norm is None else float(norm)
+
     def log(self, step: int, record: dict) -> None:
         """One line of OUT/metrics.jsonl, and the same numbers to the trackers."""
         if self.is_main:
