@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftsmith.heads.artifacts import atomic_file, write_text_atomic
+
 PROVENANCE = "provenance.json"
 SUMMARY = "summary.json"
 TOKEN_COUNTS = "token_counts.safetensors"
@@ -49,17 +51,7 @@ def shard_name(index: int) -> str:
 
 def write_json_atomic(path: Path, data) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
 def remove_stale_temporaries(folder: Path) -> None:
@@ -150,14 +142,8 @@ def count_trained_tokens(datasets_in_order, vocab_size: int) -> torch.Tensor:
 def save_token_counts(path: Path, counts: torch.Tensor, data_hash: str) -> None:
     from safetensors.torch import save_file
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         save_file({"counts": counts.contiguous()}, tmp, metadata={"data_hash": data_hash})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path, what: str) -> dict:

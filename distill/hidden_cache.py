@@ -27,16 +27,15 @@ gets an error, not silent garbage, when they differ.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from draftsmith.distill import data as store
+from draftsmith.heads.artifacts import atomic_file
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -155,14 +154,8 @@ def extract(model, rows: list[list[int]], layers: tuple[int, ...], *, topk: int 
 def _write_safetensors_atomic(tensors: dict, path: Path, metadata: dict) -> None:
     from safetensors.torch import save_file
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cache_hidden_states(

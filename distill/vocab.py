@@ -15,12 +15,12 @@ since a stale map silently reused is a known way to train a head that serves at 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from draftsmith.heads.artifacts import atomic_file
 
 
 class VocabMapError(ValueError):
@@ -93,16 +93,9 @@ def save_vocab_map(vmap: VocabMap, path) -> Path:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
     meta = {"data_hash": vmap.data_hash, "coverage": repr(vmap.coverage), "format": "draftsmith vocab map v1"}
-    try:
+    with atomic_file(path) as tmp:
         save_file({"d2t": vmap.d2t.contiguous(), "t2d": vmap.t2d.contiguous()}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

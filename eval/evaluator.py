@@ -61,10 +61,21 @@ class EvalSettings:
 def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None) -> list[torch.Tensor]:
     """Read a JSONL prompt file: one object per line with "prompt" (text, needs the target's
     tokenizer) or "input_ids" (a list of token ids). Blank lines are skipped."""
+    return load_prompt_file(path, tokenizer, limit)[0]
+
+
+NO_TASK = "(no task)"  # the group of prompt rows without a "task" field in per-task tables
+
+
+def load_prompt_file(
+    path: str | Path, tokenizer=None, limit: int | None = None, task_key: str = "task"
+) -> tuple[list[torch.Tensor], list[str | None]]:
+    """`load_prompts` and each row's optional task: the string under `task_key` (default "task",
+    e.g. "math" or "qa"; None when the row has no such key): (prompts, tasks)."""
     path = Path(path)
     if not path.is_file():
         raise PromptFileError(f"prompt file {str(path)!r} does not exist")
-    prompts = []
+    prompts, tasks = [], []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -93,12 +104,19 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None) -> 
                 ids = tokenizer(row["prompt"]).input_ids
                 if not ids:
                     raise PromptFileError(f"{path}:{lineno}: the prompt tokenizes to nothing")
+            task = row.get(task_key)
+            if task is not None and (not isinstance(task, str) or not task.strip() or task == NO_TASK):
+                raise PromptFileError(
+                    f'{path}:{lineno}: "{task_key}" (the task) must be a non-empty string naming the kind of prompt '
+                    f'(e.g. "math"), got {task!r}'
+                )
             prompts.append(torch.tensor(ids, dtype=torch.long))
+            tasks.append(task)
             if limit and len(prompts) >= limit:
                 break
     if not prompts:
         raise PromptFileError(f"prompt file {str(path)!r} has no prompts")
-    return prompts
+    return prompts, tasks
 
 
 def evaluate(
@@ -109,10 +127,20 @@ def evaluate(
     *,
     eos_token_id=None,
     progress: bool = True,
+    tasks: list[str | None] | None = None,
 ) -> dict:
-    """Run the evaluation and return the report as a JSON-ready dict (see `write_report`)."""
+    """Run the evaluation and return the report as a JSON-ready dict (see `write_report`).
+
+    `tasks` (one per prompt, None = no task; see `load_prompt_file`): when any is given, every
+    method row also gets `tasks`, one entry per task with its prompts' pooled counters and its
+    own speedup (per-task tokens/s over target-only's on the same prompts, median over passes);
+    the entries' new_tokens and target_calls sum to the row's."""
     if BASELINE in methods:
         raise ValueError(f"{BASELINE!r} is the baseline's name; pick another method name")
+    if tasks is not None and len(tasks) != len(prompts):
+        raise ValueError(f"tasks has {len(tasks)} entries for {len(prompts)} prompts; expected one per prompt")
+    by_task = tasks is not None and any(t is not None for t in tasks)
+    task_of = [NO_TASK if t is None else t for t in tasks] if by_task else []
     eos = None if settings.ignore_eos else eos_token_id
     runs = {BASELINE: None, **methods}
 
@@ -148,8 +176,11 @@ def evaluate(
     pooled: dict[str, DecodeStats] = {}
     per_pass = {name: [] for name in runs}  # (tokens, seconds) per pass
     decodes = {name: [] for name in runs}  # (latency, ttft) per decode
+    task_pooled: dict[tuple[str, str], DecodeStats] = {}  # (method, task) -> counters
+    task_pass: dict[tuple[str, str], list[float]] = {}  # (method, task) -> tokens/s per pass
     for rep in range(settings.repeats):
         totals = {name: [0, 0.0] for name in runs}
+        task_totals: dict[tuple[str, str], list] = {}
         for i, prompt in enumerate(prompts):
             for name, drafter in runs.items():
                 bar.set_postfix_str(f"pass {rep + 1}/{settings.repeats} {name}")
@@ -158,9 +189,17 @@ def evaluate(
                 totals[name][0] += stats.new_tokens
                 totals[name][1] += stats.total_seconds
                 decodes[name].append((stats.total_seconds, stats.ttft_seconds))
+                if by_task:
+                    key = (name, task_of[i])
+                    task_pooled[key] = task_pooled[key] + stats if key in task_pooled else stats
+                    task_totals.setdefault(key, [0, 0.0])
+                    task_totals[key][0] += stats.new_tokens
+                    task_totals[key][1] += stats.total_seconds
                 bar.update()
         for name, (tokens, seconds) in totals.items():
             per_pass[name].append(tokens / seconds)
+        for key, (tokens, seconds) in task_totals.items():
+            task_pass.setdefault(key, []).append(tokens / seconds)
     bar.close()
 
     base = pooled[BASELINE]
@@ -186,6 +225,12 @@ def evaluate(
         }
         if name != BASELINE:
             row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))
+        if by_task:
+            row["tasks"] = [
+                _task_entry(task, task_of.count(task), task_pooled[(name, task)], task_pass[(name, task)],
+                            task_pass[(BASELINE, task)])
+                for task in dict.fromkeys(task_of)
+            ]  # fmt: skip
         rows.append(row)
 
     return {
@@ -205,6 +250,21 @@ def describe_target(path, model, device, dtype) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(dtype).replace("torch.", ""),
         "device": str(device),
+    }
+
+
+def _task_entry(task: str, prompts: int, stats: DecodeStats, tps: list[float], base_tps: list[float]) -> dict:
+    """One task's share of a method row: pooled counters over its prompts and every pass."""
+    return {
+        "task": task,
+        "prompts": prompts,
+        "new_tokens": stats.new_tokens,
+        "target_calls": stats.target_calls,
+        "tau": stats.tau,
+        "alpha": stats.alpha if sum(stats.reached) else None,
+        "alpha_per_position": stats.alpha_per_position,
+        "tokens_per_second": _median(tps),
+        "speedup": _median([t / b for t, b in zip(tps, base_tps)]),
     }
 
 

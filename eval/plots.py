@@ -18,12 +18,12 @@ import base64
 import html
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.eval.report import write_atomic
+from draftsmith.heads.artifacts import atomic_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGSIZE = (6, 4)  # inches at DPI: 600 x 400 px, readable inline in Markdown viewers
@@ -43,16 +43,9 @@ def _save(fig, path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"figure path {str(path)!r}: expected a .png file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path, suffix=".png") as tmp:
         fig.tight_layout()
         fig.savefig(tmp, dpi=DPI, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

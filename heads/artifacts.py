@@ -1,11 +1,39 @@
-"""Writing trained artifacts (heads, exports) to folders: atomically, never over a stranger."""
+"""Writing files and artifact folders atomically: readers never see half a file, and a folder
+is never written over a stranger."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_file(path, suffix: str = ""):
+    """Yield a temporary path beside `path`; when the block ends without error it is renamed to
+    `path` (with the usual permissions, 0666 minus the umask), otherwise removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_folder_atomic(out_dir, write, *, overwrite: bool, may_replace=None, error=ValueError) -> Path:

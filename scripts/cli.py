@@ -1,7 +1,9 @@
 """The `draftsmith` command.
 
     draftsmith make-toy --out DIR
-    draftsmith eval --target DIR (--draft DIR | --medusa DIR [--medusa-tree auto] | --eagle DIR [--eagle-tree 4,4,16] | --prompt-lookup) --prompts FILE.jsonl --out DIR
+    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR [--medusa-tree auto] | --eagle DIR [--eagle-tree 4,4,16] | --prompt-lookup) --prompts FILE.jsonl --out DIR
+                    [--batch-sizes 1,2,4,8 [--qps 0.5,1,2] [--latency-target S] [--percentile 90] [--price-per-hour USD]]
+    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
@@ -62,9 +64,48 @@ def _float_in(name, low, high, low_open, what):
     return parse
 
 
+def _list_of(name: str, parse_one, what: str, example: str):
+    """A comma-separated list flag; a bad item names the flag, the item and what was expected."""
+
+    def parse(text):
+        items = [t.strip() for t in str(text).split(",")]
+        values = []
+        for item in items:
+            value = parse_one(item)
+            if value is None:
+                raise argparse.ArgumentTypeError(f"{name} {text!r}: {item!r} is not {what}; expected e.g. {example}")
+            values.append(value)
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{name} {text!r} repeats a value; give each once, e.g. {example}")
+        return sorted(values)
+
+    return parse
+
+
+def _int_or_none(text, minimum):
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= minimum else None
+
+
+def _rate_or_none(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value > 0 and value != float("inf") else None
+
+
+BATCH_SIZES = _list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch size (an integer >= 1)", "1,2,4,8")
+QPS = _list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
+TREE_BUDGETS = _list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
-    p.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
+    p.add_argument("--draft", action="append", metavar="[NAME=]DIR", help="folder of a draft model sharing the target's vocabulary; repeat for several (named NAME, else after the folder)")
     p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
     p.add_argument("--max-ngram", type=_positive_int("--max-ngram"), default=3, help="prompt lookup: longest n-gram to match")
     p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
@@ -93,13 +134,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(ev)
     ev.add_argument("--prompts", required=True, help='JSONL: one {"prompt": text} or {"input_ids": [...]} per line')
     ev.add_argument("--limit", type=_positive_int("--limit"), help="use only the first N prompts")
+    ev.add_argument("--task-key", default="task", help='field of a prompt row that names its task, for per-task tables (default "task")')
     ev.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed passes (median reported)")
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
-    ev.add_argument("--out", required=True, help="folder for report.json and report.md")
+    ev.add_argument("--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)")
+    sv = ev.add_argument_group("serving scale (serving.json, serving.md, serving.html and figures)")
+    sv.add_argument("--batch-sizes", type=BATCH_SIZES, help="also measure batched decoding at these batch sizes, e.g. 1,2,4,8,16,32")
+    sv.add_argument("--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size")
+    sv.add_argument("--latency-target", type=_float_in("--latency-target", 0.0, None, True, "> 0 seconds"), help="find the highest load whose request latency percentile stays within SECONDS")
+    sv.add_argument("--percentile", type=_float_in("--percentile", 0.0, 100.0, True, "in (0, 100]"), default=90.0, help="the latency percentile of --latency-target (default 90)")
+    sv.add_argument("--price-per-hour", type=_float_in("--price-per-hour", 0.0, None, False, ">= 0 dollars per hour"), help="price of the engine per hour: cost per 1k tokens and per answer")
     ev.set_defaults(func=cmd_eval)
+
+    tu = sub.add_parser("tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it")
+    tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
+    which = tu.add_mutually_exclusive_group(required=True)
+    which.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
+    which.add_argument("--medusa", help="folder of Medusa heads for this target")
+    which.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target")
+    tu.add_argument("--prompts", required=True, help='JSONL: one {"prompt": text} or {"input_ids": [...]} per line')
+    tu.add_argument("--limit", type=_positive_int("--limit"), help="use only the first N prompts")
+    tu.add_argument("--k-max", type=_positive_int("--k-max"), default=8, help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)")
+    tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
+    tu.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=128)
+    tu.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
+    tu.add_argument("--top-k", type=_int_at_least("--top-k", 0, " (0 = off)"), default=0, help="keep the k most likely tokens (0 = off)")
+    tu.add_argument("--top-p", type=_float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0, help="nucleus sampling mass (1 = off)")
+    tu.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed passes of the check at the chosen setting (median reported)")
+    tu.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
+    tu.add_argument("--seed", type=int, default=0)
+    tu.add_argument("--write", action="store_true", help="record the chosen setting in the drafter folder's config.json")
+    tu.add_argument("--out", help="folder for tuning.json and the speedup-vs-setting figures")
+    tu.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    tu.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+    tu.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tu.set_defaults(func=cmd_tune)
 
     ck = sub.add_parser("check-lossless", help="chi-square test that speculative sampling matches the target")
     _add_model_args(ck)
@@ -192,14 +264,17 @@ def _load(args):
         raise UsageError("--lossy applies to Medusa and EAGLE heads: give --medusa DIR or --eagle DIR")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    drafts = draft_names(args.draft)
     tokenizer = load_tokenizer(args.target)
-    if args.draft:
-        check_vocab_compatible(args.target, args.draft, target_tokenizer=tokenizer)
+    for folder in drafts.values():
+        check_vocab_compatible(args.target, folder, target_tokenizer=tokenizer)
     target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
     drafters = {}
-    if args.draft:
-        draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
-        drafters["draft"] = DraftModelDrafter(draft, vocab_size=target.get_output_embeddings().weight.shape[0], name=Path(args.draft).name)
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    for name, folder in drafts.items():
+        draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
+        label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
+        drafters[name] = DraftModelDrafter(draft, vocab_size=vocab_size, name=label)
     if args.prompt_lookup:
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
     if args.medusa:
@@ -207,6 +282,35 @@ def _load(args):
     if args.eagle:
         drafters.update(_eagle_drafters(args, target, device, dtype))
     return target, tokenizer, drafters, device, dtype
+
+
+RESERVED_NAMES = ("target-only", "prompt-lookup", "medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree")  # other rows' names
+
+
+def draft_names(values) -> dict[str, str]:
+    """{method name: folder} of the --draft flags. `NAME=DIR` names a draft; a bare DIR is
+    "draft" when it is the only one, else its folder name, with the parent folder's name in
+    front when two folders share a name (demo-target-cpu/draft, distilled-draft/draft)."""
+    specs = []
+    for value in values or []:
+        name, sep, folder = str(value).partition("=")
+        if sep and name and folder and not Path(value).expanduser().exists():
+            specs.append((name.strip(), str(Path(folder).expanduser())))
+        else:
+            specs.append((None, str(Path(value).expanduser())))
+    if len(specs) == 1 and specs[0][0] is None:
+        return {"draft": specs[0][1]}
+    bare = [Path(f).expanduser() for n, f in specs if n is None]
+    out: dict[str, str] = {}
+    for name, folder in specs:
+        if name is None:
+            path = Path(folder).expanduser()
+            shared = sum(p.name == path.name for p in bare) > 1
+            name = f"{path.parent.name}/{path.name}" if shared else path.name
+        if name in out or name in RESERVED_NAMES:
+            raise UsageError(f"--draft: two drafts (or a draft and another method) are both named {name!r}; name them with --draft NAME=DIR")
+        out[name] = folder
+    return out
 
 
 def parse_eagle_tree(text: str) -> dict:
@@ -271,8 +375,27 @@ def _eos(target, tokenizer):
     return eos if eos is not None else target.generation_config.eos_token_id
 
 
+def _sweep_settings(args):
+    """The serving-scale settings of `eval`, or None without --batch-sizes."""
+    from draftsmith.eval.sweep import SweepSettings
+
+    if args.batch_sizes is None:
+        given = [flag for flag, value in (("--qps", args.qps), ("--latency-target", args.latency_target),
+                                          ("--price-per-hour", args.price_per_hour)) if value is not None]  # fmt: skip
+        if given:
+            raise UsageError(f"{', '.join(given)} need --batch-sizes: the serving analysis runs on step costs measured per batch size (e.g. --batch-sizes 1,2,4,8)")
+        return None
+    try:
+        return SweepSettings(
+            batch_sizes=tuple(args.batch_sizes), qps=tuple(args.qps or ()), latency_target_s=args.latency_target,
+            percentile=args.percentile, price_per_hour=args.price_per_hour,
+        )  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def cmd_eval(args) -> int:
-    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompts
+    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompt_file
     from draftsmith.eval.report import header, position_table, summary_table, write_report
 
     try:
@@ -289,14 +412,16 @@ def cmd_eval(args) -> int:
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
+    sweep = _sweep_settings(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} exists and is not a folder")
     target, tokenizer, drafters, device, dtype = _load(args)
-    prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
-    report = evaluate(target, drafters, prompts, settings, eos_token_id=_eos(target, tokenizer), progress=not args.no_progress)
+    prompts, tasks = load_prompt_file(args.prompts, tokenizer, limit=args.limit, task_key=args.task_key)
+    eos = _eos(target, tokenizer)
+    report = evaluate(target, drafters, prompts, settings, eos_token_id=eos, progress=not args.no_progress, tasks=tasks)
     report["target"] = describe_target(args.target, target, device, dtype)
-    report["drafts"] = {k: v for k, v in (("draft", args.draft), ("medusa", args.medusa), ("eagle", args.eagle)) if v}
+    report["drafts"] = {**draft_names(args.draft), **{k: v for k, v in (("medusa", args.medusa), ("eagle", args.eagle)) if v}}
     report["prompts_file"] = str(args.prompts)
     report["draftsmith_version"] = _version()
     report["torch_version"] = torch.__version__
@@ -308,6 +433,171 @@ def cmd_eval(args) -> int:
     print()
     print(position_table(report))
     print(f"\nwrote {json_path} and {md_path}")
+    if sweep is not None:
+        _serving(args, sweep, target, drafters, prompts, settings, report, eos)
+    return 0
+
+
+def _serving(args, sweep, target, drafters, prompts, settings, report, eos) -> None:
+    """`eval --batch-sizes`: the sweep, the simulations, serving.* and the three-A table."""
+    from draftsmith.eval.plots import markdown_table
+    from draftsmith.eval.sweep import crossover_sentences, display_rows, load_sentences, run_sweep, write_serving
+
+    serving = run_sweep(target, drafters, prompts, settings, sweep, report=report, eos_token_id=eos, progress=not args.no_progress)
+    for key in ("target", "drafts", "prompts_file", "draftsmith_version", "torch_version", "git_revision"):
+        serving[key] = report[key]
+    paths = write_serving(serving, args.out, report=report)
+    print("\nThe three A (Acceptance, Acceleration, Attendance):")
+    print(markdown_table(display_rows(serving["three_a"])))
+    for sentence in crossover_sentences(serving) + load_sentences(serving):
+        print(f"- {sentence}")
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+
+
+def _load_tune(args):
+    """Target, tokenizer, the one chain drafter to tune, its folder, and (Medusa) its heads."""
+    from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+
+    if args.tree_budgets and not args.medusa:
+        raise UsageError("--tree-budgets applies to Medusa heads: give --medusa DIR")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    tokenizer = load_tokenizer(args.target)
+    if args.draft:
+        check_vocab_compatible(args.target, args.draft, target_tokenizer=tokenizer)
+    target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
+    heads = None
+    if args.draft:
+        draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
+        drafter = DraftModelDrafter(draft, vocab_size=target.get_output_embeddings().weight.shape[0], name="draft")
+        folder = args.draft
+    elif args.medusa:
+        from draftsmith.heads.medusa import MedusaError, load_medusa
+
+        try:
+            heads = load_medusa(args.medusa, target=target, device=device, dtype=dtype)
+        except MedusaError as err:
+            raise UsageError(str(err)) from None
+        drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
+        folder = args.medusa
+    else:
+        from draftsmith.eval.eagle import EagleDrafter
+        from draftsmith.heads.eagle import EagleError, load_eagle
+
+        try:
+            head = load_eagle(args.eagle, target=target, device=device, dtype=dtype)
+        except EagleError as err:
+            raise UsageError(str(err)) from None
+        drafter = EagleDrafter(head, name="eagle-chain")
+        folder = args.eagle
+    return target, tokenizer, drafter, folder, heads
+
+
+def cmd_tune(args) -> int:
+    """Measure acceptance at --k-max, the draft cost and v(n); choose with eval/tune.py; check the
+    choice with a timed decode; optionally record it (write_setting)."""
+    import json
+
+    from draftsmith.eval.drafters import MedusaDrafter
+    from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
+    from draftsmith.eval.report import write_atomic
+    from draftsmith.eval.sweep import measure_chain
+    from draftsmith.eval.tune import compare_prediction, tune_chain, tune_medusa_tree, write_setting
+
+    def settings(k):
+        return EvalSettings(
+            num_draft_tokens=k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, repeats=args.repeats, seed=args.seed, ignore_eos=args.ignore_eos, measure_distances=False,
+        )  # fmt: skip
+
+    try:
+        settings(args.k_max)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} exists and is not a folder")
+    target, tokenizer, drafter, folder, heads = _load_tune(args)
+    prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
+    eos = _eos(target, tokenizer)
+    progress = not args.no_progress
+    k_max = args.k_max
+    if heads is not None and k_max > heads.config.num_heads:
+        print(f"note: {folder} has {heads.config.num_heads} Medusa heads: K is searched up to {heads.config.num_heads}, not {k_max}")
+        k_max = heads.config.num_heads
+    budgets = args.tree_budgets or [4, 8, 16, 32]
+    accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None
+    if heads is not None and not accuracies:
+        print(f"note: {folder} records no head accuracies (train it with train/medusa.py): the tree size is not tuned")
+
+    measured = measure_chain(
+        target, drafter, prompts, k_max, settings(k_max), eos_token_id=eos, progress=progress,
+        verify_sizes=[b + 1 for b in budgets] if accuracies else (),
+    )  # fmt: skip
+    try:
+        draft_seconds = measured.draft_seconds
+    except ValueError as err:  # e.g. every prompt one token long: nothing to draft from
+        raise UsageError(f"--prompts {args.prompts}: {err}") from None
+    verify = ", ".join(f"v({n}) {1000 * v:.3f}" for n, v in measured.verify_seconds.items())
+    print(f"== {drafter.name}: K = {k_max} on {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+          f"{settings(k_max).sampling.describe()}: tau {measured.tau:.2f} (counts the bonus token), alpha per position "
+          + " ".join("-" if a is None else f"{a:.2f}" for a in measured.alpha_per_position))  # fmt: skip
+    cost = f"{measured.draft_ms_per_step:.3f} ms per step" if measured.per_step else f"{measured.draft_ms_per_token:.3f} ms per drafted token"
+    print(f"draft cost {cost}; verify cost (ms, medians, device-synchronised): {verify}")
+    tunings = {"chain": tune_chain(measured.alpha_per_position, draft_seconds, measured.verify_seconds)}
+    print("\n" + tunings["chain"].table())
+    if accuracies:
+        tunings["medusa-tree"] = tune_medusa_tree(accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1))
+        print("\n" + tunings["medusa-tree"].table())
+    kind = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
+    tuning = tunings[kind]
+    setting = tuning.setting()
+    k = setting["num_speculative_tokens"]
+    print(f"\nchosen: {kind} {tuning.best.label}, predicted speedup {tuning.best.speedup:.2f}x (tau {tuning.best.tau:.2f})")
+    check, speedup = None, None
+    if k == 0:
+        print("no setting beats target-only decoding on these measured costs: serve without this drafter")
+    else:
+        chosen = drafter
+        if kind == "medusa-tree":
+            layers = target.config.get_text_config().num_hidden_layers
+            chosen = MedusaDrafter(heads, layers, tree=[tuple(p) for p in setting["tree"]], name="medusa-tree")
+        report = evaluate(target, {chosen.name: chosen}, prompts, settings(k), eos_token_id=eos, progress=progress)
+        speedup = report["methods"][1]["speedup"]
+        check = compare_prediction(tuning.best.speedup, speedup)
+        print(f"check at {tuning.best.label} ({args.repeats} timed passes): {check.sentence}")
+    if out is not None:
+        from draftsmith.eval.plots import plot_speedup_vs_k
+
+        record = {
+            "drafter": {"folder": str(folder), "name": drafter.name},
+            "target": str(args.target),
+            "prompts_file": str(args.prompts),
+            "num_prompts": len(prompts),
+            "measurement": measured.to_dict(),
+            "tunings": {name: {"candidates": t.rows(), "chosen": t.setting(), "model": t.model, "notes": t.notes} for name, t in tunings.items()},
+            "chosen": setting,
+            "measured_speedup": speedup,
+            "measured_over_predicted": None if check is None else check.ratio,
+        }
+        write_atomic(out / "tuning.json", json.dumps(record, indent=2) + "\n")
+        figures = []
+        for name, t in tunings.items():
+            label, axis = (drafter.name, "k") if name == "chain" else (name, "nodes")
+            x = k if name == "chain" else setting.get("num_nodes")
+            point = {label: {x: speedup}} if speedup is not None and name == kind else None
+            figures.append(plot_speedup_vs_k({label: t}, out / f"speedup_vs_{axis}.png", measured=point))
+        print(f"wrote {out / 'tuning.json'} and {', '.join(str(f) for f in figures)}")
+    if args.write:
+        if k == 0:
+            print(f"draftsmith tune: --write: nothing recorded in {folder}/config.json: no K beats target-only decoding", file=sys.stderr)
+            return 1
+        try:
+            path = write_setting(folder, tuning)
+        except ValueError as err:
+            raise UsageError(f"--write: {err}") from None
+        print(f"recorded {json.dumps({key: setting[key] for key in setting if key != 'tree'})} in {path}")
     return 0
 
 

@@ -308,7 +308,6 @@ def test_figures_and_self_contained_report(tmp_path):
 
 
 def test_report_is_written_atomically(tmp_path, monkeypatch):
-    import draftsmith.eval.report as report_module
     from draftsmith.eval.plots import Section, plot_acceptance, write_serving_report
 
     out = tmp_path / "report"
@@ -326,7 +325,9 @@ def test_report_is_written_atomically(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report_module.os, "replace", broken_replace)
+    import draftsmith.heads.artifacts as artifacts_module
+
+    monkeypatch.setattr(artifacts_module.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         write_serving_report(out, Section("A", "text"))
     with pytest.raises(OSError, match="disk full"):
