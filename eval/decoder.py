@@ -14,6 +14,12 @@ with a 4-D tree mask and explicit positions, `eval/tree.py` picks the accepted p
 or lossless recursive rejection), and the cache keeps `last` + that path. With a drafter's
 `typical` set, Medusa's typical acceptance replaces the lossless rule: LOSSY, and the stats
 say so (`lossy`, `lossy_kl_per_token`).
+
+The fast path (`static_cache=True`, `compile=True`, or a `StaticCausalLMAdapter` passed as the
+target) runs the same loop over a preallocated KV cache and compiled forwards
+(`heads/static_target.py`): before the clock starts the cache is sized for the request and the
+widths the loop will feed (1, K + 1 or the tree size) are compiled; that time is reported apart
+(`stats.compile_seconds`), never inside the decoding time.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from draftsmith.eval.sampling import (
 )
 from draftsmith.eval.tree import depths as tree_depths
 from draftsmith.eval.tree import truncate_tree, verify_tree, verify_tree_greedy, verify_tree_typical
+from draftsmith.heads.static_target import StaticCausalLMAdapter, static_adapter
 from draftsmith.heads.target import CausalLMAdapter, tree_attention_mask
 
 
@@ -77,6 +84,7 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     ttft_seconds: float = 0.0
     total_seconds: float = 0.0
+    compile_seconds: float = 0.0  # warm-up of compiled forwards (target and drafter), not in total_seconds
     kl_sum: list[float] = field(default_factory=list)
     tv_sum: list[float] = field(default_factory=list)
     accept_prob_sum: list[float] = field(default_factory=list)
@@ -114,6 +122,7 @@ class DecodeStats:
             prefill_seconds=self.prefill_seconds + other.prefill_seconds,
             ttft_seconds=self.ttft_seconds + other.ttft_seconds,
             total_seconds=self.total_seconds + other.total_seconds,
+            compile_seconds=self.compile_seconds + other.compile_seconds,
             kl_sum=add(self.kl_sum, other.kl_sum),
             tv_sum=add(self.tv_sum, other.tv_sum),
             accept_prob_sum=add(self.accept_prob_sum, other.accept_prob_sum),
@@ -219,6 +228,8 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     measure_distances: bool = False,
     typical: tuple[float, float] | None = None,
+    static_cache: bool = False,
+    compile: bool | str = False,
 ) -> Generation:
     """Decode up to `max_new_tokens` from `target`, speculating with `drafter` (None = target only).
 
@@ -229,6 +240,14 @@ def generate(
     For tree drafters `num_draft_tokens` (K) is the maximum tree depth.
     `typical=(epsilon, delta)` (or the drafter's `typical`) switches to Medusa's typical
     acceptance: NOT lossless at T > 0 (`stats.lossy`); at T = 0 it is plain greedy matching.
+
+    `static_cache=True` decodes the target over a preallocated KV cache; `compile=True` (or
+    "max-autotune", see `heads.static_target.COMPILE_MODES`; implies the static cache) also
+    compiles its forwards. Both keep the output identical (greedy) or identically distributed
+    (sampling). The adapter is made once per model and reused, so compilation is paid once per
+    process and width, before the clock starts (`stats.compile_seconds`). A drafter's own model
+    takes its settings from the drafter (`DraftModelDrafter(..., static_cache=, compile=)`).
+    Passing an adapter as `target` uses it as is (the flags must then be left False).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -245,9 +264,25 @@ def generate(
         # As T -> 0 the target distribution is one-hot and the typical rule is exact argmax
         # matching: greedy decoding stays lossless, only sampling uses the lossy rule.
         typical = None if sampling.greedy else (float(typical[0]), float(typical[1]))
-    adapter = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
+    prompt = _as_prompt(input_ids)
+    k_max = num_draft_tokens if drafter is not None else 0
+    # Target calls feed the last token and a proposal: compiled widths 1 + each usual size.
+    sizes = _drafter_hook(drafter, "proposal_sizes", k_max, default=(k_max,)) if drafter is not None else (0,)
+    widths = sorted({1 + int(size) for size in sizes})
+    longest = prompt.numel() + max_new_tokens + widths[-1]  # cache slots the request may touch
+    if isinstance(target, CausalLMAdapter):
+        if static_cache or compile:
+            raise ValueError(
+                "static_cache/compile apply when target is a model; an adapter is used as it is "
+                "(pass a StaticCausalLMAdapter for the static path)"
+            )
+        adapter = target
+    elif static_cache or compile:
+        adapter = static_adapter(target, longest, compile=compile)
+    else:
+        adapter = CausalLMAdapter(target)
     device = adapter.device
-    prompt = _as_prompt(input_ids).to(device)
+    prompt = prompt.to(device)
     eos = _eos_set(eos_token_id)
     generator = torch.Generator(device=device)
     if seed is None:
@@ -256,8 +291,13 @@ def generate(
         generator.manual_seed(seed)
     layers = tuple(getattr(drafter, "target_layers", ())) if drafter is not None else ()
 
-    k_max = num_draft_tokens if drafter is not None else 0
     stats = DecodeStats(num_draft_tokens=k_max, lossy=typical is not None)
+    # Outside the clock: size the caches for this request and compile what the loop will run.
+    if isinstance(adapter, StaticCausalLMAdapter):
+        adapter.reserve(longest)
+        stats.compile_seconds += adapter.warm_up(widths, hidden_layers=layers)
+    if drafter is not None:
+        stats.compile_seconds += _drafter_hook(drafter, "reserve", prompt.numel() + max_new_tokens, k_max, sampling, default=0.0)
     now = _Timer(device)
     seq = torch.empty(prompt.numel() + max_new_tokens + k_max + 1, dtype=torch.long, device=device)
     seq[: prompt.numel()] = prompt
@@ -357,6 +397,12 @@ def generate(
     stats.new_tokens = len(new)
     stats.total_seconds = now() - start
     return Generation(tokens=new, stats=stats)
+
+
+def _drafter_hook(drafter, name, *args, default):
+    """drafter.name(*args), or `default` for a drafter written before the hook existed."""
+    hook = getattr(drafter, name, None)
+    return default if hook is None else hook(*args)
 
 
 def _tree_call(adapter, proposal, last, past_len, max_depth, sampling, typical, generator, layers, stats):

@@ -2,6 +2,9 @@
 
 The contract (one sequence at a time; the decoder drives it):
 
+    drafter.reserve(max_context, k, sampling)   before `start`: contexts reach max_context tokens,
+                                                proposals k (a drafter with preallocated or
+                                                compiled state sizes and compiles it here)
     drafter.start(prompt_ids)                   a new sequence begins
     drafter.observe(hidden)                     target states of the tokens just committed
                                                 (only if `target_layers` is non-empty)
@@ -25,6 +28,10 @@ norm). The decoder requests them in the prefill and every verification forward a
 `observe({layer: [m, H]})` with the states of the tokens that forward committed, in order:
 after the prefill every prompt token but the last; after a verification the fed last token,
 then the accepted drafts (m = accepted + 1). `observe` comes before `accepted`.
+
+`proposal_sizes(k)` lists the sizes a proposal for k usually has (tokens of a chain, nodes of
+a tree), the largest being the most it can hold: the static-cache decoder sizes its cache with
+the largest and compiles one verification width per size (1 + size; other sizes are padded up).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.sampling import SamplingConfig, draw
+from draftsmith.heads.static_target import static_adapter
 from draftsmith.heads.target import CausalLMAdapter
 
 
@@ -60,6 +68,16 @@ class Drafter:
     #: (epsilon, delta): verify with Medusa's typical acceptance instead of the lossless rule.
     #: LOSSY (the output is no longer the target's distribution); None = lossless.
     typical: tuple[float, float] | None = None
+
+    def reserve(self, max_context: int, num_tokens: int, sampling: SamplingConfig) -> float:
+        """Called once per request, before `start`: contexts will reach `max_context` tokens and
+        proposals `num_tokens`, under `sampling`. Returns the seconds spent compiling (kept out
+        of decoding time)."""
+        return 0.0
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        """The sizes a proposal for `num_tokens` usually has; the largest bounds them all."""
+        return (num_tokens,)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         pass
@@ -91,16 +109,46 @@ class DraftModelDrafter(Drafter):
     returns the warped distribution it sampled from as q, so q is by construction the
     distribution of the proposed token. `vocab_size` aligns the draft's logits to the
     target's when one of them pads its embedding matrix (tokens past the tokenizer never occur).
+
+    `static_cache=True` drafts over a preallocated KV cache; `compile=True` (or a mode of
+    `heads.static_target.COMPILE_MODES`; implies the static cache) also compiles the draft's
+    forwards (`heads/static_target.py`). Greedy proposals then take ONE call each (the catch-up
+    and all k steps in one graph, `greedy_chain`); sampled ones go step by step (the sampling
+    draws from the decoder's generator between steps). The adapter is shared by every drafter
+    over the same model (made once, compiled once); `start` resets it, so use such drafters one
+    sequence at a time.
     """
 
     deterministic = False
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, name: str = "draft"):
-        self.adapter = CausalLMAdapter(model)
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        vocab_size: int | None = None,
+        name: str = "draft",
+        *,
+        static_cache: bool = False,
+        compile: bool | str = False,
+    ):
+        if static_cache or compile:
+            self.adapter = static_adapter(model, 1, compile=compile, role="draft")  # sized in `reserve`
+        else:
+            self.adapter = CausalLMAdapter(model)
         self.vocab_size = vocab_size or self.adapter.vocab_size
         self.name = name
         self._kept = 0  # tokens of the context that are in the draft cache after `accepted`
         self._drafted_from = 0
+
+    def reserve(self, max_context: int, num_tokens: int, sampling: SamplingConfig) -> float:
+        if not hasattr(self.adapter, "warm_up"):
+            return 0.0
+        # The cache holds the context and up to num_tokens - 1 drafts; a call feeds <= 2 pending
+        # tokens (the correction, or the last draft and the bonus) before drafting.
+        self.adapter.reserve(max_context + num_tokens + 2)
+        if sampling.greedy:  # the whole chain in one call
+            limit = min(self.vocab_size, self.adapter.vocab_size)
+            return sum(self.adapter.warm_up_greedy_chain(num_tokens, limit, num_new=p) for p in (1, 2))
+        return self.adapter.warm_up([1]) + self.adapter.warm_up([2], last_only=True)  # step by step
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.adapter.reset()
@@ -119,6 +167,11 @@ class DraftModelDrafter(Drafter):
         if self.adapter.seq_len >= context.shape[0]:  # nothing new: recompute the last logits
             self.adapter.crop(context.shape[0] - 1)
         pending = context[self.adapter.seq_len :].to(device).unsqueeze(0)
+        if sampling.greedy and hasattr(self.adapter, "greedy_chain"):
+            # The static adapter drafts the whole greedy chain in one (compiled) call.
+            limit = min(self.vocab_size, self.adapter.vocab_size)  # argmax of the aligned logits
+            tokens, raw = self.adapter.greedy_chain(pending, num_tokens, limit)
+            return Proposal(tokens=tokens, logits=self._aligned(raw.float()))
         logits = self.adapter.forward(pending, logits_to_keep=1).logits[0, -1]
         tokens, probs, raw = [], [], []
         for i in range(num_tokens):
@@ -159,6 +212,9 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return tuple(range(num_tokens + 1))  # whatever follows the match, or nothing
 
     def propose(self, context, num_tokens, sampling, generator=None) -> Proposal:
         seq = context.cpu()
@@ -243,6 +299,10 @@ class MedusaDrafter(Drafter):
     def max_depth(self) -> int:
         """K for this drafter: the tree's depth (or the number of heads for a chain)."""
         return self.num_heads if self.tree is None else int(self._depth.max()) + 1
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        depth = min(num_tokens, self.num_heads)
+        return (depth if self.tree is None else self._count[depth],)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._h = None

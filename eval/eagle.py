@@ -108,6 +108,9 @@ class EagleDrafter(Drafter):
         expansions); a chain has no limit of its own (None: as long as the decoder asks)."""
         return None if self.tree is None else self.tree["depth"] + 1
 
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return (num_tokens if self.tree is None else self.tree["total_tokens"],)
+
     # --------------------------------------------------------------------------- state
 
     def _reset_state(self) -> None:

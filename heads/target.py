@@ -185,15 +185,15 @@ def tree_attention_mask(
     Positions are `past_len + depth`.
     """
     n = len(parents)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    depth = [0] * n
+    # Ancestor sets as Python bitmasks (a node's row = its parent's | itself), turned into one
+    # tensor at the end: a per-node tensor update cost ~20 us a node, the budget of a whole call.
+    ancestors, depth = [0] * n, [0] * n
     for i, parent in enumerate(parents):
         if parent >= i:
             raise ValueError(f"tree nodes must come after their parents; node {i} has {parent}")
-        allowed[i, i] = True
-        if parent >= 0:
-            allowed[i] |= allowed[parent]
-            depth[i] = depth[parent] + 1
+        ancestors[i] = (ancestors[parent] if parent >= 0 else 0) | (1 << i)
+        depth[i] = depth[parent] + 1 if parent >= 0 else 0
+    allowed = torch.tensor([[(row >> j) & 1 for j in range(n)] for row in ancestors], dtype=torch.bool)
     mask = torch.zeros(1, 1, n, past_len + n, dtype=dtype, device=device)
     blocked = torch.finfo(dtype).min
     mask[..., past_len:] = torch.where(allowed, 0.0, blocked).to(dtype=dtype, device=device)
