@@ -43,6 +43,8 @@ class EvalSettings:
     seed: int = 0
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
     measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
+    static_cache: bool = False  # batch-1 decoding over a preallocated KV cache (heads/static_target.py)
+    compile: bool | str = False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
 
     def __post_init__(self):
         if self.num_draft_tokens < 1:
@@ -157,10 +159,14 @@ def evaluate(
             seed=seed,
             eos_token_id=eos,
             measure_distances=measure,
+            static_cache=settings.static_cache,
+            compile=settings.compile,
         )
 
-    for drafter in runs.values():  # warm-up: allocator, kernels, lazy init
-        decode(drafter, prompts[0], settings.seed, max_new_tokens=min(16, settings.max_new_tokens))
+    # warm-up: allocator, kernels, lazy init; compiled paths warm up at full length (a longer
+    # first request would grow the cache and compile again).
+    warm_tokens = settings.max_new_tokens if settings.compile else min(16, settings.max_new_tokens)
+    compile_seconds = {name: decode(drafter, prompts[0], settings.seed, max_new_tokens=warm_tokens).stats.compile_seconds for name, drafter in runs.items()}
 
     total = len(prompts) * (len(runs) * settings.repeats + (len(methods) if settings.measure_distances else 0))
     bar = tqdm(total=total, desc="eval", unit="decode", disable=not progress)
@@ -222,6 +228,7 @@ def evaluate(
             "tau": stats.tau,
             "lossy": stats.lossy,  # Medusa's typical acceptance: NOT the target's distribution
             "lossy_kl_per_token": stats.lossy_kl_per_token,
+            "compile_seconds": compile_seconds[name] + stats.compile_seconds,  # warm-up compilation, never in the timings
         }
         if name != BASELINE:
             row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))

@@ -112,7 +112,10 @@ def header(report: dict) -> str:
     return (
         f"mode: {report['mode']} ({guarantee})  |  "
         f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}  |  "
-        f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}\n"
+        f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}"
+        + (f"  |  compiled ({s['compile']}): compile time {sum(r.get('compile_seconds', 0.0) for r in report['methods']):.1f} s, not in the timings"
+           if s.get("compile") else ("  |  static KV cache" if s.get("static_cache") else ""))
+        + "\n"
         "tau = mean tokens per target call, counting the bonus token (target-only = 1.00); "
         "speedup = tok/s / target-only tok/s in the same pass, median over passes."
     )

@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed passes (median reported)")
+    ev.add_argument("--static-cache", action="store_true", help="batch-1 decoding over a preallocated KV cache (the target and draft models)")
+    ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
     ev.add_argument("--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)")
@@ -198,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-draft-tokens", "-k", type=_positive_int("--num-draft-tokens (K)"))
     demo.add_argument("--repeats", type=_positive_int("--repeats"), help="timed passes (median reported)")
     demo.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
+    demo.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     demo.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -274,7 +277,8 @@ def _load(args):
     for name, folder in drafts.items():
         draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
         label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
-        drafters[name] = DraftModelDrafter(draft, vocab_size=vocab_size, name=label)
+        fast = {"static_cache": True, "compile": args.compile or False} if getattr(args, "static_cache", False) or getattr(args, "compile", None) else {}
+        drafters[name] = DraftModelDrafter(draft, vocab_size=vocab_size, name=label, **fast)
     if args.prompt_lookup:
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
     if args.medusa:
@@ -409,6 +413,8 @@ def cmd_eval(args) -> int:
             seed=args.seed,
             ignore_eos=args.ignore_eos,
             measure_distances=not args.no_distances,
+            static_cache=args.static_cache or bool(args.compile),
+            compile=args.compile or False,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -739,6 +745,7 @@ def cmd_demo(args) -> int:
             num_draft_tokens=args.num_draft_tokens,
             repeats=args.repeats,
             temperature=args.temperature,
+            compile=args.compile,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None

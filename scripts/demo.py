@@ -32,6 +32,12 @@ class DemoSettings:
     repeats: int = 3  # timed passes; speedup is their median
     temperature: float = 0.0  # greedy: acceptance is then a property of the models alone
     seed: int = 0
+    compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and draft models
+
+    @property
+    def fast_path(self) -> dict:
+        """The decoder's fast-path options (`generate(..., static_cache=, compile=)`)."""
+        return {"static_cache": True, "compile": self.compile} if self.compile else {}
 
     def __post_init__(self):
         for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "repeats"):
@@ -112,7 +118,7 @@ def _small_draft(ctx: DemoContext):
 
     check_vocab_compatible(ctx.built.target, ctx.built.draft, target_tokenizer=ctx.tokenizer)
     draft = load_causal_lm(ctx.built.draft, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="small-draft")
+    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="small-draft", **ctx.settings.fast_path)
 
 
 def _distilled_draft(ctx: DemoContext):
@@ -123,7 +129,7 @@ def _distilled_draft(ctx: DemoContext):
     budget, root, data = ctx.distill_data()
     folder = demo_distilled_draft(ctx, budget, root, data, log=ctx.log)
     draft = load_causal_lm(folder, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="distilled-draft")
+    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="distilled-draft", **ctx.settings.fast_path)
 
 
 def _medusa_chain(ctx: DemoContext):
@@ -227,6 +233,7 @@ def run_demo(
         temperature=settings.temperature,
         repeats=settings.repeats,
         seed=settings.seed,
+        **settings.fast_path,
     )
     t = time.perf_counter()
     with cpu_decode_threads(device_t):

@@ -463,3 +463,25 @@ def test_cuda_graphs_greedy_is_identical(pairs):
         assert out.tokens == reference
     assert static_adapter(target, 64, compile=True).compile_error is None
 
+
+
+@pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=pytest.mark.slow)])
+def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
+    """`draftsmith eval --static-cache / --compile` decodes the same tokens as the default path
+    (greedy: the same acceptance counts) and says which path it timed."""
+    import json
+
+    def evaluate(out, *extra):
+        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", toy_dir / "prompts.jsonl",
+                "--limit", 3, "--max-new-tokens", 12, "-k", 3, "--repeats", 1, "--no-distances", "--device", "cpu", "--out", out, *extra]  # fmt: skip
+        code, stdout, _ = run_cli(args)
+        assert code == 0
+        return json.loads((out / "report.json").read_text()), stdout
+
+    plain, _ = evaluate(tmp_path / "plain")
+    fast, stdout = evaluate(tmp_path / "fast", flag)
+    assert ("compiled (default): compile time" if flag == "--compile" else "static KV cache") in stdout
+    rows = {r["method"]: r for r in plain["methods"]}
+    for row in fast["methods"]:
+        assert (row["new_tokens"], row["target_calls"]) == (rows[row["method"]]["new_tokens"], rows[row["method"]]["target_calls"])
+    assert fast["settings"]["static_cache"] is True
