@@ -276,20 +276,16 @@ def build_draft(recipe: DraftRecipe, target, tokenizer, device):
 
 
 def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
-    from accelerate.utils import set_seed
-
     from draftsmith.heads.draft import describe_draft
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_dtype
+    from draftsmith.heads.models import load_tokenizer
 
     run = TrainingRun(recipe, "draft")
     device = run.device
-    set_seed(recipe.seed)
     out = Path(recipe.out)
     tokenizer = load_tokenizer(recipe.target, trust_remote_code=recipe.trust_remote_code)
     if tokenizer is None:
         raise RecipeError(f"target {recipe.target!r} has no tokenizer")
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
-    target.requires_grad_(False)
+    target = run.load_target()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos_ids = sorted({t for t in (tokenizer.eos_token_id,) if t is not None})
 

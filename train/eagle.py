@@ -193,20 +193,16 @@ def chain_tau(hits: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[flo
 
 
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
-    from accelerate.utils import set_seed
-
     from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
-    from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
+    from draftsmith.heads.models import target_fingerprint
 
     run = TrainingRun(recipe, "eagle")
     device = run.device
-    set_seed(recipe.seed)
     out = Path(recipe.out)
     data = DistillData(recipe.data)
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
-    target.requires_grad_(False)
+    target = run.load_target()
     text_config = target.config.get_text_config()
     L = text_config.num_hidden_layers
     fingerprint = target_fingerprint(target)

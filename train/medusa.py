@@ -231,19 +231,15 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
 
 
 def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
-    from accelerate.utils import set_seed
-
     from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.heads.medusa import MedusaHeads, save_medusa
-    from draftsmith.heads.models import load_causal_lm, resolve_dtype, target_fingerprint
+    from draftsmith.heads.models import target_fingerprint
 
     run = TrainingRun(recipe, "medusa")
     device = run.device
-    set_seed(recipe.seed)
     out = Path(recipe.out)
     data = DistillData(recipe.data)
-    target = load_causal_lm(recipe.target, device=device, dtype=resolve_dtype(recipe.dtype, device), role="target", trust_remote_code=recipe.trust_remote_code)
-    target.requires_grad_(False)
+    target = run.load_target()
     text_config = target.config.get_text_config()
     fingerprint = target_fingerprint(target)
     if data.provenance["target"]["fingerprint"] != fingerprint:

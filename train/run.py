@@ -197,6 +197,9 @@ class TrainingRun:
         self.recipe, self.method = recipe, method
         self.out = Path(recipe.out)
         self.accelerator = make_accelerator(recipe, recipe.grad_accum)
+        from accelerate.utils import set_seed
+
+        set_seed(recipe.seed)
         if self.accelerator.is_main_process:
             check_out_writable(self.out)
         self.accelerator.wait_for_everyone()
@@ -208,6 +211,15 @@ class TrainingRun:
             from transformers.integrations import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()
+
+    def load_target(self):
+        """The frozen target, whole on this process, in the recipe's dtype; never given to the
+        engine, so it has no gradients and no optimizer state."""
+        from draftsmith.heads.models import load_causal_lm, resolve_dtype
+
+        r = self.recipe
+        target = load_causal_lm(r.target, device=self.device, dtype=resolve_dtype(r.dtype, self.device), role="target", trust_remote_code=r.trust_remote_code)
+        return target.requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
