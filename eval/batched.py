@@ -58,7 +58,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from draftsmith.eval.decoder import DecodeStats, synchronize
+from draftsmith.eval.decoder import DecodeStats, eos_set, synchronize
 from draftsmith.eval.drafters import Drafter, DraftModelDrafter, MedusaDrafter
 from draftsmith.eval.sampling import SamplingConfig, draw, verify_chain
 from draftsmith.heads.target import CausalLMAdapter
@@ -626,12 +626,6 @@ def _check_prompts(prompts) -> list[torch.Tensor]:
     return out
 
 
-def _eos_set(eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    return {int(t) for t in torch.as_tensor(eos_token_id).flatten().tolist()}
-
-
 @torch.inference_mode()
 def generate_batch(
     target: PreTrainedModel | CausalLMAdapter,
@@ -685,7 +679,7 @@ def generate_batch(
 
     device = adapter.device
     dtype = adapter.model.dtype
-    eos = _eos_set(eos_token_id)
+    eos = eos_set(eos_token_id)
     batch = len(prompts)
     generators = [torch.Generator(device=device).manual_seed(row_seed(seed, b)) for b in range(batch)]
     contexts = [p.tolist() for p in prompts]  # prompt + emitted, per row, on the host

@@ -207,7 +207,8 @@ def _as_prompt(input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids
 
 
-def _eos_set(eos_token_id) -> set[int]:
+def eos_set(eos_token_id) -> set[int]:
+    """The stop ids as a set: None, one id, or a list / tensor of ids."""
     if eos_token_id is None:
         return set()
     return {int(t) for t in torch.as_tensor(eos_token_id).flatten().tolist()}
@@ -283,7 +284,7 @@ def generate(
         adapter = CausalLMAdapter(target)
     device = adapter.device
     prompt = prompt.to(device)
-    eos = _eos_set(eos_token_id)
+    eos = eos_set(eos_token_id)
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()

@@ -638,14 +638,21 @@ def cmd_check_lossless(args) -> int:
 
 
 def _heads_kind(folder) -> str:
+    """medusa or eagle, read as `draftsmith push` reads it (any layout draftsmith writes)."""
     import json
+
+    from draftsmith.train.hub import HubError, artifact_kind
 
     config = Path(folder) / "config.json"
     if not config.is_file():
         raise UsageError(f"{str(folder)!r} has no config.json: not a folder of trained heads")
-    data = json.loads(config.read_text(encoding="utf-8"))
-    eagle = data.get("model_type") == "draftsmith_eagle" or "speculators_model_type" in data or "LlamaForCausalLMEagle3" in (data.get("architectures") or [])
-    return "eagle" if eagle else "medusa"
+    try:
+        kind = artifact_kind(json.loads(config.read_text(encoding="utf-8")), where=str(config))
+    except HubError as err:
+        raise UsageError(str(err)) from None
+    if kind == "draft":
+        raise UsageError(f"{str(folder)!r} holds a draft model, not heads: export takes Medusa or EAGLE heads (a draft model is served as it is)")
+    return kind
 
 
 def cmd_export(args) -> int:
