@@ -104,6 +104,77 @@ def _fresh_function(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+def static_mask(start, allowed: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [1, 1, n, capacity] of n new tokens over a preallocated cache: slots
+    before `start` are attended, the m slots start..start+m-1 as `allowed` [n, m] (bool) says,
+    every later slot is blocked (junk: never read). `start` may be a 0-d tensor (compiled)."""
+    fed = allowed.shape[1]
+    rel = torch.arange(capacity, device=allowed.device) - start  # slot - start
+    sees = allowed.index_select(1, rel.clamp(0, fed - 1))  # [n, capacity]
+    ok = (rel < 0) | ((rel < fed) & sees)
+    return torch.where(ok, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
+
+
+class Compiler:
+    """`torch.compile` for one fast-path user (a static adapter, a drafter's heads): the mode,
+    the seconds spent compiling, and why compilation is off when it is.
+
+    Compiled functions keep only dynamo's tensor guards (see the module doc); each call of
+    `wrap` gets a code object of its own, i.e. a graph cache of its own."""
+
+    def __init__(self, compile: bool | str, device: torch.device | str, owner: str):
+        self.mode = _compile_mode(compile)
+        self.device = torch.device(device)
+        self.owner = owner
+        self.seconds = 0.0
+        self.error: str | None = None
+        if self.mode is not None:
+            reason = compile_unavailable(self.device)
+            if reason is not None:
+                self.disable(reason)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not None
+
+    def disable(self, reason: str) -> None:
+        self.mode = None
+        self.error = reason
+        warnings.warn(
+            f"torch.compile is off for {self.owner}: {reason}. Decoding continues uncompiled.",
+            stacklevel=3,
+        )
+
+    def wrap(self, fn):
+        """`fn` compiled for this device and mode (compilation happens on its first call)."""
+        # One function (one code object) per adapter, variant and width: each holds a single
+        # graph, so a call checks one set of guards and never meets dynamo's recompile limit.
+        fn = _fresh_function(fn)
+        options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}  # see the module doc
+        if self.device.type == "cuda":
+            # CUDA graphs: one replay per call (outputs are cloned: the next replay reuses them).
+            mode = "reduce-overhead" if self.mode == "default" else "max-autotune"
+            return torch.compile(fn, mode=mode, dynamic=False, fullgraph=True, options=options)
+        if self.mode == "max-autotune":
+            options.update(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+        return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+
+    def first_calls(self, what: str, compiled, *inputs) -> bool:
+        """Run a freshly compiled function (this is when it compiles), timing it into `seconds`;
+        False and a warning (and no more compiling) if that fails."""
+        started = time.perf_counter()
+        try:
+            for _ in range(2 if self.device.type == "cuda" else 1):  # CUDA graphs record on the 2nd call
+                compiled(*inputs)
+        except Exception as err:  # noqa: BLE001 - whatever the compiler raised: fall back, say why
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            self.disable(f"compiling {what} failed ({type(err).__name__}: {first_line})")
+            return False
+        finally:
+            self.seconds += time.perf_counter() - started
+        return True
+
+
 def _make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[int, ...]):
     """The one forward every call goes through (compiled or not). Inputs:
     ids [1, B], positions [1, B], start (0-d long: the cache length = the first slot written),
@@ -111,23 +182,16 @@ def _make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[
     to compute logits for; None = all). Returns (logits, hidden states of `hidden_layers`)."""
     layers = list(cache.layers)
     dtype = model.dtype
-    blocked = torch.finfo(dtype).min
     capacity = layers[0].max_cache_len
 
     def step(ids, positions, start, allowed, rows):
-        width = ids.shape[1]
         # HF's StaticLayer writes at its cumulative length: point every layer at `start`.
         for layer in layers:
             layer.cumulative_length.copy_(start)
-        rel = torch.arange(capacity, device=ids.device) - start  # slot - start
-        new = (rel >= 0) & (rel < width)
-        sees_new = allowed.index_select(1, rel.clamp(0, width - 1))  # [B, capacity]
-        ok = (rel < 0) | (new & sees_new)
-        mask = torch.where(ok, 0.0, blocked).to(dtype)[None, None]
         out = model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=mask,
+            attention_mask=static_mask(start, allowed, capacity, dtype),
             cache=cache,
             use_cache=True,
             output_hidden_states=bool(hidden_layers),
@@ -186,13 +250,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
         # Read once: `model.device` walks the parameters (~50 us a call on the demo target).
         self._device = model.device
         self._vocab = model.get_output_embeddings().weight.shape[0]
-        self.compile_mode = _compile_mode(compile)
-        self.compile_seconds = 0.0
-        self.compile_error: str | None = None
-        if self.compile_mode is not None:
-            reason = compile_unavailable(self._device)
-            if reason is not None:
-                self._disable_compile(reason)
+        self.compiler = Compiler(compile, self._device, type(model).__name__)
         self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
         self._compiled: dict[tuple, object] = {}  # ((hidden_layers, last_only), width) -> compiled step
         self._chains: dict[tuple, object] = {}  # (num_new, num_tokens, vocab_limit) -> compiled chain
@@ -211,7 +269,21 @@ class StaticCausalLMAdapter(CausalLMAdapter):
     @property
     def compile(self) -> bool:
         """Whether forwards may run compiled (False after a failed or unavailable compile)."""
-        return self.compile_mode is not None
+        return self.compiler.enabled
+
+    @property
+    def compile_mode(self) -> str | None:
+        return self.compiler.mode
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling (warm-ups), never part of a forward."""
+        return self.compiler.seconds
+
+    @property
+    def compile_error(self) -> str | None:
+        """Why compilation is off, when it was asked for and is unavailable or failed."""
+        return self.compiler.error
 
     # ------------------------------------------------------------------------ the cache
 
@@ -296,40 +368,6 @@ class StaticCausalLMAdapter(CausalLMAdapter):
 
     # ---------------------------------------------------------------------- compilation
 
-    def _disable_compile(self, reason: str) -> None:
-        self.compile_mode = None
-        self.compile_error = reason
-        warnings.warn(
-            f"torch.compile is off for {type(self.model).__name__}: {reason}. "
-            "Decoding continues with the static cache, uncompiled.",
-            stacklevel=3,
-        )
-
-    def _torch_compile(self, fn):
-        # One function (one code object) per adapter, variant and width: each holds a single
-        # graph, so a call checks one set of guards and never meets dynamo's recompile limit.
-        fn = _fresh_function(fn)
-        options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}  # see the module doc
-        if self._device.type == "cuda":
-            # CUDA graphs: one replay per call (outputs are cloned: the next replay reuses them).
-            mode = "reduce-overhead" if self.compile_mode == "default" else "max-autotune"
-            return torch.compile(fn, mode=mode, dynamic=False, fullgraph=True, options=options)
-        if self.compile_mode == "max-autotune":
-            options.update(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
-        return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
-
-    def _first_calls(self, what: str, compiled, *inputs) -> bool:
-        """Run a freshly compiled function (this is when it compiles); False and a warning (and
-        no more compiling) if that fails."""
-        try:
-            for _ in range(2 if self._device.type == "cuda" else 1):  # CUDA graphs record on the 2nd call
-                compiled(*inputs)
-        except Exception as err:  # noqa: BLE001 - whatever the compiler raised: fall back, say why
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            self._disable_compile(f"compiling {what} failed ({type(err).__name__}: {first_line})")
-            return False
-        return True
-
     def _eager_step(self, key: tuple):
         if key not in self._eager:
             self._eager[key] = _make_step(self.model, self.cache, key[0])
@@ -351,7 +389,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
         todo = [w for w in sorted({int(w) for w in widths}) if w >= 1 and (key, w) not in self._compiled]
         if not self.compile or not todo:
             return 0.0
-        started = time.perf_counter()
+        before = self.compile_seconds
         for width in todo:
             if not self.compile:  # a failed compile turned it off
                 break
@@ -364,12 +402,10 @@ class StaticCausalLMAdapter(CausalLMAdapter):
             # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
             # lock dynamo cannot trace; once installed, the compiled step runs through them.
             self._eager_step(key)(*inputs)
-            compiled = self._torch_compile(self._eager_step(key))
-            if self._first_calls(f"width {width}", compiled, *inputs):
+            compiled = self.compiler.wrap(self._eager_step(key))
+            if self.compiler.first_calls(f"width {width}", compiled, *inputs):
                 self._compiled[(key, width)] = compiled
-        seconds = time.perf_counter() - started
-        self.compile_seconds += seconds
-        return seconds
+        return self.compile_seconds - before
 
     @torch.inference_mode()
     def warm_up_greedy_chain(self, num_tokens: int, vocab_limit: int | None = None, *, num_new: int = 1) -> float:
@@ -382,15 +418,13 @@ class StaticCausalLMAdapter(CausalLMAdapter):
             raise StaticCacheOverflow(
                 f"cannot warm up a {num_tokens}-token chain: the cache holds {self._length} of {self._capacity} slots"
             )
-        started = time.perf_counter()
-        compiled = self._torch_compile(_make_greedy_chain(self._eager_step(((), False)), *key, self._device))
+        before = self.compile_seconds
+        compiled = self.compiler.wrap(_make_greedy_chain(self._eager_step(((), False)), *key, self._device))
         ids = torch.zeros(1, num_new, dtype=torch.long, device=self._device)
         start = torch.tensor(self._length, device=self._device)
-        if self._first_calls(f"a {num_tokens}-token chain", compiled, ids, start):
+        if self.compiler.first_calls(f"a {num_tokens}-token chain", compiled, ids, start):
             self._chains[key] = compiled
-        seconds = time.perf_counter() - started
-        self.compile_seconds += seconds
-        return seconds
+        return self.compile_seconds - before
 
     # ------------------------------------------------------------------------- decoding
 

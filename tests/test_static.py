@@ -411,7 +411,7 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
 
         return compiled
 
-    monkeypatch.setattr(StaticCausalLMAdapter, "_torch_compile", broken)
+    monkeypatch.setattr(static_target.Compiler, "wrap", broken)
     monkeypatch.setattr(static_target, "compile_unavailable", lambda device: None)
     adapter = StaticCausalLMAdapter(target, 32, compile=True)
     drafter = DraftModelDrafter(copy.deepcopy(draft), compile=True)
