@@ -36,13 +36,14 @@ the largest and compiles one verification width per size (1 + size; other sizes 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.sampling import SamplingConfig, draw
-from draftsmith.heads.static_target import static_adapter
+from draftsmith.heads.static_target import Compiler, static_adapter
 from draftsmith.heads.target import CausalLMAdapter
 
 
@@ -238,13 +239,16 @@ class MedusaDrafter(Drafter):
     predicted from h, so head 0 proposes the first draft after it, head 1 the second, and so on.
     No model call beyond the heads, no cache.
 
-    `heads`: any module with `heads.config.num_heads` and `heads(hidden [..., H]) -> logits
-    [num_heads, ..., V]` (`draftsmith.heads.medusa.MedusaHeads`).
+    `heads`: any module with `heads.config.num_heads` and `heads(hidden [..., H], num_heads=n)
+    -> logits [n, ..., V]` of the first n heads (`draftsmith.heads.medusa.MedusaHeads`); only
+    the heads a proposal needs run (K = 3 of 4 heads skips the fourth projection).
     `tree=None`: a chain of the heads' argmax tokens. Otherwise a Medusa tree: a list of
     paths, each a tuple of ranks, (0, 2) = head 0's top-1 token, then head 1's third-best
     below it. Every prefix of every path is a node (build one with
     `draftsmith.eval.tree.build_medusa_tree`). Proposals are deterministic, so both are
     verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule.
+    `compile=True` (or a mode of `heads.static_target.COMPILE_MODES`) runs the heads and the
+    argmax / top-k of every head as one compiled call (compiled in `reserve`).
     """
 
     deterministic = True
@@ -257,9 +261,15 @@ class MedusaDrafter(Drafter):
         tree: list[tuple[int, ...]] | None = None,
         name: str = "medusa",
         typical: tuple[float, float] | None = None,
+        compile: bool | str = False,
     ):
         self.heads = heads
         self.num_heads = int(heads.config.num_heads)
+        param = next(itertools.chain(heads.parameters(), heads.buffers()), None)
+        self._param = (param.device, param.dtype) if param is not None else None  # where h goes
+        device = param.device if param is not None else "cpu"
+        self.compiler = Compiler(compile, device, f"the Medusa heads ({type(heads).__name__})") if compile else None
+        self._compiled = None
         self.target_layers = (int(target_num_layers),)
         self.name = name
         self.typical = tuple(typical) if typical is not None else None
@@ -304,6 +314,24 @@ class MedusaDrafter(Drafter):
         depth = min(num_tokens, self.num_heads)
         return (depth if self.tree is None else self._count[depth],)
 
+    def _heads_used(self, num_tokens: int) -> int:
+        """How many heads a proposal of `num_tokens` reads: the chain's length, the tree's depth."""
+        depth = min(num_tokens, self.num_heads)
+        return depth if self.tree is None else int(self._depth[: self._count[depth]].max()) + 1
+
+    def reserve(self, max_context: int, num_tokens: int, sampling: SamplingConfig) -> float:
+        used = self._heads_used(num_tokens)
+        if self.compiler is None or not self.compiler.enabled or (self._compiled and self._compiled[0] >= used):
+            return 0.0
+        before = self.compiler.seconds
+        device, dtype = self._param or ("cpu", torch.float32)
+        h = torch.zeros(self.heads.config.hidden_size, device=device, dtype=dtype)
+        compiled = self.compiler.wrap(self._heads_out)
+        with torch.inference_mode():
+            if self.compiler.first_calls("the Medusa heads", compiled, h, used):
+                self._compiled = (used, compiled)  # a shorter proposal reads its first heads
+        return self.compiler.seconds - before
+
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._h = None
 
@@ -312,18 +340,30 @@ class MedusaDrafter(Drafter):
         if states.shape[0]:
             self._h = states[-1]
 
+    def _heads_out(self, h: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `num_heads` heads on h [H]: (logits [num_heads, V] as float, the chain's
+        argmax per head, or the tree's top-k token ids per head [num_heads, top])."""
+        logits = self.heads(h[None], num_heads=num_heads)[:, 0].float()
+        if self.tree is None:
+            return logits, logits.argmax(-1)
+        return logits, logits.topk(self._top, dim=-1).indices
+
+    @torch.inference_mode()
     def propose(self, context, num_tokens, sampling, generator=None) -> Proposal:
         if self._h is None or num_tokens < 1:  # a one-token prompt: nothing observed yet
             return Proposal(tokens=context.new_empty(0))
-        param = next(self.heads.parameters(), None)
-        h = self._h if param is None else self._h.to(device=param.device, dtype=param.dtype)
-        logits = self.heads(h[None])[:, 0].float()  # [num_heads, V]
+        h = self._h if self._param is None else self._h.to(device=self._param[0], dtype=self._param[1])
+        used = self._heads_used(num_tokens)
+        if self._compiled is not None and self._compiled[0] >= used:
+            logits, top = self._compiled[1](h, self._compiled[0])
+            if h.device.type == "cuda":  # CUDA graph outputs are reused by the next replay
+                logits, top = logits.clone(), top.clone()
+        else:
+            logits, top = self._heads_out(h, used)
         if self.tree is None:
             depth = min(num_tokens, self.num_heads)
-            tokens = logits[:depth].argmax(-1)
-            return Proposal(tokens=tokens.to(context.device), logits=logits[:depth])
+            return Proposal(tokens=top[:depth].to(context.device), logits=logits[:depth])
         count = self._count[min(num_tokens, self.num_heads)]
         depth, rank = self._depth[:count], self._rank[:count]
-        top = logits[: int(depth.max()) + 1].topk(self._top, dim=-1).indices  # [D, top]
         tokens = top[depth.to(top.device), rank.to(top.device)]
         return Proposal(tokens=tokens.to(context.device), parents=self._parents[:count])

@@ -258,6 +258,40 @@ class EagleCache:
         self.keys = self.values = None
 
 
+class StaticEagleCache:
+    """The draft layer's KV cache preallocated for `capacity` entries ([B, kv_heads, capacity,
+    head_dim], allocated at the first write, in the written entries' shape, dtype and device):
+    the fast decoding path's cache (`eval/eagle.py`). A forward writes its T entries at explicit
+    slots through `at(start)` and attention reads every slot, under a mask that blocks the ones
+    it must not see: rejected entries are simply overwritten later, nothing grows per step. The
+    owner keeps the lengths; `start` may be a 0-d tensor (inside a compiled step)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def at(self, start) -> _SlotWriter:
+        """What to pass as a forward's `cache`: it writes the new entries at start, start + 1, ..."""
+        return _SlotWriter(self, start)
+
+
+class _SlotWriter:
+    def __init__(self, cache: StaticEagleCache, start):
+        self.cache, self.start = cache, start
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write [..., T, D] entries at slots start..start+T-1; return the whole buffers."""
+        c = self.cache
+        if c.keys is None:
+            c.keys = keys.new_zeros(*keys.shape[:-2], c.capacity, keys.shape[-1])
+            c.values = values.new_zeros(*values.shape[:-2], c.capacity, values.shape[-1])
+        slots = self.start + torch.arange(keys.shape[-2], device=keys.device)
+        c.keys.index_copy_(keys.dim() - 2, slots, keys)
+        c.values.index_copy_(values.dim() - 2, slots, values)
+        return c.keys, c.values
+
+
 # ---------------------------------------------------------------------- the decoder layer
 class EagleAttention(nn.Module):
     """Llama attention (RoPE, GQA) whose q/k/v read `in_features` (2H for EAGLE-3)."""
@@ -484,11 +518,18 @@ class EagleHead(PreTrainedModel):
         if position_ids.shape[-1] != T:
             raise EagleError(f"forward: position_ids {list(position_ids.shape)} do not cover the {T} new tokens")
         past = 0 if cache is None else cache.seq_len
+        mask = self._mask(attention_mask, B, T, past, self.embed_tokens.weight.dtype, input_ids.device)
+        return self.decode(input_ids, hidden, position_ids.expand(B, T), mask, cache)
+
+    def decode(self, input_ids, hidden, position_ids, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` without its checks, for the fast path's compiled steps: position_ids
+        [B, T], mask a float additive [B or 1, 1, T, S] over the S entries that
+        `cache.append(k, v)` returns (an `EagleCache`, a `StaticEagleCache.at(slot)`, or None
+        with S = T)."""
         embeds = self.embed_tokens(input_ids)
         hidden = hidden.to(embeds.dtype)
         x = hidden if self.eagle3 else self.fc(torch.cat([embeds, hidden], dim=-1))
-        mask = self._mask(attention_mask, B, T, past, x.dtype, x.device)
-        cos, sin = self.rotary_emb(x, position_ids.expand(B, T) if position_ids.shape[0] == 1 else position_ids)
+        cos, sin = self.rotary_emb(x, position_ids)
         out = self.layers[0](embeds, x, cos, sin, mask, cache)
         logits = self.lm_head(self.norm(out) if self.eagle3 else out)
         return out, logits

@@ -206,10 +206,11 @@ class MedusaHeads(PreTrainedModel):
         self._shared_lm_head = weight.detach()
 
     # ------------------------------------------------------------------ computation
-    def head_hidden(self, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """Per head: `hidden` [..., H] through that head's blocks (before the projection)."""
+    def head_hidden(self, hidden: torch.Tensor, num_heads: int | None = None) -> list[torch.Tensor]:
+        """Per head (the first `num_heads`; None = all): `hidden` [..., H] through that head's
+        blocks (before the projection)."""
         outputs = []
-        for blocks in self.blocks:
+        for blocks in self.blocks[:num_heads]:
             x = hidden
             for block in blocks:
                 x = block(x)
@@ -228,10 +229,11 @@ class MedusaHeads(PreTrainedModel):
             )
         return self._shared_lm_head
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits [num_heads, ..., V] from the target's last post-norm hidden state [..., H]."""
+    def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits [num_heads, ..., V] from the target's last post-norm hidden state [..., H];
+        `num_heads` < config.num_heads runs the first heads only (a shorter proposal)."""
         logits = []
-        for h, x in enumerate(self.head_hidden(hidden_states)):
+        for h, x in enumerate(self.head_hidden(hidden_states, num_heads)):
             weight = self.lm_head_weight(h)
             logits.append(F.linear(x, weight.to(dtype=x.dtype, device=x.device)))  # no-op unless the dtypes differ
         return torch.stack(logits)

@@ -99,8 +99,11 @@ def _compile_mode(compile) -> str | None:
 
 
 def _fresh_function(fn):
-    """A copy of `fn` with its own code object: dynamo keeps its compiled graphs (and walks their
-    guards) per code object, so each adapter, variant and width gets a cache of its own."""
+    """A copy of `fn` (a function or a bound method) with its own code object: dynamo keeps its
+    compiled graphs (and walks their guards) per code object, so each adapter, variant and
+    width gets a cache of its own."""
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(_fresh_function(fn.__func__), fn.__self__)
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 

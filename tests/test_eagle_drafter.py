@@ -92,7 +92,7 @@ class FakeEagleHead(nn.Module):
                 order = torch.cat([hint_seq.unique(), order[~torch.isin(order, hint_seq)]])
             draft_ids = order[:draft_vocab].sort().values
         self.config = SimpleNamespace(
-            version=version, aux_layer_ids=aux, draft_vocab_size=draft_ids.numel(), vocab_size=vocab
+            version=version, aux_layer_ids=aux, draft_vocab_size=draft_ids.numel(), vocab_size=vocab, hidden_size=hidden
         )
         torch.manual_seed(seed)
         self.fc_aux = nn.Linear(len(aux) * hidden, hidden, bias=False) if version == "eagle3" else None
@@ -138,19 +138,22 @@ class FakeEagleHead(nn.Module):
     def forward(self, input_ids, hidden, *, position_ids, attention_mask=None, cache=None):
         batch, num = input_ids.shape
         assert hidden.shape[:2] == (batch, num) and position_ids.shape == (batch, num)
-        x = self.fc(torch.cat([self.embed(input_ids), hidden], -1)) + self.pos(position_ids)
-        q, k, v = self.q(x), self.k(x), self.v(x)
         past = 0 if cache is None else cache.seq_len
-        if cache is not None:
-            k, v = cache.append(k, v)
-        scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])  # [B, T, past + T]
         if attention_mask is None:
             causal = torch.ones(num, past + num, dtype=torch.bool).tril(diagonal=past)
-            scores = scores.masked_fill(~causal, float("-inf"))
+            attention_mask = torch.zeros(causal.shape).masked_fill(~causal, float("-inf"))[None, None]
         else:
             assert attention_mask.shape == (batch, 1, num, past + num), attention_mask.shape
             assert attention_mask.dtype.is_floating_point
-            scores = scores + attention_mask[:, 0]
+        return self.decode(input_ids, hidden, position_ids, attention_mask, cache)
+
+    def decode(self, input_ids, hidden, position_ids, attention_mask, cache):
+        """EagleHead.decode's contract: no checks, the mask covers what cache.append returns."""
+        x = self.fc(torch.cat([self.embed(input_ids), hidden], -1)) + self.pos(position_ids)
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]) + attention_mask[:, 0]  # [B, T, S]
         out = x + self.o(scores.softmax(-1) @ v)
         out = out + self.mlp(out)
         logits = self.lm_head(self.norm(out))

@@ -216,10 +216,10 @@ def _drafters(target, draft, prompt, num_new, seed):
         "target-only": (lambda **fast: None, 1),
         "draft": (lambda **fast: DraftModelDrafter(draft, **fast), 3),
         "prompt-lookup": (lambda **fast: PromptLookupDrafter(), 3),  # proposals of 0..3 tokens
-        "medusa-chain": (lambda **fast: MedusaDrafter(medusa, layers), NUM_HEADS),
-        "medusa-tree": (lambda **fast: MedusaDrafter(medusa, layers, tree=MEDUSA_TREE), NUM_HEADS),
-        "eagle-chain": (lambda **fast: EagleDrafter(eagle, cache_factory=FakeCache), K),
-        "eagle-tree": (lambda **fast: EagleDrafter(eagle, tree=EAGLE_TREE, cache_factory=FakeCache), K),
+        "medusa-chain": (lambda **fast: MedusaDrafter(medusa, layers, compile=fast.get("compile", False)), NUM_HEADS),
+        "medusa-tree": (lambda **fast: MedusaDrafter(medusa, layers, tree=MEDUSA_TREE, compile=fast.get("compile", False)), NUM_HEADS),
+        "eagle-chain": (lambda **fast: EagleDrafter(eagle, cache_factory=FakeCache, **fast), K),
+        "eagle-tree": (lambda **fast: EagleDrafter(eagle, tree=EAGLE_TREE, cache_factory=FakeCache, **fast), K),
     }
 
 
@@ -352,12 +352,13 @@ def _informed_drafters(target, draft, **fast):
     medusa = OracleHeads(states, table)
     eagle, _ = _oracle_head(target, prompt, "eagle3", seed=61, draft_vocab=256, miss=0.0)
     eagle_tree = {"depth": 2, "top_k": 2, "total_tokens": 5}
+    compile = fast.get("compile", False)
     return {
         "draft": (lambda: DraftModelDrafter(draft, **fast), 2, 1000),
-        "medusa-chain": (lambda: MedusaDrafter(medusa, 2), 2, 800),
-        "medusa-tree": (lambda: MedusaDrafter(medusa, 2, tree=[(0, 0), (0, 1), (1, 0), (2,)]), 2, 800),
-        "eagle-chain": (lambda: EagleDrafter(eagle, cache_factory=FakeCache), 2, 800),
-        "eagle-tree": (lambda: EagleDrafter(eagle, tree=eagle_tree, cache_factory=FakeCache), 2, 800),
+        "medusa-chain": (lambda: MedusaDrafter(medusa, 2, compile=compile), 2, 800),
+        "medusa-tree": (lambda: MedusaDrafter(medusa, 2, tree=[(0, 0), (0, 1), (1, 0), (2,)], compile=compile), 2, 800),
+        "eagle-chain": (lambda: EagleDrafter(eagle, cache_factory=FakeCache, **fast), 2, 800),
+        "eagle-tree": (lambda: EagleDrafter(eagle, tree=eagle_tree, cache_factory=FakeCache, **fast), 2, 800),
     }
 
 

@@ -196,15 +196,15 @@ class OracleHeads(torch.nn.Module):
 
     def __init__(self, states: torch.Tensor, table: torch.Tensor):
         super().__init__()
-        self.config = SimpleNamespace(num_heads=table.shape[0])
+        self.config = SimpleNamespace(num_heads=table.shape[0], hidden_size=states.shape[-1])
         self.register_buffer("states", states.float())
         self.register_buffer("table", table.float())  # [num_heads, N, V]
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1]).float()
         index = torch.cdist(flat, self.states).argmin(-1)
-        out = self.table[:, index]
-        return out.reshape(self.table.shape[0], *hidden.shape[:-1], self.table.shape[-1])
+        out = self.table[:num_heads, index]
+        return out.reshape(out.shape[0], *hidden.shape[:-1], self.table.shape[-1])
 
 
 NUM_HEADS = 3
@@ -492,9 +492,10 @@ class ConstantHeads(torch.nn.Module):
         self.config = SimpleNamespace(num_heads=logits.shape[0])
         self.register_buffer("logits", logits)
 
-    def forward(self, hidden):
-        k, v = self.logits.shape
-        return self.logits.view(k, *[1] * (hidden.dim() - 1), v).expand(k, *hidden.shape[:-1], v)
+    def forward(self, hidden, num_heads=None):
+        logits = self.logits[:num_heads]
+        k, v = logits.shape
+        return logits.view(k, *[1] * (hidden.dim() - 1), v).expand(k, *hidden.shape[:-1], v)
 
 
 def test_medusa_tree_nodes_and_truncation():
