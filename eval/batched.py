@@ -26,10 +26,28 @@ another's length:
   gathered to the right end (one gather per layer). Keys are cached after RoPE, so a key
   keeps its position wherever its column moves;
 - finished rows (eos, or max_new_tokens) LEAVE the batch: their cache rows are dropped, so they
-  cost nothing afterwards.
+  cost nothing afterwards (on the static path below they stay, as padding rows).
 Caches must be full-attention `DynamicLayer`s (a sliding window would drop states by column,
 not by the row's own positions), and attention must accept a 4-D float mask (eager or sdpa,
 not flash-attention).
+
+Static path (`static_cache=True`, or `compile=`): each model cache (target, draft model) is a
+`StaticRaggedCache`, one HF `StaticCache` [B, kv_heads, capacity, head_dim] per layer,
+allocated once per model, batch size and capacity and reused by the next call (as in
+`heads/static_target.py`, weights may change in place, the modules and config may not), with capacity
+= longest prompt + max_new_tokens + K + 1 rounded up to `CAPACITY_STEP`. Columns are written
+at a pointer: a tail cut moves it back, a compaction is an in-place gather, nothing grows.
+Before a call that would not fit, the cache compacts (its longest row then holds at most
+longest prompt + max_new_tokens - 2 columns), so the capacity never overflows. The mask
+[B, 1, fed, capacity] is built inside the step from tensors (valid [B, capacity], the pointer,
+each row's fed span). The batch keeps its B rows: a finished row stays as a padding row
+(token 0, no real column, it sees only itself; outputs dropped, stats untouched), since a
+fixed shape is what lets `compile=` `torch.compile` each step once: the target's
+verification at width K + 1 (1 target-only), the draft model's at widths 1 and 2 (a draft
+step; a catch-up), narrower calls padded up; prefills run uncompiled. Compilation happens
+before the clock starts (`BatchResult.compile_seconds`). The price: a finished row still costs
+its share of every later forward, and attention reads all `capacity` columns. The EAGLE
+head keeps its dynamic `EagleCache` (finished rows leave it); Medusa has no cache.
 
 Drafters (chains only; trees and Medusa's lossy typical acceptance are batch-1 only):
 - `BatchedDraftModel(model)`: a small causal LM with its own ragged cache; it samples with the
@@ -52,16 +70,18 @@ unbatched forwards), and is distributed exactly as the target's.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from draftsmith.eval.decoder import DecodeStats, eos_set, synchronize
 from draftsmith.eval.drafters import Drafter, DraftModelDrafter, MedusaDrafter
 from draftsmith.eval.sampling import SamplingConfig, draw, verify_chain
-from draftsmith.heads.target import CausalLMAdapter
+from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, StaticCacheOverflow
+from draftsmith.heads.target import CausalLMAdapter, ForwardResult
 
 #: Compact a ragged cache when its holes (columns past the longest row's real count) make up at
 #: least this fraction of it. Attention then never reads more than 1 / (1 - 0.25) = 4/3 of the
@@ -241,6 +261,298 @@ def _check_dynamic_layers(cache, what: str) -> None:
         )
 
 
+
+# ------------------------------------------------------------------ the static ragged cache
+
+
+def _static_ragged_mask(valid, start, lo, hi, fed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [B, 1, fed, capacity] of `fed` new columns written at `start` (0-d
+    long) over a preallocated cache: new column j of row b is real when lo_b <= j < hi_b
+    (lo, hi: [B] long). A new column sees its row's real columns before `start` (`valid`
+    [B, capacity] bool), the real new columns up to itself, and itself (so no query row is
+    fully blocked: padding columns and padding rows see only themselves); every slot past the
+    new columns is junk and blocked. Pure tensor code: it runs inside the compiled step."""
+    capacity = valid.shape[1]
+    device = valid.device
+    cols = torch.arange(fed, device=device)
+    new_real = (cols[None] >= lo[:, None]) & (cols[None] < hi[:, None])  # [B, fed]
+    causal = torch.ones(fed, fed, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(fed, dtype=torch.bool, device=device)
+    allowed = (causal[None] & new_real[:, None, :]) | eye[None]  # [B, fed(query), fed(key)]
+    rel = torch.arange(capacity, device=device) - start  # slot - start
+    sees = allowed.index_select(2, rel.clamp(0, fed - 1))  # [B, fed, capacity]
+    past = (valid & (rel < 0)[None])[:, None, :]
+    ok = past | (((rel >= 0) & (rel < fed))[None, None] & sees)
+    return torch.where(ok, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+
+
+def _make_ragged_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[int, ...], last_only: bool):
+    """The one forward of a static ragged cache (compiled or not). Inputs: ids [B, W],
+    positions [B, W], valid [B, capacity] bool, start (0-d long: the first slot written),
+    lo [B] / hi [B] long (the real span of each row's fed columns). Returns (logits, hidden
+    states of `hidden_layers`); `last_only`: the logits of the last column only."""
+    layers = list(cache.layers)
+    dtype = model.dtype
+
+    def step(ids, positions, valid, start, lo, hi):
+        # HF's StaticLayer writes at its cumulative length: point every layer at `start`.
+        for layer in layers:
+            layer.cumulative_length.copy_(start)
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=_static_ragged_mask(valid, start, lo, hi, ids.shape[1], dtype),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(hidden_layers),
+            logits_to_keep=1 if last_only else 0,
+        )
+        hidden = tuple(out.hidden_states[i] for i in hidden_layers) if hidden_layers else ()
+        return out.logits, hidden
+
+    return step
+
+
+class StaticRaggedCache(RaggedCache):
+    """A `RaggedCache` over a preallocated HF `StaticCache` of `capacity` columns per row
+    ([B, kv_heads, capacity, head_dim] per layer), with the forward that writes into it.
+
+    Columns [0, length) are in use; a forward writes its fed columns at `length` (the pointer),
+    so cutting the common tail moves the pointer back, and a compaction gathers every row's real
+    columns into [0, live) in place. Nothing grows per step and nothing is concatenated. The
+    additive mask is built INSIDE the step from tensors (valid [B, capacity], the pointer, each
+    row's fed span), so every call of a width has the same shapes: `warm_up` compiles the step
+    for given widths (`heads.static_target.Compiler`: a warning and the uncompiled step when
+    compilation is unavailable or fails), and a narrower call is padded up to the nearest
+    compiled width (padding columns lie past every row's span: holes no one keeps).
+
+    The B physical rows stay for the whole request: `select` only remaps the caller's rows
+    (`rows[i]`: the physical row of row i), and a dropped row becomes a padding row (token 0, no
+    real column, it sees only itself; its outputs are dropped). Callers pass and get tensors
+    of their own (fewer) rows; the forward scatters them into the B-row batch and gathers back.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, batch: int, capacity: int, *, compile: bool | str = False, owner: str = "the target"
+    ):
+        cache = StaticCache(config=model.config, max_cache_len=capacity)
+        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+        if odd:
+            raise ValueError(
+                f"the static cache needs full-attention layers, but {owner} has {', '.join(odd)} layers (a sliding "
+                "window is a ring buffer that cannot hold a ragged batch's holes). Decode it with static_cache=False."
+            )
+        text = model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self.device = model.device
+        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, self.device)
+        self.cache, self.model, self.owner = cache, model, owner
+        self.batch, self.capacity = batch, capacity
+        self.compiler = Compiler(compile, self.device, owner)
+        self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
+        self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
+        self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty, every row in use (the buffers and the compiled steps stay: a new request)."""
+        self._length = 0
+        self._valid.zero_()
+        self.rows = list(range(self.batch))
+        self._rows = None  # the same as a device tensor; None while it is the identity
+        self.counts = [0] * self.batch
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[rows in use, length] (a copy once rows were dropped)."""
+        valid = self._valid[:, : self._length]
+        return valid if self._rows is None else valid.index_select(0, self._rows)
+
+    def _physical(self, values: list[int] | None, default: int) -> list[int]:
+        """Per physical row: values[i] at row rows[i], `default` (None: 0) for the others."""
+        values = [default] * len(self.rows) if values is None else values
+        out = [0] * self.batch
+        for r, v in zip(self.rows, values):
+            out[r] = v
+        return out
+
+    # --------------------------------------------------------------------- the moves
+
+    def mask(self, fed, lo, hi, dtype) -> torch.Tensor:
+        """The step's mask [rows, 1, fed, capacity] (see `_static_ragged_mask`), for inspection."""
+        ids = torch.zeros(len(self.rows), fed, dtype=torch.long)
+        mask = _static_ragged_mask(*self._inputs(ids, None, lo, hi)[2:], fed, dtype)
+        return mask if self._rows is None else mask.index_select(0, self._rows)
+
+    def append(self, fed: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
+        start = self._length
+        if start + fed > self.capacity:
+            raise RuntimeError(f"static ragged cache out of step: {fed} columns appended at {start} of {self.capacity}")
+        lo, hi = self._physical(lo, 0), self._physical(hi, fed)
+        self._valid[:, start : start + fed] = _spans(fed, lo, hi, self.batch, self.device)
+        self.counts = [self.counts[i] + max(0, hi[r] - lo[r]) for i, r in enumerate(self.rows)]
+        self._length = start + max(hi, default=0)  # the common tail: the pointer moves back over it
+
+    def retain(self, start: int, keep: list[int]) -> None:
+        width = self._length - start
+        if width < 0 or any(not 0 <= k <= width for k in keep):
+            raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
+        self._valid[:, start : self._length] = _spans(width, None, self._physical(keep, 0), self.batch, self.device)
+        self.counts = [c - width + k for c, k in zip(self.counts, keep)]
+        self._length = start + max(keep, default=0)
+
+    def select(self, rows: torch.Tensor, kept: list[int]) -> None:
+        """Keep rows `kept` (indices into the rows in use); the others turn into padding rows."""
+        dropped = sorted(set(self.rows) - {self.rows[i] for i in kept})
+        if dropped:
+            self._valid[torch.tensor(dropped, device=self.device)] = False
+        self.rows = [self.rows[i] for i in kept]
+        self._rows = torch.tensor(self.rows, dtype=torch.long, device=self.device)
+        self.counts = [self.counts[i] for i in kept]
+
+    def compact_if_wasteful(self) -> bool:
+        waste = self._length - max(self.counts, default=0)
+        if waste <= 0 or waste < COMPACT_WHEN * self._length:
+            return False
+        self._compact()
+        return True
+
+    def reserve(self, fed: int) -> None:
+        """Make room for `fed` more columns, compacting when they would not fit; raise
+        `StaticCacheOverflow` (nothing written) when even the compacted cache cannot hold them."""
+        if self._length + fed <= self.capacity:
+            return
+        self._compact()
+        if self._length + fed > self.capacity:
+            raise StaticCacheOverflow(
+                f"static KV cache overflow ({self.owner}): a row holds {self._length} real tokens and {fed} more "
+                f"columns were asked for, but the cache was preallocated for {self.capacity}. Nothing was written; "
+                "size the cache for the longest prompt + max_new_tokens + K + 1."
+            )
+
+    def _compact(self) -> None:
+        """Every row's real columns, in order, to [0, live) (right-aligned in it): one gather per
+        layer, written over the same buffers (gather first: source and destination overlap)."""
+        length, live = self._length, max(self.counts, default=0)
+        # A stable sort of 0/1 puts each row's holes first and its real columns after them, in order.
+        order = torch.sort(self._valid[:, :length].to(torch.int32), dim=1, stable=True)
+        index = order.indices[:, length - live :]
+        for holder in self._holders():
+            for x in (holder.keys, holder.values):
+                gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
+                x[..., :live, :] = x.gather(-2, gather)
+        self._valid[:, :live] = order.values[:, length - live :].bool()
+        self._valid[:, live:length] = False
+        self._length = live
+
+    # ------------------------------------------------------------------- the forward
+
+    def _step(self, key: tuple):
+        if key not in self._eager:
+            self._eager[key] = _make_ragged_step(self.model, self.cache, *key)
+        return self._eager[key]
+
+    def _inputs(self, ids, positions, lo, hi):
+        """The step's inputs over the B physical rows, from the rows in use (padding rows: token
+        0 at position 0, no real column)."""
+        width = ids.shape[1]
+        ids = ids.to(self.device)
+        positions = torch.zeros_like(ids) if positions is None else positions.to(self.device)
+        if self._rows is not None:
+            ids = ids.new_zeros(self.batch, width).index_copy_(0, self._rows, ids)
+            positions = positions.new_zeros(self.batch, width).index_copy_(0, self._rows, positions)
+        lo = torch.tensor(self._physical(lo, 0), dtype=torch.long, device=self.device)
+        hi = torch.tensor(self._physical(hi, width), dtype=torch.long, device=self.device)
+        start = torch.tensor(self._length, dtype=torch.long, device=self.device)
+        return ids, positions, self._valid, start, lo, hi
+
+    @torch.inference_mode()
+    def warm_up(self, widths, hidden_layers: tuple[int, ...] = ()) -> float:
+        """Compile the all-logits step of `hidden_layers` for each width and run it once (every
+        row a padding row, written past the pointer: the cache content is unchanged). Returns
+        the seconds spent compiling; 0 without compilation."""
+        hidden_layers = tuple(hidden_layers)
+        before = self.compiler.seconds
+        for width in sorted(set(widths)):
+            if not self.compiler.enabled:  # off, or a failed compile turned it off
+                break
+            if (hidden_layers, width) in self._compiled:
+                continue
+            self.reserve(width)
+            ids = torch.zeros(len(self.rows), width, dtype=torch.long, device=self.device)
+            inputs = self._inputs(ids, None, None, [0] * len(self.rows))
+            # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
+            # lock dynamo cannot trace (as `StaticCausalLMAdapter.warm_up`).
+            self._step((hidden_layers, False))(*inputs)
+            compiled = self.compiler.wrap(self._step((hidden_layers, False)))
+            if self.compiler.first_calls(f"width {width}", compiled, *inputs):
+                self._compiled[(hidden_layers, width)] = compiled
+        return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def forward(self, ids, positions, lo=None, hi=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
+        """Write `ids [rows, n]` at the pointer and return their logits (`logits_to_keep`: 0 all,
+        1 the last column), with row i's real columns [lo_i, hi_i) (None: all). The bookkeeping
+        is the caller's: `append` / `retain` afterwards, as for `RaggedCache`. Runs the smallest
+        compiled width >= n that fits (padded), else the uncompiled step at width n."""
+        n = ids.shape[1]
+        hidden_layers = tuple(hidden_layers)
+        fits = [w for (k, w) in self._compiled if k == hidden_layers and n <= w and self._length + w <= self.capacity]
+        width = min(fits) if fits else n
+        if self._length + width > self.capacity:
+            raise StaticCacheOverflow(
+                f"static KV cache overflow ({self.owner}): {self._length} columns in use and {width} more were fed, "
+                f"but it was preallocated for {self.capacity}; nothing was written (call reserve first)"
+            )
+        if width > n:  # padding columns: past every row's span, they see only themselves
+            ids = torch.nn.functional.pad(ids, (0, width - n))
+            positions = torch.nn.functional.pad(positions, (0, width - n))
+        if fits:
+            logits, hidden = self._compiled[(hidden_layers, width)](*self._inputs(ids, positions, lo, hi))
+            if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+                logits, hidden = logits.clone(), tuple(h.clone() for h in hidden)
+            logits = logits[:, n - 1 : n] if logits_to_keep == 1 else logits[:, :n]
+        else:
+            logits, hidden = self._step((hidden_layers, logits_to_keep == 1))(*self._inputs(ids, positions, lo, hi))
+        hidden = {i: h[:, :n] for i, h in zip(hidden_layers, hidden)}
+        if self._rows is not None:  # back to the rows in use
+            logits = logits.index_select(0, self._rows)
+            hidden = {i: h.index_select(0, self._rows) for i, h in hidden.items()}
+        return ForwardResult(logits=logits, hidden_states=hidden)
+
+
+#: Per model and role ("target", "draft"), its static ragged caches by compile setting: the
+#: next `generate_batch` of the same batch size and capacity reuses one (its compiled steps are
+#: the expensive part); a call of another shape replaces it. A role of its own keeps a model used
+#: as its own draft apart. So a model decodes one static-path request at a time (no two threads).
+_STATIC_CACHES: weakref.WeakKeyDictionary[PreTrainedModel, dict] = weakref.WeakKeyDictionary()
+
+
+def static_ragged_cache(model: PreTrainedModel, role: str, batch: int, capacity: int, compile: bool | str) -> StaticRaggedCache:
+    """The static ragged cache of `model` in `role` for this shape, made once, reset."""
+    slots = _STATIC_CACHES.setdefault(model, {})
+    kv = slots.get((role, compile))
+    if kv is None or kv.batch != batch or kv.capacity != capacity:
+        kv = slots[role, compile] = StaticRaggedCache(model, batch, capacity, compile=compile, owner=f"the {role}")
+    kv.reset()
+    return kv
+
+
+def _ragged_forward(kv: RaggedCache, adapter: CausalLMAdapter, ids, positions, lo, hi, **kwargs) -> ForwardResult:
+    """One forward of a ragged batch on either cache: the static one builds its mask inside its
+    step, the dynamic one gets a float mask over its live columns."""
+    if isinstance(kv, StaticRaggedCache):
+        return kv.forward(ids, positions, lo, hi, **kwargs)
+    mask = kv.mask(ids.shape[1], lo, hi, adapter.model.dtype)
+    return adapter.forward(ids, position_ids=positions, attention_mask=mask, **kwargs)
+
+
+
 # ----------------------------------------------------------------------------- drafters
 
 
@@ -254,6 +566,9 @@ class BatchProposal:
 class BatchedDrafter:
     """What proposes chains for a batch. The decoder drives it:
 
+        drafter.prepare(batch, capacity, compile)      before the clock: capacity (columns per
+                                                       row) is None on the dynamic path; returns
+                                                       the seconds spent compiling
         drafter.start(prompts, prefill, vocab_size)    prefill: {layer: [B, P, H]} of the
                                                        target's prefill (rows right-aligned)
         proposal = drafter.propose(contexts, num_tokens, sampling, generators)
@@ -273,6 +588,10 @@ class BatchedDrafter:
     def max_positions(self) -> int | None:
         """Longest prompt + new tokens the drafter can place (None = no limit of its own)."""
         return None
+
+    def prepare(self, batch: int, capacity: int | None, compile: bool | str) -> float:
+        """Set up for the next request (static caches, compilation); the default has none."""
+        return 0.0
 
     def start(self, prompts: list[list[int]], prefill: dict[int, torch.Tensor], vocab_size: int) -> None:
         raise NotImplementedError
@@ -294,21 +613,35 @@ class BatchedDraftModel(BatchedDrafter):
     cache lacks (the whole prompt at first, then the correction token, or the last draft and
     the bonus); the drafts x_1..x_{K-1} enter the cache while drafting, and after verification
     row b keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded
-    with -inf, or cut) so that q and p cover the same tokens.
+    with -inf, or cut) so that q and p cover the same tokens. On the static path the cache is a
+    `StaticRaggedCache` (set up by `prepare`), and with `compile` its width-1 and width-2 steps
+    (a draft step; a catch-up after a correction or a bonus) run compiled.
     """
 
     def __init__(self, model: PreTrainedModel, name: str = "draft"):
         self.adapter = CausalLMAdapter(model)
         self.name = name
         self.kv: RaggedCache | None = None
+        self._static: StaticRaggedCache | None = None  # set by `prepare` on the static path
         self.vocab_size = self.adapter.vocab_size
         self._spec_start = 0  # first cache column of this call's drafts
 
     def max_positions(self) -> int | None:
         return _max_positions(self.adapter.config)
 
+    def prepare(self, batch, capacity, compile) -> float:
+        if capacity is None:
+            self._static = None
+            return 0.0
+        self._static = static_ragged_cache(self.adapter.model, "draft", batch, capacity, compile)
+        return self._static.warm_up([1, 2])
+
     def start(self, prompts, prefill, vocab_size) -> None:
         self.vocab_size = vocab_size
+        if self._static is not None:
+            self.kv = self._static
+            self.kv.reset()
+            return
         cache = DynamicCache(config=self.adapter.config)
         _check_dynamic_layers(cache, "draft model")
         self.adapter.cache = cache
@@ -321,8 +654,7 @@ class BatchedDraftModel(BatchedDrafter):
         return logits[..., : self.vocab_size] if extra < 0 else logits
 
     def _forward(self, ids, positions, lo=None, logits_to_keep=0):
-        mask = self.kv.mask(ids.shape[1], lo, None, self.adapter.model.dtype)
-        out = self.adapter.forward(ids, position_ids=positions, attention_mask=mask, logits_to_keep=logits_to_keep)
+        out = _ragged_forward(self.kv, self.adapter, ids, positions, lo, None, logits_to_keep=logits_to_keep)
         self.kv.append(ids.shape[1], lo, None)
         return out.logits[:, -1]
 
@@ -331,10 +663,12 @@ class BatchedDraftModel(BatchedDrafter):
         counts = self.kv.counts
         # Catch up: the tokens each row's cache lacks, right-aligned so the last is column -1.
         ids, positions, lo = _right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
+        width = max(num_tokens)
+        if isinstance(self.kv, StaticRaggedCache):  # room for the catch-up and the drafts: no compaction between
+            self.kv.reserve(ids.shape[1] + width - 1)
         logits = self._forward(ids, positions, lo, logits_to_keep=1)
         self._spec_start = self.kv.length
         base = torch.tensor(self.kv.counts, device=device)  # position of each row's first draft
-        width = max(num_tokens)
         tokens, probs = [], []
         for i in range(width):
             logits = self._aligned(logits.float())
@@ -402,7 +736,7 @@ class BatchedMedusa(BatchedDrafter):
             return BatchProposal(tokens=torch.zeros(len(counts), 0, dtype=torch.long), counts=counts)
         param = next(self.heads.parameters(), None)
         h = self._h if param is None else self._h.to(device=param.device, dtype=param.dtype)
-        logits = self.heads(h)[:depth]  # [depth, B, V]: head j proposes draft j + 1
+        logits = self.heads(h, num_heads=depth)  # [depth, B, V]: head j proposes draft j + 1
         return BatchProposal(tokens=logits.argmax(-1).T.to(self._h.device), counts=counts)
 
     def select(self, rows, kept) -> None:
@@ -423,7 +757,8 @@ class BatchedEagle(BatchedDrafter):
     (`head.project` of the concatenated `aux_layer_ids` states). The head's ragged cache holds
     the row's REAL pairs only: the pairs of the tokens a verification committed are fed at
     the next `propose` (their features arrive with the verification), then the chain drafts
-    with the head's own g as the feature, and those speculative columns are cut again.
+    with the head's own g as the feature, and those speculative columns are cut again. The
+    head's cache stays a dynamic `EagleCache` on the static path too (it is not a HF cache).
     """
 
     def __init__(self, head: torch.nn.Module, name: str = "eagle"):
@@ -559,6 +894,8 @@ class BatchResult:
     Batch timers: `call_seconds[j]` the verification of call j (target forward + acceptance),
     `drafter_seconds[j]` the drafting before it and the drafter's update after it,
     `call_rows[j]` the rows still decoding at call j. All timers are device-synchronised.
+    `compile_seconds`: the warm-up compilation of the static path, before the clock started
+    (never part of `total_seconds`).
     """
 
     tokens: list[list[int]]
@@ -569,6 +906,7 @@ class BatchResult:
     call_rows: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
+    compile_seconds: float = 0.0
 
     @property
     def target_calls(self) -> int:
@@ -603,6 +941,7 @@ class BatchResult:
         total.prefill_seconds = self.prefill_seconds
         total.ttft_seconds = min(self.ttft_seconds, default=0.0)
         total.total_seconds = self.total_seconds
+        total.compile_seconds = self.compile_seconds
         return total
 
 
@@ -637,6 +976,8 @@ def generate_batch(
     sampling: SamplingConfig | None = None,
     eos_token_id: int | list[int] | None = None,
     seed: int = 0,
+    static_cache: bool = False,
+    compile: bool | str = False,
 ) -> BatchResult:
     """Decode every prompt up to `max_new_tokens` (or its first eos), all rows in one batch.
 
@@ -645,6 +986,16 @@ def generate_batch(
     accepted prefix. Lossless per row: greedy equals the target's greedy decoding; with
     sampling each row is distributed as the target's sampling under `sampling`. K = 0 or no
     drafter: target-only decoding through the same loop.
+
+    `static_cache=True`: the target's and a draft model's KV caches are preallocated
+    (`StaticRaggedCache`, capacity = longest prompt + max_new_tokens + K + 1 rounded up to
+    `CAPACITY_STEP`; it cannot overflow: a call that would not fit compacts first) and finished
+    rows stay in the batch as padding rows. `compile=True` (or a mode of
+    `heads.static_target.COMPILE_MODES`; implies the static cache): the target's verification
+    (width K + 1, or 1) and the draft model's steps (widths 1, 2) are `torch.compile`d before
+    the clock starts (`compile_seconds`), and reused by later calls of the same batch size
+    and capacity; without a working compiler it warns and runs uncompiled. Same tokens as the
+    default path (greedy), same law (sampling).
     """
     prompts = _check_prompts(prompts)
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
@@ -677,8 +1028,8 @@ def generate_batch(
     if any(not 0 <= i <= num_layers for i in layers):
         raise ValueError(f"drafter {drafter.name!r} reads target layers {layers}; the target has 0..{num_layers}")
 
+    static = static_cache or compile not in (False, None)
     device = adapter.device
-    dtype = adapter.model.dtype
     eos = eos_set(eos_token_id)
     batch = len(prompts)
     generators = [torch.Generator(device=device).manual_seed(row_seed(seed, b)) for b in range(batch)]
@@ -692,17 +1043,27 @@ def generate_batch(
         synchronize(device)
         return time.perf_counter()
 
+    capacity = None
+    if static:
+        # Room for every row's prompt, its new tokens and the widest call (K + 1 columns);
+        # `reserve` compacts when the pointer gets there, so it never overflows.
+        longest = max(len(c) for c in contexts)
+        capacity = -(-(longest + max_new_tokens + k_max + 1) // CAPACITY_STEP) * CAPACITY_STEP
+        kv = static_ragged_cache(adapter.model, "target", batch, capacity, compile)
+        result.compile_seconds = kv.warm_up([k_max + 1], hidden_layers=layers)
+    if drafter is not None:  # before the clock: compilation is never part of the decoding time
+        result.compile_seconds += drafter.prepare(batch, capacity, compile)
     start = now()
-    cache = DynamicCache(config=adapter.config)
-    _check_dynamic_layers(cache, "target")
-    adapter.cache = cache
-    kv = RaggedCache(cache, batch, device)
+    if not static:
+        cache = DynamicCache(config=adapter.config)
+        _check_dynamic_layers(cache, "target")
+        adapter.cache = cache
+        kv = RaggedCache(cache, batch, device)
     # Prefill: every prompt token but the last (the first call feeds it with the drafts).
     prefill = {}
     if max(len(c) for c in contexts) > 1:
         ids, positions, lo = _right_aligned([c[:-1] for c in contexts], [0] * batch, device)
-        mask = kv.mask(ids.shape[1], lo, None, dtype)
-        out = adapter.forward(ids, position_ids=positions, attention_mask=mask, hidden_layers=layers, logits_to_keep=1)
+        out = _ragged_forward(kv, adapter, ids, positions, lo, None, hidden_layers=layers, logits_to_keep=1)
         kv.append(ids.shape[1], lo, None)
         prefill = out.hidden_states
     if drafter is not None:
@@ -728,8 +1089,9 @@ def generate_batch(
         fed = torch.cat([last[:, None], drafts], dim=1)
         before = torch.tensor([len(contexts[r]) - 1 for r in active], device=device)  # real tokens before `last`
         positions = before[:, None] + torch.arange(width + 1, device=device)[None]
-        mask = kv.mask(width + 1, None, [k + 1 for k in ks], dtype)
-        out = adapter.forward(fed, position_ids=positions, attention_mask=mask, hidden_layers=layers)
+        if static:
+            kv.reserve(k_max + 1)  # the widest call (compiled calls are padded to it)
+        out = _ragged_forward(kv, adapter, fed, positions, None, [k + 1 for k in ks], hidden_layers=layers)
         probs = proposal.probs if proposal is not None else None
         accepted, emitted = _verify(out.logits, drafts, ks, probs, sampling, [generators[r] for r in active])
         kv.append(width + 1, None, [n + 1 for n in accepted])  # row b keeps last + its n_b drafts
@@ -742,7 +1104,7 @@ def generate_batch(
         staying = set(alive)
         index = torch.tensor(alive, dtype=torch.long, device=device)
         if alive and len(alive) < size:
-            kv.select(index, alive)
+            kv.select(index, alive)  # static: they stay as padding rows
         kv.compact_if_wasteful()
         t2 = now()
 

@@ -37,13 +37,14 @@ the largest and compiles one verification width per size (1 + size; other sizes 
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.sampling import SamplingConfig, draw
-from draftsmith.heads.static_target import Compiler, static_adapter
+from draftsmith.heads.static_target import Compiler, compile_mode, static_adapter
 from draftsmith.heads.target import CausalLMAdapter
 
 
@@ -232,6 +233,20 @@ class PromptLookupDrafter(Drafter):
         return Proposal(tokens=context.new_empty(0))
 
 
+_MEDUSA_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {mode: (Compiler, {key: fn})}
+
+
+def _heads_function(heads: torch.nn.Module, num_heads: int, top: int):
+    """h [H] -> (logits [num_heads, V] as float, then the argmax per head (top = 0: a chain) or
+    the top-`top` token ids per head [num_heads, top] (a tree)): the first `num_heads` heads."""
+
+    def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = heads(h[None], num_heads=num_heads)[:, 0].float()
+        return logits, (logits.argmax(-1) if top == 0 else logits.topk(top, dim=-1).indices)
+
+    return run
+
+
 class MedusaDrafter(Drafter):
     """Medusa heads on the target's last hidden state (post-norm): head k applied to the state
     h of a token at position t predicts the token at t + 2 + k. The decoder hands over h of the
@@ -248,7 +263,8 @@ class MedusaDrafter(Drafter):
     `draftsmith.eval.tree.build_medusa_tree`). Proposals are deterministic, so both are
     verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule.
     `compile=True` (or a mode of `heads.static_target.COMPILE_MODES`) runs the heads and the
-    argmax / top-k of every head as one compiled call (compiled in `reserve`).
+    argmax / top-k of every head as one compiled call (compiled in `reserve`). `static_cache`
+    is taken for a uniform fast-path call and changes nothing: the heads keep no cache.
     """
 
     deterministic = True
@@ -261,15 +277,15 @@ class MedusaDrafter(Drafter):
         tree: list[tuple[int, ...]] | None = None,
         name: str = "medusa",
         typical: tuple[float, float] | None = None,
+        static_cache: bool = False,
         compile: bool | str = False,
     ):
         self.heads = heads
         self.num_heads = int(heads.config.num_heads)
         param = next(itertools.chain(heads.parameters(), heads.buffers()), None)
         self._param = (param.device, param.dtype) if param is not None else None  # where h goes
-        device = param.device if param is not None else "cpu"
-        self.compiler = Compiler(compile, device, f"the Medusa heads ({type(heads).__name__})") if compile else None
-        self._compiled = None
+        self._compile = compile
+        self._compiled = None  # (heads run, compiled function), set by `reserve`
         self.target_layers = (int(target_num_layers),)
         self.name = name
         self.typical = tuple(typical) if typical is not None else None
@@ -321,16 +337,26 @@ class MedusaDrafter(Drafter):
 
     def reserve(self, max_context: int, num_tokens: int, sampling: SamplingConfig) -> float:
         used = self._heads_used(num_tokens)
-        if self.compiler is None or not self.compiler.enabled or (self._compiled and self._compiled[0] >= used):
+        if not self._compile or (self._compiled and self._compiled[0] >= used):
             return 0.0
-        before = self.compiler.seconds
-        device, dtype = self._param or ("cpu", torch.float32)
-        h = torch.zeros(self.heads.config.hidden_size, device=device, dtype=dtype)
-        compiled = self.compiler.wrap(self._heads_out)
-        with torch.inference_mode():
-            if self.compiler.first_calls("the Medusa heads", compiled, h, used):
-                self._compiled = (used, compiled)  # a shorter proposal reads its first heads
-        return self.compiler.seconds - before
+        # Compiled once per heads module, mode and shape, shared by every drafter over them.
+        device, dtype = self._param or (torch.device("cpu"), torch.float32)
+        mode = compile_mode(self._compile)
+        slots = _MEDUSA_COMPILED.setdefault(self.heads, {})
+        if mode not in slots:
+            slots[mode] = (Compiler(mode, device, f"the Medusa heads ({type(self.heads).__name__})"), {})
+        compiler, functions = slots[mode]
+        key = (used, self._top if self.tree is not None else 0)
+        before = compiler.seconds
+        if key not in functions and compiler.enabled:
+            h = torch.zeros(self.heads.config.hidden_size, device=device, dtype=dtype)
+            compiled = compiler.wrap(_heads_function(self.heads, *key))
+            with torch.inference_mode():
+                if compiler.first_calls("the Medusa heads", compiled, h):
+                    functions[key] = compiled
+        if key in functions:
+            self._compiled = (used, functions[key])  # a shorter proposal reads its first heads
+        return compiler.seconds - before
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._h = None
@@ -340,14 +366,6 @@ class MedusaDrafter(Drafter):
         if states.shape[0]:
             self._h = states[-1]
 
-    def _heads_out(self, h: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `num_heads` heads on h [H]: (logits [num_heads, V] as float, the chain's
-        argmax per head, or the tree's top-k token ids per head [num_heads, top])."""
-        logits = self.heads(h[None], num_heads=num_heads)[:, 0].float()
-        if self.tree is None:
-            return logits, logits.argmax(-1)
-        return logits, logits.topk(self._top, dim=-1).indices
-
     @torch.inference_mode()
     def propose(self, context, num_tokens, sampling, generator=None) -> Proposal:
         if self._h is None or num_tokens < 1:  # a one-token prompt: nothing observed yet
@@ -355,11 +373,11 @@ class MedusaDrafter(Drafter):
         h = self._h if self._param is None else self._h.to(device=self._param[0], dtype=self._param[1])
         used = self._heads_used(num_tokens)
         if self._compiled is not None and self._compiled[0] >= used:
-            logits, top = self._compiled[1](h, self._compiled[0])
+            logits, top = self._compiled[1](h)
             if h.device.type == "cuda":  # CUDA graph outputs are reused by the next replay
                 logits, top = logits.clone(), top.clone()
         else:
-            logits, top = self._heads_out(h, used)
+            logits, top = _heads_function(self.heads, used, self._top if self.tree is not None else 0)(h)
         if self.tree is None:
             depth = min(num_tokens, self.num_heads)
             return Proposal(tokens=top[:depth].to(context.device), logits=logits[:depth])

@@ -34,13 +34,14 @@ the last committed token, is not one of them).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
 
 from draftsmith.eval.drafters import Drafter, Proposal
 from draftsmith.heads.eagle import EagleCache, StaticEagleCache
-from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, static_mask
+from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, compile_mode, static_mask
 
 #: EAGLE-2's keys, all required (SafeAILab's defaults: depth 5-7, top_k 10, total ~60).
 TREE_KEYS = ("depth", "top_k", "total_tokens")
@@ -101,7 +102,7 @@ class EagleDrafter(Drafter):
         self.typical = tuple(typical) if typical is not None else None
         self._new_cache = cache_factory or EagleCache
         self.cache = self._new_cache()
-        self.fast = _StaticDraft(head, compile) if static_cache or compile else None
+        self.fast = _static_draft(head, compile) if static_cache or compile else None
         self._chain_length = 0  # the fast path's chain length (set by `reserve`)
         self.last_scores: torch.Tensor | None = None  # tree: cumulative log q of the last proposal's nodes
         self._reset_state()
@@ -296,6 +297,20 @@ def _top_in_order(scores: torch.Tensor, k: int) -> torch.Tensor:
     sort: generated ids grow with depth, so a parent beats a child of equal score)."""
     order = torch.sort(scores, descending=True, stable=True).indices
     return order[: min(k, scores.numel())]
+
+
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # head -> {compile mode: _StaticDraft}
+
+
+def _static_draft(head: torch.nn.Module, compile: bool | str) -> _StaticDraft:
+    """The head's static state for `compile`, made once (its compiled proposals are the
+    expensive part, as `heads.static_target.static_adapter`): every drafter over the head
+    shares it, so use them one sequence at a time."""
+    slots = _STATIC.setdefault(head, {})
+    mode = compile_mode(compile)
+    if mode not in slots:
+        slots[mode] = _StaticDraft(head, compile)
+    return slots[mode]
 
 
 class _StaticDraft:

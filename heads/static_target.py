@@ -88,7 +88,8 @@ def compile_unavailable(device: torch.device | str) -> str | None:
     return f"torch.compile is not supported for device type {device.type!r} here"
 
 
-def _compile_mode(compile) -> str | None:
+def compile_mode(compile) -> str | None:
+    """The mode a `compile=` value asks for: None (off), "default" (True) or "max-autotune"."""
     if compile is False or compile is None:
         return None
     if compile is True:
@@ -126,7 +127,7 @@ class Compiler:
     `wrap` gets a code object of its own, i.e. a graph cache of its own."""
 
     def __init__(self, compile: bool | str, device: torch.device | str, owner: str):
-        self.mode = _compile_mode(compile)
+        self.mode = compile_mode(compile)
         self.device = torch.device(device)
         self.owner = owner
         self.seconds = 0.0
@@ -569,7 +570,7 @@ def static_adapter(
     the expensive part), grown to `max_length` if needed. `role` keeps a target and a draft
     that are the same model object apart: each needs a cache of its own."""
     slots = _ADAPTERS.setdefault(model, {})
-    key = (role, _compile_mode(compile))
+    key = (role, compile_mode(compile))
     adapter = slots.get(key)
     if adapter is None:
         adapter = slots[key] = StaticCausalLMAdapter(model, max_length, compile=compile)

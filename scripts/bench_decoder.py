@@ -294,25 +294,25 @@ def load_models(cfg: BenchConfig):
 
 
 def load_heads(cfg: BenchConfig, target) -> dict:
-    """name -> (drafter factory, K) for the drafters without a model of their own: prompt
-    lookup and the Medusa / EAGLE heads given on the command line."""
+    """name -> (drafter factory taking the fast-path options, K) for the drafters without a
+    model of their own: prompt lookup and the Medusa / EAGLE heads given on the command line."""
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     layers = target.config.get_text_config().num_hidden_layers
     heads = {}
     if cfg.prompt_lookup:
-        heads["prompt-lookup"] = (PromptLookupDrafter, cfg.num_draft_tokens)
+        heads["prompt-lookup"] = (lambda **fast: PromptLookupDrafter(), cfg.num_draft_tokens)  # no model: no fast path
     if cfg.medusa:
         from draftsmith.heads.medusa import load_medusa
 
         medusa = load_medusa(cfg.medusa, target=target, device=device, dtype=dtype)
         k = min(cfg.num_draft_tokens, medusa.config.num_heads)
-        heads["medusa-chain"] = (lambda medusa=medusa: MedusaDrafter(medusa, layers, name="medusa-chain"), k)
+        heads["medusa-chain"] = (lambda medusa=medusa, **fast: MedusaDrafter(medusa, layers, name="medusa-chain", **fast), k)
         accuracies = medusa.config.head_accuracies
         if cfg.medusa_tree and accuracies:
             tree = build_medusa_tree(accuracies, cfg.medusa_tree)
             depth = max(len(path) for path in tree)
             heads["medusa-tree"] = (
-                lambda medusa=medusa, tree=tree: MedusaDrafter(medusa, layers, tree=tree, name="medusa-tree"), depth
+                lambda medusa=medusa, tree=tree, **fast: MedusaDrafter(medusa, layers, tree=tree, name="medusa-tree", **fast), depth
             )
         elif cfg.medusa_tree:
             print(f"bench: {cfg.medusa} records no head accuracies: no medusa-tree row", file=sys.stderr)
@@ -320,12 +320,12 @@ def load_heads(cfg: BenchConfig, target) -> dict:
         from draftsmith.heads.eagle import load_eagle
 
         eagle = load_eagle(cfg.eagle, target=target, device=device, dtype=dtype)
-        heads["eagle-chain"] = (lambda eagle=eagle: EagleDrafter(eagle, name="eagle-chain"), cfg.num_draft_tokens)
+        heads["eagle-chain"] = (lambda eagle=eagle, **fast: EagleDrafter(eagle, name="eagle-chain", **fast), cfg.num_draft_tokens)
         if cfg.eagle_tree:
             depth, top_k, total = (int(v) for v in cfg.eagle_tree.split(","))
             settings = {"depth": depth, "top_k": top_k, "total_tokens": total}
             heads["eagle-tree"] = (
-                lambda eagle=eagle, settings=settings: EagleDrafter(eagle, tree=settings, name="eagle-tree"), depth + 1
+                lambda eagle=eagle, settings=settings, **fast: EagleDrafter(eagle, tree=settings, name="eagle-tree", **fast), depth + 1
             )
     return heads
 
@@ -429,6 +429,7 @@ def build_methods(cfg: BenchConfig, target, draft, self_draft, heads) -> list[Me
             counterpart = None if cfg.no_hf else f"hf-assisted ({label})"
             methods.append(Method(name, label, ours(path, make), path=path, baseline=name, counterpart=counterpart))
         for label, (make, k) in heads.items():
+            make = lambda make=make, fast=fast: make(**fast)  # noqa: E731 - the path's options, bound now
             methods.append(Method(name, label, ours(path, make, k), path=path, baseline=name))
     return methods
 

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=_float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed passes (median reported)")
-    ev.add_argument("--static-cache", action="store_true", help="batch-1 decoding over a preallocated KV cache (the target and draft models)")
+    ev.add_argument("--static-cache", action="store_true", help="batch-1 decoding over a preallocated KV cache (the target, draft models and EAGLE heads)")
     ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
@@ -274,17 +274,17 @@ def _load(args):
     target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
     drafters = {}
     vocab_size = target.get_output_embeddings().weight.shape[0]
+    fast = _fast_path(args)
     for name, folder in drafts.items():
         draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
         label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
-        fast = {"static_cache": True, "compile": args.compile or False} if getattr(args, "static_cache", False) or getattr(args, "compile", None) else {}
         drafters[name] = DraftModelDrafter(draft, vocab_size=vocab_size, name=label, **fast)
     if args.prompt_lookup:
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
     if args.medusa:
-        drafters.update(_medusa_drafters(args, target, device, dtype))
+        drafters.update(_medusa_drafters(args, target, device, dtype, fast))
     if args.eagle:
-        drafters.update(_eagle_drafters(args, target, device, dtype))
+        drafters.update(_eagle_drafters(args, target, device, dtype, fast))
     return target, tokenizer, drafters, device, dtype
 
 
@@ -327,7 +327,14 @@ def parse_eagle_tree(text: str) -> dict:
     return {"depth": depth, "top_k": top_k, "total_tokens": total}
 
 
-def _eagle_drafters(args, target, device, dtype) -> dict:
+def _fast_path(args) -> dict:
+    """The drafters' fast-path options from --static-cache / --compile (commands without them: none)."""
+    if getattr(args, "static_cache", False) or getattr(args, "compile", None):
+        return {"static_cache": True, "compile": args.compile or False}
+    return {}
+
+
+def _eagle_drafters(args, target, device, dtype, fast) -> dict:
     from draftsmith.eval.eagle import EagleDrafter
     from draftsmith.heads.eagle import EagleError, load_eagle
 
@@ -336,13 +343,13 @@ def _eagle_drafters(args, target, device, dtype) -> dict:
     except EagleError as err:
         raise UsageError(str(err)) from None
     typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
-    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", typical=typical)}
+    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", typical=typical, **fast)}
     if args.eagle_tree:
-        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(args.eagle_tree), name="eagle-tree", typical=typical)
+        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(args.eagle_tree), name="eagle-tree", typical=typical, **fast)
     return drafters
 
 
-def _medusa_drafters(args, target, device, dtype) -> dict:
+def _medusa_drafters(args, target, device, dtype, fast) -> dict:
     import json
 
     from draftsmith.eval.drafters import MedusaDrafter
@@ -355,7 +362,7 @@ def _medusa_drafters(args, target, device, dtype) -> dict:
         raise UsageError(str(err)) from None
     layers = target.config.get_text_config().num_hidden_layers
     typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
-    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", typical=typical)}
+    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", typical=typical, **fast)}
     if args.medusa_tree:
         if args.medusa_tree == "auto":
             accuracies = heads.config.head_accuracies
@@ -368,7 +375,7 @@ def _medusa_drafters(args, target, device, dtype) -> dict:
             except (ValueError, TypeError) as err:
                 raise UsageError(f"--medusa-tree {args.medusa_tree!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})") from None
         try:
-            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", typical=typical)
+            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", typical=typical, **fast)
         except ValueError as err:
             raise UsageError(f"--medusa-tree: {err}") from None
     return drafters

@@ -32,7 +32,7 @@ class DemoSettings:
     repeats: int = 3  # timed passes; speedup is their median
     temperature: float = 0.0  # greedy: acceptance is then a property of the models alone
     seed: int = 0
-    compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and draft models
+    compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and every drafter
 
     @property
     def fast_path(self) -> dict:
@@ -136,7 +136,7 @@ def _medusa_chain(ctx: DemoContext):
     from draftsmith.eval.drafters import MedusaDrafter
 
     layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain")
+    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain", **ctx.settings.fast_path)
 
 
 MEDUSA_TREE_NODES = 16  # verify 17 tokens per call: cheap on any device for a target this size
@@ -149,7 +149,7 @@ def _medusa_tree(ctx: DemoContext):
     heads = ctx.medusa_heads()
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
     layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
+    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", **ctx.settings.fast_path)
 
 
 EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as the Medusa tree
@@ -158,13 +158,13 @@ EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as
 def _eagle_chain(ctx: DemoContext):
     from draftsmith.eval.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain")
+    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain", **ctx.settings.fast_path)
 
 
 def _eagle_tree(ctx: DemoContext):
     from draftsmith.eval.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree")
+    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree", **ctx.settings.fast_path)
 
 
 # Every drafter method of the toolkit, in report order (each trained with a small demo budget).

@@ -427,6 +427,87 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
     assert out.tokens == _hf_greedy(target, prompt, 10)
 
 
+def test_failing_compile_of_the_heads_falls_back(pairs, monkeypatch):
+    target, _ = pairs("llama")
+
+    def broken(self, fn):
+        def compiled(*args):
+            raise RuntimeError("inductor failed (test)")
+
+        return compiled
+
+    monkeypatch.setattr(static_target.Compiler, "wrap", broken)
+    monkeypatch.setattr(static_target, "compile_unavailable", lambda device: None)
+    prompt = _ids(9, seed=18)
+    reference = _hf_greedy(target, prompt, 10)
+    medusa, _ = _oracle(target, prompt, 10)
+    layers = target.config.num_hidden_layers
+    adapter = StaticCausalLMAdapter(target, 64)  # uncompiled: only the heads fail
+    for drafter, what in (
+        (EagleDrafter(_real_head(target, "eagle3"), compile=True), "an EAGLE chain proposal failed"),
+        (MedusaDrafter(medusa, layers, compile=True), "the Medusa heads failed"),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = generate(adapter, drafter, prompt, max_new_tokens=10, num_draft_tokens=3)
+        assert any(what in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert out.tokens == reference and out.stats.compile_seconds < 1.0
+
+
+def _real_head(target, version, seed=0):
+    from draftsmith.heads.eagle import EagleHead
+
+    torch.manual_seed(seed)
+    return EagleHead.for_target(target, version).eval()
+
+
+class Proposals(EagleDrafter):
+    def start(self, prompt_ids):
+        super().start(prompt_ids)
+        self.seen = []
+
+    def propose(self, context, num_tokens, sampling, generator=None):
+        proposal = super().propose(context, num_tokens, sampling, generator)
+        self.seen.append((proposal.tokens.tolist(), proposal.parents))
+        return proposal
+
+
+def _same_proposals(target, head, prompt, tree, **fast):
+    """The real EagleHead (decode through the model's own layers) proposes the same tokens on
+    the fast path as eagerly, along the same decode."""
+    eager, quick = Proposals(head, tree=tree), Proposals(head, tree=tree, **fast)
+    a = generate(target, eager, prompt, max_new_tokens=21, num_draft_tokens=K)
+    b = generate(target, quick, prompt, max_new_tokens=21, num_draft_tokens=K, **fast)
+    assert b.tokens == a.tokens and b.stats.accepted == a.stats.accepted
+    assert quick.seen == eager.seen and len(eager.seen) > 3
+    return b
+
+
+@pytest.mark.parametrize("version", ["eagle1", "eagle3"])
+def test_a_real_eagle_head_proposes_the_same_on_the_static_path(version, pairs):
+    target, _ = pairs("llama")
+    head = _real_head(target, version)
+    for tree in (None, EAGLE_TREE):
+        # the prompt's long catch-up (fed uncompiled), then catch-ups of 1..K + 1 pairs
+        _same_proposals(target, head, _ids(26, seed=12), tree, static_cache=True)
+        _same_proposals(target, head, _ids(2, seed=13), tree, static_cache=True)
+
+
+@pytest.mark.slow
+def test_a_real_eagle_head_compiled(pairs):
+    target, _ = pairs("llama")
+    head = _real_head(target, "eagle3")
+    for tree in (None, EAGLE_TREE):
+        out = _same_proposals(target, head, _ids(26, seed=12), tree, compile=True)
+        assert out.stats.compile_seconds > 0  # the first request compiles the proposal
+        out = _same_proposals(target, head, _ids(9, seed=14), tree, compile=True)
+        assert out.stats.compile_seconds < 0.5  # shared by every drafter over the head
+    from draftsmith.eval.eagle import _static_draft
+
+    fast = _static_draft(head, True)
+    assert fast.compiler.error is None and set(fast._compiled) == {("chain", K), ("tree", EAGLE_TREE["depth"], EAGLE_TREE["top_k"])}
+
+
 @pytest.mark.slow
 def test_compiled_greedy_is_identical_for_every_drafter(pairs):
     target, draft = pairs("llama")
@@ -444,7 +525,7 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["draft", "medusa-tree", "eagle-chain"])
+@pytest.mark.parametrize("kind", ["draft", "medusa-tree", "eagle-chain", "eagle-tree"])
 def test_compiled_sampling_is_lossless(kind, pairs):
     target, draft = pairs("llama")
     make, k, runs = _informed_drafters(target, draft, compile=True)[kind]

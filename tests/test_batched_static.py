@@ -1,0 +1,279 @@
+# ruff: noqa: F811  (tests take the imported `setup` fixture by name)
+"""The static-cache (and compiled) path of batched decoding against its default path.
+
+- greedy: `generate_batch(..., static_cache=True)` gives the default path's tokens and per-row
+  counters, and HF greedy, for every drafter kind, with a row stopped early by eos (it stays in
+  the target's batch as a padding row), for a llama and a gpt_neox target;
+- the static cache's moves: its mask equals the dynamic one on the live columns; compactions
+  and tail cuts happen (pointer moves) and change no token; the capacity never overflows
+  (forced compaction), and a write past it raises `StaticCacheOverflow` and writes nothing;
+- sampling: row b draws what the default path draws; chi-square of the first two tokens;
+- compiled (slow: inductor compiles C++): same tokens, compile time apart; the fallback when
+  compilation is unavailable.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+import test_batched
+from draftsmith.eval import batched
+from draftsmith.eval.batched import BatchedDraftModel, BatchedMedusa, RaggedCache, StaticRaggedCache, generate_batch
+from draftsmith.heads import static_target
+from draftsmith.heads.eagle import EagleCache
+from draftsmith.heads.static_target import StaticCacheOverflow
+from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
+
+_forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
+
+
+def _eos_stopping_row_1(references) -> int:
+    """A token of row 1's greedy output (past its first few) that no other row emits."""
+    others = {t for b, ref in enumerate(references) if b != 1 for t in ref}
+    return next(t for j, t in enumerate(references[1]) if j >= 4 and t not in references[1][:j] and t not in others)
+
+
+def _cut(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records the static caches' forwards (rows in use, width, pointer, rows the step got),
+    appends (pointer before, fed, pointer after) and compactions (pointer before, after)."""
+    calls = {"forward": [], "append": [], "compact": []}
+    forward, append, compact = StaticRaggedCache.forward, StaticRaggedCache.append, StaticRaggedCache._compact
+    inputs = StaticRaggedCache._inputs
+
+    def on_forward(self, ids, *args, **kwargs):
+        calls["forward"].append([self, ids.shape[0], ids.shape[1], self.length, None])
+        return forward(self, ids, *args, **kwargs)
+
+    def on_inputs(self, *args):
+        out = inputs(self, *args)
+        if calls["forward"]:
+            calls["forward"][-1][4] = out[0].shape[0]
+        return out
+
+    def on_append(self, fed, *args):
+        before = self.length
+        append(self, fed, *args)
+        calls["append"].append((self, before, fed, self.length))
+
+    def on_compact(self):
+        before = self.length
+        compact(self)
+        calls["compact"].append((self, before, self.length))
+
+    monkeypatch.setattr(StaticRaggedCache, "forward", on_forward)
+    monkeypatch.setattr(StaticRaggedCache, "_inputs", on_inputs)
+    monkeypatch.setattr(StaticRaggedCache, "append", on_append)
+    monkeypatch.setattr(StaticRaggedCache, "_compact", on_compact)
+    return calls
+
+
+# ----------------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("name", list(K))
+def test_static_greedy_equals_default_and_hf(name, setup, spy):
+    """Row 1 stops at an eos: it stays in the target's batch as a padding row, and no other row,
+    and no counter, changes."""
+    target, references = setup[0], setup[4]
+    eos = _eos_stopping_row_1(references)
+    kwargs = {"num_draft_tokens": K[name], "max_new_tokens": N_NEW, "eos_token_id": eos}
+    default = generate_batch(target, PROMPTS, _drafters(name, setup)[0], **kwargs)
+    static = generate_batch(target, PROMPTS, _drafters(name, setup)[0], static_cache=True, **kwargs)
+    assert static.tokens == default.tokens == [_cut(r, eos) for r in references]
+    assert static.stopped == default.stopped and static.stopped[1] == "eos"
+    for row, ref in zip(static.rows, default.rows):
+        assert (row.proposed, row.accepted, row.new_tokens) == (ref.proposed, ref.accepted, ref.new_tokens)
+        assert (row.reached, row.accepted_at) == (ref.reached, ref.accepted_at)
+    assert static.call_rows == default.call_rows and static.call_rows[-1] < len(PROMPTS)
+    assert static.compile_seconds == static.stats.compile_seconds == 0.0
+    # Every step ran the whole batch, although rows had finished (the target's and the draft
+    # model's: its cache is static too).
+    target_kv = spy["forward"][0][0]
+    assert sum(kv is target_kv for kv, *_ in spy["forward"]) == 1 + static.target_calls
+    assert {physical for *_, physical in spy["forward"]} == {len(PROMPTS)}
+    assert min(rows for _, rows, *_ in spy["forward"]) < len(PROMPTS)
+    assert len({kv for kv, *_ in spy["forward"]}) == (2 if name == "draft" else 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_static_greedy_families(family, pairs):
+    target, draft = pairs(family)
+    prompts = _prompts((4, 1, 9, 6), seed=3)
+    alone = [_batch1(target, None, p, 0, max_new_tokens=16).tokens for p in prompts]
+    eos = alone[2][3]
+    for drafter in (None, BatchedDraftModel(draft)):
+        kwargs = {"num_draft_tokens": 3, "max_new_tokens": 16, "eos_token_id": eos}
+        static = generate_batch(target, prompts, drafter, static_cache=True, **kwargs)
+        assert static.tokens == [_cut(a, eos) for a in alone]
+        assert static.tokens == generate_batch(target, prompts, drafter, **kwargs).tokens
+        assert "eos" in static.stopped and "length" in static.stopped
+
+
+# ------------------------------------------------------------------------ the static cache
+
+
+def test_static_mask_equals_the_dynamic_one(setup):
+    """Same bookkeeping on both caches: on the live columns and the fed ones the static mask is
+    the dynamic one; every later slot is blocked."""
+    static = StaticRaggedCache(setup[0], 3, 16)
+    dynamic = RaggedCache(EagleCache(), 3, torch.device("cpu"))
+
+    def both(fed, lo=None, hi=None, keep=None):
+        live = static.length + fed
+        a, b = static.mask(fed, lo, hi, torch.float32), dynamic.mask(fed, lo, hi, torch.float32)
+        assert a.shape == (len(static.rows), 1, fed, 16)
+        assert torch.equal(a[..., :live], b), (fed, lo, hi)
+        assert bool((a[..., live:] == torch.finfo(torch.float32).min).all())
+        _forward(dynamic, [[0] * fed] * len(dynamic.counts))
+        for kv in (static, dynamic):
+            kv.append(fed, lo, hi if keep is None else keep)
+
+    both(4, [0, 3, 1])  # a right-aligned prompt block
+    both(3, None, [3, 1, 0], keep=[2, 1, 0])  # row 2 a padding row; the third column is cut
+    assert static.length == dynamic.length == 6 and static.counts == dynamic.counts == [6, 2, 3]
+    for kv in (static, dynamic):  # row 1 leaves: a padding row of the static cache
+        kv.select(torch.tensor([0, 2]), [0, 2])
+    assert static.rows == [0, 2] and static.counts == dynamic.counts == [6, 3]
+    both(2, None, [2, 1], keep=[1, 2])
+    assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
+
+
+@pytest.mark.parametrize("name", ["draft", "eagle3"])
+def test_compaction_and_tail_cuts_keep_rows_exact(name, setup, spy, monkeypatch):
+    """Compacting at every hole: the pointers move back (tail cuts, compactions) and no token
+    changes."""
+    monkeypatch.setattr(batched, "COMPACT_WHEN", 0.0)
+    result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
+                            max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
+    assert result.tokens == setup[4]
+    caches = {kv for kv, *_ in spy["compact"]}
+    assert len(caches) == (2 if name == "draft" else 1)  # the EAGLE head keeps its dynamic cache
+    assert len(spy["compact"]) >= 3 and all(after < before for _, before, after in spy["compact"])
+    assert any(after < before + fed for _, before, fed, after in spy["append"])  # a common tail was cut
+
+
+@pytest.mark.parametrize("name", ["draft", "medusa"])  # target-only leaves no holes past the prefill's
+def test_capacity_never_overflows(name, setup, spy, monkeypatch):
+    """With no voluntary compaction and an unrounded capacity (longest prompt + max_new_tokens
+    + K + 1), the pointer reaches the end; `reserve` compacts and decoding goes on exactly."""
+    monkeypatch.setattr(batched, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
+    monkeypatch.setattr(batched, "CAPACITY_STEP", 1)
+    result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
+                            max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
+    assert result.tokens == setup[4]
+    capacity = max(p.numel() for p in PROMPTS) + N_NEW + K[name] + 1
+    target_kv = spy["forward"][0][0]
+    assert target_kv.capacity == capacity
+    assert any(kv is target_kv for kv, *_ in spy["compact"])  # forced: the pointer got to the end
+    assert all(pointer + width <= capacity for _, _, width, pointer, _ in spy["forward"])
+
+
+def test_overflow_raises_and_writes_nothing(setup):
+    target = setup[0]
+    kv = StaticRaggedCache(target, 2, 8)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 0, 11, 12, 13]])
+    kv.forward(ids, torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]]), [0, 3], None)
+    kv.append(6, [0, 3], None)
+    keys = [layer.keys.clone() for layer in kv.cache.layers]
+    with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8.*nothing was written"):
+        kv.forward(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8. Nothing was written"):
+        kv.reserve(3)  # row 0 holds 6 real tokens: compaction frees nothing
+    assert kv.length == 6 and kv.counts == [6, 3]
+    assert all(torch.equal(layer.keys, k) for layer, k in zip(kv.cache.layers, keys))
+
+
+def test_bad_compile_mode_and_windowed_models_raise(setup):
+    from transformers import AutoModelForCausalLM
+
+    from fixtures import tiny_config
+
+    with pytest.raises(ValueError, match="compile must be"):
+        generate_batch(setup[0], PROMPTS, max_new_tokens=2, compile="fastest")
+    config = tiny_config("mistral")
+    config.sliding_window = 6
+    windowed = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="full-attention"):
+        generate_batch(windowed, PROMPTS, max_new_tokens=4, static_cache=True)
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+@pytest.mark.parametrize("name", ["draft", "medusa", "eagle3"])
+def test_static_sampled_rows_equal_the_default_path(name, setup):
+    """The static path makes the very draws of the default path (row b: generator row_seed(7, b)),
+    with a row that finishes early at an eos."""
+    target = setup[0]
+    kwargs = {"num_draft_tokens": K[name], "max_new_tokens": N_NEW, "sampling": T1, "seed": 7}
+    free = generate_batch(target, PROMPTS, _drafters(name, setup)[0], **kwargs).tokens
+    kwargs["eos_token_id"] = free[2][len(free[2]) // 3]
+    default = generate_batch(target, PROMPTS, _drafters(name, setup)[0], **kwargs)
+    static = generate_batch(target, PROMPTS, _drafters(name, setup)[0], static_cache=True, **kwargs)
+    assert static.tokens == default.tokens and "eos" in static.stopped
+    assert [r.accepted for r in static.rows] == [r.accepted for r in default.rows]
+
+
+def test_static_sampling_is_lossless_per_row_quick(setup, monkeypatch):
+    """`test_batched`'s chi-square (250 samples per prompt, draft model, one batch of 1000 rows)
+    on the static path: every prompt fits the target's law; the draft's law is rejected somewhere."""
+    monkeypatch.setattr(test_batched, "generate_batch", functools.partial(generate_batch, static_cache=True))
+    fits = _first_two_fits(setup, copies=250)
+    for p, (target_fit, _) in enumerate(fits):
+        assert target_fit.bins >= 5 and target_fit.p_value > 1e-3, (p, target_fit)
+    assert min(draft_fit.p_value for _, draft_fit in fits) < 1e-6, fits
+
+
+# ------------------------------------------------------------------------------ compiled
+
+
+def test_unavailable_compiler_falls_back_with_a_message(setup, monkeypatch):
+    target = copy.deepcopy(setup[0])  # a model of its own: no compiled cache of an earlier test
+    monkeypatch.setattr(static_target, "compile_unavailable", lambda device: "no C++ compiler here (test)")
+    with pytest.warns(UserWarning, match=r"torch.compile is off.*no C\+\+ compiler here"):
+        result = generate_batch(target, PROMPTS, BatchedDraftModel(setup[1]), num_draft_tokens=3,
+                                max_new_tokens=N_NEW, compile=True)  # fmt: skip
+    assert result.tokens == setup[4]
+    assert result.compile_seconds == result.stats.compile_seconds == 0.0
+
+
+@pytest.mark.slow
+def test_compiled_greedy_is_identical(setup, spy):
+    """Target only (width 1), a draft model (target width K + 1, narrower calls near the end
+    padded to it; the draft's steps at widths 1 and 2) and Medusa (the target's hidden states
+    out of the compiled step): the default path's tokens, with a row that finishes early;
+    compile time apart, paid once per model and shape."""
+    target, draft = copy.deepcopy(setup[0]), copy.deepcopy(setup[1])  # compiled graphs of their own
+    references = setup[4]
+    eos = _eos_stopping_row_1(references)
+    heads = BatchedMedusa(setup[2], target.config.num_hidden_layers)
+    for drafter, k in ((None, 0), (BatchedDraftModel(draft), 3), (heads, 3)):
+        kwargs = {"num_draft_tokens": k, "max_new_tokens": N_NEW, "eos_token_id": eos}
+        result = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
+        assert result.tokens == [_cut(r, eos) for r in references]
+        assert result.compile_seconds > 0 and result.stats.compile_seconds == result.compile_seconds
+        assert result.compile_seconds > result.total_seconds  # compilation is not in the decoding time
+        caches = [batched._STATIC_CACHES[target]["target", True]]
+        layers = drafter.target_layers if drafter is not None else ()
+        assert (layers, k + 1) in caches[0]._compiled
+        if isinstance(drafter, BatchedDraftModel):
+            caches.append(batched._STATIC_CACHES[draft]["draft", True])
+            assert {((), 1), ((), 2)} <= set(caches[1]._compiled)
+        # Warm: nothing compiles, and every verification and draft step runs compiled (a call
+        # narrower than a compiled width padded to it); only prefills and first catch-ups do not.
+        for kv, key in zip(caches, [(layers, False), ((), False)]):
+            assert kv.compiler.enabled and kv.compiler.error is None
+            kv._eager[key] = lambda *inputs: pytest.fail("an all-logits step ran uncompiled")
+        again = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
+        assert again.tokens == result.tokens and again.compile_seconds == 0.0
+        for kv, key in zip(caches, [(layers, False), ((), False)]):
+            del kv._eager[key]
