@@ -80,7 +80,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from draftsmith.eval.decoder import DecodeStats, eos_set, synchronize
 from draftsmith.eval.drafters import Drafter, DraftModelDrafter, MedusaDrafter
 from draftsmith.eval.sampling import SamplingConfig, draw, verify_chain
-from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, StaticCacheOverflow
+from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
 from draftsmith.heads.target import CausalLMAdapter, ForwardResult
 
 #: Compact a ragged cache when its holes (columns past the longest row's real count) make up at
@@ -526,19 +526,22 @@ class StaticRaggedCache(RaggedCache):
         return ForwardResult(logits=logits, hidden_states=hidden)
 
 
-#: Per model and role ("target", "draft"), its static ragged caches by compile setting: the
-#: next `generate_batch` of the same batch size and capacity reuses one (its compiled steps are
-#: the expensive part); a call of another shape replaces it. A role of its own keeps a model used
-#: as its own draft apart. So a model decodes one static-path request at a time (no two threads).
+#: Per model, role ("target", "draft"), compile mode and batch size, its static ragged cache:
+#: the next `generate_batch` of that batch size reuses it (its compiled steps are the expensive
+#: part) when it holds enough columns, and replaces it with a larger one when not. A sweep over
+#: batch sizes keeps one per size. A role of its own keeps a model used as its own draft apart.
+#: So a model decodes one static-path request at a time (no two threads).
 _STATIC_CACHES: weakref.WeakKeyDictionary[PreTrainedModel, dict] = weakref.WeakKeyDictionary()
 
 
 def static_ragged_cache(model: PreTrainedModel, role: str, batch: int, capacity: int, compile: bool | str) -> StaticRaggedCache:
-    """The static ragged cache of `model` in `role` for this shape, made once, reset."""
+    """A static ragged cache of `model` in `role` for `batch` rows of at least `capacity`
+    columns, made once (grown when too small), reset."""
     slots = _STATIC_CACHES.setdefault(model, {})
-    kv = slots.get((role, compile))
-    if kv is None or kv.batch != batch or kv.capacity != capacity:
-        kv = slots[role, compile] = StaticRaggedCache(model, batch, capacity, compile=compile, owner=f"the {role}")
+    key = (role, compile_mode(compile), batch)
+    kv = slots.get(key)
+    if kv is None or kv.capacity < capacity:
+        kv = slots[key] = StaticRaggedCache(model, batch, capacity, compile=compile, owner=f"the {role}")
     kv.reset()
     return kv
 

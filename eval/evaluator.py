@@ -43,7 +43,7 @@ class EvalSettings:
     seed: int = 0
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
     measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
-    static_cache: bool = False  # batch-1 decoding over a preallocated KV cache (heads/static_target.py)
+    static_cache: bool = False  # decode over preallocated KV caches (heads/static_target.py; the sweep: eval/batched.py)
     compile: bool | str = False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
 
     def __post_init__(self):

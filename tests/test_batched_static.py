@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 
 import pytest
 import torch
@@ -167,6 +168,7 @@ def test_capacity_never_overflows(name, setup, spy, monkeypatch):
     + K + 1), the pointer reaches the end; `reserve` compacts and decoding goes on exactly."""
     monkeypatch.setattr(batched, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
     monkeypatch.setattr(batched, "CAPACITY_STEP", 1)
+    monkeypatch.setattr(batched, "_STATIC_CACHES", weakref.WeakKeyDictionary())  # no larger cache to reuse
     result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
                             max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
     assert result.tokens == setup[4]
@@ -262,11 +264,11 @@ def test_compiled_greedy_is_identical(setup, spy):
         assert result.tokens == [_cut(r, eos) for r in references]
         assert result.compile_seconds > 0 and result.stats.compile_seconds == result.compile_seconds
         assert result.compile_seconds > result.total_seconds  # compilation is not in the decoding time
-        caches = [batched._STATIC_CACHES[target]["target", True]]
+        caches = [batched._STATIC_CACHES[target]["target", "default", len(PROMPTS)]]
         layers = drafter.target_layers if drafter is not None else ()
         assert (layers, k + 1) in caches[0]._compiled
         if isinstance(drafter, BatchedDraftModel):
-            caches.append(batched._STATIC_CACHES[draft]["draft", True])
+            caches.append(batched._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
             assert {((), 1), ((), 2)} <= set(caches[1]._compiled)
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups do not.

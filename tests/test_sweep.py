@@ -229,6 +229,22 @@ def test_without_batch_sizes_nothing_changes(toy_dir, task_prompts, tmp_path, ru
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
 
 
+def test_the_sweep_on_the_static_path(toy_dir, task_prompts, served, tmp_path, run_cli):
+    """`--static-cache` with `--batch-sizes`: the batched decoder over its static ragged caches
+    decodes the same tokens (greedy), so every batched row's counts and tau are the default's."""
+    out = tmp_path / "eval"
+    code, _, err = run_cli(eval_args(toy_dir, task_prompts, out, "--batch-sizes", "3,1,2", "--static-cache"))
+    assert code == 0, err
+    (_, default), (_, static) = _load(served[0]), _load(out)
+    assert static["settings"]["path"] == "static cache" and default["settings"]["path"] == "default"
+    batched = [name for name, entry in default["methods"].items() if entry["batched"]]
+    assert len(batched) >= 2
+    for name in batched:
+        for a, b in zip(default["methods"][name]["batches"], static["methods"][name]["batches"], strict=True):
+            assert (a["batch_size"], a["new_tokens"], a["tau"]) == (b["batch_size"], b["new_tokens"], b["tau"]), name
+    assert "Decoding path: static cache" in (out / "serving.md").read_text()
+
+
 # ---------------------------------------------------------------------- in-process
 @pytest.fixture(scope="module")
 def heads(pairs):
