@@ -41,7 +41,7 @@ import torch
 
 from draftsmith.eval.drafters import Drafter, Proposal
 from draftsmith.heads.eagle import EagleCache, StaticEagleCache
-from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, compile_mode, static_mask
+from draftsmith.heads.static_target import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode, static_mask
 
 #: EAGLE-2's keys, all required (SafeAILab's defaults: depth 5-7, top_k 10, total ~60).
 TREE_KEYS = ("depth", "top_k", "total_tokens")
@@ -299,6 +299,12 @@ def _top_in_order(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order[: min(k, scores.numel())]
 
 
+def _speculative_rows(shape: tuple) -> int:
+    """Draft-cache rows a proposal of `shape` writes past the real pairs: a chain's k - 1 fed
+    drafts, a tree's depth x top_k frontier rows."""
+    return shape[1] - 1 if shape[0] == "chain" else shape[1] * shape[2]
+
+
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # head -> {compile mode: _StaticDraft}
 
 
@@ -343,8 +349,7 @@ class _StaticDraft:
         """Room for `max_context` pairs plus a proposal of `num_tokens`, catch-ups of up to
         num_tokens + 1 pairs; compile `shape`'s proposal. Returns the seconds spent compiling."""
         width = max(self.width, num_tokens + 1)
-        speculative = max(width, num_tokens * (1 if shape[0] == "chain" else max(1, shape[-1])) + width)
-        capacity = -(-(max_context + speculative) // CAPACITY_STEP) * CAPACITY_STEP
+        capacity = -(-(max_context + width + _speculative_rows(shape)) // CAPACITY_STEP) * CAPACITY_STEP
         if self.cache is None or capacity > self.cache.capacity or width != self.width:
             self.cache, self.width = StaticEagleCache(capacity), width
             self._compiled.clear()  # compiled against the old buffers
@@ -416,6 +421,13 @@ class _StaticDraft:
         if self.cache is None:
             raise RuntimeError("reserve() the static EAGLE cache before proposing")
         count = ids.shape[0]
+        slots = real + max(count, self.width) + _speculative_rows(shape)
+        if slots > self.cache.capacity:
+            raise StaticCacheOverflow(
+                f"static EAGLE cache overflow: {real} pairs held, {count} new and a {shape[0]} proposal need {slots} "
+                f"slots, but the cache was preallocated for {self.cache.capacity}. Reserve room before the request "
+                "(drafter.reserve(max_context, num_tokens, sampling)); nothing was written."
+            )
         if count > self.width:  # feed the head of a long catch-up uncompiled
             extra = count - self.width
             self.feed(real, ids[:extra], features[:extra])

@@ -483,6 +483,24 @@ def _same_proposals(target, head, prompt, tree, **fast):
     return b
 
 
+def test_eagle_static_cache_overflow_raises_and_writes_nothing(pairs):
+    target, _ = pairs("llama")
+    head = _real_head(target, "eagle3", seed=3)
+    drafter = EagleDrafter(head, static_cache=True)
+    drafter.reserve(8, 3, SamplingConfig())  # room for 8 pairs + a proposal: 128 slots
+    capacity = drafter.fast.cache.capacity
+    context = _ids(capacity + 2, seed=19)
+    drafter.start(context)
+    with torch.no_grad():
+        hidden = target(context[None], output_hidden_states=True).hidden_states
+    drafter.observe({i: hidden[i][0] for i in drafter.target_layers})
+    assert len(drafter.propose(context[:6], 3, SamplingConfig())) == 3  # fits: the buffers now exist
+    before = drafter.fast.cache.keys.clone()
+    with pytest.raises(StaticCacheOverflow, match=f"preallocated for {capacity}.*nothing was written"):
+        drafter.propose(context, 3, SamplingConfig())
+    assert torch.equal(drafter.fast.cache.keys, before)
+
+
 @pytest.mark.parametrize("version", ["eagle1", "eagle3"])
 def test_a_real_eagle_head_proposes_the_same_on_the_static_path(version, pairs):
     target, _ = pairs("llama")
