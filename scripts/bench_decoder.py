@@ -77,6 +77,7 @@ from draftsmith.eval.decoder import DecodeStats, generate, synchronize
 from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
 from draftsmith.eval.eagle import EagleDrafter
 from draftsmith.eval.tree import build_medusa_tree
+from draftsmith.heads.models import DTYPE_ALIASES
 from draftsmith.heads.static_target import COMPILE_MODES, static_adapter
 from draftsmith.heads.target import CausalLMAdapter
 
@@ -141,8 +142,9 @@ class BenchConfig:
             raise ValueError(f"--device {self.device}: CUDA is not available here; use --device cpu")
         if self.dtype is None:
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)  # bf16 / fp16 / fp32, as the CLI takes them
         if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"--dtype must be one of {sorted(DTYPES)} (or bf16, fp16, fp32), got {self.dtype!r}")
         for name in ("num_draft_tokens", "max_new_tokens", "prompts", "prompt_len", "draft_layers", "curve_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

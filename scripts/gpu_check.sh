@@ -14,6 +14,10 @@
 #   eval       `draftsmith eval` in bf16 with the sweeps: batch sizes 1..32, Poisson loads, a latency
 #              target, a price: report.*, serving.* and every figure straight into OUT_DIR
 #   tune       `draftsmith tune --eagle ... --k-max 8` into OUT_DIR/tune-eagle3 (tuning.json, speedup_vs_k.png)
+#   fastpath   scripts/bench_decoder.py: eager / static / compiled (CUDA graphs) x target-only, the
+#              distilled draft and the EAGLE-3 head, with c and v(n), into OUT_DIR/bench.json (the tables: logs/fastpath.log);
+#              then `draftsmith eval --compile --batch-sizes 1,8` (the batched decoder compiled too)
+#              into OUT_DIR/eval-compiled, and the CUDA-graph tests (tests/test_static.py)
 # Data and trained heads go to a work folder outside OUT_DIR ($GPU_CHECK_WORK, default a new
 # temporary folder), so only reports and figures travel back.
 #
@@ -31,6 +35,7 @@ if [ "$DEVICE" = "cpu" ]; then  # the dry run: micro target, seconds per stage
     : "${GPU_CHECK_DRAFT_VOCAB:=}" "${GPU_CHECK_EVAL_PROMPTS:=4}" "${GPU_CHECK_NEW_TOKENS:=12}"
     : "${GPU_CHECK_BATCH_SIZES:=1,2,4}" "${GPU_CHECK_QPS:=2,8}" "${GPU_CHECK_LATENCY_TARGET:=2}"
     : "${GPU_CHECK_REPEATS:=1}" "${GPU_CHECK_TUNE_PROMPTS:=2}" "${GPU_CHECK_K_MAX:=4}"
+    : "${GPU_CHECK_BENCH_PROMPTS:=2}" "${GPU_CHECK_BENCH_NEW_TOKENS:=16}" "${GPU_CHECK_FAST_BATCH_SIZES:=1,2}"
 else
     # Sized for one H200 and ~8 minutes in all: the build ~3 min, data ~0.5, training ~2, eval + tune ~2.5.
     : "${GPU_CHECK_PRESET:=gpu}"
@@ -49,6 +54,9 @@ else
     : "${GPU_CHECK_REPEATS:=2}"
     : "${GPU_CHECK_TUNE_PROMPTS:=8}"
     : "${GPU_CHECK_K_MAX:=8}"
+    : "${GPU_CHECK_BENCH_PROMPTS:=4}"       # the fast-path bench: 3 paths x 3 methods x 4 prompts x 128 tokens, + compiling: ~2 min
+    : "${GPU_CHECK_BENCH_NEW_TOKENS:=128}"
+    : "${GPU_CHECK_FAST_BATCH_SIZES:=1,8}"
 fi
 : "${GPU_CHECK_DTYPE:=bf16}"
 : "${GPU_CHECK_K:=4}"
@@ -124,6 +132,18 @@ stage eval "${DS[@]}" eval --target "$TD/target" --draft small-draft="$TD/draft"
 stage tune "${DS[@]}" tune --target "$TD/target" --eagle "$GPU_CHECK_WORK/eagle3/head" --prompts "$TD/prompts/heldout.jsonl" \
     --limit "$GPU_CHECK_TUNE_PROMPTS" --k-max "$GPU_CHECK_K_MAX" --max-new-tokens "$GPU_CHECK_NEW_TOKENS" \
     --repeats "$GPU_CHECK_REPEATS" --device "$DEVICE" --dtype "$GPU_CHECK_DTYPE" --out "$OUT_DIR/tune-eagle3" --no-progress
+
+stage fastpath bash -c '
+    set -e
+    python3 scripts/bench_decoder.py --target "$1/target" --draft "$2/draft/draft" --eagle "$2/eagle3/head" \
+        --eagle-tree "" --prompt-file "$1/prompts/heldout.jsonl" --prompts "$3" --max-new-tokens "$4" -k "$5" \
+        --repeats 2 --no-hf --no-self-draft --device "$6" --dtype "$7" --out "$8/bench.json"
+    "${@:10}" eval --target "$1/target" --draft distilled-draft="$2/draft/draft" --eagle "$2/eagle3/head" \
+        --prompts "$1/prompts/heldout.jsonl" --limit "$3" --max-new-tokens "$4" -k "$5" --repeats 1 --no-distances \
+        --batch-sizes "$9" --compile --device "$6" --dtype "$7" --out "$8/eval-compiled" --no-progress
+    if [ "$6" != cpu ]; then python3 -m pytest -q -m slow tests/test_static.py -k cuda_graphs; fi
+' fastpath "$TD" "$GPU_CHECK_WORK" "$GPU_CHECK_BENCH_PROMPTS" "$GPU_CHECK_BENCH_NEW_TOKENS" "$GPU_CHECK_K" \
+    "$DEVICE" "$GPU_CHECK_DTYPE" "$OUT_DIR" "$GPU_CHECK_FAST_BATCH_SIZES" "${DS[@]}"
 
 printf '%-10s %8d\n' total "$((SECONDS - STARTED))" >> "$TIMINGS"
 echo

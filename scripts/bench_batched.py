@@ -1,0 +1,99 @@
+"""Batched decoding on its three paths, side by side: the default dynamic ragged cache, the
+static ragged cache, and the static cache with compiled steps (`generate_batch(...,
+static_cache=, compile=)`), for target-only decoding and each drafter given, at one batch size.
+
+    D=~/.cache/draftsmith
+    python scripts/bench_batched.py --target $D/demo-target-cpu/target \
+        --draft $D/demo-heads-cpu/distilled-draft/draft --eagle $D/demo-heads-cpu/eagle3/head \
+        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --batch-size 4
+
+Greedy, no eos (every row emits exactly --max-new-tokens), one warm-up per configuration
+(compilation happens there and is reported apart), then --repeats rounds in which every
+configuration runs once, interleaved, so that load from other work hits all of them alike.
+Each cell: the median over rounds of tokens/s, and its ratio to the default path of the same
+method. Rows must decode the same tokens on every path; a mismatch is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from draftsmith.eval.batched import BatchedDraftModel, BatchedEagle, generate_batch
+from draftsmith.eval.evaluator import load_prompts
+from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+
+PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile": True}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True, help="the target model folder")
+    parser.add_argument("--draft", help="a draft model folder (same vocabulary)")
+    parser.add_argument("--eagle", help="an EAGLE head folder (its chain)")
+    parser.add_argument("--prompt-file", required=True, help="prompts: JSON lines with \"prompt\" (text) or \"input_ids\"")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("-k", "--num-draft-tokens", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: comparable across runs on a shared machine)")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1 or args.repeats < 1:
+        parser.error("--batch-size, --max-new-tokens, -k and --repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+
+    target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
+    tokenizer = load_tokenizer(args.target)
+    prompts = load_prompts(args.prompt_file, tokenizer, limit=args.batch_size)
+    if len(prompts) < args.batch_size:
+        parser.error(f"--prompt-file {args.prompt_file} holds {len(prompts)} prompts, fewer than --batch-size {args.batch_size}")
+    methods = {"target-only": (lambda: None, 0)}
+    if args.draft:
+        draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
+        methods["draft"] = (lambda: BatchedDraftModel(draft), args.num_draft_tokens)
+    if args.eagle:
+        from draftsmith.heads.eagle import load_eagle
+
+        head = load_eagle(args.eagle, target=target, device=device, dtype=dtype)
+        methods["eagle-chain"] = (lambda: BatchedEagle(head), args.num_draft_tokens)
+
+    def run(method: str, path: str):
+        make, k = methods[method]
+        return generate_batch(target, prompts, make(), num_draft_tokens=k, max_new_tokens=args.max_new_tokens, **PATHS[path])
+
+    tokens, compile_seconds, tau = {}, {}, {}
+    for method in methods:
+        for path in PATHS:
+            warm = run(method, path)
+            tokens[method, path], compile_seconds[method, path], tau[method] = warm.tokens, warm.compile_seconds, warm.stats.tau
+            print(f"warm-up {method} / {path}: compile {warm.compile_seconds:.1f} s", file=sys.stderr, flush=True)
+    speed = {key: [] for key in tokens}
+    for _ in range(args.repeats):
+        for key in speed:
+            result = run(*key)
+            speed[key].append(result.new_tokens / result.total_seconds)
+
+    print(f"batch {args.batch_size}, K = {args.num_draft_tokens}, {args.max_new_tokens} new tokens per row, greedy, "
+          f"{device.type} {str(dtype).removeprefix('torch.')}, median of {args.repeats}; tau counts the bonus token\n")  # fmt: skip
+    print("| method | tau | " + " | ".join(f"{p} tok/s" for p in PATHS) + " | static / default | compiled / default | compile s | same tokens |")
+    print("|---|---:|" + "---:|" * len(PATHS) + "---:|---:|---:|---|")
+    mismatches = 0
+    for method in methods:
+        median = {p: statistics.median(speed[method, p]) for p in PATHS}
+        same = all(tokens[method, p] == tokens[method, "default"] for p in PATHS)
+        mismatches += not same
+        print(f"| {method} | {tau[method]:.2f} | " + " | ".join(f"{median[p]:.0f}" for p in PATHS)
+              + f" | {median['static'] / median['default']:.2f}x | {median['compiled'] / median['default']:.2f}x"
+              + f" | {compile_seconds[method, 'compiled']:.0f} | {'yes' if same else 'NO'} |")  # fmt: skip
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
