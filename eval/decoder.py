@@ -246,8 +246,10 @@ def generate(
     "max-autotune", see `heads.static_target.COMPILE_MODES`; implies the static cache) also
     compiles its forwards. Both keep the output identical (greedy) or identically distributed
     (sampling). The adapter is made once per model and reused, so compilation is paid once per
-    process and width, before the clock starts (`stats.compile_seconds`). A drafter's own model
-    takes its settings from the drafter (`DraftModelDrafter(..., static_cache=, compile=)`).
+    process and width, before the clock starts (`stats.compile_seconds`). A drafter takes its
+    own settings (`DraftModelDrafter` / `EagleDrafter(..., static_cache=, compile=)`,
+    `MedusaDrafter(..., compile=)`); its compilation happens in its `reserve`, also before the
+    clock, and is counted in `stats.compile_seconds` too.
     Passing an adapter as `target` uses it as is (the flags must then be left False).
     """
     if max_new_tokens < 1:

@@ -30,7 +30,10 @@ buys: weights may change in place (they are graph inputs, never baked in), but h
 values or the module structure must not change after the warm-up; make a new adapter instead.
 
 Limits: full-attention layers only (HF's static sliding-window layers are ring buffers that
-cannot be cropped back after a rejection; use the default `CausalLMAdapter` for those), batch 1.
+cannot be cropped back after a rejection; use the default `CausalLMAdapter` for those), batch 1
+(the batched decoder has its own static ragged cache, `eval/batched.py`). `Compiler` and
+`static_mask` serve every fast-path user: this adapter, the EAGLE and Medusa drafters
+(`eval/eagle.py`, `eval/drafters.py`) and the batched caches.
 A forward that would write past the capacity raises `StaticCacheOverflow` and leaves the cache
 as it was; `reserve` grows the cache between requests.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of draftsmith's serving-scale evaluation: one script, one GPU, ~8 minutes.
+# The GPU check of draftsmith's serving-scale evaluation and fast decoding path: one script, one GPU, ~11 minutes.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]                          # default OUT_DIR: $OUT, else runs/gpu-check
 #   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh /tmp/gpu-dry   # dry run of every command on CPU (micro preset)
@@ -37,7 +37,7 @@ if [ "$DEVICE" = "cpu" ]; then  # the dry run: micro target, seconds per stage
     : "${GPU_CHECK_REPEATS:=1}" "${GPU_CHECK_TUNE_PROMPTS:=2}" "${GPU_CHECK_K_MAX:=4}"
     : "${GPU_CHECK_BENCH_PROMPTS:=2}" "${GPU_CHECK_BENCH_NEW_TOKENS:=16}" "${GPU_CHECK_FAST_BATCH_SIZES:=1,2}"
 else
-    # Sized for one H200 and ~8 minutes in all: the build ~3 min, data ~0.5, training ~2, eval + tune ~2.5.
+    # Sized for one H200 and ~11 minutes in all: the build ~3 min, data ~0.5, training ~2, eval + tune ~2.5, fastpath ~3.
     : "${GPU_CHECK_PRESET:=gpu}"
     : "${GPU_CHECK_DATA_PROMPTS:=512}"      # 512 answers x 128 tokens = 65k training tokens: enough for a few hundred steps
     : "${GPU_CHECK_DATA_NEW_TOKENS:=128}"
@@ -54,7 +54,7 @@ else
     : "${GPU_CHECK_REPEATS:=2}"
     : "${GPU_CHECK_TUNE_PROMPTS:=8}"
     : "${GPU_CHECK_K_MAX:=8}"
-    : "${GPU_CHECK_BENCH_PROMPTS:=4}"       # the fast-path bench: 3 paths x 3 methods x 4 prompts x 128 tokens, + compiling: ~2 min
+    : "${GPU_CHECK_BENCH_PROMPTS:=3}"       # the fast-path bench: 3 paths x 3 methods x 3 prompts x 128 tokens x 4 runs, + compiling: ~3 min
     : "${GPU_CHECK_BENCH_NEW_TOKENS:=128}"
     : "${GPU_CHECK_FAST_BATCH_SIZES:=1,8}"
 fi
@@ -137,7 +137,7 @@ stage fastpath bash -c '
     set -e
     python3 scripts/bench_decoder.py --target "$1/target" --draft "$2/draft/draft" --eagle "$2/eagle3/head" \
         --eagle-tree "" --prompt-file "$1/prompts/heldout.jsonl" --prompts "$3" --max-new-tokens "$4" -k "$5" \
-        --repeats 2 --no-hf --no-self-draft --device "$6" --dtype "$7" --out "$8/bench.json"
+        --repeats 3 --curve-repeats 1 --no-hf --no-self-draft --device "$6" --dtype "$7" --out "$8/bench.json"
     "${@:10}" eval --target "$1/target" --draft distilled-draft="$2/draft/draft" --eagle "$2/eagle3/head" \
         --prompts "$1/prompts/heldout.jsonl" --limit "$3" --max-new-tokens "$4" -k "$5" --repeats 1 --no-distances \
         --batch-sizes "$9" --compile --device "$6" --dtype "$7" --out "$8/eval-compiled" --no-progress
