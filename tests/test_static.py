@@ -32,7 +32,7 @@ from draftsmith.heads.static_target import StaticCacheOverflow, StaticCausalLMAd
 from draftsmith.heads.target import CausalLMAdapter, tree_attention_mask
 from fixtures import VOCAB, tiny_config
 from test_eagle_drafter import FakeCache, _oracle_head
-from test_tree import NUM_HEADS, OracleHeads, _oracle
+from test_tree import NUM_HEADS, _oracle, informed_medusa
 from test_tree import TREE as MEDUSA_TREE
 
 ATOL = 1e-5  # fp32: a static-cache forward reads the same numbers through a longer (masked) attention
@@ -342,14 +342,7 @@ def _informed_drafters(target, draft, **fast):
     """name -> (factory, K, runs): drafters that are right often enough at LOSSLESS_PROMPT for
     every branch (accept, reject, residual) to run within a few hundred decodes."""
     prompt = LOSSLESS_PROMPT
-    with torch.no_grad():
-        out = target(prompt[None], output_hidden_states=True)
-        first = out.logits[0, -1]
-        second = target(torch.cat([prompt, first.argmax()[None]])[None]).logits[0, -1]
-    states = out.hidden_states[2][0]  # the prefill hands over prompt[-2]'s state
-    table = torch.randn(2, states.shape[0], VOCAB, generator=torch.Generator().manual_seed(0))
-    table[0, -2], table[1, -2] = first, second
-    medusa = OracleHeads(states, table)
+    medusa = informed_medusa(target, prompt)
     eagle, _ = _oracle_head(target, prompt, "eagle3", seed=61, draft_vocab=256, miss=0.0)
     eagle_tree = {"depth": 2, "top_k": 2, "total_tokens": 5}
     compile = fast.get("compile", False)
@@ -403,17 +396,22 @@ def test_unavailable_compiler_falls_back_with_a_message(pairs, monkeypatch):
     assert out.tokens == _hf_greedy(target, prompt, 8) and out.stats.compile_seconds == 0.0
 
 
-def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
-    target, draft = pairs("gpt_neox")
+def _compiling_fails(monkeypatch, message):
+    """Every compiled function raises `message` on its first call (compiling is "available")."""
 
     def broken(self, fn):
         def compiled(*args):
-            raise RuntimeError("C++ compile error: cc1plus not found (test)")
+            raise RuntimeError(message)
 
         return compiled
 
     monkeypatch.setattr(static_target.Compiler, "wrap", broken)
     monkeypatch.setattr(static_target, "compile_unavailable", lambda device: None)
+
+
+def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
+    target, draft = pairs("gpt_neox")
+    _compiling_fails(monkeypatch, "C++ compile error: cc1plus not found (test)")
     adapter = StaticCausalLMAdapter(target, 32, compile=True)
     drafter = DraftModelDrafter(copy.deepcopy(draft), compile=True)
     prompt = _ids(6, seed=16)
@@ -429,15 +427,7 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
 
 def test_failing_compile_of_the_heads_falls_back(pairs, monkeypatch):
     target, _ = pairs("llama")
-
-    def broken(self, fn):
-        def compiled(*args):
-            raise RuntimeError("inductor failed (test)")
-
-        return compiled
-
-    monkeypatch.setattr(static_target.Compiler, "wrap", broken)
-    monkeypatch.setattr(static_target, "compile_unavailable", lambda device: None)
+    _compiling_fails(monkeypatch, "inductor failed (test)")
     prompt = _ids(9, seed=18)
     reference = _hf_greedy(target, prompt, 10)
     medusa, _ = _oracle(target, prompt, 10)

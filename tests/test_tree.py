@@ -211,6 +211,20 @@ NUM_HEADS = 3
 
 
 @torch.no_grad()
+def informed_medusa(target, prompt):
+    """Two heads that know the target's first two greedy distributions after `prompt` (read off
+    the state of prompt[-2], which the prefill hands over), random elsewhere: right often
+    enough for every branch of a sampled verification (accept, reject, residual) to run."""
+    out = target(prompt[None], output_hidden_states=True)
+    first = out.logits[0, -1]
+    second = target(torch.cat([prompt, first.argmax()[None]])[None]).logits[0, -1]
+    states = out.hidden_states[target.config.num_hidden_layers][0]
+    table = torch.randn(2, states.shape[0], VOCAB, generator=torch.Generator().manual_seed(0))
+    table[0, -2], table[1, -2] = first, second
+    return OracleHeads(states, table)
+
+
+@torch.no_grad()
 def _oracle(target, prompt, num_new, seed=0, miss=0.3):
     """Heads that know the greedy continuation: head k at position t puts token t + 2 + k at
     rank 0, or (with probability `miss`) at rank 1 below a wrong token."""
@@ -620,14 +634,7 @@ def test_sampled_tree_decode_is_lossless(pairs):
     tree whose heads know the target's distributions at the prompt."""
     target, _ = pairs("llama")
     prompt = torch.tensor([1, 5, 77, 140, 9])
-    with torch.no_grad():
-        out = target(prompt[None], output_hidden_states=True)
-        first = out.logits[0, -1]
-        second = target(torch.cat([prompt, first.argmax()[None]])[None]).logits[0, -1]
-    states = out.hidden_states[2][0]  # the prefill hands over prompt[-2]'s state
-    table = torch.randn(2, states.shape[0], VOCAB, generator=torch.Generator().manual_seed(0))
-    table[0, -2], table[1, -2] = first, second
-    drafter = MedusaDrafter(OracleHeads(states, table), 2, tree=[(0, 0), (0, 1), (1, 0), (2,)])
+    drafter = MedusaDrafter(informed_medusa(target, prompt), 2, tree=[(0, 0), (0, 1), (1, 0), (2,)])
     result = check_lossless(target, drafter, prompt, num_draft_tokens=2, samples=2500, progress=False)
     # accepted / proposed nodes: at most 2 of the 6 nodes can be accepted in a call.
     assert 0.05 < result.acceptance_rate < 1 / 3, result.describe()
