@@ -120,10 +120,8 @@ class EagleDrafter(Drafter):
         """The fast path: size the static cache for a request and compile its proposals."""
         if self.fast is None:
             return 0.0
-        self._chain_length = 0
-        shape = self._shape(num_tokens)
         self._chain_length = num_tokens
-        return self.fast.reserve(max_context, num_tokens, shape)
+        return self.fast.reserve(max_context, num_tokens, self._shape(num_tokens))
 
     def _shape(self, num_tokens: int) -> tuple:
         """What a proposal of `num_tokens` drafts runs on the fast path: ("chain", k) (the
@@ -376,6 +374,10 @@ class _StaticDraft:
         positions = (real + offsets).reshape(1, -1).expand(1, width)
         return self.head.decode(ids, hidden, positions, mask, self.cache.at(real + fed - width))
 
+    def _stepper(self, real):
+        """The `step` of `_greedy_chain` / `_expand_tree` for speculative rows after `real` pairs."""
+        return lambda ids, hidden, offset, seen: self._step(real, ids, hidden, offset, seen)
+
     def feed(self, real: int, ids, features):
         """Feed committed pairs at `real` (uncompiled); the (g, logits) of the last one."""
         n = ids.shape[0]
@@ -396,11 +398,7 @@ class _StaticDraft:
             g, logits = self._step(real, ids, features, offsets, causal)
             last = (count - 1).view(1)
             g, logits = g[0].index_select(0, last)[0], logits[0].index_select(0, last)[0]
-            real = real + count
-
-            def step(ids, hidden, offset, seen):
-                return self._step(real, ids, hidden, offset, seen)
-
+            step = self._stepper(real + count)
             if kind == "chain":
                 return _greedy_chain(step, g, logits, args[0], to_target), g, logits
             return _expand_tree(step, g, logits, *args, to_target), g, logits
@@ -434,7 +432,7 @@ class _StaticDraft:
             real, ids, features, count = real + extra, ids[extra:], features[extra:], self.width
         if count == 0:  # nothing new (no pair since the last proposal): draft from the root
             g, logits = root
-            step = lambda ids, hidden, offset, seen: self._step(real, ids, hidden, offset, seen)  # noqa: E731
+            step = self._stepper(real)
             if shape[0] == "chain":
                 return _greedy_chain(step, g, logits, shape[1], self.head.draft_to_target), root
             return _expand_tree(step, g, logits, *shape[1:], self.head.draft_to_target), root
