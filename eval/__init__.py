@@ -1,14 +1,26 @@
-"""The speculative decoder, the drafters and the evaluator."""
+"""The instrument: the decoding runtime (`eval.runtime`), the evaluator, the serving sweep, tuning
+and reports."""
 
-from draftsmith.eval.decoder import DecodeStats, Generation, generate
-from draftsmith.eval.drafters import DraftModelDrafter, Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
-from draftsmith.eval.sampling import SamplingConfig, verify_chain, verify_chain_greedy
-from draftsmith.eval.tree import build_medusa_tree, verify_tree, verify_tree_greedy
+from draftsmith.eval.runtime import (
+    DecodeStats,
+    DraftModelDrafter,
+    Drafter,
+    EagleDrafter,
+    Generation,
+    MedusaDrafter,
+    PromptLookupDrafter,
+    Proposal,
+    SamplingConfig,
+    generate,
+    generate_batch,
+)
+from draftsmith.eval.runtime.tree import build_medusa_tree
 
 __all__ = [
     "DecodeStats",
     "DraftModelDrafter",
     "Drafter",
+    "EagleDrafter",
     "Generation",
     "MedusaDrafter",
     "PromptLookupDrafter",
@@ -16,12 +28,5 @@ __all__ = [
     "SamplingConfig",
     "build_medusa_tree",
     "generate",
-    "verify_chain",
-    "verify_chain_greedy",
-    "verify_tree",
-    "verify_tree_greedy",
+    "generate_batch",
 ]
-
-from draftsmith.eval.eagle import EagleDrafter  # noqa: E402  (imports heads.eagle only when used)
-
-__all__ += ["EagleDrafter"]

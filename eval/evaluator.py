@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.eval.decoder import DecodeStats, generate
-from draftsmith.eval.drafters import Drafter
-from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.eval.runtime import DecodeStats, Drafter, generate
+from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import percentile
 
 BASELINE = "target-only"
@@ -43,7 +42,7 @@ class EvalSettings:
     seed: int = 0
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
     measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
-    static_cache: bool = False  # decode over preallocated KV caches (heads/static_target.py; the sweep: eval/batched.py)
+    static_cache: bool = False  # decode over preallocated KV caches (eval/runtime/kv.py)
     compile: bool | str = False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
 
     def __post_init__(self):

@@ -8,6 +8,10 @@ distributions:
 (both after the sampling warpers). Pearson's chi-square test gives a p-value for each. Decoding
 runs with K drafts, so the first two tokens cover the acceptance test, the residual and (for
 K = 1) the bonus token.
+
+Every path of the decoder can be checked: `batch_size=B` decodes B copies of the prompt per
+call through the batched loop (each row is one sample, with its own generator), and
+`static_cache` / `compile` run it over the preallocated caches and compiled steps.
 """
 
 from __future__ import annotations
@@ -17,11 +21,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.eval.decoder import generate
-from draftsmith.eval.drafters import Drafter
-from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.eval.runtime import Drafter, generate_batch
+from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import ChiSquare, chi_square_gof
-from draftsmith.heads.target import CausalLMAdapter
 
 
 @dataclass
@@ -80,30 +82,36 @@ def check_lossless(
     seed: int = 0,
     threshold: float = 1e-3,
     progress: bool = True,
+    batch_size: int = 1,
+    static_cache: bool = False,
+    compile: bool | str = False,
 ) -> LosslessResult:
     sampling = SamplingConfig(temperature, top_k, top_p)
     if sampling.greedy:
         raise ValueError("check-lossless needs sampling: temperature must be > 0")
-    if samples < 100:
-        raise ValueError(f"samples must be >= 100 for a meaningful chi-square test, got {samples}")
-    model = target.model if isinstance(target, CausalLMAdapter) else target
-    adapter = CausalLMAdapter(model)
+    if not isinstance(samples, int) or samples < 100:
+        raise ValueError(f"samples must be an integer >= 100 for a meaningful chi-square test, got {samples!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    model = target
     pairs, accepted, proposed = [], 0, 0
-    for s in tqdm(range(samples), desc="check-lossless", unit="decode", disable=not progress):
-        out = generate(
-            adapter,
+    calls = -(-samples // batch_size)
+    for call in tqdm(range(calls), desc="check-lossless", unit="batch", disable=not progress):
+        rows = min(batch_size, samples - call * batch_size)
+        out = generate_batch(
+            model,
+            [prompt] * rows,
             drafter,
-            prompt,
             max_new_tokens=num_draft_tokens + 1,  # the first call drafts all K tokens
             num_draft_tokens=num_draft_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed + s,
+            sampling=sampling,
+            seed=seed + call,  # row b of call c draws from row_seed(seed + c, b): every sample its own stream
+            static_cache=static_cache,
+            compile=compile,
         )
-        pairs.append(tuple(out.tokens[:2]))
-        accepted += sum(out.stats.accepted)
-        proposed += sum(out.stats.proposed)
+        pairs += [tuple(tokens[:2]) for tokens in out.tokens]
+        accepted += sum(sum(row.accepted) for row in out.rows)
+        proposed += sum(sum(row.proposed) for row in out.rows)
 
     first = torch.tensor([p[0] for p in pairs])
     p1 = exact_first_two(model, prompt, sampling, [])[0].cpu()

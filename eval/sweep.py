@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from draftsmith.eval.batched import BatchResult, as_batched, generate_batch
-from draftsmith.eval.decoder import DecodeStats, generate, synchronize
-from draftsmith.eval.drafters import Drafter, MedusaDrafter
+from draftsmith.eval.runtime import BatchResult, DecodeStats, Drafter, MedusaDrafter, generate, generate_batch
+from draftsmith.eval.runtime.kv import model_cache
+from draftsmith.eval.runtime.target import synchronize
 from draftsmith.eval.evaluator import BASELINE, EvalSettings
 from draftsmith.eval.report import method_name, write_atomic
 from draftsmith.eval.serving import (
@@ -57,7 +57,6 @@ from draftsmith.eval.serving import (
 )
 from draftsmith.eval.stats import percentile
 from draftsmith.eval.tune import tune_chain
-from draftsmith.heads.target import CausalLMAdapter
 from tqdm.auto import tqdm
 
 SIM_REQUESTS = 400  # requests per simulated stream: p99 rests on 4 of them; sustainable_load's default
@@ -139,20 +138,21 @@ def measure_verify_curve(
     widest = sizes[-1]
     if context.numel() < widest + 1:
         raise ValueError(f"the context holds {context.numel()} tokens; measuring v({widest}) needs at least {widest + 1}")
-    adapter = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
-    device = adapter.device
+    device = target.device
     context = context.to(device)
     base = context.numel() - widest
-    adapter.reset()
-    adapter.forward(context[None, :base], logits_to_keep=1)
+    kv = model_cache(target, "target", 1, None)
+    positions = torch.arange(context.numel(), device=device)[None]
+    kv.forward(target, context[None, :base], positions[:, :base], logits_to_keep=1)
+    kv.commit_spans(base)
 
     def once(n: int) -> float:
         synchronize(device)
         t0 = time.perf_counter()
-        adapter.forward(context[None, base : base + n], hidden_layers=hidden_layers)
+        kv.forward(target, context[None, base : base + n], positions[:, base : base + n], hidden_layers=hidden_layers)
         synchronize(device)
         seconds = time.perf_counter() - t0
-        adapter.crop(base)
+        kv.commit_spans(n, None, [0])  # kept by no row: cut again
         return seconds
 
     for n in sizes:
@@ -161,7 +161,6 @@ def measure_verify_curve(
     for _ in range(repeats):
         for n in sizes:
             samples[n].append(once(n))
-    adapter.cache = None
     return {n: percentile(v, 50) for n, v in samples.items()}
 
 
@@ -330,16 +329,8 @@ def run_sweep(
     eos = None if settings.ignore_eos else eos_token_id
     sampling = settings.sampling
     batched, batch1_only = {BASELINE: None}, {}
-    for name, drafter in drafters.items():
-        try:
-            batched[name] = as_batched(drafter)
-        except ValueError as err:  # a tree, or Medusa's lossy typical acceptance
-            batch1_only[name] = str(err)
-        except TypeError:
-            batch1_only[name] = (
-                f"{type(drafter).__name__} has no batched form (batched decoding runs target-only decoding, "
-                "draft models, and Medusa and EAGLE chains)"
-            )
+    for name, drafter in drafters.items():  # every drafter is batch-aware: chains, trees, lookup
+        batched[name] = drafter
 
     compiling = [0.0]  # the fast path's compile time, outside every timing
 

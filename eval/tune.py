@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from draftsmith.eval.report import write_atomic
 from draftsmith.eval.serving import CostCurve, as_cost_curve
-from draftsmith.eval.tree import build_medusa_tree, expected_accept_length
+from draftsmith.eval.runtime.tree import build_medusa_tree, expected_accept_length
 
 
 def _is_number(value) -> bool:

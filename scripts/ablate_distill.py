@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated run names to train (e.g. ce/fixed,tv/generated); default all")
     args = parser.parse_args(argv)
 
-    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
     from draftsmith.eval.report import write_atomic
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from draftsmith.eval.batched import BatchedDraftModel, BatchedEagle, generate_batch
+from draftsmith.eval.runtime import DraftModelDrafter, EagleDrafter, generate_batch
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
@@ -62,12 +62,12 @@ def main(argv=None) -> int:
     methods = {"target-only": (lambda: None, 0)}
     if args.draft:
         draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
-        methods["draft"] = (lambda: BatchedDraftModel(draft), args.num_draft_tokens)
+        methods["draft"] = (lambda: DraftModelDrafter(draft), args.num_draft_tokens)
     if args.eagle:
         from draftsmith.heads.eagle import load_eagle
 
         head = load_eagle(args.eagle, target=target, device=device, dtype=dtype)
-        methods["eagle-chain"] = (lambda: BatchedEagle(head), args.num_draft_tokens)
+        methods["eagle-chain"] = (lambda: EagleDrafter(head), args.num_draft_tokens)
 
     def run(method: str, path: str):
         make, k = methods[method]

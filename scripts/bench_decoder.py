@@ -73,13 +73,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from draftsmith.eval.decoder import DecodeStats, generate, synchronize
-from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
-from draftsmith.eval.eagle import EagleDrafter
-from draftsmith.eval.tree import build_medusa_tree
+from draftsmith.eval.runtime import DecodeStats, generate, synchronize
+from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
+from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.eval.runtime.compiler import COMPILE_MODES
+from draftsmith.eval.runtime.kv import capacity_for, model_cache
+from draftsmith.eval.runtime.tree import build_medusa_tree
 from draftsmith.heads.models import DTYPE_ALIASES
-from draftsmith.heads.static_target import COMPILE_MODES, static_adapter
-from draftsmith.heads.target import CausalLMAdapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PATHS = ("eager", "static", "compiled")
@@ -296,25 +296,25 @@ def load_models(cfg: BenchConfig):
 
 
 def load_heads(cfg: BenchConfig, target) -> dict:
-    """name -> (drafter factory taking the fast-path options, K) for the drafters without a
+    """name -> (drafter factory, K) for the drafters without a
     model of their own: prompt lookup and the Medusa / EAGLE heads given on the command line."""
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     layers = target.config.get_text_config().num_hidden_layers
     heads = {}
     if cfg.prompt_lookup:
-        heads["prompt-lookup"] = (lambda **fast: PromptLookupDrafter(), cfg.num_draft_tokens)  # no model: no fast path
+        heads["prompt-lookup"] = (lambda: PromptLookupDrafter(), cfg.num_draft_tokens)  # no model: no fast path
     if cfg.medusa:
         from draftsmith.heads.medusa import load_medusa
 
         medusa = load_medusa(cfg.medusa, target=target, device=device, dtype=dtype)
         k = min(cfg.num_draft_tokens, medusa.config.num_heads)
-        heads["medusa-chain"] = (lambda medusa=medusa, **fast: MedusaDrafter(medusa, layers, name="medusa-chain", **fast), k)
+        heads["medusa-chain"] = (lambda medusa=medusa: MedusaDrafter(medusa, layers, name="medusa-chain"), k)
         accuracies = medusa.config.head_accuracies
         if cfg.medusa_tree and accuracies:
             tree = build_medusa_tree(accuracies, cfg.medusa_tree)
             depth = max(len(path) for path in tree)
             heads["medusa-tree"] = (
-                lambda medusa=medusa, tree=tree, **fast: MedusaDrafter(medusa, layers, tree=tree, name="medusa-tree", **fast), depth
+                lambda medusa=medusa, tree=tree: MedusaDrafter(medusa, layers, tree=tree, name="medusa-tree"), depth
             )
         elif cfg.medusa_tree:
             print(f"bench: {cfg.medusa} records no head accuracies: no medusa-tree row", file=sys.stderr)
@@ -322,12 +322,12 @@ def load_heads(cfg: BenchConfig, target) -> dict:
         from draftsmith.heads.eagle import load_eagle
 
         eagle = load_eagle(cfg.eagle, target=target, device=device, dtype=dtype)
-        heads["eagle-chain"] = (lambda eagle=eagle, **fast: EagleDrafter(eagle, name="eagle-chain", **fast), cfg.num_draft_tokens)
+        heads["eagle-chain"] = (lambda eagle=eagle: EagleDrafter(eagle, name="eagle-chain"), cfg.num_draft_tokens)
         if cfg.eagle_tree:
             depth, top_k, total = (int(v) for v in cfg.eagle_tree.split(","))
             settings = {"depth": depth, "top_k": top_k, "total_tokens": total}
             heads["eagle-tree"] = (
-                lambda eagle=eagle, settings=settings, **fast: EagleDrafter(eagle, tree=settings, name="eagle-tree", **fast), depth + 1
+                lambda eagle=eagle, settings=settings: EagleDrafter(eagle, tree=settings, name="eagle-tree"), depth + 1
             )
     return heads
 
@@ -427,11 +427,10 @@ def build_methods(cfg: BenchConfig, target, draft, self_draft, heads) -> list[Me
         methods.append(Method(name, "-", ours(path), path=path, baseline=name,
                               counterpart=None if cfg.no_hf else "hf-generate"))
         for label, model in models.items():
-            make = lambda model=model, label=label, fast=fast: DraftModelDrafter(model, name=label, **fast)
+            make = lambda model=model, label=label: DraftModelDrafter(model, name=label)
             counterpart = None if cfg.no_hf else f"hf-assisted ({label})"
             methods.append(Method(name, label, ours(path, make), path=path, baseline=name, counterpart=counterpart))
         for label, (make, k) in heads.items():
-            make = lambda make=make, fast=fast: make(**fast)  # noqa: E731 - the path's options, bound now
             methods.append(Method(name, label, ours(path, make, k), path=path, baseline=name))
     return methods
 
@@ -506,25 +505,28 @@ class CostCurves:
         self.jobs, self.compile_seconds = [], {}
         for path in cfg.path_list:
             for role, model, ns in (("target", target, widths), ("draft", draft, [1])):
-                if path == "eager":
-                    adapter = CausalLMAdapter(model)
-                else:  # the adapters `generate` uses (shared compiled widths)
-                    mode = cfg.compile_mode if path == "compiled" else False
-                    # Sized for the whole bench at once: growing later would recompile every width.
-                    adapter = static_adapter(model, max(room, context + max(ns)), compile=mode, role=role)
-                    self.compile_seconds[path] = self.compile_seconds.get(path, 0.0) + adapter.warm_up(ns)
-                self.jobs += [(path, role, adapter, n) for n in ns]
+                # The static caches `generate` uses (shared compiled widths), sized for the whole
+                # bench at once: growing later would recompile every width.
+                capacity = None if path == "eager" else capacity_for(max(room, context + max(ns)))
+                mode = cfg.compile_mode if path == "compiled" else False
+                if capacity is not None:
+                    seconds = model_cache(model, role, 1, capacity, mode).warm_up(ns)
+                    self.compile_seconds[path] = self.compile_seconds.get(path, 0.0) + seconds
+                self.jobs += [(path, role, (model, capacity, mode), n) for n in ns]
         self.times = {(path, role, n): [] for path, role, _, n in self.jobs}
         self.rounds = 0
 
     @torch.inference_mode()
     def measure(self) -> None:
-        adapters = {id(job[2]): job[2] for job in self.jobs}
-        for adapter in adapters.values():  # `generate` ran on the shared adapters since
-            adapter.reset()
-            adapter.forward(self.ctx)
+        caches, positions = {}, torch.arange(self.context + max(self.probes), device=self.device)[None]
+        for _, role, (model, capacity, mode), _ in self.jobs:  # `generate` ran on the shared caches since
+            if (role, capacity) not in caches:
+                kv = caches[(role, capacity)] = model_cache(model, role, 1, capacity, mode)
+                kv.forward(model, self.ctx, positions[:, : self.context])
+                kv.commit_spans(self.context)
         shift = self.rounds % len(self.jobs)
-        for path, role, adapter, n in self.jobs[shift:] + self.jobs[:shift]:
+        for path, role, (model, capacity, _), n in self.jobs[shift:] + self.jobs[:shift]:
+            kv = caches[(role, capacity)]
             # A block of consecutive calls, as in decoding (the model's weights and the
             # allocator's blocks stay warm); single calls interleaved across models and paths
             # measured up to 1.6x slower than the same forward inside a decode.
@@ -532,10 +534,10 @@ class CostCurves:
             for _ in range(CURVE_BLOCK + 1):
                 synchronize(self.device)
                 t0 = time.perf_counter()
-                adapter.forward(self.probes[n])
+                kv.forward(model, self.probes[n], positions[:, self.context : self.context + n])
                 synchronize(self.device)
                 block.append(time.perf_counter() - t0)
-                adapter.crop(self.context)
+                kv.commit_spans(n, None, [0])  # kept by no row: cut again
             self.times[(path, role, n)].append(statistics.median(block[1:]))  # the first call warms up
         self.rounds += 1
 

@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
     ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
     ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this")
+    ck.add_argument("--batch-size", type=_positive_int("--batch-size"), default=1, help="decode B copies of the prompt per call (the batched path; every row is one sample)")
+    ck.add_argument("--static-cache", action="store_true", help="check the preallocated-cache path")
+    ck.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="check the compiled path (implies --static-cache)")
     ck.set_defaults(func=cmd_check_lossless)
     toy = sub.add_parser("make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools")
     toy.add_argument("--out", required=True, help="folder to create (target/, draft/, prompts.jsonl)")
@@ -254,7 +257,7 @@ def _version() -> str:
 
 def _load(args):
     """Target, tokenizer and the requested drafters, with every input checked first."""
-    from draftsmith.eval.drafters import DraftModelDrafter, PromptLookupDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     if not args.draft and not args.prompt_lookup and not args.medusa and not args.eagle:
@@ -273,18 +276,16 @@ def _load(args):
         check_vocab_compatible(args.target, folder, target_tokenizer=tokenizer)
     target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
     drafters = {}
-    vocab_size = target.get_output_embeddings().weight.shape[0]
-    fast = _fast_path(args)
     for name, folder in drafts.items():
         draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
         label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
-        drafters[name] = DraftModelDrafter(draft, vocab_size=vocab_size, name=label, **fast)
+        drafters[name] = DraftModelDrafter(draft, name=label)
     if args.prompt_lookup:
         drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=args.max_ngram)
     if args.medusa:
-        drafters.update(_medusa_drafters(args, target, device, dtype, fast))
+        drafters.update(_medusa_drafters(args, target, device, dtype))
     if args.eagle:
-        drafters.update(_eagle_drafters(args, target, device, dtype, fast))
+        drafters.update(_eagle_drafters(args, target, device, dtype))
     return target, tokenizer, drafters, device, dtype
 
 
@@ -327,15 +328,8 @@ def parse_eagle_tree(text: str) -> dict:
     return {"depth": depth, "top_k": top_k, "total_tokens": total}
 
 
-def _fast_path(args) -> dict:
-    """The drafters' fast-path options from --static-cache / --compile (commands without them: none)."""
-    if getattr(args, "static_cache", False) or getattr(args, "compile", None):
-        return {"static_cache": True, "compile": args.compile or False}
-    return {}
-
-
-def _eagle_drafters(args, target, device, dtype, fast) -> dict:
-    from draftsmith.eval.eagle import EagleDrafter
+def _eagle_drafters(args, target, device, dtype) -> dict:
+    from draftsmith.eval.runtime.eagle import EagleDrafter
     from draftsmith.heads.eagle import EagleError, load_eagle
 
     try:
@@ -343,17 +337,17 @@ def _eagle_drafters(args, target, device, dtype, fast) -> dict:
     except EagleError as err:
         raise UsageError(str(err)) from None
     typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
-    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", typical=typical, **fast)}
+    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", typical=typical)}
     if args.eagle_tree:
-        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(args.eagle_tree), name="eagle-tree", typical=typical, **fast)
+        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(args.eagle_tree), name="eagle-tree", typical=typical)
     return drafters
 
 
-def _medusa_drafters(args, target, device, dtype, fast) -> dict:
+def _medusa_drafters(args, target, device, dtype) -> dict:
     import json
 
-    from draftsmith.eval.drafters import MedusaDrafter
-    from draftsmith.eval.tree import build_medusa_tree
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.eval.runtime.tree import build_medusa_tree
     from draftsmith.heads.medusa import MedusaError, load_medusa
 
     try:
@@ -362,7 +356,7 @@ def _medusa_drafters(args, target, device, dtype, fast) -> dict:
         raise UsageError(str(err)) from None
     layers = target.config.get_text_config().num_hidden_layers
     typical = (args.typical_epsilon, args.typical_delta) if args.lossy == "typical" else None
-    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", typical=typical, **fast)}
+    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", typical=typical)}
     if args.medusa_tree:
         if args.medusa_tree == "auto":
             accuracies = heads.config.head_accuracies
@@ -375,7 +369,7 @@ def _medusa_drafters(args, target, device, dtype, fast) -> dict:
             except (ValueError, TypeError) as err:
                 raise UsageError(f"--medusa-tree {args.medusa_tree!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})") from None
         try:
-            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", typical=typical, **fast)
+            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", typical=typical)
         except ValueError as err:
             raise UsageError(f"--medusa-tree: {err}") from None
     return drafters
@@ -469,7 +463,7 @@ def _serving(args, sweep, target, drafters, prompts, settings, report, eos) -> N
 
 def _load_tune(args):
     """Target, tokenizer, the one chain drafter to tune, its folder, and (Medusa) its heads."""
-    from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     if args.tree_budgets and not args.medusa:
@@ -483,7 +477,7 @@ def _load_tune(args):
     heads = None
     if args.draft:
         draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
-        drafter = DraftModelDrafter(draft, vocab_size=target.get_output_embeddings().weight.shape[0], name="draft")
+        drafter = DraftModelDrafter(draft, name="draft")
         folder = args.draft
     elif args.medusa:
         from draftsmith.heads.medusa import MedusaError, load_medusa
@@ -495,7 +489,7 @@ def _load_tune(args):
         drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
         folder = args.medusa
     else:
-        from draftsmith.eval.eagle import EagleDrafter
+        from draftsmith.eval.runtime.eagle import EagleDrafter
         from draftsmith.heads.eagle import EagleError, load_eagle
 
         try:
@@ -512,7 +506,7 @@ def cmd_tune(args) -> int:
     choice with a timed decode; optionally record it (write_setting)."""
     import json
 
-    from draftsmith.eval.drafters import MedusaDrafter
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
     from draftsmith.eval.report import write_atomic
     from draftsmith.eval.sweep import measure_chain
@@ -625,7 +619,9 @@ def cmd_check_lossless(args) -> int:
         raise UsageError("--prompt tokenizes to nothing")
     failed = False
     for name, drafter in drafters.items():
-        print(f"== {name}: K = {args.num_draft_tokens}, T = {args.temperature:g}, top_k = {args.top_k}, top_p = {args.top_p:g}")
+        path = "compiled" if args.compile else "static cache" if args.static_cache else "default"
+        print(f"== {name}: K = {args.num_draft_tokens}, T = {args.temperature:g}, top_k = {args.top_k}, top_p = {args.top_p:g}, "
+              f"batch {args.batch_size}, {path} path")  # fmt: skip
         result = check_lossless(
             target,
             drafter,
@@ -638,6 +634,9 @@ def cmd_check_lossless(args) -> int:
             seed=args.seed,
             threshold=args.threshold,
             progress=not args.no_progress,
+            batch_size=args.batch_size,
+            static_cache=args.static_cache,
+            compile=args.compile or False,
         )
         print(result.describe())
         failed |= not result.passed

@@ -107,64 +107,64 @@ class DemoMethod:
 
 
 def _prompt_lookup(ctx: DemoContext):
-    from draftsmith.eval.drafters import PromptLookupDrafter
+    from draftsmith.eval.runtime.drafters import PromptLookupDrafter
 
     return PromptLookupDrafter(max_ngram=3)
 
 
 def _small_draft(ctx: DemoContext):
-    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm
 
     check_vocab_compatible(ctx.built.target, ctx.built.draft, target_tokenizer=ctx.tokenizer)
     draft = load_causal_lm(ctx.built.draft, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="small-draft", **ctx.settings.fast_path)
+    return DraftModelDrafter(draft, name="small-draft")
 
 
 def _distilled_draft(ctx: DemoContext):
-    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter
     from draftsmith.heads.models import load_causal_lm
     from draftsmith.scripts.demo_heads import demo_distilled_draft
 
     budget, root, data = ctx.distill_data()
     folder = demo_distilled_draft(ctx, budget, root, data, log=ctx.log)
     draft = load_causal_lm(folder, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, vocab_size=ctx.target.get_output_embeddings().weight.shape[0], name="distilled-draft", **ctx.settings.fast_path)
+    return DraftModelDrafter(draft, name="distilled-draft")
 
 
 def _medusa_chain(ctx: DemoContext):
-    from draftsmith.eval.drafters import MedusaDrafter
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
 
     layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain", **ctx.settings.fast_path)
+    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain")
 
 
 MEDUSA_TREE_NODES = 16  # verify 17 tokens per call: cheap on any device for a target this size
 
 
 def _medusa_tree(ctx: DemoContext):
-    from draftsmith.eval.drafters import MedusaDrafter
-    from draftsmith.eval.tree import build_medusa_tree
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.eval.runtime.tree import build_medusa_tree
 
     heads = ctx.medusa_heads()
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
     layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", **ctx.settings.fast_path)
+    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
 
 
 EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as the Medusa tree
 
 
 def _eagle_chain(ctx: DemoContext):
-    from draftsmith.eval.eagle import EagleDrafter
+    from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain", **ctx.settings.fast_path)
+    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain")
 
 
 def _eagle_tree(ctx: DemoContext):
-    from draftsmith.eval.eagle import EagleDrafter
+    from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree", **ctx.settings.fast_path)
+    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree")
 
 
 # Every drafter method of the toolkit, in report order (each trained with a small demo budget).

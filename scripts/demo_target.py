@@ -443,7 +443,7 @@ def cpu_decode_threads(device: torch.device):
 @torch.no_grad()
 def measure_acceptance(target, drafter, prompts: list[torch.Tensor], *, k: int, new_tokens: int, temperature: float, seed: int = 0) -> dict:
     """Pooled acceptance of `drafter` against `target` on `prompts` through the real decoder."""
-    from draftsmith.eval.decoder import generate
+    from draftsmith.eval.runtime import generate
 
     stats = None
     for i, ids in enumerate(prompts):
@@ -454,7 +454,7 @@ def measure_acceptance(target, drafter, prompts: list[torch.Tensor], *, k: int, 
 
 @torch.no_grad()
 def greedy_samples(target, tokenizer, prompts: list[str], new_tokens: int) -> list[dict]:
-    from draftsmith.eval.decoder import generate
+    from draftsmith.eval.runtime import generate
 
     rows = []
     for text in prompts:
@@ -466,7 +466,7 @@ def greedy_samples(target, tokenizer, prompts: list[str], new_tokens: int) -> li
 
 def quality_report(target, draft, tokenizer, heldout_rows: list[dict], preset: Preset) -> dict:
     """The numbers of the model card: samples, self-draft and small-draft acceptance."""
-    from draftsmith.eval.drafters import DraftModelDrafter
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter
 
     texts = [r["prompt"] for r in heldout_rows[: preset.quality_prompts]]
     prompts = [torch.tensor(tokenizer(t).input_ids) for t in texts]

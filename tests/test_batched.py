@@ -1,8 +1,11 @@
-"""Batched speculative decoding (`eval/batched.py`) against batch-1 decoding and HF greedy.
+"""Batched speculative decoding (`eval/runtime`) against batch-1 decoding and HF greedy.
 
 - greedy: every row of a batch of prompts of different lengths equals that row decoded alone
-  with `eval/decoder.py` and HF `generate`, for target-only, a draft model, Medusa heads and an
+  (`generate`, B = 1) and HF `generate`, for target-only, a draft model, Medusa heads and an
   EAGLE-3 head, and rows accept different numbers of drafts in the same call;
+- trees (Medusa, EAGLE-2), prompt lookup and typical acceptance at batch 4: per row the
+  target-only greedy tokens, on several families and on both stores of the cache (which agree
+  token for token and count for count); chi-square of the first two tokens at T = 1;
 - stats: per-row counters equal batch-1's; pooled tau / alpha equal the batch-1 sum;
 - eos stops its row only; rows leaving the batch change nothing for the others (also sampled);
 - sampling: the joint law of the first two tokens of every prompt equals the target's exact
@@ -18,20 +21,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftsmith.eval import batched
-from draftsmith.eval.batched import (
-    BatchedDraftModel,
-    BatchedEagle,
-    BatchedMedusa,
-    RaggedCache,
-    as_batched,
-    generate_batch,
-    row_seed,
-)
-from draftsmith.eval.decoder import DecodeStats, generate
-from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
-from draftsmith.eval.eagle import EagleDrafter
-from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.eval.runtime import DecodeStats, generate, generate_batch, row_seed
+from draftsmith.eval.runtime import kv as kv_module
+from draftsmith.eval.runtime.kv import RaggedCache, chain_attend
+from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
+from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.heads.eagle import EagleCache, EagleHead
 from draftsmith.heads.medusa import MedusaHeads
@@ -39,7 +34,11 @@ from fixtures import FAMILIES, VOCAB, tiny_config
 
 N_NEW = 24
 LENGTHS = (1, 6, 13, 3)  # a one-token prompt: Medusa and EAGLE have no state before its first call
-K = {"target-only": 0, "draft": 3, "medusa": 3, "eagle3": 4}
+K = {"target-only": 0, "draft": 3, "medusa": 3, "eagle3": 4, "medusa-tree": 3, "eagle-tree": 4, "lookup": 3,
+     "medusa-typical": 3}
+MEDUSA_TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)]
+EAGLE_TREE = {"depth": 3, "top_k": 3, "total_tokens": 10}
+TYPICAL = (0.09, 0.3)
 GREEDY = SamplingConfig()
 T1 = SamplingConfig(1.0)
 
@@ -102,10 +101,21 @@ def _drafters(name, setup):
     layers = target.config.num_hidden_layers
     return {
         "target-only": lambda: (None, None),
-        "draft": lambda: (BatchedDraftModel(draft), DraftModelDrafter(draft)),
-        "medusa": lambda: (BatchedMedusa(heads), MedusaDrafter(heads, layers)),  # layers from the heads' config
-        "eagle3": lambda: (BatchedEagle(head), EagleDrafter(head)),
+        "draft": lambda: (DraftModelDrafter(draft), DraftModelDrafter(draft)),
+        "medusa": lambda: (MedusaDrafter(heads), MedusaDrafter(heads, layers)),  # layers from the heads' config
+        "eagle3": lambda: (EagleDrafter(head), EagleDrafter(head)),
+        **{kind: (lambda make=make: (make(), make())) for kind, make in _tree_drafters(heads, head).items()},
     }[name]()
+
+
+def _tree_drafters(heads, head) -> dict:
+    """name -> factory of the drafters that verify node by node, or propose ragged chains."""
+    return {
+        "medusa-tree": lambda: MedusaDrafter(heads, tree=MEDUSA_TREE),
+        "eagle-tree": lambda: EagleDrafter(head, tree=EAGLE_TREE),
+        "lookup": PromptLookupDrafter,  # proposals of 0..K tokens per row
+        "medusa-typical": lambda: MedusaDrafter(heads, tree=MEDUSA_TREE, typical=TYPICAL),
+    }
 
 
 def _batch1(target, drafter, prompt, k, sampling=GREEDY, seed=None, **kwargs):
@@ -184,14 +194,14 @@ def test_greedy_families(family, pairs):
     """Each family's attention takes the ragged 4-D mask and explicit positions; eager too."""
     target, draft = pairs(family)
     prompts = _prompts((4, 1, 9), seed=3)
-    for model, drafter in ((target, None), (target, BatchedDraftModel(draft))):
+    for model, drafter in ((target, None), (target, DraftModelDrafter(draft))):
         result = generate_batch(model, prompts, drafter, num_draft_tokens=2, max_new_tokens=12)
         assert result.tokens == [_batch1(target, None, p, 0, max_new_tokens=12).tokens for p in prompts]
     if family == "llama":
         eager = type(target)(target.config).eval()
         eager.load_state_dict(target.state_dict())
         eager.set_attn_implementation("eager")
-        result = generate_batch(eager, prompts, BatchedDraftModel(draft), num_draft_tokens=2, max_new_tokens=12)
+        result = generate_batch(eager, prompts, DraftModelDrafter(draft), num_draft_tokens=2, max_new_tokens=12)
         assert result.tokens == [_batch1(target, None, p, 0, max_new_tokens=12).tokens for p in prompts]
 
 
@@ -207,7 +217,7 @@ def test_compaction_keeps_rows_exact(name, setup, monkeypatch):
             moved.append(self.cache)
         return did
 
-    monkeypatch.setattr(batched, "COMPACT_WHEN", 0.0)
+    monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
     monkeypatch.setattr(RaggedCache, "compact_if_wasteful", spy)
     result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW)
     assert result.tokens == setup[4]
@@ -217,19 +227,49 @@ def test_compaction_keeps_rows_exact(name, setup, monkeypatch):
     assert len(moved) >= 3
 
 
-def test_batch1_drafters_are_converted(setup):
-    target, draft, heads, head, references = setup
-    for drafter, k in ((DraftModelDrafter(draft), 2), (MedusaDrafter(heads, 2), 3), (EagleDrafter(head), 3)):
-        result = generate_batch(target, PROMPTS, drafter, num_draft_tokens=k, max_new_tokens=N_NEW)
-        assert result.tokens == references, type(drafter).__name__
+@pytest.fixture(scope="module")
+def family_heads(pairs):
+    """`family_heads(family)` -> (Medusa heads at init, a fitted EAGLE-3 head) for that target."""
+    made = {}
+
+    def get(family):
+        if family not in made:
+            target, _ = pairs(family)
+            torch.manual_seed(0)
+            made[family] = (MedusaHeads.for_target(target, num_heads=3).eval(), _train_eagle3(target, PROMPTS))
+        return made[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt_neox"])
+def test_batched_trees_and_lookup_on_both_stores(family, pairs, family_heads):
+    """Batch 4: a Medusa tree, an EAGLE-2 tree, prompt lookup and Medusa's typical acceptance
+    (exact argmax matching at T = 0) give every row the target-only greedy tokens, on the
+    growing and on the preallocated store, which agree token for token and count for count."""
+    target, _ = pairs(family)
+    alone = [_batch1(target, None, p, 0).tokens for p in PROMPTS]
+    accepted = {}
+    for name, make in _tree_drafters(*family_heads(family)).items():
+        runs = [generate_batch(target, PROMPTS, make(), num_draft_tokens=K[name], max_new_tokens=N_NEW,
+                               static_cache=static) for static in (False, True)]  # fmt: skip
+        growing, static = runs
+        for b in range(len(PROMPTS)):
+            assert growing.tokens[b] == alone[b], (name, "growing", b)
+            assert static.tokens[b] == alone[b], (name, "static", b)
+        assert [(r.proposed, r.accepted) for r in static.rows] == [(r.proposed, r.accepted) for r in growing.rows]
+        assert not growing.stats.lossy
+        accepted[name] = sum(growing.stats.accepted)
+    # The comparison only means something if drafts were accepted.
+    assert all(n > 0 for n in accepted.values()), accepted
 
 
 def test_batch_of_one_and_k_zero(setup):
     """B = 1 is batch-1 decoding; K = 0 with a drafter is target-only."""
     target, draft, *_, references = setup
-    one = generate_batch(target, PROMPTS[2:3], BatchedDraftModel(draft), num_draft_tokens=5, max_new_tokens=N_NEW)
+    one = generate_batch(target, PROMPTS[2:3], DraftModelDrafter(draft), num_draft_tokens=5, max_new_tokens=N_NEW)
     assert one.tokens == [references[2]]
-    plain = generate_batch(target, PROMPTS, BatchedDraftModel(draft), num_draft_tokens=0, max_new_tokens=5)
+    plain = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=0, max_new_tokens=5)
     assert plain.tokens == [r[:5] for r in references]
     assert plain.stats.proposed == [0] * sum(r.target_calls for r in plain.rows) and plain.stats.tau == 1.0
 
@@ -264,10 +304,10 @@ def test_sampled_rows_do_not_depend_on_the_others(setup):
     """Same seed with and without eos: a row cut at eos is the free row's prefix, and every row
     without that eos is unchanged although the batch around it shrank."""
     target, draft, *_ = setup
-    free = generate_batch(target, PROMPTS, BatchedDraftModel(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
+    free = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
                           sampling=T1, seed=11).tokens  # fmt: skip
     eos = free[2][len(free[2]) // 3]
-    out = generate_batch(target, PROMPTS, BatchedDraftModel(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
+    out = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
                          sampling=T1, seed=11, eos_token_id=eos)  # fmt: skip
     cut = 0
     for b, row in enumerate(free):
@@ -281,7 +321,7 @@ def test_sampled_rows_do_not_depend_on_the_others(setup):
 def test_max_new_tokens_is_exact(sampling, setup):
     target, draft, *_ = setup
     for n in (1, 2, 3, 5, 7):
-        result = generate_batch(target, PROMPTS, BatchedDraftModel(draft), num_draft_tokens=3, max_new_tokens=n,
+        result = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=n,
                                 sampling=sampling, seed=n)  # fmt: skip
         for row, tokens in zip(result.rows, result.tokens):
             assert len(tokens) == n == row.new_tokens
@@ -292,10 +332,11 @@ def test_max_new_tokens_is_exact(sampling, setup):
 # ------------------------------------------------------------------------------ sampling
 
 
-@pytest.mark.parametrize("name", ["draft", "medusa", "eagle3"])
+@pytest.mark.parametrize("name", ["draft", "medusa", "eagle3", "medusa-tree", "eagle-tree", "lookup", "medusa-typical"])
 def test_sampled_rows_equal_batch1_with_the_row_seed(name, setup):
     """Row b makes the very draws of batch-1 `generate(seed=row_seed(seed, b))`: sampled draft
-    tokens (draft model), the acceptance test, the residual and the bonus."""
+    tokens (draft model), the acceptance test, the residual and the bonus; the recursive
+    rejection over a tree's siblings; Medusa's typical rule (lossy at T = 1, and said so)."""
     target = setup[0]
     sampling = SamplingConfig(0.9, top_k=40, top_p=0.95) if name == "draft" else T1
     result = generate_batch(target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
@@ -304,6 +345,7 @@ def test_sampled_rows_equal_batch1_with_the_row_seed(name, setup):
         single = _batch1(target, _drafters(name, setup)[1], prompt, K[name], sampling, seed=row_seed(7, b))
         assert result.tokens[b] == single.tokens, f"row {b}"
         assert result.rows[b].accepted == single.stats.accepted
+        assert result.rows[b].lossy == single.stats.lossy == (name == "medusa-typical")
     assert sum(result.stats.accepted) > 0
 
 
@@ -322,7 +364,7 @@ def _first_two_fits(setup, copies, k=2, seed=3):
     chi-square fits of the (t1, t2) histogram to the target's exact law and to the draft's."""
     target, draft, *_ = setup
     prompts = [SAMPLING_PROMPTS[i % len(SAMPLING_PROMPTS)] for i in range(copies * len(SAMPLING_PROMPTS))]
-    result = generate_batch(target, prompts, BatchedDraftModel(draft), num_draft_tokens=k, max_new_tokens=k + 1,
+    result = generate_batch(target, prompts, DraftModelDrafter(draft), num_draft_tokens=k, max_new_tokens=k + 1,
                             sampling=T1, seed=seed)  # fmt: skip
     stats = result.stats
     assert 0 < sum(stats.accepted) < sum(stats.proposed)  # accept, residual and bonus all ran
@@ -344,6 +386,87 @@ def test_sampling_is_lossless_per_row_quick(setup):
     for p, (target_fit, _) in enumerate(fits):
         assert target_fit.bins >= 5 and target_fit.p_value > 1e-3, (p, target_fit)
     assert min(draft_fit.p_value for _, draft_fit in fits) < 1e-6, fits
+
+
+def _lookup_prompts(target) -> list[torch.Tensor]:
+    """Four prompts [extra..., a, b, c, a, b] of lengths 6..9: lookup of [a, b] proposes c, a,
+    b. A random model does not copy, so c is chosen (one batched forward over every candidate)
+    to have a middling target probability: accepted in some runs, rejected in others."""
+    gen = torch.Generator().manual_seed(7)
+    prompts = []
+    for extra in range(4):
+        head = torch.randint(3, VOCAB, (extra,), generator=gen).tolist()
+        a, b = torch.randint(3, VOCAB, (2,), generator=gen).tolist()
+        batch = torch.tensor([[1, *head, a, b, 0, a, b]]).repeat(VOCAB, 1)
+        batch[:, extra + 3] = torch.arange(VOCAB)
+        with torch.no_grad():
+            p = torch.softmax(target(batch).logits[:, -1].float(), -1)
+        p_c = p[torch.arange(VOCAB), torch.arange(VOCAB)]  # p(c | the prompt with c)
+        score, c = torch.minimum(p_c, 1 - p_c).max(0)
+        assert score > 0.05, score
+        prompts.append(batch[c].clone())
+    return prompts
+
+
+def _informed_medusa(target, prompts):
+    """Two Medusa heads that know the target's first two greedy distributions after each prompt
+    (read off the state of its second-last token, which the prefill hands over), random
+    elsewhere: right often enough at T = 1 for every branch of the verification to run."""
+    from test_tree import OracleHeads
+
+    layers = target.config.num_hidden_layers
+    states, rows = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = target(prompt[None], output_hidden_states=True)
+            first = out.logits[0, -1]
+            second = target(torch.cat([prompt, first.argmax()[None]])[None]).logits[0, -1]
+            states.append(out.hidden_states[layers][0])
+            rows.append((first, second))
+    states = torch.cat(states)
+    table = torch.randn(2, states.shape[0], VOCAB, generator=torch.Generator().manual_seed(0))
+    end = 0
+    for prompt, (first, second) in zip(prompts, rows):
+        end += prompt.numel()
+        table[0, end - 2], table[1, end - 2] = first, second
+    return MedusaDrafter(OracleHeads(states, table), layers, tree=[(0, 0), (0, 1), (1, 0), (2,)])
+
+
+def _tree_fits(target, make, prompts, k, runs):
+    """T = 1, batch 4 (the four prompts), `runs` seeds: per prompt, the chi-square fit of the
+    (t1, t2) histogram to the target's exact law; and the pooled stats."""
+    counts = [torch.zeros(VOCAB, VOCAB, dtype=torch.float64) for _ in prompts]
+    stats = DecodeStats()
+    for seed in range(runs):
+        result = generate_batch(target, prompts, make(), num_draft_tokens=k, max_new_tokens=k + 1, sampling=T1,
+                                seed=seed)  # fmt: skip
+        for c, tokens in zip(counts, result.tokens):
+            c[tokens[0], tokens[1]] += 1
+        stats = stats + result.stats
+    return [chi_square_gof(c, _exact_joint(target, p, T1)) for c, p in zip(counts, prompts)], stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["medusa-tree", "eagle-tree", "lookup"])
+def test_trees_and_lookup_are_lossless_at_batch_4(kind, setup):
+    """The first two tokens of every row of a batch of 4 follow the target's p(t1) p(t2 | t1)
+    at T = 1 for a Medusa tree, an EAGLE-2 tree and prompt lookup (verified node by node with
+    the recursive rejection rule, or as ragged chains)."""
+    target = setup[0]
+    if kind == "lookup":
+        prompts, make, k = _lookup_prompts(target), PromptLookupDrafter, 3
+    elif kind == "medusa-tree":
+        prompts, k = SAMPLING_PROMPTS, 2
+        drafter = _informed_medusa(target, prompts)
+        make = lambda: drafter  # noqa: E731  (stateless between requests: start() resets it)
+    else:
+        prompts, k = SAMPLING_PROMPTS, 3
+        head = _train_eagle3(target, prompts)
+        make = lambda: EagleDrafter(head, tree={"depth": 2, "top_k": 2, "total_tokens": 5})  # noqa: E731
+    fits, stats = _tree_fits(target, make, prompts, k, runs=600)
+    assert 0 < sum(stats.accepted) < sum(stats.proposed), kind  # accept, residual and bonus all ran
+    for p, fit in enumerate(fits):
+        assert fit.bins >= 5 and fit.p_value > 1e-3, (kind, p, fit)
 
 
 @pytest.mark.slow
@@ -373,26 +496,26 @@ def _rows(kv: RaggedCache) -> list[list[int]]:
 def test_ragged_cache_moves(monkeypatch):
     kv = RaggedCache(EagleCache(), 3, torch.device("cpu"))
     # A right-aligned prompt block: rows of 3, 1 and 2 real tokens.
-    mask = kv.mask(3, [0, 2, 1], None, torch.float32)
+    mask = kv.mask(chain_attend(3, [0, 2, 1], None, 3, kv.device), torch.float32)
     assert mask.shape == (3, 1, 3, 3)
     seen = mask[:, 0] == 0
     assert seen[1].tolist() == [[True, False, False], [False, True, False], [False, False, True]]  # padding sees itself
     assert seen[2].tolist() == [[True, False, False], [False, True, False], [False, True, True]]
     _forward(kv, [[10, 11, 12], [0, 0, 20], [0, 30, 31]])
-    kv.append(3, [0, 2, 1], None)
+    kv.commit_spans(3, [0, 2, 1], None)
     assert _rows(kv) == [[10, 11, 12], [20], [30, 31]] and kv.counts == [3, 1, 2]
     # A verification block of 3: rows keep 1, 3 and 2 of it; no column is dropped (max = 3).
-    past = kv.mask(3, None, [3, 3, 2], torch.float32)[:, 0] == 0
+    past = kv.mask(chain_attend(3, None, [3, 3, 2], 3, kv.device), torch.float32)[:, 0] == 0
     assert past[1, :, :3].tolist() == [[False, False, True]] * 3  # row 1's padding is invisible
     assert past[2, 2].tolist() == [False, True, True, True, True, True]  # its own padding column sees itself
     _forward(kv, [[13, 14, 15], [21, 22, 23], [32, 33, 34]])
-    kv.append(3, None, [1, 3, 2])
+    kv.commit_spans(3, None, [1, 3, 2])
     assert _rows(kv) == [[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]] and kv.length == 6
     # Speculation: 2 columns fed whole, then rows keep 1, 0, 1: the common tail (the second) is cut.
     _forward(kv, [[16], [24], [35]])
-    kv.append(1)
+    kv.commit_spans(1)
     _forward(kv, [[17], [25], [36]])
-    kv.append(1)
+    kv.commit_spans(1)
     kv.retain(6, [1, 0, 1])
     assert kv.length == 7 and _rows(kv) == [[10, 11, 12, 13, 16], [20, 21, 22, 23], [30, 31, 32, 33, 35]]
     assert kv.counts == [5, 4, 5]
@@ -401,13 +524,22 @@ def test_ragged_cache_moves(monkeypatch):
     # Row 0 leaves; then compaction (forced) right-aligns the survivors.
     kv.select(torch.tensor([1, 2]), [1, 2])
     assert _rows(kv) == [[20, 21, 22, 23], [30, 31, 32, 33, 35]]
-    monkeypatch.setattr(batched, "COMPACT_WHEN", 0.0)
+    monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
     assert kv.compact_if_wasteful()
     assert kv.length == 5 and kv.valid.tolist() == [[False, True, True, True, True], [True] * 5]
     assert _rows(kv) == [[20, 21, 22, 23], [30, 31, 32, 33, 35]]
     assert not kv.compact_if_wasteful()  # nothing left to gain
+    # A tree block [last, a, b, c] (b a child of a, c a sibling of a): row 0 keeps last, a, b;
+    # row 1 last and c. Kept columns stay where they were fed; the tail no row keeps is cut.
+    _forward(kv, [[80, 81, 82, 83], [70, 71, 72, 73]])
+    kv.commit(torch.tensor([[1, 1, 1, 0], [1, 0, 0, 1]], dtype=torch.bool))
+    assert kv.length == 9 and kv.counts == [7, 7]
+    assert _rows(kv) == [[20, 21, 22, 23, 80, 81, 82], [30, 31, 32, 33, 35, 70, 73]]
+    _forward(kv, [[84, 85], [74, 75]])
+    kv.commit(torch.tensor([[1, 0], [1, 0]], dtype=torch.bool))
+    assert kv.length == 10 and _rows(kv) == [[20, 21, 22, 23, 80, 81, 82, 84], [30, 31, 32, 33, 35, 70, 73, 74]]
     with pytest.raises(RuntimeError, match="out of step"):
-        kv.append(2)  # the bookkeeping must follow the model's cache
+        kv.commit_spans(2)  # the bookkeeping must follow the model's cache
 
 
 def test_default_compaction_bounds_the_holes(setup, monkeypatch):
@@ -424,8 +556,8 @@ def test_default_compaction_bounds_the_holes(setup, monkeypatch):
 
     monkeypatch.setattr(RaggedCache, "compact_if_wasteful", spy)
     prompts = _prompts((2, 9, 5, 7), seed=4)
-    result = generate_batch(target, prompts, BatchedDraftModel(draft), num_draft_tokens=4, max_new_tokens=40)
-    assert all(waste < batched.COMPACT_WHEN * length for _, waste, length in checks if waste), checks
+    result = generate_batch(target, prompts, DraftModelDrafter(draft), num_draft_tokens=4, max_new_tokens=40)
+    assert all(waste < kv_module.COMPACT_WHEN * length for _, waste, length in checks if waste), checks
     assert any(did for did, _, _ in checks)
     assert result.tokens == [_batch1(target, None, p, 0, max_new_tokens=40).tokens for p in prompts]
 
@@ -455,21 +587,15 @@ def test_bad_input_raises(kwargs, error, match, setup):
     args = dict(prompts=[torch.tensor([5, 6, 7]), torch.tensor([8])], num_draft_tokens=2, max_new_tokens=20)
     args.update(kwargs)
     with pytest.raises(error, match=match):
-        generate_batch(target, args.pop("prompts"), BatchedDraftModel(draft), **args)
+        generate_batch(target, args.pop("prompts"), DraftModelDrafter(draft), **args)
 
 
 def test_unsupported_drafters_and_targets_raise(setup):
     target, _, heads, head, _ = setup
-    with pytest.raises(ValueError, match="tree"):
-        as_batched(MedusaDrafter(heads, 2, tree=[(0,), (1,), (0, 0)]))
-    with pytest.raises(ValueError, match="tree"):
-        as_batched(EagleDrafter(head, tree={"depth": 2, "top_k": 2, "total_tokens": 4}))
-    with pytest.raises(ValueError, match="typical"):
-        as_batched(MedusaDrafter(heads, 2, typical=(0.09, 0.3)))
     with pytest.raises(ValueError, match="target_num_layers"):
-        BatchedMedusa(SimpleNamespace(config=SimpleNamespace(num_heads=2)))
-    with pytest.raises(TypeError, match="PromptLookupDrafter"):
-        generate_batch(target, PROMPTS, PromptLookupDrafter(), max_new_tokens=4)
+        MedusaDrafter(SimpleNamespace(config=SimpleNamespace(num_heads=2)))
+    with pytest.raises(TypeError, match="Drafter"):
+        generate_batch(target, PROMPTS, object(), max_new_tokens=4)
     from transformers import AutoModelForCausalLM
 
     config = tiny_config("mistral")

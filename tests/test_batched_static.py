@@ -23,7 +23,7 @@ import torch
 
 import test_batched
 from draftsmith.eval import batched
-from draftsmith.eval.batched import BatchedDraftModel, BatchedMedusa, RaggedCache, StaticRaggedCache, generate_batch
+from draftsmith.eval.runtime import BatchedDraftModel, BatchedMedusa, RaggedCache, StaticRaggedCache, generate_batch
 from draftsmith.heads import static_target
 from draftsmith.heads.eagle import EagleCache
 from draftsmith.heads.static_target import StaticCacheOverflow
@@ -111,7 +111,7 @@ def test_static_greedy_families(family, pairs):
     prompts = _prompts((4, 1, 9, 6), seed=3)
     alone = [_batch1(target, None, p, 0, max_new_tokens=16).tokens for p in prompts]
     eos = alone[2][3]
-    for drafter in (None, BatchedDraftModel(draft)):
+    for drafter in (None, DraftModelDrafter(draft)):
         kwargs = {"num_draft_tokens": 3, "max_new_tokens": 16, "eos_token_id": eos}
         static = generate_batch(target, prompts, drafter, static_cache=True, **kwargs)
         assert static.tokens == [_cut(a, eos) for a in alone]
@@ -242,7 +242,7 @@ def test_unavailable_compiler_falls_back_with_a_message(setup, monkeypatch):
     target = copy.deepcopy(setup[0])  # a model of its own: no compiled cache of an earlier test
     monkeypatch.setattr(static_target, "compile_unavailable", lambda device: "no C++ compiler here (test)")
     with pytest.warns(UserWarning, match=r"torch.compile is off.*no C\+\+ compiler here"):
-        result = generate_batch(target, PROMPTS, BatchedDraftModel(setup[1]), num_draft_tokens=3,
+        result = generate_batch(target, PROMPTS, DraftModelDrafter(setup[1]), num_draft_tokens=3,
                                 max_new_tokens=N_NEW, compile=True)  # fmt: skip
     assert result.tokens == setup[4]
     assert result.compile_seconds == result.stats.compile_seconds == 0.0
@@ -257,8 +257,8 @@ def test_compiled_greedy_is_identical(setup, spy):
     target, draft = copy.deepcopy(setup[0]), copy.deepcopy(setup[1])  # compiled graphs of their own
     references = setup[4]
     eos = _eos_stopping_row_1(references)
-    heads = BatchedMedusa(setup[2], target.config.num_hidden_layers)
-    for drafter, k in ((None, 0), (BatchedDraftModel(draft), 3), (heads, 3)):
+    heads = MedusaDrafter(setup[2], target.config.num_hidden_layers)
+    for drafter, k in ((None, 0), (DraftModelDrafter(draft), 3), (heads, 3)):
         kwargs = {"num_draft_tokens": k, "max_new_tokens": N_NEW, "eos_token_id": eos}
         result = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
         assert result.tokens == [_cut(r, eos) for r in references]

@@ -22,11 +22,11 @@ import pytest
 import torch
 from torch import nn
 
-from draftsmith.eval.decoder import generate
-from draftsmith.eval.eagle import EagleDrafter
+from draftsmith.eval.runtime import generate
+from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.sampling import SamplingConfig
-from draftsmith.eval.tree import depths
+from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.eval.runtime.tree import depths
 from fixtures import VOCAB
 
 FAMILIES = ("llama", "qwen2", "mistral")

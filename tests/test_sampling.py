@@ -27,7 +27,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from draftsmith.eval.sampling import (
+from draftsmith.eval.runtime.sampling import (
     SamplingConfig,
     acceptance_probability,
     draw,

@@ -22,10 +22,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.decoder import DecodeStats, generate
-from draftsmith.eval.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
-from draftsmith.eval.eagle import EagleDrafter
-from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.eval.runtime import DecodeStats, generate
+from draftsmith.eval.runtime.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.heads import static_target
 from draftsmith.heads.static_target import StaticCacheOverflow, StaticCausalLMAdapter, static_adapter
@@ -510,7 +510,7 @@ def test_a_real_eagle_head_compiled(pairs):
         assert out.stats.compile_seconds > 0  # the first request compiles the proposal
         out = _same_proposals(target, head, _ids(9, seed=14), tree, compile=True)
         assert out.stats.compile_seconds < 0.5  # shared by every drafter over the head
-    from draftsmith.eval.eagle import _static_draft
+    from draftsmith.eval.runtime.eagle import _static_draft
 
     fast = _static_draft(head, True)
     assert fast.compiler.error is None and set(fast._compiled) == {("chain", K), ("tree", EAGLE_TREE["depth"], EAGLE_TREE["top_k"])}

@@ -19,13 +19,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.decoder import generate
-from draftsmith.eval.drafters import Drafter, MedusaDrafter, Proposal
+from draftsmith.eval.runtime import generate
+from draftsmith.eval.runtime.drafters import Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
 from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
 from draftsmith.eval.stats import chi_square_gof
-from draftsmith.eval.tree import (
+from draftsmith.eval.runtime.tree import (
     build_medusa_tree,
     children_of,
     expected_accept_length,
@@ -34,7 +34,7 @@ from draftsmith.eval.tree import (
     verify_tree_greedy,
     verify_tree_typical,
 )
-from draftsmith.heads.target import CausalLMAdapter, tree_attention_mask
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
 from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6
@@ -250,27 +250,44 @@ TREE = build_medusa_tree(ORACLE_ACCURACY, 10)
 
 
 class Recorder(MedusaDrafter):
-    """Records what the decoder tells the drafter."""
+    """Records what the decoder tells the drafter (batch 1): the target states it is handed (the
+    prefill's, then per call those of `last` and the accepted path), the depth asked for and
+    each accepted path (node indices, read off the committed tokens)."""
 
-    def start(self, prompt_ids):
-        super().start(prompt_ids)
+    def start(self, prompts, prefill, vocab_size):
+        super().start(prompts, prefill, vocab_size)
         self.events, self.observed, self.paths, self.asked = [], [], [], []
+        states = prefill.get(self.target_layers[0])
+        if states is not None:
+            self.events.append("prefill")
+            self.observed.append(states[0].clone())
+        self._last = None
 
-    def observe(self, hidden):
-        super().observe(hidden)
-        self.events.append("observe")
-        self.observed.append(hidden[self.target_layers[0]].clone())
+    def propose(self, contexts, num_tokens, sampling, generators):
+        self.asked.append(num_tokens[0])
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        self._last = proposal
+        self.events.append("propose")
+        return proposal
 
-    def propose(self, context, num_tokens, sampling, generator=None):
-        self.asked.append(num_tokens)
-        return super().propose(context, num_tokens, sampling, generator)
-
-    def accepted(self, num_accepted):
+    def accepted(self, num_accepted, committed, hidden):
+        super().accepted(num_accepted, committed, hidden)
+        n = num_accepted[0]
         self.events.append("accepted")
+        self.observed.append(hidden[self.target_layers[0]][0, : n + 1].clone())
+        proposal, self._last = self._last, None
+        if proposal is not None and proposal.parents is not None and proposal.counts[0]:
+            self.paths.append(_path_of(proposal, committed[0, :n].tolist()))
 
-    def accepted_path(self, path):
-        super().accepted_path(path)
-        self.paths.append(list(path))
+
+def _path_of(proposal, tokens: list[int]) -> list[int]:
+    """The node indices of row 0's root-to-node path that spells `tokens` (siblings differ)."""
+    parents, ids = proposal.parents[0], proposal.tokens[0].tolist()
+    path, parent = [], -1
+    for token in tokens:
+        parent = next(i for i, q in enumerate(parents) if q == parent and ids[i] == token)
+        path.append(parent)
+    return path
 
 
 def test_tree_is_what_the_drafter_promises():
@@ -297,83 +314,86 @@ def test_tree_greedy_matches_target_only(family, pairs):
     assert accepted > 40 and sideways >= 3, (accepted, sideways)
 
 
-def test_tree_greedy_with_a_sliding_window_uses_the_refeed_fallback():
-    """Sliding-window cache layers are not plain DynamicLayers: keep() crops and re-feeds."""
+def test_tree_greedy_with_a_sliding_window_is_refused():
+    """Sliding-window layers would count a ragged cache's holes as tokens: refused up front."""
     config = tiny_config("mistral")
     config.sliding_window = 48
     torch.manual_seed(0)
     target = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        target.get_output_embeddings().weight.mul_(HEAD_SCALE)
     prompt = _ids(8, seed=6)
-    heads, reference = _oracle(target, prompt, num_new=24, seed=6)
-    drafter = Recorder(heads, config.num_hidden_layers, tree=TREE)
-    out = generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=NUM_HEADS)
-    assert out.tokens == reference
-    assert sum(path != list(range(len(path))) for path in drafter.paths) >= 1
-    # Past the window a tree mask would let nodes see states the layer no longer attends to.
-    long_prompt = _ids(44, seed=7)
-    heads, _ = _oracle(target, long_prompt, num_new=8, seed=7)
-    with pytest.raises(ValueError, match="sliding window"):
-        generate(target, MedusaDrafter(heads, 2, tree=TREE), long_prompt, max_new_tokens=8, num_draft_tokens=3)
+    tree = MedusaDrafter(ConstantHeads(torch.zeros(2, VOCAB)), 2, tree=[(0,), (1,), (0, 0)])
+    for drafter in (tree, PromptLookupDrafter()):
+        for static in (False, True):
+            with pytest.raises(ValueError, match="full-attention"):
+                generate(target, drafter, prompt, max_new_tokens=8, num_draft_tokens=3, static_cache=static)
 
 
 # --------------------------------------------------------------------- cache compaction
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4]  # node tree of tests/test_adapter.py
 TREE_TOKENS = [17, 250, 99, 123, 123, 40, 17, 301]
+STORES = ("growing", "static")
 
 
-def _verify_then_keep(adapter, past, last, path, in_place):
-    adapter.reset()
-    adapter.forward(past[None])
+def _cache(model, store):
+    if store == "growing":
+        return RaggedCache.for_model(model, 1, "the test model")
+    return StaticRaggedCache(model, 1, 64)
+
+
+def _verify_then_keep(model, store, past, last, path):
+    """Feed `past`, then [last, tree] with the tree's ancestor mask and depth positions, and
+    keep `last` and the nodes of `path`: the cache a verification leaves behind."""
+    kv = _cache(model, store)
+    kv.forward(model, past[None], torch.arange(past.numel())[None])
+    kv.commit_spans(past.numel())
     base = past.numel()
-    fed_parents = [-1] + [q + 1 if q >= 0 else 0 for q in PARENTS]
-    mask, depth = tree_attention_mask(fed_parents, past_len=base)
+    attend, depths = tree_attend([PARENTS], 1 + len(PARENTS), model.device)
     fed = torch.cat([last, torch.tensor(TREE_TOKENS)])[None]
-    adapter.forward(fed, position_ids=(base + depth)[None], attention_mask=mask)
-    adapter.keep_in_place = in_place
-    calls = []
-    forward = adapter.forward
-    adapter.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
-    adapter.keep(base, [0] + [i + 1 for i in path])
-    del adapter.forward
-    return len(calls)
+    kv.forward(model, fed, base + torch.tensor(depths), attend)
+    keep = torch.zeros(1, fed.shape[1], dtype=torch.bool)
+    keep[0, [0] + [i + 1 for i in path]] = True
+    kv.commit(keep)
+    return kv
 
 
-@pytest.mark.parametrize("in_place", [True, False])
+def _after(model, kv, after):
+    positions = kv.counts[0] + torch.arange(after.numel())
+    return kv.forward(model, after[None], positions[None]).logits
+
+
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_keep_matches_a_fresh_sequential_run(family, in_place, pairs):
+def test_keep_matches_a_fresh_sequential_run(family, store, pairs):
+    """A tree forward that keeps a path (the second root branch, three deep: kept columns sit
+    between holes) leaves the cache sequential decoding of that path leaves."""
     model, _ = pairs(family)
-    adapter = CausalLMAdapter(model)
     past, last, after = _ids(9, seed=8), torch.tensor([55]), _ids(3, seed=9)
-    path = [1, 4, 7]  # the second root branch, three deep: entries must move
-    refeeds = _verify_then_keep(adapter, past, last, path, in_place)
-    assert refeeds == (0 if in_place else 1)  # the fast path makes no model call
-    assert adapter.seq_len == past.numel() + 1 + len(path)
-    logits = adapter.forward(after[None]).logits
+    path = [1, 4, 7]
+    kv = _verify_then_keep(model, store, past, last, path)
+    assert kv.counts == [past.numel() + 1 + len(path)]
+    logits = _after(model, kv, after)
     sequential = torch.cat([past, last, torch.tensor([TREE_TOKENS[i] for i in path]), after])
     with torch.no_grad():
         full = model(sequential[None]).logits[:, -after.numel() :]
-    _close(logits, full, f"logits after keep ({'in place' if in_place else 're-feed'})")
+    _close(logits, full, f"logits after keep ({store})")
 
 
-def test_keep_rejects_bad_indices(pairs):
+def test_keep_rejects_a_block_it_was_not_fed(pairs):
     model, _ = pairs("llama")
-    adapter = CausalLMAdapter(model)
-    _verify_then_keep(adapter, _ids(5, seed=10), torch.tensor([4]), [0], in_place=True)
-    with pytest.raises(ValueError, match="keep"):
-        adapter.keep(5, [0, 20])
+    kv = _verify_then_keep(model, "growing", _ids(5, seed=10), torch.tensor([4]), [0])
+    with pytest.raises(RuntimeError, match="out of step"):
+        kv.commit(torch.ones(1, 20, dtype=torch.bool))  # nothing was fed
 
 
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
-def test_keep_with_a_wrong_path_changes_the_logits(family, pairs):
+def test_keep_with_a_wrong_path_changes_the_logits(family, store, pairs):
     """The comparison above can fail: keeping a sibling branch gives different logits."""
     model, _ = pairs(family)
-    adapter = CausalLMAdapter(model)
     past, last, after = _ids(9, seed=8), torch.tensor([55]), _ids(3, seed=9)
-    _verify_then_keep(adapter, past, last, [0, 3], in_place=True)  # 17 -> 123 (first branch)
-    wrong = adapter.forward(after[None]).logits
+    kv = _verify_then_keep(model, store, past, last, [0, 3])  # 17 -> 123 (first branch)
+    wrong = _after(model, kv, after)
     sequential = torch.cat([past, last, torch.tensor([250, 123]), after])  # 250 -> 123 (second)
     with torch.no_grad():
         right = model(sequential[None]).logits[:, -3:]
@@ -385,7 +405,9 @@ def test_keep_with_a_wrong_path_changes_the_logits(family, pairs):
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_observe_gets_the_committed_states(family, temperature, pairs):
+def test_drafter_gets_the_committed_states(family, temperature, pairs):
+    """The states a drafter is handed (prefill, then per call `last` and the accepted path) are
+    the target's states of the committed tokens, in order, with no gap: a full forward's."""
     target, _ = pairs(family)
     layers = target.config.num_hidden_layers
     prompt = _ids(7, seed=12)
@@ -399,19 +421,19 @@ def test_observe_gets_the_committed_states(family, temperature, pairs):
             full = target(seq[None], output_hidden_states=True).hidden_states[layers][0]
         observed = torch.cat(drafter.observed)
         # Every committed token but the newest, in order: the prompt's, then per call `last`
-        # and the accepted drafts.
-        assert observed.shape == (seq.numel() - 1, full.shape[-1])
-        _close(observed, full[:-1], f"observed states ({'tree' if tree else 'chain'})")
+        # and the accepted drafts; the last call's are not handed over (the row is done).
+        assert observed.shape == (seq.numel() - 1 - (out.stats.accepted[-1] + 1), full.shape[-1])
+        _close(observed, full[: observed.shape[0]], f"observed states ({'tree' if tree else 'chain'})")
         calls = out.stats.target_calls
-        assert drafter.events[0] == "observe"  # the prefill's
+        assert drafter.events[0] == "prefill"
         per_call = drafter.events[1:]
-        proposing = sum(1 for k in out.stats.proposed if k)
-        assert per_call.count("observe") == calls and per_call.count("accepted") == proposing
-        for i, event in enumerate(per_call):
-            if event == "accepted":
-                assert per_call[i - 1] == "observe"  # observe comes first
-        if tree is not None and temperature == 0.0:
-            assert sum(len(p) for p in drafter.paths) > 5
+        # No proposal at a call whose budget is one token (the bonus only).
+        assert per_call.count("accepted") == calls - 1 and calls - 1 <= per_call.count("propose") <= calls
+        assert all(a != b for a, b in zip(per_call, per_call[1:]))  # propose, accepted, propose, ...
+        if tree is not None:
+            assert [len(p) for p in drafter.paths] == out.stats.accepted[: len(drafter.paths)]
+            if temperature == 0.0:
+                assert sum(len(p) for p in drafter.paths) > 5
 
 
 def test_one_token_prompt_proposes_nothing_first(pairs):
@@ -422,7 +444,7 @@ def test_one_token_prompt_proposes_nothing_first(pairs):
     out = generate(target, drafter, prompt, max_new_tokens=10, num_draft_tokens=NUM_HEADS)
     assert out.tokens == reference
     assert out.stats.proposed[0] == 0 and sum(out.stats.proposed[1:]) > 0
-    assert drafter.events[0] == "observe" and drafter.observed[0].shape[0] == 1  # `last` only
+    assert drafter.events[0] == "propose" and drafter.observed[0].shape[0] == 1  # no prefill: `last` only
 
 
 # ------------------------------------------------------------------- stats and the budget
@@ -434,10 +456,11 @@ class FixedTree(Drafter):
     def __init__(self, probs=False):
         self.probs = probs
 
-    def propose(self, context, num_tokens, sampling, generator=None):
-        tokens = torch.tensor([5, 6, 7, 8, 9, 10, 11])
-        probs = torch.full((7, VOCAB), 1.0 / VOCAB) if self.probs else None
-        return Proposal(tokens=tokens, probs=probs, parents=[-1, -1, 0, 1, 2, 4, 5])
+    def propose(self, contexts, num_tokens, sampling, generators):
+        rows = len(contexts)
+        tokens = torch.tensor([[5, 6, 7, 8, 9, 10, 11]]).expand(rows, -1)
+        probs = torch.full((rows, 7, VOCAB), 1.0 / VOCAB) if self.probs else None
+        return Proposal(tokens=tokens, counts=[7] * rows, probs=probs, parents=[[-1, -1, 0, 1, 2, 4, 5]] * rows)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -467,7 +490,8 @@ def test_tree_stats_count_depths(temperature, pairs):
     assert stats.num_draft_tokens == NUM_HEADS
     assert stats.proposed[0] == len(TREE)  # nodes per call (every TREE path is one node)
     accepted = [a for a, k in zip(stats.accepted, stats.proposed) if k]  # calls that verified a tree
-    assert accepted == [len(p) for p in drafter.paths] and sum(accepted) > 0
+    assert accepted[: len(drafter.paths)] == [len(p) for p in drafter.paths] and sum(accepted) > 0
+    assert len(drafter.paths) >= len(accepted) - 1  # the last call's path is not handed over
     depths = [min(k, NUM_HEADS) for k in drafter.asked]
     calls = list(zip(accepted, depths))
     assert stats.reached == [sum(i < min(n + 1, d) for n, d in calls) for i in range(NUM_HEADS)]
@@ -516,21 +540,22 @@ def test_medusa_tree_nodes_and_truncation():
     # Ranks: head 0 -> 1, 2, 3, ...; head 1 -> 0, 2, 3, ...; head 2 -> 4, 3, 2, ...
     heads = ConstantHeads(torch.tensor([[0.0, 5, 4, 3, 1], [9, 0, 8, 7, 0], [0, 0, 1, 2, 3]]))
     drafter = MedusaDrafter(heads, 2, tree=[(1, 0), (0, 2, 1), (0,), (1, 1)])
-    context = torch.tensor([1, 2])
-    drafter.start(context)
-    assert len(drafter.propose(context, 3, None)) == 0  # nothing observed yet
-    drafter.observe({2: torch.zeros(3, 4)})
-    prop = drafter.propose(context, 3, None)
+    context = [[1, 2]]
+    drafter.start([[1]], {}, 5)  # a one-token prompt: no state yet
+    assert drafter.propose(context, [3], None, [None]).counts == [0]  # nothing observed yet
+    drafter.accepted([0], torch.tensor([[2]]), {2: torch.zeros(1, 1, 4)})
+    prop = drafter.propose(context, [3], None, [None])
     # Nodes by depth, then first appearance: (1), (0) | (1,0), (0,2), (1,1) | (0,2,1).
-    assert prop.tokens.tolist() == [2, 1, 0, 3, 2, 3]
-    assert prop.parents == [-1, -1, 0, 1, 0, 3]
+    assert prop.tokens.tolist() == [[2, 1, 0, 3, 2, 3]] and prop.counts == [6]
+    assert prop.parents == [[-1, -1, 0, 1, 0, 3]]
     assert prop.probs is None
-    short = drafter.propose(context, 1, None)
-    assert short.tokens.tolist() == [2, 1] and short.parents == [-1, -1]
+    short = drafter.propose(context, [1], None, [None])
+    assert short.tokens.tolist() == [[2, 1]] and short.parents == [[-1, -1]]
     chain = MedusaDrafter(heads, 2)
-    chain.observe({2: torch.zeros(1, 4)})
-    out = chain.propose(context, 2, None)
-    assert out.tokens.tolist() == [1, 0] and out.parents is None and out.logits.shape == (2, 5)
+    chain.start([[1]], {}, 5)
+    chain.accepted([0], torch.tensor([[2]]), {2: torch.zeros(1, 1, 4)})
+    out = chain.propose(context, [2], None, [None])
+    assert out.tokens.tolist() == [[1, 0]] and out.parents is None and out.logits.shape == (1, 2, 5)
     assert chain.max_depth == 3 and drafter.max_depth == 3
 
 

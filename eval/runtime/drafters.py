@@ -1,0 +1,369 @@
+"""Drafters: what proposes tokens for the target to verify, each written once, for B rows.
+
+The contract (the loop in `eval/runtime/loop.py` drives it):
+
+    drafter.prepare(batch, capacity, compile, k, sampling)   before the clock: capacity (columns
+                                         per row) is None on the growing store; returns the
+                                         seconds spent compiling
+    drafter.start(prompts, prefill, vocab_size)   prefill: {layer: [B, P, H]} target states of
+                                         every prompt token but the last (rows right-aligned)
+    proposal = drafter.propose(contexts, num_tokens, sampling, generators)
+    drafter.select(rows, kept)           rows that finished left the batch
+    drafter.accepted(num_accepted, committed, hidden)
+
+`contexts[b]`: row b's tokens so far (host list). `num_tokens[b]`: the most drafts (a tree: the
+deepest depth) row b may get. `committed [B, W]`: row b's tokens emitted this call (its n_b
+accepted drafts, then the correction/bonus token) in its first n_b + 1 columns. `hidden[layer]
+[B, W', H]`: the target's states of row b's committed fed columns (the fed last token, then the
+accepted path) in its first n_b + 1 columns.
+
+A `Proposal` carries tokens [B, N] (row b's first counts[b]), and either `probs` [B, N, V], the
+exact distributions they were drawn from, or `probs=None` for deterministic proposals (q = 1 on
+each token). Optionally `logits`: the raw (T = 1) logits, only for the KL/TV report. Trees:
+`parents[b][i]` is the index of row b's node i's parent, or -1 for a child of the last committed
+token; nodes in topological order, deterministic. `parents=None`: every row is a chain.
+
+Hidden states: a drafter that reads the TARGET's states names them in `target_layers` (HF
+`output_hidden_states` ids: 0 = embeddings, L = the last layer after the final norm).
+`proposal_sizes(k)`: the usual sizes of a proposal (tokens of a chain, nodes of a tree), the
+largest bounding all: the static path sizes its cache with it and compiles 1 + each size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from draftsmith.eval.runtime.compiler import Compiler, compile_mode
+from draftsmith.eval.runtime.kv import RaggedCache, chain_attend, model_cache
+from draftsmith.eval.runtime.sampling import SamplingConfig, draw
+from draftsmith.eval.runtime.target import max_positions, right_aligned
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, N] long (any device); row b's are its first counts[b]
+    counts: list[int]  # tokens (a tree: nodes) proposed per row
+    probs: torch.Tensor | None = None  # [B, N, V] what each token was drawn from; None = deterministic
+    logits: torch.Tensor | None = None  # [B, N, V] raw logits, for the distance report
+    parents: list[list[int]] | None = None  # trees: per row, each node's parent (-1 = the root)
+
+    @classmethod
+    def empty(cls, rows: int, device=None) -> Proposal:
+        return cls(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), counts=[0] * rows)
+
+
+class Drafter:
+    """Base class: no state, no limits; subclasses implement `propose` and what they keep."""
+
+    name = "drafter"
+    #: Target hidden-state ids (HF numbering, 0..L) this drafter reads.
+    target_layers: tuple[int, ...] = ()
+    #: (epsilon, delta): verify with Medusa's typical acceptance instead of the lossless rule.
+    #: LOSSY at T > 0 (the output is no longer the target's distribution); None = lossless.
+    typical: tuple[float, float] | None = None
+    #: The deepest proposal a tree drafter makes (None: as deep as asked).
+    max_depth: int | None = None
+
+    def max_positions(self) -> int | None:
+        """Longest prompt + new tokens the drafter can place (None = no limit of its own)."""
+        return None
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return (num_tokens,)
+
+    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig) -> float:
+        return 0.0
+
+    def start(self, prompts: list[list[int]], prefill: dict[int, torch.Tensor], vocab_size: int) -> None:
+        pass
+
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        raise NotImplementedError
+
+    def select(self, rows: torch.Tensor, kept: list[int]) -> None:
+        pass
+
+    def accepted(self, num_accepted: list[int], committed: torch.Tensor, hidden: dict[int, torch.Tensor]) -> None:
+        pass
+
+
+class DraftModelDrafter(Drafter):
+    """Any HF causal LM that shares the target's vocabulary, over its own ragged KV cache.
+
+    It samples with the target's settings (temperature, top-k, top-p) and returns the warped
+    distribution it sampled from as q. Before drafting, each row feeds the tokens its cache
+    lacks (the whole prompt at first, then the correction token, or the last draft and the
+    bonus); the drafts x_1..x_{K-1} enter the cache while drafting, and after verification row b
+    keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded with
+    -inf, or cut) so that q and p cover the same tokens. On the static path the cache is
+    preallocated, and with `compile` its width-1 and width-2 steps (a draft step; a catch-up
+    after a correction or a bonus) run compiled.
+    """
+
+    def __init__(self, model: PreTrainedModel, name: str = "draft"):
+        self.model = model.eval()
+        self.name = name
+        self.kv: RaggedCache | None = None
+        self._capacity, self._compile = None, False
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._spec_start = 0  # first cache column of this call's drafts
+
+    def max_positions(self) -> int | None:
+        return max_positions(self.model.config)
+
+    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
+        self._capacity, self._compile = capacity, compile
+        if capacity is None:
+            return 0.0
+        return model_cache(self.model, "draft", batch, capacity, compile).warm_up([1, 2])
+
+    def start(self, prompts, prefill, vocab_size) -> None:
+        self.vocab_size = vocab_size
+        self.kv = model_cache(self.model, "draft", len(prompts), self._capacity, self._compile)
+
+    def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
+        extra = self.vocab_size - logits.shape[-1]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        return logits[..., : self.vocab_size] if extra < 0 else logits
+
+    def _forward(self, ids, positions, lo=None, logits_to_keep=0):
+        attend = chain_attend(ids.shape[1], lo, None, ids.shape[0], ids.device) if lo and any(lo) else None
+        out = self.kv.forward(self.model, ids, positions, attend, logits_to_keep=logits_to_keep)
+        self.kv.commit_spans(ids.shape[1], lo, None)
+        return out.logits[:, -1]
+
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        device = self.model.device
+        counts = self.kv.counts
+        # Catch up: the tokens each row's cache lacks, right-aligned so the last is column -1.
+        ids, positions, lo = right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
+        width = max(num_tokens)
+        self.kv.reserve(ids.shape[1] + width - 1)  # room for the catch-up and the drafts: no compaction between
+        logits = self._forward(ids, positions, lo, logits_to_keep=1)
+        self._spec_start = self.kv.length
+        base = torch.tensor(self.kv.counts, device=device)  # position of each row's first draft
+        tokens, probs, raw = [], [], []
+        for i in range(width):
+            logits = self._aligned(logits.float())
+            raw.append(logits)
+            if sampling.greedy:
+                token = logits.argmax(-1)
+            else:
+                q = sampling.probs(logits)  # [B, V]: exactly what row b's token is drawn from
+                probs.append(q)
+                # Rows past their budget take the argmax (never verified) and leave their
+                # generator untouched: a row draws what it would draw alone.
+                token = torch.stack([
+                    draw(q[b].to(g.device), g).reshape(()).to(device) if i < num_tokens[b] else q[b].argmax()
+                    for b, g in enumerate(generators)
+                ])  # fmt: skip
+            tokens.append(token)
+            if i + 1 < width:
+                logits = self._forward(token[:, None], (base + i)[:, None])
+        return Proposal(
+            tokens=torch.stack(tokens, dim=1),
+            counts=list(num_tokens),
+            probs=torch.stack(probs, dim=1) if probs else None,
+            logits=torch.stack(raw, dim=1),
+        )
+
+    def select(self, rows, kept) -> None:
+        self.kv.select(rows, kept)
+
+    def accepted(self, num_accepted, committed, hidden) -> None:
+        # The cache holds each row's context + x_1..x_{K-1}: keep the accepted ones.
+        fed = self.kv.length - self._spec_start
+        self.kv.retain(self._spec_start, [min(n, fed) for n in num_accepted])
+        self.kv.compact_if_wasteful()
+
+
+class PromptLookupDrafter(Drafter):
+    """Prompt lookup decoding, per row: find the latest earlier occurrence of the context's last
+    n-gram (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
+    Deterministic (q = 1 on each token); costs no model call."""
+
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return tuple(range(num_tokens + 1))  # whatever follows the match, or nothing
+
+    def _lookup(self, context: list[int], num_tokens: int) -> list[int]:
+        seq = torch.tensor(context)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            # Windows starting at 0..length-n-1: every earlier n-gram except the suffix itself.
+            hits = (seq[:-1].unfold(0, n, 1) == seq[-n:]).all(-1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n  # the latest match is usually the most relevant
+                follow = context[start : start + num_tokens]
+                if follow:
+                    return follow
+        return []
+
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        found = [self._lookup(c, k) if k > 0 else [] for c, k in zip(contexts, num_tokens)]
+        width = max(map(len, found))
+        tokens = torch.tensor([f + [0] * (width - len(f)) for f in found], dtype=torch.long).view(len(found), width)
+        return Proposal(tokens=tokens, counts=[len(f) for f in found])
+
+
+_MEDUSA_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {mode: (Compiler, {key: fn})}
+
+
+def _heads_function(heads: torch.nn.Module, num_heads: int, top: int):
+    """h [B, H] -> (logits [num_heads, B, V] as float, then the argmax per head (top = 0: a
+    chain) or the top-`top` ids per head [num_heads, B, top] (a tree)): the first heads only."""
+
+    def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = heads(h, num_heads=num_heads).float()
+        return logits, (logits.argmax(-1) if top == 0 else logits.topk(top, dim=-1).indices)
+
+    return run
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads on the target's last hidden state (post-norm): head j applied to the state h
+    of a token at position t predicts the token at t + 2 + j. The state of each row's last
+    committed token comes from the verification forward that committed it (no extra pass); the
+    correction/bonus after it is what the target's own lm_head predicted, so head 0 proposes
+    the first draft after it. A row whose prompt is one token has no state before its first call
+    and proposes nothing.
+
+    `heads(hidden [..., H], num_heads=n) -> logits [n, ..., V]` of the first n heads
+    (`draftsmith.heads.medusa.MedusaHeads`); only the heads a proposal reads run. `tree=None`: a
+    chain of the heads' argmax tokens. Otherwise a Medusa tree: paths of ranks, (0, 2) = head 0's
+    top-1 token, then head 1's third-best below it; every prefix of every path is a node (build
+    one with `eval.runtime.tree.build_medusa_tree`). Proposals are deterministic, so both are
+    verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule. With
+    `compile` the heads and their argmax / top-k run as one compiled call (full batches).
+    """
+
+    def __init__(self, heads: torch.nn.Module, target_num_layers: int | None = None, *, tree=None,
+                 name: str = "medusa", typical: tuple[float, float] | None = None):  # fmt: skip
+        self.heads = heads
+        self.num_heads = int(heads.config.num_heads)
+        if target_num_layers is None:  # recorded by MedusaHeads.for_target
+            target_num_layers = getattr(heads.config, "target_num_layers", None)
+        if target_num_layers is None:
+            raise ValueError(
+                "MedusaDrafter needs the target's number of layers (the heads read its last, post-norm hidden "
+                "state): pass target_num_layers, the heads' config does not record it"
+            )
+        param = next(itertools.chain(heads.parameters(), heads.buffers()), None)
+        self._param = (param.device, param.dtype) if param is not None else (torch.device("cpu"), torch.float32)
+        self.target_layers = (int(target_num_layers),)
+        self.name = name
+        self.typical = tuple(typical) if typical is not None else None
+        self._compiled = None  # (rows, heads used, compiled function), set by `prepare`
+        self._h: torch.Tensor | None = None  # [B, H] state of each row's last committed token
+        self._has: list[bool] = []
+        self.tree = None if tree is None else [tuple(int(r) for r in path) for path in tree]
+        self._top = 0
+        if self.tree is not None:
+            self._build_tree(self.tree)
+        self.max_depth = self.num_heads if self.tree is None else int(self._depth.max()) + 1
+
+    def _build_tree(self, tree: list[tuple[int, ...]]) -> None:
+        if not tree:
+            raise ValueError("the Medusa tree is empty: give at least one path, or tree=None for a chain")
+        for path in tree:
+            if not path:
+                raise ValueError("a Medusa tree path must hold at least one rank")
+            if len(path) > self.num_heads:
+                raise ValueError(
+                    f"tree deeper than the number of heads: path {path} has depth {len(path)}, "
+                    f"the heads predict {self.num_heads} tokens"
+                )
+            if any(r < 0 for r in path):
+                raise ValueError(f"tree ranks must be >= 0, got path {path}")
+        # Nodes: every prefix of every path, once, ordered by depth then by first appearance.
+        order: dict[tuple[int, ...], int] = {}
+        for path in tree:
+            for d in range(1, len(path) + 1):
+                order.setdefault(path[:d], len(order))
+        nodes = sorted(order, key=lambda node: (len(node), order[node]))
+        index = {node: i for i, node in enumerate(nodes)}
+        self._parents = [index[node[:-1]] if len(node) > 1 else -1 for node in nodes]
+        self._depth = torch.tensor([len(node) - 1 for node in nodes])  # head of each node
+        self._rank = torch.tensor([node[-1] for node in nodes])
+        self._top = int(self._rank.max()) + 1  # top-k width needed from every head
+        # Nodes of depth <= d form a prefix of the list: the tree truncated to d tokens.
+        self._count = [sum(len(node) <= d for node in nodes) for d in range(self.num_heads + 1)]
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        depth = min(num_tokens, self.num_heads)
+        return (depth if self.tree is None else self._count[depth],)
+
+    def _heads_used(self, num_tokens: int) -> int:
+        """How many heads a proposal of `num_tokens` reads: the chain's length, the tree's depth."""
+        depth = min(num_tokens, self.num_heads)
+        return depth if self.tree is None else int(self._depth[: self._count[depth]].max()) + 1
+
+    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
+        used = self._heads_used(num_tokens)
+        if compile_mode(compile) is None:
+            self._compiled = None
+            return 0.0
+        # Compiled once per heads module, mode and shape, shared by every drafter over them.
+        slots = _MEDUSA_COMPILED.setdefault(self.heads, {})
+        mode = compile_mode(compile)
+        if mode not in slots:
+            slots[mode] = (Compiler(mode, self._param[0], f"the Medusa heads ({type(self.heads).__name__})"), {})
+        compiler, functions = slots[mode]
+        key = (batch, used, self._top)
+        before = compiler.seconds
+        if key not in functions and compiler.enabled:
+            h = torch.zeros(batch, self.heads.config.hidden_size, device=self._param[0], dtype=self._param[1])
+            compiled = compiler.wrap(_heads_function(self.heads, used, self._top))
+            with torch.inference_mode():
+                if compiler.first_calls("the Medusa heads", compiled, h):
+                    functions[key] = compiled
+        self._compiled = (batch, used, functions[key]) if key in functions else None
+        return compiler.seconds - before
+
+    def start(self, prompts, prefill, vocab_size) -> None:
+        self._has = [len(p) >= 2 for p in prompts]
+        states = prefill.get(self.target_layers[0])
+        self._h = states[:, -1] if states is not None else None  # right-aligned: column -1 is real
+
+    @torch.inference_mode()
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        depth = [min(k, self.num_heads) if has else 0 for k, has in zip(num_tokens, self._has)]
+        if max(depth) == 0:  # also when no row has a state yet (every prompt one token long)
+            return Proposal.empty(len(depth))
+        h = self._h.to(device=self._param[0], dtype=self._param[1])
+        used = self._heads_used(max(depth))
+        if self._compiled is not None and self._compiled[0] == h.shape[0] and self._compiled[1] >= used:
+            logits, top = self._compiled[2](h)
+            if h.device.type == "cuda":  # CUDA graph outputs are reused by the next replay
+                logits, top = logits.clone(), top.clone()
+        else:
+            logits, top = _heads_function(self.heads, used, self._top)(h)
+        if self.tree is None:  # head j's argmax proposes draft j + 1
+            width = max(depth)
+            return Proposal(tokens=top[:width].T, counts=depth, logits=logits[:width].transpose(0, 1))
+        counts = [self._count[d] for d in depth]
+        nodes = max(counts)
+        head, rank = self._depth[:nodes].to(top.device), self._rank[:nodes].to(top.device)
+        tokens = top[head, :, rank].T  # [B, nodes]: node i is rank_i of head_i
+        return Proposal(tokens=tokens, counts=counts, parents=[self._parents[:c] for c in counts])
+
+    def select(self, rows, kept) -> None:
+        self._h = self._h.index_select(0, rows.to(self._h.device)) if self._h is not None else None
+        self._has = [self._has[i] for i in kept]
+
+    def accepted(self, num_accepted, committed, hidden) -> None:
+        states = hidden[self.target_layers[0]]  # row b's committed columns first
+        rows = torch.arange(states.shape[0], device=states.device)
+        self._h = states[rows, torch.tensor(num_accepted, device=states.device)]
+        self._has = [True] * states.shape[0]

@@ -1,0 +1,517 @@
+"""The one KV cache of the decoding runtime: B ragged rows over one batch-shared cache per model.
+
+Column s of row b holds a real token of that row or a hole; `valid[b, s]` says which. Every
+forward feeds W new columns per row with explicit positions (= the number of the row's real
+tokens before it, plus the depth inside a tree) and `attend [B, W, W]` (bool: which fed columns
+each fed column sees; a chain is causal over the row's real span, a tree sees its ancestors).
+The model gets a float additive 4-D mask built from `valid` and `attend`; afterwards `commit`
+says which fed columns each row keeps (a chain: the last token and its accepted drafts; a tree:
+the root and the accepted path, wherever its nodes sit). Keys are cached after RoPE, so a kept
+column keeps its position, and a tree node's keys, computed seeing only its ancestors, are
+exactly what sequential decoding of the path computes. No row is cut to another's length:
+- prompts are right-aligned: a shorter prompt's left padding is holes;
+- columns that no row keeps (the common tail) are cut at once;
+- when holes fill a quarter of the columns (`COMPACT_WHEN`), every row's real columns are
+  gathered to the right end (one gather per layer).
+Per-row counts live on the host, so no bookkeeping waits on the device.
+
+Two stores, chosen by a setting, behind the same moves:
+- `RaggedCache` (growing): a `transformers.DynamicCache` (or the EAGLE head's `EagleCache`);
+  finished rows leave the batch (`select` drops their rows).
+- `StaticRaggedCache` (preallocated, compile-friendly): one HF `StaticCache`
+  [B, kv_heads, capacity, head_dim] per layer, written at a pointer; a tail cut moves the
+  pointer back, compaction is an in-place gather, nothing grows. The mask is built INSIDE the
+  one step function from tensors (valid, pointer, attend), so every call of a width has the
+  same shapes and `warm_up` can `torch.compile` it per width (a narrower call is padded up).
+  The B physical rows stay: a finished row becomes a padding row (token 0, no real column, it
+  sees only itself; its outputs are dropped).
+Caches must be full-attention layers (a sliding window would drop states by column, not by the
+row's own positions), and attention must take a 4-D float mask (eager or sdpa).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
+
+from draftsmith.eval.runtime.compiler import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
+
+#: Compact when holes (columns past the longest row's real count) make up at least this share:
+#: attention then never reads more than 4/3 of the live cache, and a compaction (one gather of
+#: K and V per layer, about one attention pass of memory traffic) happens once every few calls.
+COMPACT_WHEN = 0.25
+
+
+@dataclass
+class ForwardResult:
+    logits: torch.Tensor  # [B, n, V] for the fed tokens (or the last `logits_to_keep`)
+    hidden_states: dict[int, torch.Tensor]  # layer index (HF numbering: 0 = embeddings) -> [B, n, H]
+
+
+def capacity_for(columns: int) -> int:
+    """A static cache's capacity for `columns`: rounded up so similar requests share one cache
+    (and one set of compiled graphs)."""
+    return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
+
+
+# ------------------------------------------------------------------- what fed columns see
+
+
+def spans(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
+    """Bool [B, width]: True on columns [lo_b, hi_b) of row b (None: 0 / width)."""
+    cols = torch.arange(width, device=device)[None]
+    out = torch.ones(batch, width, dtype=torch.bool, device=device)
+    if lo is not None:
+        out &= cols >= torch.tensor(lo, device=device)[:, None]
+    if hi is not None:
+        out &= cols < torch.tensor(hi, device=device)[:, None]
+    return out
+
+
+def chain_attend(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
+    """[B, W, W]: each fed column sees the real fed columns [lo_b, hi_b) up to itself, and itself
+    (so no query row is fully blocked: a padding column's output is never read)."""
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=device)
+    return (causal[None] & spans(width, lo, hi, batch, device)[:, None, :]) | eye[None]
+
+
+def tree_attend(parents: list[list[int]], width: int, device) -> tuple[torch.Tensor, list[list[int]]]:
+    """[B, W, W] for rows fed [last] + nodes (node i at column i + 1; `parents[b][i]` its
+    parent's index, -1 = a child of `last`), and each row's fed depths (0 for `last`): a node
+    sees `last`, its ancestors and itself; padding columns see themselves."""
+    rows, depths = [], []
+    for row in parents:
+        # Ancestor sets as Python bitmasks (a node's = its parent's | itself), one tensor at the
+        # end: a per-node tensor update costs ~20 us a node, the budget of a whole call.
+        sets, depth = [1], [0]
+        for i, parent in enumerate(row):
+            if not -1 <= parent < i:
+                raise ValueError(f"tree nodes must come after their parents; node {i} has parent {parent}")
+            sets.append(sets[parent + 1] | (1 << (i + 1)))
+            depth.append(depth[parent + 1] + 1)
+        sets += [1 << j for j in range(len(sets), width)]
+        rows.append([[(s >> j) & 1 for j in range(width)] for s in sets])
+        depths.append(depth)
+    return torch.tensor(rows, dtype=torch.bool, device=device).view(len(parents), width, width), depths
+
+
+# ----------------------------------------------------------------------- the growing store
+
+
+class RaggedCache:
+    """Which columns of a batch-shared KV cache are real, per row; and the moves on it.
+
+    `cache` is a `transformers.DynamicCache` of full-attention layers, or an `EagleCache`: both
+    hold keys/values [B, heads, S, head_dim] that the model appends to. The owner runs a
+    forward with `mask` (or through `forward` for a HF model), then `commit`s what each row keeps.
+    """
+
+    def __init__(self, cache, batch: int, device: torch.device):
+        self.cache = cache
+        self.device = device
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self.counts = [0] * batch  # real columns per row
+
+    @classmethod
+    def for_model(cls, model: PreTrainedModel, batch: int, owner: str) -> RaggedCache:
+        cache = DynamicCache(config=model.config)
+        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+        if odd:
+            raise ValueError(
+                f"the decoder needs full-attention caches, but {owner} has {', '.join(odd)} layers: a ragged batch "
+                "keeps holes between real columns, which a sliding window would count as tokens"
+            )
+        return cls(cache, batch, model.device)
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def dense(self) -> bool:
+        """No holes: every row's columns are all real (then a causal forward needs no mask)."""
+        return all(c == self.length for c in self.counts)
+
+    def _holders(self) -> list:
+        """Objects with `.keys` / `.values` [B, ..., S, D] (layers that hold nothing skipped)."""
+        layers = getattr(self.cache, "layers", None)
+        if layers is None:  # an EagleCache: one layer
+            return [self.cache] if self.cache.keys is not None else []
+        return [layer for layer in layers if layer.is_initialized and layer.keys is not None and layer.keys.numel()]
+
+    def mask(self, attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Float additive mask [B, 1, W, S + W]: a fed column sees its row's real cache columns
+        and the fed columns `attend [B, W, W]` marks."""
+        batch, width = attend.shape[0], attend.shape[1]
+        past = self.valid[:, None, :].expand(batch, width, self.length)
+        allowed = torch.cat([past, attend], dim=-1)[:, None]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+    @torch.inference_mode()
+    def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
+        """`model` (a HF causal LM over `self.cache`) on ids [B, W] at positions [B, W];
+        `attend=None`: every fed column is real and causal (no mask at all while the cache is
+        dense). The bookkeeping is the caller's: `commit` afterwards."""
+        mask = None
+        if attend is not None or not self.dense:
+            if attend is None:
+                attend = chain_attend(ids.shape[1], None, None, ids.shape[0], self.device)
+            mask = self.mask(attend, model.dtype)
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(hidden_layers),
+            logits_to_keep=logits_to_keep,
+        )
+        hidden = {i: out.hidden_states[i] for i in hidden_layers}
+        return ForwardResult(logits=out.logits, hidden_states=hidden)
+
+    def reserve(self, fed: int) -> None:
+        """Room for `fed` more columns (the growing store always has it)."""
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """The last forward added W columns; row b keeps those `keep [B, W]` marks. Columns kept
+        by no row (past the last kept one) are cut right away."""
+        width = keep.shape[1]
+        self._check_length(self.length + width)
+        used = self._count(keep)
+        self.valid = torch.cat([self.valid, keep[:, :used].to(self.device)], dim=1)
+        if used < width:
+            self._cut(self.length)
+
+    def _count(self, keep: torch.Tensor) -> int:
+        """Add `keep`'s columns to the per-row counts; returns the columns up to the last kept
+        one. Read on the host (a mask built there costs no device wait)."""
+        host = keep.cpu()
+        self.counts = [c + k for c, k in zip(self.counts, host.sum(1).tolist())]
+        kept = host.any(0).nonzero()
+        return int(kept[-1]) + 1 if kept.numel() else 0
+
+    def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
+        """`commit` of the fed columns [lo_b, hi_b) (None: all)."""
+        self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+
+    def retain(self, start: int, keep: list[int]) -> None:
+        """Of the columns from `start` on (all committed whole), row b keeps the first keep_b;
+        the rest become holes, and the common tail is cut."""
+        width = self.length - start
+        if width < 0 or any(not 0 <= k <= width for k in keep):
+            raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
+        cut = start + max(keep, default=0)
+        self.valid = torch.cat([self.valid[:, :start], spans(cut - start, None, keep, len(keep), self.device)], 1)
+        self.counts = [c - width + k for c, k in zip(self.counts, keep)]
+        self._cut(cut)
+
+    def select(self, rows: torch.Tensor, kept: list[int]) -> None:
+        """Keep only the batch rows `rows` (device tensor; `kept` the same indices on the host)."""
+        for holder in self._holders():
+            holder.keys = holder.keys.index_select(0, rows.to(holder.keys.device))
+            holder.values = holder.values.index_select(0, rows.to(holder.values.device))
+        self.valid = self.valid.index_select(0, rows.to(self.device))
+        self.counts = [self.counts[i] for i in kept]
+
+    def _order(self, length: int, live: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # A stable sort of 0/1 puts each row's holes first and its real columns after them, in
+        # order: the last `live` sorted columns are the compacted (right-aligned) row.
+        order = torch.sort(self.valid[:, :length].to(torch.int32), dim=1, stable=True)
+        return order.indices[:, length - live :], order.values[:, length - live :].bool()
+
+    def compact_if_wasteful(self) -> bool:
+        """Gather every row's real columns to the right end when the holes are worth it."""
+        length, live = self.length, max(self.counts, default=0)
+        waste = length - live
+        if waste <= 0 or waste < COMPACT_WHEN * length:
+            return False
+        index, self.valid = self._order(length, live)
+        for holder in self._holders():
+            for name in ("keys", "values"):
+                x = getattr(holder, name)
+                shape = (x.shape[0],) + (1,) * (x.dim() - 3) + (live, 1)
+                gather = index.to(x.device).view(shape).expand(*x.shape[:-2], live, x.shape[-1])
+                setattr(holder, name, x.gather(-2, gather))
+        return True
+
+    def _cut(self, length: int) -> None:
+        for holder in self._holders():
+            holder.keys = holder.keys[..., :length, :]
+            holder.values = holder.values[..., :length, :]
+        self.valid = self.valid[:, :length]
+
+    def _check_length(self, expected: int) -> None:
+        for holder in self._holders():
+            if holder.keys.shape[-2] != expected:
+                raise RuntimeError(
+                    f"ragged cache out of step: the model cache holds {holder.keys.shape[-2]} columns, "
+                    f"the bookkeeping expects {expected} (was the cache fed outside the decoder?)"
+                )
+
+
+# ------------------------------------------------------------------- the preallocated store
+
+
+def _static_mask(valid, start, attend, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [B, 1, W, capacity] of W columns written at `start` (0-d long): a fed
+    column sees its row's real columns before `start` (valid [B, capacity]) and the fed columns
+    `attend [B, W, W]` marks; every slot past the fed ones is junk and blocked. Pure tensor
+    code: it runs inside the compiled step."""
+    width = attend.shape[-1]
+    rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
+    sees = attend.index_select(2, rel.clamp(0, width - 1))  # [B, W, capacity]
+    past = (valid & (rel < 0)[None])[:, None, :]
+    ok = past | (((rel >= 0) & (rel < width))[None, None] & sees)
+    return torch.where(ok, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+
+
+def make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[int, ...], last_only: bool):
+    """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
+    [B, capacity], start 0-d long, attend [B, W, W]) -> (logits, hidden states of
+    `hidden_layers`); `last_only`: the last column's logits only."""
+    layers = list(cache.layers)
+    dtype = model.dtype
+
+    def step(ids, positions, valid, start, attend):
+        for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
+            layer.cumulative_length.copy_(start)
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=_static_mask(valid, start, attend, dtype),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(hidden_layers),
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits, tuple(out.hidden_states[i] for i in hidden_layers)
+
+    return step
+
+
+class StaticRaggedCache(RaggedCache):
+    """A `RaggedCache` over a preallocated HF `StaticCache` (module docstring), with its forward.
+
+    Callers pass and get tensors of the rows in use; `rows[i]` is the physical row of row i.
+    """
+
+    def __init__(self, model: PreTrainedModel, batch: int, capacity: int, *, compile=False, owner: str = "the target"):
+        cache = StaticCache(config=model.config, max_cache_len=capacity)
+        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+        if odd:
+            raise ValueError(
+                f"the static cache needs full-attention layers, but {owner} has {', '.join(odd)} layers (a sliding "
+                "window is a ring buffer that cannot hold a ragged batch's holes). Decode it with static_cache=False."
+            )
+        text = model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self.device = model.device
+        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, self.device)
+        self.cache, self.model, self.owner = cache, model, owner
+        self.batch, self.capacity = batch, capacity
+        self.compiler = Compiler(compile, self.device, owner)
+        self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
+        self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
+        self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty, every row in use (the buffers and the compiled steps stay: a new request)."""
+        self._length = 0
+        self._valid.zero_()
+        self.rows = list(range(self.batch))
+        self._rows = None  # the same as a device tensor; None while it is the identity
+        self.counts = [0] * self.batch
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def dense(self) -> bool:
+        return False  # the mask is always built (in the step)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[rows in use, length] (a copy once rows were dropped)."""
+        valid = self._valid[:, : self._length]
+        return valid if self._rows is None else valid.index_select(0, self._rows)
+
+    def _physical(self, x: torch.Tensor, fill) -> torch.Tensor:
+        """x [rows in use, ...] scattered into the B physical rows (`fill` on padding rows)."""
+        if self._rows is None:
+            return x
+        out = fill(self.batch, *x.shape[1:]).to(device=x.device, dtype=x.dtype)
+        return out.index_copy_(0, self._rows.to(x.device), x)
+
+    def mask(self, attend, dtype) -> torch.Tensor:
+        """The step's mask [rows, 1, W, capacity], for inspection."""
+        mask = _static_mask(self._valid, torch.tensor(self._length, device=self.device), self._attend(attend), dtype)
+        return mask if self._rows is None else mask.index_select(0, self._rows)
+
+    def _attend(self, attend: torch.Tensor) -> torch.Tensor:
+        width = attend.shape[-1]
+        eye = lambda b, *_: torch.eye(width, dtype=torch.bool).expand(b, width, width).clone()  # noqa: E731
+        return self._physical(attend.to(self.device), eye)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        width, start = keep.shape[1], self._length
+        if start + width > self.capacity:
+            raise RuntimeError(f"static ragged cache out of step: {width} columns committed at {start} of {self.capacity}")
+        used = self._count(keep)
+        self._valid[:, start : start + width] = self._physical(keep.to(self.device), torch.zeros)
+        self._length = start + used  # the common tail: the pointer moves back
+
+    def retain(self, start: int, keep: list[int]) -> None:
+        width = self._length - start
+        if width < 0 or any(not 0 <= k <= width for k in keep):
+            raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
+        kept = spans(width, None, keep, len(keep), self.device)
+        self._valid[:, start : self._length] = self._physical(kept, torch.zeros)
+        self.counts = [c - width + k for c, k in zip(self.counts, keep)]
+        self._length = start + max(keep, default=0)
+
+    def select(self, rows: torch.Tensor, kept: list[int]) -> None:
+        """Keep rows `kept` (indices into the rows in use); the others turn into padding rows."""
+        dropped = sorted(set(self.rows) - {self.rows[i] for i in kept})
+        if dropped:
+            self._valid[torch.tensor(dropped, device=self.device)] = False
+        self.rows = [self.rows[i] for i in kept]
+        self._rows = torch.tensor(self.rows, dtype=torch.long, device=self.device)
+        self.counts = [self.counts[i] for i in kept]
+
+    def compact_if_wasteful(self) -> bool:
+        waste = self._length - max(self.counts, default=0)
+        if waste <= 0 or waste < COMPACT_WHEN * self._length:
+            return False
+        self._compact()
+        return True
+
+    def reserve(self, fed: int) -> None:
+        """Room for `fed` more columns, compacting when they would not fit; `StaticCacheOverflow`
+        (nothing written) when even the compacted cache cannot hold them."""
+        if self._length + fed <= self.capacity:
+            return
+        self._compact()
+        if self._length + fed > self.capacity:
+            raise StaticCacheOverflow(
+                f"static KV cache overflow ({self.owner}): a row holds {self._length} real tokens and {fed} more "
+                f"columns were asked for, but the cache was preallocated for {self.capacity}. Nothing was written; "
+                "size the cache for the longest prompt + max_new_tokens + K + 1."
+            )
+
+    def _compact(self) -> None:
+        """Every row's real columns, in order, to [0, live) (right-aligned in it): one gather per
+        layer over the same buffers (gather first: source and destination overlap)."""
+        length, live = self._length, max(self.counts, default=0)
+        index, valid = self._order(length, live)
+        for holder in self._holders():
+            for x in (holder.keys, holder.values):
+                gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
+                x[..., :live, :] = x.gather(-2, gather)
+        self._valid[:, :live] = valid
+        self._valid[:, live:length] = False
+        self._length = live
+
+    def _order(self, length: int, live: int):
+        order = torch.sort(self._valid[:, :length].to(torch.int32), dim=1, stable=True)
+        return order.indices[:, length - live :], order.values[:, length - live :].bool()
+
+    # ------------------------------------------------------------------- the forward
+
+    def _step(self, key: tuple):
+        if key not in self._eager:
+            self._eager[key] = make_step(self.model, self.cache, *key)
+        return self._eager[key]
+
+    def _inputs(self, ids, positions, attend):
+        ids, positions = ids.to(self.device), positions.to(self.device)
+        start = torch.tensor(self._length, dtype=torch.long, device=self.device)
+        zeros = torch.zeros
+        return self._physical(ids, zeros), self._physical(positions, zeros), self._valid, start, self._attend(attend)
+
+    @torch.inference_mode()
+    def warm_up(self, widths, hidden_layers: tuple[int, ...] = ()) -> float:
+        """Compile the all-logits step of `hidden_layers` for each width and run it once (every
+        column a hole written past the pointer: the content is unchanged). Returns the seconds
+        spent compiling; 0 without compilation."""
+        hidden_layers = tuple(hidden_layers)
+        before = self.compiler.seconds
+        for width in sorted(set(widths)):
+            if not self.compiler.enabled:  # off, or a failed compile turned it off
+                break
+            if (hidden_layers, width) in self._compiled:
+                continue
+            self.reserve(width)
+            rows = len(self.rows)
+            ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+            inputs = self._inputs(ids, ids, chain_attend(width, None, [0] * rows, rows, self.device))
+            # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
+            # lock dynamo cannot trace.
+            self._step((hidden_layers, False))(*inputs)
+            compiled = self.compiler.wrap(self._step((hidden_layers, False)))
+            if self.compiler.first_calls(f"width {width}", compiled, *inputs):
+                self._compiled[(hidden_layers, width)] = compiled
+        return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
+        """Write ids [rows, n] at the pointer and return their logits (`logits_to_keep`: 0 all, 1
+        the last column). Runs the smallest compiled width >= n that fits (padded: the padding
+        columns are holes that see only themselves), else the uncompiled step at width n."""
+        n, hidden_layers = ids.shape[1], tuple(hidden_layers)
+        if attend is None:
+            attend = chain_attend(n, None, None, ids.shape[0], self.device)
+        fits = [w for (k, w) in self._compiled if k == hidden_layers and n <= w and self._length + w <= self.capacity]
+        width = min(fits) if fits else n
+        if self._length + width > self.capacity:
+            raise StaticCacheOverflow(
+                f"static KV cache overflow ({self.owner}): {self._length} columns in use and {width} more were fed, "
+                f"but it was preallocated for {self.capacity}; nothing was written (call reserve first)"
+            )
+        if width > n:
+            pad = width - n
+            ids, positions = torch.nn.functional.pad(ids, (0, pad)), torch.nn.functional.pad(positions, (0, pad))
+            attend = torch.nn.functional.pad(attend, (0, pad, 0, pad))
+            attend[:, n:, n:] |= torch.eye(pad, dtype=torch.bool, device=attend.device)
+        if fits:
+            logits, hidden = self._compiled[(hidden_layers, width)](*self._inputs(ids, positions, attend))
+            if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+                logits, hidden = logits.clone(), tuple(h.clone() for h in hidden)
+            logits = logits[:, n - 1 : n] if logits_to_keep == 1 else logits[:, :n]
+        else:
+            logits, hidden = self._step((hidden_layers, logits_to_keep == 1))(*self._inputs(ids, positions, attend))
+        hidden = {i: h[:, :n] for i, h in zip(hidden_layers, hidden)}
+        if self._rows is not None:  # back to the rows in use
+            logits = logits.index_select(0, self._rows)
+            hidden = {i: h.index_select(0, self._rows) for i, h in hidden.items()}
+        return ForwardResult(logits=logits, hidden_states=hidden)
+
+
+#: Per model, role ("target", "draft"), compile mode and batch size, its static cache: the next
+#: request of that batch size reuses it (its compiled steps are the expensive part) when it holds
+#: enough columns, and replaces it with a larger one when not. A model used as its own draft
+#: keeps the two roles apart. So a model decodes one static-path request at a time.
+_STATIC_CACHES: weakref.WeakKeyDictionary[PreTrainedModel, dict] = weakref.WeakKeyDictionary()
+
+
+def model_cache(model: PreTrainedModel, role: str, batch: int, capacity: int | None, compile=False) -> RaggedCache:
+    """The KV cache of `model` for a request of `batch` rows: growing when `capacity` is None,
+    else the static store of at least `capacity` columns (made once per model, role, mode and
+    batch size; grown when too small), reset."""
+    if capacity is None:
+        return RaggedCache.for_model(model, batch, f"the {role}")
+    slots = _STATIC_CACHES.setdefault(model, {})
+    key = (role, compile_mode(compile), batch)
+    kv = slots.get(key)
+    if kv is None or kv.capacity < capacity:
+        kv = slots[key] = StaticRaggedCache(model, batch, capacity, compile=compile, owner=f"the {role}")
+    kv.reset()
+    return kv
