@@ -647,7 +647,7 @@ def _heads_kind(folder) -> str:
     """medusa or eagle, read as `draftsmith push` reads it (any layout draftsmith writes)."""
     import json
 
-    from draftsmith.train.hub import HubError, artifact_kind
+    from draftsmith.eval.publish import HubError, artifact_kind
 
     config = Path(folder) / "config.json"
     if not config.is_file():
@@ -695,7 +695,7 @@ def cmd_export(args) -> int:
 def cmd_push(args) -> int:
     """Stage the run (weights as safetensors, config, card, recipe, run info) and upload it; the
     token comes from HF_TOKEN or `hf auth login` and is never printed."""
-    from draftsmith.train.hub import HubError, check_repo_id, find_eval_report, local_eval_command, push, stage_run
+    from draftsmith.eval.publish import HubError, check_repo_id, find_eval_report, local_eval_command, push, stage_run
 
     if args.dry_run and not args.out:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")

@@ -1,0 +1,60 @@
+"""Push a trained drafter to the Hugging Face Hub, with a model card generated from its run.
+
+    draftsmith push runs/medusa --repo-id me/llama-3.1-8b-medusa --private
+    draftsmith push runs/eagle3 --repo-id me/llama-3.1-8b-eagle3 --format sglang
+    draftsmith push runs/medusa --repo-id me/llama-3.1-8b-medusa --dry-run --out staged   # write, push nothing
+
+    from draftsmith.eval.publish import push, stage_run
+    url = push("runs/medusa", "me/llama-3.1-8b-medusa", private=True)
+
+One module per step:
+- artifacts.py: what is being pushed (`find_artifact`: a run folder with heads/, head/ or draft/,
+  or a bare artifact folder), its layout (`resolve_format`: Medusa -> vLLM, EAGLE-3 -> vLLM
+  (speculators) by default; "medusa" for FasterDecoding/TGI, "sglang", "hf" = the draftsmith
+  layout; EAGLE-1 heads have only "hf"), the repo id, and the run's `draftsmith eval` report;
+- scrub.py: credentials out of the recipe and run info, and a last check of the staged files;
+- stage.py: `stage_run` writes what would be pushed (safetensors only, recipe.yaml, run_info.json,
+  README.md) in a temporary folder and renames it into place;
+- card.py + card.md.j2: `model_card`, the README.md: target (name, revision, fingerprint), data
+  provenance, training, the `draftsmith eval` results when the run has them, and the commands
+  that serve the drafter with vLLM and SGLang;
+- push.py: `push` uploads a staging; the Hub's errors come back as one `HubError` line.
+
+The token comes from the argument or huggingface_hub's usual sources (HF_TOKEN, `hf auth login`);
+it is never printed and never written into a pushed file.
+"""
+
+from draftsmith.eval.publish.artifacts import (
+    Artifact,
+    HubError,
+    artifact_kind,
+    check_repo_id,
+    find_artifact,
+    find_eval_report,
+    load_eval_report,
+    local_eval_command,
+    resolve_format,
+    serving_tokens,
+)
+from draftsmith.eval.publish.card import model_card
+from draftsmith.eval.publish.push import push
+from draftsmith.eval.publish.scrub import is_secret_key, scrub
+from draftsmith.eval.publish.stage import stage_run
+
+__all__ = [
+    "Artifact",
+    "HubError",
+    "artifact_kind",
+    "check_repo_id",
+    "find_artifact",
+    "find_eval_report",
+    "is_secret_key",
+    "load_eval_report",
+    "local_eval_command",
+    "model_card",
+    "push",
+    "resolve_format",
+    "scrub",
+    "serving_tokens",
+    "stage_run",
+]

@@ -1,0 +1,378 @@
+"""The model card (README.md) of a pushed drafter, rendered from card.md.j2.
+
+Python gathers the facts (target, data provenance, training, the `draftsmith eval` results, K,
+the repository's names) into plain values and table rows; the template holds the card's
+sections, prose and commands. huggingface_hub's ModelCard reads the result back, so the
+metadata block is what the Hub parses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from draftsmith.eval.publish.artifacts import (
+    METHOD_NAMES,
+    Artifact,
+    HubError,
+    check_repo_id,
+    find_artifact,
+    read_json,
+    resolve_format,
+    resolve_report,
+    serving_tokens,
+)
+
+TEMPLATE = "card.md.j2"
+FORMAT_NAMES = {
+    ("medusa", "vllm"): "vLLM's Medusa layout (`model_type: medusa`)",
+    ("medusa", "medusa"): "the original Medusa layout (FasterDecoding, TGI: `medusa_lm_head.safetensors`)",
+    ("medusa", "hf"): "the draftsmith layout (`load_medusa`)",
+    ("eagle", "vllm"): "the speculators layout that vLLM loads (`speculators_model_type: eagle3`)",
+    ("eagle", "sglang"): "SGLang's layout (`LlamaForCausalLMEagle3`)",
+    ("eagle", "hf"): "the draftsmith layout (`load_eagle`)",
+    ("draft", "hf"): "a plain transformers causal LM with its tokenizer",
+}
+_HYPERPARAMETERS = {
+    "medusa": ("mode", "num_heads", "num_layers", "share_lm_head", "loss", "temperature", "head_decay", "lr",
+               "weight_decay", "warmup_steps", "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip",
+               "heldout_fraction", "seed"),
+    "eagle": ("version", "aux_layers", "draft_vocab_size", "vocab_map", "ttt_steps", "ttt_decay", "lr", "weight_decay",
+              "warmup_steps", "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip", "heldout_fraction",
+              "seed"),
+    "draft": ("draft_init", "draft_path", "draft_layers", "draft_hidden", "loss", "beta", "tv_weight", "temperature",
+              "data_mode", "on_policy_fraction", "on_policy_new_tokens", "lora", "lr", "weight_decay", "warmup_steps",
+              "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip", "heldout_fraction",
+              "num_draft_tokens", "seed"),
+}  # fmt: skip
+_METHOD_HYPERPARAMETERS = {  # on top of the kind's
+    "medusa2": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "medusa2_lambda", "lambda_warmup_steps",
+                "head_lr_multiplier"),
+    "eagle1": ("feature_weight", "ce_weight", "feature_noise"),
+}  # fmt: skip
+
+
+def model_card(run_dir, *, repo_id, format, eval_report=None, base_model=None, revision=None) -> str:
+    """README.md for the Hub: YAML front matter (base_model, library_name, tags) and the card.
+
+    `eval_report`: a `draftsmith eval` report.json (path or dict); by default the run's
+    OUT/eval/report.json or OUT/report.json when there is one."""
+    check_repo_id(repo_id)
+    artifact = find_artifact(run_dir)
+    report = resolve_report(artifact, eval_report)
+    fmt = resolve_format(artifact, format)
+    return render_card(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+
+
+def render_card(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
+                revision: str | None = None) -> str:  # fmt: skip
+    """The card of `artifact` pushed as `fmt` to `repo_id` (at branch `revision`)."""
+    from huggingface_hub import ModelCard
+
+    values = card_values(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+    return str(ModelCard(_template().render(values)))
+
+
+@lru_cache(maxsize=1)
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(
+        autoescape=False,  # Markdown, not HTML
+        undefined=jinja2.StrictUndefined,  # a missing value is an error, not an empty cell
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["paragraph"] = paragraph
+    env.globals.update(table=table, vllm_command=vllm_command, sglang_command=sglang_command)
+    return env.from_string(resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------- helpers of the template
+def paragraph(text: str) -> str:
+    """A paragraph written over several template lines, as the one Markdown line it is."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()) + "\n"
+
+
+def table(rows: list[tuple[str, object]]) -> str:
+    """A two-column Markdown table; rows whose value is None are left out."""
+    lines = ["| | |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in rows if value is not None]
+    return "\n".join(lines)
+
+
+def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None) -> str:
+    spec = {"method": method, "model": draft, "num_speculative_tokens": k}
+    if revision:
+        spec["revision"] = revision  # the draft's branch (vLLM's SpeculativeConfig.revision)
+    rev = f" --revision {target_revision}" if target_revision else ""
+    return f"vllm serve {target}{rev} --speculative-config '{json.dumps(spec)}'"
+
+
+def sglang_command(target: str, algorithm: str, draft: str, k: int, revision: str | None = None) -> str:
+    # A chain (top-k 1): K draft steps, K + 1 tokens verified per call, as draftsmith measures.
+    rev = f" --speculative-draft-model-revision {revision}" if revision else ""
+    return (
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} "
+        f"--speculative-draft-model-path {draft}{rev} --speculative-num-steps {k} --speculative-eagle-topk 1 "
+        f"--speculative-num-draft-tokens {k + 1}"
+    )
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v, digits) for v in value) + "]"
+    return str(value)
+
+
+def _param(value) -> str:
+    """A hyperparameter as it was written: 1e-3 stays 0.001, not 0.001000."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return _fmt(value)
+
+
+def _code(value) -> str | None:
+    return f"`{value}`" if value else None
+
+
+# ---------------------------------------------------------------------- the facts
+@dataclass
+class _Target:
+    name: str | None  # as recorded (hub id or local path)
+    hub_id: str | None  # the Hub id, when the name is one (or base_model was given)
+    revision: str | None
+    fingerprint: str | None
+    details: dict
+
+
+def card_values(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
+                revision: str | None) -> dict:  # fmt: skip
+    """Everything card.md.j2 reads, as plain values and table rows."""
+    from huggingface_hub import ModelCardData
+
+    folder, provenance, summary = _data(artifact)
+    target = _target(artifact, provenance, base_model)
+    k = serving_tokens(artifact, report)
+    kind, c, p, r = artifact.kind, artifact.config, artifact.provenance, artifact.recipe
+    tags = ["draftsmith", "speculative-decoding"]
+    methods = {"medusa": ["medusa", artifact.method.replace("medusa", "medusa-")], "eagle": ["eagle", artifact.method]}
+    tags += methods.get(kind, ["draft-model"])
+    tags += {"vllm": ["vllm"], "sglang": ["sglang"], "medusa": ["tgi"]}.get(fmt, [])
+    metadata = ModelCardData(
+        base_model=target.hub_id,
+        library_name="transformers" if kind == "draft" else "draftsmith",
+        pipeline_tag="text-generation" if kind == "draft" else None,
+        tags=tags,
+    )
+    local = repo_id.split("/")[-1]
+    rev = f" --revision {revision}" if revision else ""
+    target_arg = target.hub_id or target.name or "TARGET"
+    return {
+        "metadata": metadata.to_yaml(),
+        "repo_id": repo_id,
+        "revision": revision,
+        "local": local,  # the folder `hf download` writes
+        "download": f"hf download {repo_id}{rev} --local-dir {local}",
+        "kind": kind,
+        "method": artifact.method,
+        "method_name": METHOD_NAMES[artifact.method],
+        "fmt": fmt,
+        "layout": FORMAT_NAMES[(kind, fmt)],
+        "k": k,
+        "report": report is not None,
+        "target_label": target.hub_id or target.name or "its target",
+        "target_arg": target_arg,
+        "target_hub_id": target.hub_id,
+        "target_revision": target.revision,
+        "eval_flag": artifact.eval_flag,
+        "medusa_heads": p.get("num_heads") or c.get("num_heads") or c.get("medusa_num_heads"),
+        "share_lm_head": bool(p.get("share_lm_head")),
+        "eagle_aux_layers": _fmt(p.get("aux_layer_ids") or c.get("eagle_aux_hidden_state_layer_ids")),
+        "eagle_draft_vocab": _fmt(c.get("draft_vocab_size") or p.get("draft_vocab_size")),
+        "ttt_steps": r.get("ttt_steps"),
+        "loss": r.get("loss"),
+        "loss_temperature": _fmt(r.get("temperature"), 2),
+        "has_adapter": artifact.adapter is not None,
+        "has_recipe": bool(artifact.recipe),
+        "has_run_info": bool(artifact.run_info),
+        "target_rows": _target_rows(target),
+        "data_rows": _data_rows(artifact, folder, provenance, summary),
+        "training": _training(artifact) if artifact.recipe else None,
+        "evaluation": _evaluation(report) if report is not None else None,
+    }
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """`org/name` that is not a path on this machine or an absolute/relative path spelling."""
+    if not name or name.startswith((".", "/", "~")) or "\\" in name or Path(name).expanduser().exists():
+        return False
+    try:
+        check_repo_id(name)
+    except HubError:
+        return False
+    return True
+
+
+def _data(artifact: Artifact) -> tuple[Path | None, dict, dict]:
+    """(data folder, provenance.json, summary.json) of the run's training data, when found."""
+    data = artifact.recipe.get("data")
+    if not data:
+        return None, {}, {}
+    folder = Path(data).expanduser()
+    if not folder.is_dir():
+        return folder, {}, {}
+    provenance = read_json(folder / "provenance.json", "data provenance")
+    return folder, provenance, read_json(folder / "summary.json", "data summary")
+
+
+def _target(artifact: Artifact, provenance: dict, base_model: str | None) -> _Target:
+    recorded = provenance.get("target") or {}
+    build = ((artifact.summary.get("draft") or {}).get("build")) or {}
+    heads = artifact.provenance if artifact.kind != "draft" else {}  # a draft's config is the model's own
+    name = heads.get("target_name_or_path") or artifact.recipe.get("target") or recorded.get("name_or_path")
+    name = name or build.get("target_name_or_path")
+    revision = heads.get("target_revision") or recorded.get("revision")
+    fingerprint = heads.get("target_fingerprint") or recorded.get("fingerprint") or build.get("target_fingerprint")
+    if base_model is not None and not (
+        isinstance(base_model, str) and base_model.count("/") == 1 and _looks_like_hub_id(base_model)
+    ):
+        raise HubError(
+            f"base model {base_model!r}: expected the target's Hub id as ORG/NAME (the Hub rejects paths there)"
+        )
+    hub_id = base_model or (name if name and _looks_like_hub_id(str(name)) else None)
+    return _Target(name, hub_id, revision, fingerprint, recorded)
+
+
+def _target_rows(target: _Target) -> list[tuple[str, object]]:
+    d = target.details
+    link = f"[`{target.hub_id}`](https://huggingface.co/{target.hub_id})" if target.hub_id else None
+    sizes = ("num_layers", "hidden_size", "vocab_size")
+    shape = " / ".join(str(d[key]) for key in sizes) if set(sizes) <= set(d) else None
+    return [
+        ("name", link or _code(target.name) or "not recorded"),
+        ("trained against", _code(target.name) if target.hub_id and target.name != target.hub_id else None),
+        ("revision", _code(target.revision) or "not recorded (the files the run loaded)"),
+        ("fingerprint", _code(target.fingerprint) or "not recorded"),
+        ("architecture", _fmt(d.get("architectures")) if d.get("architectures") else None),
+        ("layers / hidden / vocabulary", shape),
+        ("dtype", d.get("dtype")),
+    ]
+
+
+def _data_rows(artifact: Artifact, folder: Path | None, provenance: dict, summary: dict) -> list[tuple[str, object]]:
+    data_hash = _code(summary.get("data_hash") or artifact.provenance.get("data_hash"))
+    if not provenance:
+        where = f"`{folder}` was not found when this card was written" if folder else "no data folder is recorded"
+        return [("data", where), ("data hash", data_hash), ("training rows", _code(artifact.summary.get("data")))]
+    src, chat, settings = (provenance.get(key) or {} for key in ("source", "chat_template", "settings"))
+    source = f"`{src.get('name')}` ({src.get('format')}, {src.get('records')} records)" if src else None
+    template = f"{chat.get('spec')} ({'used' if chat.get('used') else 'not used'})" if chat else None
+    sampled = ("temperature", "top_p", "top_k", "max_new_tokens", "num_samples", "seed")
+    sampling = ", ".join(f"{k} {_fmt(settings[k], 2)}" for k in sampled if k in settings)
+    tokens, trained = _fmt(summary.get("tokens")), _fmt(summary.get("trained_tokens"))
+    made_by = "the target's own answers to the source's prompts (the loss covers the answer tokens)"
+    return [
+        ("made by", f"`draftsmith generate`: {made_by}"),
+        ("source", source),
+        ("chat template", template),
+        ("sampling", sampling or None),
+        ("samples", _fmt(summary.get("samples"))),
+        ("tokens", f"{tokens} ({trained} trained, under the loss mask)"),
+        ("cut at max_new_tokens", _fmt(summary["truncation_rate"], 3) if "truncation_rate" in summary else None),
+        ("data hash", data_hash),
+    ]
+
+
+def _training(artifact: Artifact) -> dict:
+    """The run's table, its hyperparameters and its held-out metrics (None when not recorded)."""
+    r, s, info = artifact.recipe, artifact.summary, artifact.run_info
+    keys = _HYPERPARAMETERS[artifact.kind] + _METHOD_HYPERPARAMETERS.get(artifact.method, ())
+    if artifact.kind == "eagle" and s.get("aux_layers"):
+        r = {**r, "aux_layers": s["aux_layers"]}
+    versions = info.get("versions") or {}
+    git = str(info.get("git_revision") or "?")[:12]
+    trainer = f"`{artifact.train_command}` (draftsmith {versions.get('draftsmith', '?')}, git {git})"
+    return {
+        "run": [
+            ("trainer", trainer),
+            ("optimizer steps", _fmt(s.get("steps"))),
+            ("device", f"{s.get('device')} x {s.get('processes')}" if s.get("device") else None),
+        ],
+        "hyperparameters": [(f"`{k}`", _param(r[k])) for k in keys if r.get(k) is not None],
+        "heldout": _heldout_rows(artifact) if s.get("eval") else None,
+    }
+
+
+def _heldout_rows(artifact: Artifact) -> list[tuple[str, object]]:
+    s = artifact.summary
+    ev = s.get("eval") or {}
+    if artifact.kind == "medusa":
+        return [
+            ("top-1 accuracy per head", _fmt(ev.get("top1"))),
+            ("top-5 accuracy per head", _fmt(ev.get("top5"))),
+            ("simulated chain tau (counts the target's own token)", _fmt(ev.get("tau_simulated"))),
+            ("KL drift of the adapted target (Medusa-2)", _fmt(ev["kl_drift"], 4) if "kl_drift" in ev else None),
+            ("held-out positions", _fmt(ev.get("positions"), 0)),
+        ]
+    if artifact.kind == "eagle":
+        return [
+            ("top-1 accuracy per draft step", _fmt(ev.get("top1_per_step"))),
+            ("simulated chain tau (counts the target's own token)", _fmt(ev.get("tau_simulated"))),
+            ("draft vocabulary coverage of trained tokens", _fmt(s.get("vocab_coverage"))),
+            ("held-out positions", _fmt(ev.get("positions"), 0)),
+        ]
+    init = s.get("initial") or {}
+
+    def before_after(key: str) -> str:  # the draft before distillation -> after it
+        return f"{_fmt(init.get(key))} -> {_fmt(ev.get(key))}" if init else _fmt(ev.get(key))
+
+    k = artifact.recipe.get("num_draft_tokens")
+    return [
+        ("acceptance E[sum min(p, q)] at the training temperature", before_after("acceptance")),
+        ("greedy acceptance (argmax agreement)", before_after("acceptance_greedy")),
+        (f"simulated tau at K = {k} (counts the bonus token)", before_after("tau_simulated")),
+        ("held-out positions", _fmt(ev.get("positions"), 0)),
+    ]
+
+
+def _evaluation(report: dict) -> dict:
+    """The decoding settings of a `draftsmith eval` report and its two tables."""
+    from draftsmith.eval.report import position_table, summary_table
+
+    s, t = report["settings"], report.get("target") or {}
+    lossless = (
+        "lossless: the output is distributed exactly as the target's" if report.get("lossless", True)
+        else "rows marked LOSSY use Medusa's typical acceptance, which changes the output; the others are lossless"
+    )  # fmt: skip
+    prompts = _fmt(report.get("num_prompts"))
+    if report.get("prompts_file"):
+        prompts += f" from `{Path(report['prompts_file']).name}`"
+    version, top_p = report.get("draftsmith_version"), _fmt(s.get("top_p"), 2)
+    settings = [
+        ("mode", f"{report.get('mode', '?')} ({lossless})"),
+        ("K (draft tokens per target call)", _fmt(s.get("num_draft_tokens"))),
+        ("temperature / top-k / top-p", f"{_fmt(s.get('temperature'), 2)} / {_fmt(s.get('top_k'))} / {top_p}"),
+        ("max new tokens", _fmt(s.get("max_new_tokens"))),
+        ("prompts", prompts),
+        ("timed passes", _fmt(s.get("repeats"))),
+        ("target dtype / device", f"{t.get('dtype', '?')} / {t.get('device', '?')}" if t else None),
+        ("draftsmith", f"{version} (git {str(report.get('git_revision') or '?')[:12]})" if version else None),
+    ]
+    return {
+        "settings": settings,
+        "summary": summary_table(report),
+        "positions": position_table(report).replace("p||q", "p\\|\\|q"),  # a bare | would split the Markdown cell
+    }

@@ -1,0 +1,154 @@
+"""What goes to the Hub, built in a temporary folder and renamed into place (`stage_run`).
+
+- the weights, as safetensors only (an artifact holding pickle weights is refused), and their
+  config.json. Heads go in the layout a server loads, through the heads' own exporters; a draft
+  model goes as the plain HF model it is, with its tokenizer; a Medusa-2 run adds `adapter/`.
+- recipe.yaml (the resolved recipe) and run_info.json, with anything token-like removed;
+- README.md, the model card (card.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from draftsmith.eval.publish.artifacts import (
+    Artifact,
+    HubError,
+    check_no_pickle,
+    find_artifact,
+    resolve_format,
+    resolve_report,
+    serving_tokens,
+)
+from draftsmith.eval.publish.card import render_card
+from draftsmith.eval.publish.scrub import check_no_secret, scrub, scrub_text
+from draftsmith.heads.artifacts import write_folder_atomic
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+
+
+def stage_run(
+    run_dir, staging_dir, *, format=None, eval_report=None, repo_id=None, base_model=None, revision=None, _secrets=()
+) -> Path:
+    """Write what would be pushed for `run_dir` into `staging_dir` (built aside, then renamed).
+
+    `staging_dir` must not exist or be empty, or hold an earlier staging (replaced). `repo_id`
+    (and `revision`, the branch) name the repository in the card's commands (`ORG/NAME` when
+    not given). `base_model` is the target's Hub id when the run loaded it from a local folder."""
+    artifact = find_artifact(run_dir)
+    fmt = resolve_format(artifact, format)
+    check_no_pickle(artifact.path)
+    if artifact.adapter is not None:
+        check_no_pickle(artifact.adapter)
+    report = resolve_report(artifact, eval_report)
+    k = serving_tokens(artifact, report)
+    secrets = tuple(s for s in _secrets if s)
+    repo_id = repo_id or "ORG/NAME"
+    card = render_card(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+
+    def write(tmp: Path) -> None:
+        _write_weights(artifact, fmt, k, tmp)
+        if artifact.adapter is not None:
+            (tmp / "adapter").mkdir()
+            for src in sorted(artifact.adapter.iterdir()):
+                if src.is_file() and (src.suffix == ".safetensors" or src.name == "adapter_config.json"):
+                    shutil.copy2(src, tmp / "adapter" / src.name)
+        if artifact.recipe:
+            header = (
+                "# The resolved recipe of this run (every default filled in; credentials removed).\n"
+                "# Paths are those of the machine it trained on. "
+                f"Retrain: {artifact.train_command} --recipe recipe.yaml\n"
+            )
+            text = yaml.safe_dump(scrub(artifact.recipe, secrets), sort_keys=False, allow_unicode=True)
+            (tmp / "recipe.yaml").write_text(header + text, encoding="utf-8")
+        if artifact.run_info:
+            info = json.dumps(scrub(artifact.run_info, secrets), indent=2)
+            (tmp / "run_info.json").write_text(info + "\n", encoding="utf-8")
+        (tmp / "README.md").write_text(scrub_text(card, secrets), encoding="utf-8")
+        if not any(tmp.rglob("*.safetensors")):
+            raise HubError(f"{str(artifact.path)!r}: no safetensors weights to push")
+        check_no_pickle(tmp)
+        check_no_secret(tmp, secrets)
+
+    return write_folder_atomic(staging_dir, write, overwrite=False, may_replace=_is_staging, error=HubError)
+
+
+def _is_staging(folder: Path) -> bool:
+    """A folder an earlier `stage_run` wrote (replaced on a new dry run)."""
+    readme = Path(folder) / "README.md"
+    try:
+        from huggingface_hub import ModelCard
+
+        return readme.is_file() and "draftsmith" in (ModelCard(readme.read_text(encoding="utf-8")).data.tags or [])
+    except (OSError, ValueError):
+        return False
+
+
+def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
+    """The weights and config.json in layout `fmt`; `k` is the draft length of EAGLE server configs."""
+    if artifact.kind == "draft":
+        _copy_draft(artifact, out)
+        return
+    if artifact.kind == "medusa":
+        from draftsmith.heads.medusa import MedusaError, export_medusa, load_medusa, save_medusa
+
+        try:
+            heads = load_medusa(artifact.path)
+            if fmt == "hf":
+                save_medusa(heads, out, overwrite=True)
+                return
+            if heads.config.share_lm_head:
+                heads = load_medusa(artifact.path, target=_load_target(artifact, heads.dtype))
+            export_medusa(heads, out, fmt, overwrite=True)
+        except MedusaError as err:
+            raise HubError(str(err)) from None
+        return
+    from draftsmith.heads.eagle import EagleError, export_eagle, load_eagle
+
+    try:
+        export_eagle(load_eagle(artifact.path), out, fmt, num_speculative_tokens=k, overwrite=True)
+    except EagleError as err:
+        hint = " (push with format 'hf' for the draftsmith layout)" if fmt != "hf" else ""
+        raise HubError(f"{err}{hint}") from None
+
+
+def _copy_draft(artifact: Artifact, out: Path) -> None:
+    """A draft model's files as they are: safetensors weights, config and the target's tokenizer."""
+    files = [p for p in artifact.path.iterdir() if p.is_file() and not p.name.startswith(".")]
+    names = [p.name for p in files if p.name != "README.md"]
+    if not any(n.endswith(".safetensors") for n in names):
+        raise HubError(f"draft {str(artifact.path)!r} has no safetensors weights (save it with save_pretrained)")
+    if not any(n in TOKENIZER_FILES for n in names):
+        raise HubError(
+            f"draft {str(artifact.path)!r} has no tokenizer files: save the target's tokenizer beside it "
+            "(AutoTokenizer.from_pretrained(target).save_pretrained(draft_dir))"
+        )
+    for name in sorted(names):
+        shutil.copy2(artifact.path / name, out / name)
+
+
+def _load_target(artifact: Artifact, dtype):
+    """The target, for heads that share its lm_head: the server layouts hold a copy per head."""
+    import torch
+
+    from draftsmith.heads.models import ModelLoadError, load_causal_lm
+
+    name = artifact.recipe.get("target") or artifact.provenance.get("target_name_or_path")
+    if not name:
+        raise HubError(
+            f"{str(artifact.path)!r}: heads with share_lm_head need the target's lm_head, and no target is recorded; "
+            "push with format 'hf'"
+        )
+    try:
+        return load_causal_lm(name, device=torch.device("cpu"), dtype=dtype, role="target")
+    except ModelLoadError as err:
+        raise HubError(
+            f"heads with share_lm_head need the target's lm_head for this layout: {err}; or push with format 'hf'"
+        ) from None
