@@ -94,7 +94,10 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
     row = data[index]
     s = prov["settings"]
     template = prov["chat_template"]
-    legend = f"{_TRAINED[0]}trained{_TRAINED[1]} / {_CONTEXT[0]}context (not trained){_CONTEXT[1]}" if color else "\u27e6trained\u27e7 / context (not trained)"
+    if color:
+        legend = f"{_TRAINED[0]}trained{_TRAINED[1]} / {_CONTEXT[0]}context (not trained){_CONTEXT[1]}"
+    else:
+        legend = f"{_MARKERS[0]}trained{_MARKERS[1]} / context (not trained)"
     lines = [
         f"data      {data.dir}  ({summary['samples']} samples, {summary['tokens']} tokens, {summary['trained_tokens']} trained, {100 * summary['truncation_rate']:.1f}% truncated)",
         f"hash      {data.data_hash}",
@@ -151,7 +154,8 @@ def run_cache_hidden(job: CacheHiddenJob) -> dict:
 
     from draftsmith.distill.data import DistillData
     from draftsmith.distill.hidden_cache import cache_hidden_states, human_bytes, parse_size, resolve_layers
-    from draftsmith.heads.models import load_causal_lm, output_vocab_size, parse_dtype, resolve_device, resolve_dtype, target_fingerprint
+    from draftsmith.heads.models import load_causal_lm, output_vocab_size, parse_dtype, target_fingerprint
+    from draftsmith.heads.models import resolve_device, resolve_dtype
 
     device = resolve_device(job.device)
     store_dtype = parse_dtype(job.dtype)

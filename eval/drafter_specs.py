@@ -70,7 +70,8 @@ class DrafterSpecs:
 def load_drafters(specs: DrafterSpecs):
     """(target, tokenizer, {name: drafter}, device, dtype), with every input checked first."""
     from draftsmith.eval.drafters import DraftModelDrafter, PromptLookupDrafter
-    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
+    from draftsmith.heads.models import resolve_device, resolve_dtype
 
     specs.check()
     device = resolve_device(specs.device)
@@ -116,7 +117,10 @@ def draft_names(values) -> dict[str, str]:
             shared = sum(p.name == path.name for p in bare) > 1
             name = f"{path.parent.name}/{path.name}" if shared else path.name
         if name in out or name in RESERVED_NAMES:
-            raise SpecError(f"--draft: two drafts (or a draft and another method) are both named {name!r}; name them with --draft NAME=DIR")
+            raise SpecError(
+                f"--draft: two drafts (or a draft and another method) are both named {name!r}; "
+                "name them with --draft NAME=DIR"
+            )
         out[name] = folder
     return out
 
@@ -139,12 +143,17 @@ def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[in
     if text == "auto":
         accuracies = heads.config.head_accuracies
         if not accuracies:
-            raise SpecError(f"--medusa-tree auto: {folder} records no head accuracies (train it with train/medusa.py, or give the paths as JSON)")
+            raise SpecError(
+                f"--medusa-tree auto: {folder} records no head accuracies "
+                "(train it with train/medusa.py, or give the paths as JSON)"
+            )
         return build_medusa_tree(accuracies, num_nodes)
     try:
         return [tuple(int(r) for r in path) for path in json.loads(text)]
     except (ValueError, TypeError) as err:
-        raise SpecError(f"--medusa-tree {text!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})") from None
+        raise SpecError(
+            f"--medusa-tree {text!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})"
+        ) from None
 
 
 def load_medusa_heads(folder, target, device, dtype):
@@ -172,7 +181,8 @@ def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     options = {"typical": specs.typical, **specs.fast_path}
     drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", **options)}
     if specs.eagle_tree:
-        drafters["eagle-tree"] = EagleDrafter(head, tree=parse_eagle_tree(specs.eagle_tree), name="eagle-tree", **options)
+        tree = parse_eagle_tree(specs.eagle_tree)
+        drafters["eagle-tree"] = EagleDrafter(head, tree=tree, name="eagle-tree", **options)
     return drafters
 
 
@@ -196,7 +206,8 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
     """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle):
     (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
     from draftsmith.eval.drafters import DraftModelDrafter, MedusaDrafter
-    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
+    from draftsmith.heads.models import resolve_device, resolve_dtype
 
     if sum(x is not None for x in (draft, medusa, eagle)) != 1:
         raise SpecError("give one drafter to tune: --draft DIR, --medusa DIR or --eagle DIR")
@@ -208,7 +219,8 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
     target = load_causal_lm(target_folder, device=device, dtype=dtype, role="target")
     if draft:
         model = load_causal_lm(draft, device=device, dtype=dtype, role="draft")
-        return target, tokenizer, DraftModelDrafter(model, vocab_size=target.get_output_embeddings().weight.shape[0], name="draft"), draft, None
+        vocab_size = target.get_output_embeddings().weight.shape[0]
+        return target, tokenizer, DraftModelDrafter(model, vocab_size=vocab_size, name="draft"), draft, None
     if medusa:
         heads = load_medusa_heads(medusa, target, device, dtype)
         drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, draft_names, eos_token_id, load_chain_drafter, load_drafters
+from draftsmith.eval.drafter_specs import (
+    DrafterSpecs,
+    SpecError,
+    draft_names,
+    eos_token_id,
+    load_chain_drafter,
+    load_drafters,
+)
 from draftsmith.eval.evaluator import EvalSettings
 
 
@@ -75,7 +82,8 @@ def run_eval(job: EvalJob) -> dict:
     report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
-    report["drafts"] = {**draft_names(specs.drafts), **{k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}}
+    heads = {k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}
+    report["drafts"] = {**draft_names(specs.drafts), **heads}
     report["prompts_file"] = str(job.prompts)
     report["draftsmith_version"] = package_version()
     report["torch_version"] = torch.__version__
@@ -97,7 +105,9 @@ def _serving(job: EvalJob, target, drafters, prompts, report, eos) -> None:
     from draftsmith.eval.plots import markdown_table
     from draftsmith.eval.sweep import crossover_sentences, display_rows, load_sentences, run_sweep, write_serving
 
-    serving = run_sweep(target, drafters, prompts, job.settings, job.sweep, report=report, eos_token_id=eos, progress=job.progress)
+    serving = run_sweep(
+        target, drafters, prompts, job.settings, job.sweep, report=report, eos_token_id=eos, progress=job.progress
+    )
     for key in ("target", "drafts", "prompts_file", "draftsmith_version", "torch_version", "git_revision"):
         serving[key] = report[key]
     paths = write_serving(serving, job.out, report=report)
@@ -150,7 +160,8 @@ def run_tune(job: TuneJob) -> dict:
     eos = eos_token_id(target, tokenizer)
     k_max = job.k_max
     if heads is not None and k_max > heads.config.num_heads:
-        print(f"note: {folder} has {heads.config.num_heads} Medusa heads: K is searched up to {heads.config.num_heads}, not {k_max}")
+        num_heads = heads.config.num_heads
+        print(f"note: {folder} has {num_heads} Medusa heads: K is searched up to {num_heads}, not {k_max}")
         k_max = heads.config.num_heads
     budgets = list(job.tree_budgets or [4, 8, 16, 32])
     accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None
@@ -170,17 +181,23 @@ def run_tune(job: TuneJob) -> dict:
     print(f"== {drafter.name}: K = {k_max} on {len(prompts)} prompts, {settings.max_new_tokens} new tokens, "
           f"{settings.sampling.describe()}: tau {measured.tau:.2f} (counts the bonus token), alpha per position "
           + " ".join("-" if a is None else f"{a:.2f}" for a in measured.alpha_per_position))  # fmt: skip
-    cost = f"{measured.draft_ms_per_step:.3f} ms per step" if measured.per_step else f"{measured.draft_ms_per_token:.3f} ms per drafted token"
+    if measured.per_step:
+        cost = f"{measured.draft_ms_per_step:.3f} ms per step"
+    else:
+        cost = f"{measured.draft_ms_per_token:.3f} ms per drafted token"
     print(f"draft cost {cost}; verify cost (ms, medians, device-synchronised): {verify}")
     tunings = {"chain": tune_chain(measured.alpha_per_position, draft_seconds, measured.verify_seconds)}
     print("\n" + tunings["chain"].table())
     if accuracies:
-        tunings["medusa-tree"] = tune_medusa_tree(accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1))
+        tunings["medusa-tree"] = tune_medusa_tree(
+            accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1)
+        )
         print("\n" + tunings["medusa-tree"].table())
     kind = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
     tuning = tunings[kind]
     setting = tuning.setting()
-    print(f"\nchosen: {kind} {tuning.best.label}, predicted speedup {tuning.best.speedup:.2f}x (tau {tuning.best.tau:.2f})")
+    best = tuning.best
+    print(f"\nchosen: {kind} {best.label}, predicted speedup {best.speedup:.2f}x (tau {best.tau:.2f})")
     check, speedup = _check_choice(job, target, drafter, heads, prompts, eos, kind, tuning, setting)
     if out is not None:
         _write_tuning(job, out, drafter, folder, measured, tunings, kind, setting, speedup, check, len(prompts))
@@ -210,14 +227,17 @@ def _check_choice(job: TuneJob, target, drafter, heads, prompts, eos, kind, tuni
     if kind == "medusa-tree":
         layers = target.config.get_text_config().num_hidden_layers
         chosen = MedusaDrafter(heads, layers, tree=[tuple(p) for p in setting["tree"]], name="medusa-tree")
-    report = evaluate(target, {chosen.name: chosen}, prompts, replace(job.settings, num_draft_tokens=k), eos_token_id=eos, progress=job.progress)
+    settings = replace(job.settings, num_draft_tokens=k)
+    report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
     speedup = report["methods"][1]["speedup"]
     check = compare_prediction(tuning.best.speedup, speedup)
     print(f"check at {tuning.best.label} ({job.settings.repeats} timed passes): {check.sentence}")
     return check, speedup
 
 
-def _write_tuning(job: TuneJob, out: Path, drafter, folder, measured, tunings, kind, setting, speedup, check, num_prompts) -> None:
+def _write_tuning(
+    job: TuneJob, out: Path, drafter, folder, measured, tunings, kind, setting, speedup, check, num_prompts
+) -> None:
     """tuning.json and one speedup-vs-setting figure per tuning."""
     from draftsmith.eval.plots import plot_speedup_vs_k
     from draftsmith.eval.report import write_atomic
@@ -228,7 +248,10 @@ def _write_tuning(job: TuneJob, out: Path, drafter, folder, measured, tunings, k
         "prompts_file": str(job.prompts),
         "num_prompts": num_prompts,
         "measurement": measured.to_dict(),
-        "tunings": {name: {"candidates": t.rows(), "chosen": t.setting(), "model": t.model, "notes": t.notes} for name, t in tunings.items()},
+        "tunings": {
+            name: {"candidates": t.rows(), "chosen": t.setting(), "model": t.model, "notes": t.notes}
+            for name, t in tunings.items()
+        },
         "chosen": setting,
         "measured_speedup": speedup,
         "measured_over_predicted": None if check is None else check.ratio,
@@ -274,7 +297,10 @@ def run_check_lossless(job: LosslessJob) -> bool:
         raise SpecError("--prompt tokenizes to nothing")
     passed = True
     for name, drafter in drafters.items():
-        print(f"== {name}: K = {job.num_draft_tokens}, T = {job.temperature:g}, top_k = {job.top_k}, top_p = {job.top_p:g}")
+        print(
+            f"== {name}: K = {job.num_draft_tokens}, T = {job.temperature:g}, top_k = {job.top_k}, "
+            f"top_p = {job.top_p:g}"
+        )
         result = check_lossless(
             target, drafter, prompt, num_draft_tokens=job.num_draft_tokens, temperature=job.temperature,
             top_k=job.top_k, top_p=job.top_p, samples=job.samples, seed=job.seed, threshold=job.threshold,

@@ -70,7 +70,6 @@ def cmd_make_toy(args) -> int:
 
 def cmd_demo(args) -> int:
     from draftsmith.train.demo import QUICK, DemoSettings, run_demo, with_overrides
-    from draftsmith.train.demo_target import DemoTargetError
 
     try:
         settings = with_overrides(
@@ -85,27 +84,33 @@ def cmd_demo(args) -> int:
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
-    try:
-        run_demo(
-            settings, out=args.out, cache_dir=args.cache_dir, device=args.device, dtype=args.dtype,
-            force_build=args.rebuild, progress=not args.no_progress,
-        )  # fmt: skip
-    except DemoTargetError as err:
-        raise UsageError(str(err)) from None
-    except KeyboardInterrupt:
-        print("draftsmith demo: interrupted; nothing half-built was cached (an unfinished target build is removed)", file=sys.stderr)
-        return 130
-    return 0
+    options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
+    return _building(
+        "demo", "nothing half-built was cached (an unfinished target build is removed)",
+        lambda: run_demo(settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, **options),
+    )  # fmt: skip
 
 
 def cmd_build_target(args) -> int:
-    from draftsmith.train.demo_target import DemoTargetError, build_demo_target
+    from draftsmith.train.demo_target import build_demo_target
+
+    options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
+    return _building(
+        "build-target", "the partial build was removed, nothing was cached",
+        lambda: build_demo_target(args.preset, force=args.force, **options),
+    )  # fmt: skip
+
+
+def _building(command: str, on_interrupt: str, job) -> int:
+    """Run a job that may build the demo target: its errors are usage errors, and Ctrl-C says
+    what was left behind (exit status 130)."""
+    from draftsmith.train.demo_target import DemoTargetError
 
     try:
-        build_demo_target(args.preset, cache_dir=args.cache_dir, force=args.force, device=args.device, progress=not args.no_progress)
+        job()
     except DemoTargetError as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt:
-        print("draftsmith build-target: interrupted; the partial build was removed, nothing was cached", file=sys.stderr)
+        print(f"draftsmith {command}: interrupted; {on_interrupt}", file=sys.stderr)
         return 130
     return 0

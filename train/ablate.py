@@ -106,7 +106,8 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
         results[name] = _train_run(settings, built, budget, generated, fixed, loss, data, run_out, device, log)
 
     # One evaluation per mode, every draft interleaved with target-only on the same prompts.
-    drafters = {"initial draft": DraftModelDrafter(load_causal_lm(built.draft, device=device, dtype=dtype, role="draft"), name="initial")}
+    initial = load_causal_lm(built.draft, device=device, dtype=dtype, role="draft")
+    drafters = {"initial draft": DraftModelDrafter(initial, name="initial")}
     for name in results:
         folder = out / "runs" / name.replace("/", "-") / "draft"
         drafters[name] = DraftModelDrafter(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), name=name)
@@ -122,7 +123,9 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     return record
 
 
-def _train_run(settings, built, budget, generated: Path, fixed: Path, loss: str, data: str, run_out: Path, device, log) -> dict:
+def _train_run(
+    settings, built, budget, generated: Path, fixed: Path, loss: str, data: str, run_out: Path, device, log
+) -> dict:
     """One draft distillation run (skipped when its training summary exists); its summary."""
     from draftsmith.train.draft import DraftRecipe, train
 
@@ -131,11 +134,13 @@ def _train_run(settings, built, budget, generated: Path, fixed: Path, loss: str,
         shutil.rmtree(run_out, ignore_errors=True)
         recipe = DraftRecipe(
             target=str(built.target), out=str(run_out), data=str(generated), fixed_data=str(fixed),
-            data_mode="fixed" if data == "fixed" else "generated", on_policy_fraction=1.0 if data == "on-policy" else 0.0,
+            data_mode="fixed" if data == "fixed" else "generated",
+            on_policy_fraction=1.0 if data == "on-policy" else 0.0,
             draft_init="checkpoint", draft_path=str(built.draft), loss=loss, temperature=1.0,
             lr=settings.lr, batch_size=settings.batch_size, max_length=budget.max_length, max_steps=settings.steps,
             warmup_steps=min(20, settings.steps // 5), eval_every=settings.steps, save_every=settings.steps + 1,
-            num_draft_tokens=settings.num_draft_tokens, device=device.type, dtype="float32" if device.type == "cpu" else "auto",
+            num_draft_tokens=settings.num_draft_tokens, device=device.type,
+            dtype="float32" if device.type == "cpu" else "auto",
         )  # fmt: skip
         log(f"== {loss}/{data}")
         t0 = time.perf_counter()
@@ -163,10 +168,12 @@ def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, device, l
 
 
 def _rows(drafters: dict, results: dict, reports: dict) -> list[dict]:
+    # The initial draft's held-out acceptance is recorded by every run (as "initial").
+    initial = next(iter(results.values()))["initial"]["acceptance"] if results else None
     table = []
     for name in drafters:
         loss, data = name.split("/") if "/" in name else ("-", "-")
-        held = results[name]["eval"]["acceptance"] if name in results else (next(iter(results.values()))["initial"]["acceptance"] if results else None)
+        held = results[name]["eval"]["acceptance"] if name in results else initial
         g, t = reports["greedy"][name], reports["T=1"][name]
         table.append({
             "run": name, "loss": loss, "data": data, "heldout_acceptance": held, "alpha_greedy": g["alpha"],

@@ -27,7 +27,10 @@ def heads_kind(folder) -> str:
         raise ReleaseError(f"{str(folder)!r} has no config.json: not a folder of trained heads")
     kind = artifact_kind(json.loads(config.read_text(encoding="utf-8")), where=str(config))
     if kind == "draft":
-        raise ReleaseError(f"{str(folder)!r} holds a draft model, not heads: export takes Medusa or EAGLE heads (a draft model is served as it is)")
+        raise ReleaseError(
+            f"{str(folder)!r} holds a draft model, not heads: export takes Medusa or EAGLE heads "
+            "(a draft model is served as it is)"
+        )
     return kind
 
 
@@ -49,7 +52,11 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
             raise ReleaseError(f"--format {format!r}: EAGLE heads export to {', '.join(EXPORT_FORMATS)}")
         head = load_eagle(heads, device=device, dtype=dtype)
         written = export_eagle(head, out, format, num_speculative_tokens=num_speculative_tokens, overwrite=overwrite)
-        print(f"wrote {format} {head.config.version} head (aux layers {list(head.config.aux_layer_ids)}, draft vocabulary {head.config.draft_vocab_size}) to {written}")
+        c = head.config
+        print(
+            f"wrote {format} {c.version} head (aux layers {list(c.aux_layer_ids)}, "
+            f"draft vocabulary {c.draft_vocab_size}) to {written}"
+        )
         return written
     from draftsmith.heads.medusa import EXPORT_FORMATS, export_medusa, load_medusa
 
@@ -58,11 +65,14 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
     target = load_causal_lm(target, device=device, dtype=dtype or torch.float32, role="target") if target else None
     medusa = load_medusa(heads, target=target, device=device, dtype=dtype)
     written = export_medusa(medusa, out, format, overwrite=overwrite)
-    print(f"wrote {format} Medusa heads ({medusa.config.num_heads} heads x {medusa.config.num_layers} blocks) to {written}")
+    c = medusa.config
+    print(f"wrote {format} Medusa heads ({c.num_heads} heads x {c.num_layers} blocks) to {written}")
     return written
 
 
-def push_run(run, repo_id: str, *, dry_run_out=None, private: bool = False, endpoint=None, commit_message=None, **options) -> str:
+def push_run(
+    run, repo_id: str, *, dry_run_out=None, private: bool = False, endpoint=None, commit_message=None, **options
+) -> str:
     """Stage the run (weights as safetensors, config, card, recipe, run info) and upload it, or with
     `dry_run_out` only write what would be pushed there. `options`: format, eval_report,
     base_model, revision (see `stage_run`). The token comes from HF_TOKEN or `hf auth login` and
