@@ -151,3 +151,24 @@ def write_toy(out_dir, family: str = "llama", seed: int = 0, num_prompts: int = 
     paths["chats"] = out_dir / "chats.jsonl"
     paths["chats"].write_text("\n".join(chats) + "\n", encoding="utf-8")
     return paths
+
+
+def make_toy(out_dir, family: str = "llama", seed: int = 0):
+    """`write_toy` into `out_dir`, replacing what is there (`draftsmith make-toy`). Built beside
+    the destination, then renamed: an interrupted run leaves no half-written pair."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_toy(tmp, family=family, seed=seed)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftsmith.scripts import demo_target as dt
+from draftsmith.train import demo_target as dt
 from draftsmith.train.lm import LMTrainConfig, lr_at
 
 # Even smaller than micro, for the tests that rebuild: the pipeline, not the model, is tested.

@@ -372,7 +372,7 @@ def test_bad_task_field(toy_dir, tmp_path, run_cli):
 
 
 def test_several_drafts_are_named_apart(tmp_path):
-    from draftsmith.scripts.cli import UsageError, draft_names
+    from draftsmith.eval.drafter_specs import SpecError, draft_names
 
     (tmp_path / "a" / "draft").mkdir(parents=True)
     (tmp_path / "b" / "draft").mkdir(parents=True)
@@ -380,7 +380,7 @@ def test_several_drafts_are_named_apart(tmp_path):
     assert draft_names([a]) == {"draft": a}
     assert draft_names([a, b]) == {"a/draft": a, "b/draft": b}
     assert draft_names([f"small={a}", b]) == {"small": a, "draft": b}
-    with pytest.raises(UsageError, match="both named 'x'"):
+    with pytest.raises(SpecError, match="both named 'x'"):
         draft_names([f"x={a}", f"x={b}"])
-    with pytest.raises(UsageError, match="both named 'target-only'"):
+    with pytest.raises(SpecError, match="both named 'target-only'"):
         draft_names([f"target-only={a}"])

@@ -4,10 +4,10 @@
     draftsmith demo --quick         # micro preset, a smoke run in about a minute
     draftsmith demo --preset gpu --device cuda
 
-  1. build or load the demo target (`draftsmith.scripts.demo_target`, cached);
+  1. build or load the demo target (`draftsmith.train.demo_target`, cached);
   2. prepare every drafter method the toolkit has (training them, with small budgets, where
      they need it; the small draft is trained with the target, as in the classic baseline;
-     Medusa heads on the target's own answers, `draftsmith.scripts.demo_heads`, cached);
+     Medusa heads on the target's own answers, `draftsmith.train.demo_heads`, cached);
   3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
   4. print one table (method, alpha, tau, speedup, KL) and write report.json, report.md and
      acceptance.png (acceptance by draft position) to the output folder.
@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from draftsmith.train.demo_card import cpu_decode_threads, stage_summary
+from draftsmith.train.demo_heads import BUDGETS, demo_data, demo_distilled_draft, demo_eagle, demo_medusa, heads_root, prepare_root
+from draftsmith.train.demo_target import DemoTarget, DemoTargetError, ensure_demo_target, get_preset
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class DemoContext:
 
     target: torch.nn.Module
     tokenizer: object
-    built: object  # draftsmith.scripts.demo_target.DemoTarget
+    built: DemoTarget
     device: torch.device
     dtype: torch.dtype
     settings: DemoSettings
@@ -71,7 +75,6 @@ class DemoContext:
     def eagle_head(self):
         if self._eagle is None:
             from draftsmith.heads.eagle import load_eagle
-            from draftsmith.scripts.demo_heads import demo_eagle
 
             budget, root, data = self.distill_data()
             self._eagle = load_eagle(demo_eagle(self, budget, root, data, log=self.log), target=self.target, device=self.device, dtype=self.dtype)
@@ -80,8 +83,6 @@ class DemoContext:
     def distill_data(self):
         """The target's own answers (made once, cached): (budget, cache root, data folder)."""
         if self._heads_cache is None:
-            from draftsmith.scripts.demo_heads import BUDGETS, demo_data, prepare_root
-
             budget = BUDGETS[self.settings.preset]
             root = prepare_root(self.built, self.target, budget, log=self.log)
             self._heads_cache = (budget, root, demo_data(self, budget, root, log=self.log))
@@ -91,7 +92,6 @@ class DemoContext:
         """Self-distillation data + Medusa-1 heads for this target (trained once, cached)."""
         if self._medusa is None:
             from draftsmith.heads.medusa import load_medusa
-            from draftsmith.scripts.demo_heads import demo_medusa
 
             budget, root, data = self.distill_data()
             folder = demo_medusa(self, budget, root, data, log=self.log)
@@ -124,7 +124,6 @@ def _small_draft(ctx: DemoContext):
 def _distilled_draft(ctx: DemoContext):
     from draftsmith.eval.runtime.drafters import DraftModelDrafter
     from draftsmith.heads.models import load_causal_lm
-    from draftsmith.scripts.demo_heads import demo_distilled_draft
 
     budget, root, data = ctx.distill_data()
     folder = demo_distilled_draft(ctx, budget, root, data, log=ctx.log)
@@ -202,7 +201,6 @@ def run_demo(
     from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompts
     from draftsmith.eval.report import compact_table, plot_acceptance, render_markdown, write_atomic, write_report
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-    from draftsmith.scripts.demo_target import DemoTargetError, cpu_decode_threads, ensure_demo_target, get_preset, stage_summary
 
     started = time.perf_counter()
     preset = get_preset(settings.preset)  # unknown preset: a clear error before any work
@@ -243,12 +241,8 @@ def run_demo(
     report["target"] = describe_target(built.target, target, device_t, dtype_t)
     report["drafts"] = {"small-draft": str(built.draft)}
     if ctx._medusa is not None:
-        from draftsmith.scripts.demo_heads import heads_root
-
         report["drafts"]["medusa"] = str(heads_root(built) / "medusa" / "heads")
     if ctx._heads_cache is not None:
-        from draftsmith.scripts.demo_heads import heads_root
-
         report["drafts"]["distilled-draft"] = str(heads_root(built) / "distilled-draft" / "draft")
     if ctx._eagle is not None:
         report["drafts"]["eagle3"] = str(heads_root(built) / "eagle3" / "head")

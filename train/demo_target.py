@@ -1,9 +1,10 @@
 """The embedded default target: a small Llama trained here on the Python standard library.
 
-    python scripts/build_demo_target.py --preset cpu          # or: draftsmith build-target
+    draftsmith build-target --preset cpu                       # or: python scripts/build_demo_target.py
     draftsmith demo                                            # builds it when not cached
 
-A build, top to bottom:
+A build, top to bottom (the corpus, tokenizer and prompts come from `draftsmith.distill.corpus`,
+the measurements and the model card from `draftsmith.train.demo_card`):
   1. corpus  - the running interpreter's stdlib `.py` sources (tests, idlelib, lib2to3,
                turtledemo, site-packages and the data modules encodings/ and pydoc_data/
                excluded), sorted by path; every `heldout_every`-th file is held out;
@@ -27,15 +28,11 @@ it and renamed into place, so an interrupted build leaves no folder that could b
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
-import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,17 +40,21 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.distill.corpus import (
+    SPECIAL_TOKENS,
+    Corpus,
+    CorpusError,
+    extract_prompts,
+    stdlib_corpus,
+    token_stream,
+    train_tokenizer,
+    write_jsonl,
+)
+from draftsmith.train.demo_card import cpu_decode_threads, model_card, quality_report, stage_summary
+
 CACHE_ENV = "DRAFTSMITH_CACHE"
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1  # bump when the layout or the build recipe changes: old caches rebuild
-# Tests (and idlelib, lib2to3, turtledemo: apps and demos) are excluded as in most code corpora;
-# `encodings` (13% of the bytes: codec tables of hex literals) and `pydoc_data` (7%: English
-# help text in one string) are data, not code, and only teach the target to predict tables.
-EXCLUDED_DIRS = {
-    "test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "dist-packages", "__pycache__",
-    "encodings", "pydoc_data",
-}  # fmt: skip
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
 
 
 class DemoTargetError(RuntimeError):
@@ -183,145 +184,13 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-# --------------------------------------------------------------------------- corpus
 
-
-@dataclass
-class Corpus:
-    root: Path
-    train_files: list[str]  # paths relative to root, posix
-    heldout_files: list[str]
-
-    def text(self, rel: str) -> str:
-        return (self.root / rel).read_text(encoding="utf-8", errors="replace")
-
-    def fingerprint(self) -> str:
-        """Hash of the file list with sizes: a different Python gives a different target."""
-        h = hashlib.sha256()
-        for split, files in (("train", self.train_files), ("heldout", self.heldout_files)):
-            for rel in files:
-                h.update(f"{split}:{rel}:{(self.root / rel).stat().st_size}\n".encode())
-        return h.hexdigest()
-
-    def num_bytes(self, files: list[str]) -> int:
-        return sum((self.root / rel).stat().st_size for rel in files)
-
-
-def stdlib_corpus(preset: Preset) -> Corpus:
-    """The interpreter's stdlib sources, sorted by path; every `heldout_every`-th file is
-    held out (so both splits sample all of the library); capped at `max_corpus_bytes`."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*.py")
-        if not EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1]) and p.is_file()
-    )
-    if preset.max_corpus_bytes is not None:
-        kept, total = [], 0
-        for rel in files:
-            size = (root / rel).stat().st_size
-            if size > preset.max_corpus_bytes // 20 or total + size > preset.max_corpus_bytes:
-                continue  # no single file dominates a small corpus; keep filling with smaller ones
-            kept.append(rel)
-            total += size
-        files = kept
-    if len(files) < 2 * preset.heldout_every:
-        raise DemoTargetError(f"found only {len(files)} stdlib .py files under {root}: too few to build a target")
-    heldout = [f for i, f in enumerate(files) if i % preset.heldout_every == preset.heldout_every // 2]
-    held = set(heldout)
-    return Corpus(root, [f for f in files if f not in held], heldout)
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-def train_tokenizer(corpus: Corpus, vocab_size: int):
-    """Byte-level BPE on the training files, wrapped as an HF fast tokenizer that adds <s>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable
-        show_progress=False,
-    )
-    tok.train_from_iterator((corpus.text(rel) for rel in corpus.train_files), trainer=trainer)
-    # Every sequence starts with <s>, in training and at inference (prompts are tokenized
-    # by this same tokenizer), so the model never sees a sequence without it.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", model_max_length=1_000_000
-    )
-
-
-def token_stream(tokenizer, corpus: Corpus, files: list[str]) -> torch.Tensor:
-    """All files as one stream: <s> file </s> <s> file </s> ... (int32)."""
-    texts = [corpus.text(rel) for rel in files]
-    encoded = tokenizer.backend_tokenizer.encode_batch(texts)  # the Rust tokenizer: parallel, fast
-    eos = tokenizer.eos_token_id
-    ids: list[int] = []
-    for enc in encoded:
-        ids.extend(enc.ids)
-        ids.append(eos)
-    return torch.tensor(ids, dtype=torch.int32)
-
-
-# --------------------------------------------------------------------------- prompts
-
-
-def extract_prompts(corpus: Corpus, files: list[str], limit: int, context_chars: int, max_head_chars: int) -> list[dict]:
-    """Code prefixes ending at a function's signature, its docstring or its first body line
-    (rotating), preceded by up to `context_chars` of whole lines before the def.
-
-    A prompt ends at the end of a line, without the newline: in byte-level BPE the newline
-    and the next line's indentation form one token, which the model should predict itself.
-    Functions are taken in file order and thinned evenly to `limit` (deterministic); those
-    whose prefix is longer than `max_head_chars` (long docstrings) are skipped."""
-    found = []
-    for rel in files:
-        source = corpus.text(rel)
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        lines = source.splitlines(keepends=True)
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-                found.append((rel, node, lines))
-    found.sort(key=lambda t: (t[0], t[1].lineno))
-    stride = max(1, len(found) // max(1, limit))
-    rows = []
-    for rel, node, lines in found[::stride]:
-        if len(rows) >= limit:
-            break
-        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        body0 = node.body[0]
-        has_doc = isinstance(body0, ast.Expr) and isinstance(body0.value, ast.Constant) and isinstance(body0.value.value, str)
-        kind = ("signature", "docstring" if has_doc else "first-line", "first-line")[len(rows) % 3]
-        if kind == "signature":
-            end = max(node.lineno, body0.lineno - 1)  # 1-based, inclusive
-        elif kind == "docstring":
-            end = body0.end_lineno
-        else:  # the first statement after the docstring, if any
-            end = (node.body[1] if has_doc and len(node.body) > 1 else body0).lineno
-        head = "".join(lines[first - 1 : end]).rstrip()
-        if not head or len(head) > max_head_chars:
-            continue
-        before = "".join(lines[: first - 1])
-        context = before[-context_chars:]
-        if len(before) > context_chars and "\n" in context:
-            context = context[context.index("\n") + 1 :]  # whole lines only
-        rows.append({"prompt": context + head, "file": rel, "line": node.lineno, "kind": kind})
-    return rows
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+def demo_corpus(preset: Preset) -> Corpus:
+    """The stdlib corpus of `preset` (its held-out share and size cap)."""
+    try:
+        return stdlib_corpus(preset.heldout_every, preset.max_corpus_bytes)
+    except CorpusError as err:
+        raise DemoTargetError(str(err)) from None
 
 
 # --------------------------------------------------------------------------- models
@@ -423,64 +292,6 @@ def _check_writable(root: Path) -> None:
         ) from None
 
 
-# --------------------------------------------------------------------------- quality
-
-
-@contextlib.contextmanager
-def cpu_decode_threads(device: torch.device):
-    """Batch-1 decoding of models this small costs per-op overhead, not FLOPs: on CPU a second
-    intra-op thread only adds synchronisation (and on a shared machine waits for a busy core).
-    So decode with one thread; every method gets the same, so speedups stay comparable."""
-    before = torch.get_num_threads()
-    if torch.device(device).type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@torch.no_grad()
-def measure_acceptance(target, drafter, prompts: list[torch.Tensor], *, k: int, new_tokens: int, temperature: float, seed: int = 0) -> dict:
-    """Pooled acceptance of `drafter` against `target` on `prompts` through the real decoder."""
-    from draftsmith.eval.runtime import generate
-
-    stats = None
-    for i, ids in enumerate(prompts):
-        out = generate(target, drafter, ids, max_new_tokens=new_tokens, num_draft_tokens=k, temperature=temperature, seed=seed + i)
-        stats = out.stats if stats is None else stats + out.stats
-    return {"alpha": stats.alpha, "tau": stats.tau, "alpha_per_position": stats.alpha_per_position, "k": k, "temperature": temperature}
-
-
-@torch.no_grad()
-def greedy_samples(target, tokenizer, prompts: list[str], new_tokens: int) -> list[dict]:
-    from draftsmith.eval.runtime import generate
-
-    rows = []
-    for text in prompts:
-        ids = torch.tensor(tokenizer(text).input_ids)
-        out = generate(target, None, ids, max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id)
-        rows.append({"prompt": text, "completion": tokenizer.decode(out.tokens)})
-    return rows
-
-
-def quality_report(target, draft, tokenizer, heldout_rows: list[dict], preset: Preset) -> dict:
-    """The numbers of the model card: samples, self-draft and small-draft acceptance."""
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter
-
-    texts = [r["prompt"] for r in heldout_rows[: preset.quality_prompts]]
-    prompts = [torch.tensor(tokenizer(t).input_ids) for t in texts]
-    opts = dict(k=preset.quality_k, new_tokens=preset.quality_new_tokens)
-    return {
-        "samples": greedy_samples(target, tokenizer, texts[:3], preset.quality_new_tokens),
-        # The target drafting for itself: every draft must be accepted (alpha = 1.0), or
-        # the decoder, the cache handling or the drafter is broken.
-        "self_draft_greedy": measure_acceptance(target, DraftModelDrafter(target), prompts, temperature=0.0, **opts),
-        "small_draft_greedy": measure_acceptance(target, DraftModelDrafter(draft), prompts, temperature=0.0, **opts),
-        "small_draft_t1": measure_acceptance(target, DraftModelDrafter(draft), prompts, temperature=1.0, **opts),
-    }
-
-
 # --------------------------------------------------------------------------- build
 
 
@@ -523,7 +334,7 @@ def ensure_demo_target(
 ) -> DemoTarget:
     """The cached build for `preset`, built first when missing, stale or corrupt (or `force`)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    corpus = stdlib_corpus(preset)
+    corpus = demo_corpus(preset)
     key = build_key(preset, corpus)
     folder = target_dir(preset, cache_dir)
     problem = "--force" if force else check_cached(folder, key)
@@ -621,7 +432,10 @@ def build_into(out: Path, preset: Preset, corpus: Corpus, key: str, *, device: t
 
     t = time.perf_counter()
     with cpu_decode_threads(device):
-        quality = quality_report(models["target"], models["draft"], tokenizer, heldout_rows, preset)
+        quality = quality_report(
+            models["target"], models["draft"], tokenizer, heldout_rows,
+            num_prompts=preset.quality_prompts, k=preset.quality_k, new_tokens=preset.quality_new_tokens,
+        )  # fmt: skip
     timings["quality_checks_s"] = time.perf_counter() - t
     log(
         f"acceptance at K={preset.quality_k}: self-draft {quality['self_draft_greedy']['alpha']:.3f} (must be 1.0), "
@@ -666,108 +480,20 @@ def build_into(out: Path, preset: Preset, corpus: Corpus, key: str, *, device: t
     return manifest
 
 
-def model_card(m: dict) -> str:
-    p, c, q = m["preset"], m["corpus"], m["quality"]
-    lines = [
-        f"# draftsmith demo target ({p['name']} preset)",
-        "",
-        "A small Llama trained from scratch by `draftsmith build-target`, with an independent small",
-        "draft trained the same way, for running and testing draftsmith without a hub download.",
-        "",
-        "## Data",
-        "",
-        f"- Corpus: the Python {c['python']} standard library sources ({c['root']}); test folders, idlelib, "
-        "lib2to3, turtledemo, site-packages and the data modules encodings/ and pydoc_data/ excluded; files sorted by path, 1 in "
-        f"{p['heldout_every']} held out.",
-        f"- {c['train_files']} train files ({c['train_bytes'] / 1e6:.2f} MB, {c['train_tokens']:,} tokens), "
-        f"{c['heldout_files']} held-out files ({c['heldout_bytes'] / 1e6:.2f} MB, {c['heldout_tokens']:,} tokens).",
-        f"- Tokenizer: {m['tokenizer']['type']}, {m['tokenizer']['vocab_size']} tokens, specials "
-        f"{', '.join(m['tokenizer']['special_tokens'])}; every sequence starts with <s>.",
-        "",
-        "## Models",
-        "",
-        "| model | parameters | shape (hidden x layers) | tokens seen | final train loss | held-out loss | held-out perplexity | train tok/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for role, r in m["models"].items():
-        lines.append(
-            f"| {role} | {r['parameters'] / 1e6:.2f}M | {r['shape']['hidden']} x {r['shape']['layers']} | {r['tokens_seen']:,} | "
-            f"{r['final_train_loss']:.3f} | {r['heldout_loss']:.3f} | {r['heldout_perplexity']:.2f} | {r['tokens_per_second']:,.0f} |"
-        )
-    lines += [
-        "",
-        f"Training: AdamW, linear warm-up then cosine, batch {p['batch_size']} x {p['seq_len']} tokens, "
-        f"bf16 autocast: {p['bf16']}, on {m['device']} (torch {m['torch']}).",
-        "",
-        f"## Acceptance (K = {p['quality_k']}, {p['quality_prompts']} held-out prompts, {p['quality_new_tokens']} new tokens)",
-        "",
-        "| drafter | mode | alpha | tau (counts the bonus token) | alpha per position |",
-        "|---|---|---|---|---|",
-    ]
-    for name, label in (("self_draft_greedy", "self-draft (sanity: must be 1.0)"), ("small_draft_greedy", "small draft"), ("small_draft_t1", "small draft")):
-        r = q[name]
-        mode = "greedy" if r["temperature"] == 0 else f"T = {r['temperature']:g}"
-        per = " ".join(f"{a:.2f}" for a in r["alpha_per_position"])
-        lines.append(f"| {label} | {mode} | {r['alpha']:.3f} | {r['tau']:.2f} | {per} |")
-    lines += ["", "## Greedy samples (held-out prompts)", ""]
-    for s in q["samples"]:
-        lines += ["```python", s["prompt"] + s["completion"], "```", ""]
-    t = m["timings"]
-    lines += [
-        "## Build",
-        "",
-        "Stage wall times (s): " + ", ".join(f"{k.removesuffix('_s')} {v:.0f}" for k, v in t.items()),
-        "",
-        f"Built {m['created']}. Prompts: {m['prompts']['train']} train, {m['prompts']['heldout']} held-out "
-        "(`prompts/*.jsonl`, code prefixes: signatures, docstrings, first lines of functions).",
-        "",
-    ]
-    return "\n".join(lines)
+def build_demo_target(
+    preset: str = "cpu",
+    *,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    device: str = "auto",
+    progress: bool = True,
+    log=print,
+) -> DemoTarget:
+    """`draftsmith build-target`: the cached build (built when needed), summarised in a few lines."""
+    from draftsmith.heads.models import resolve_device
 
+    built = ensure_demo_target(preset, cache_dir=cache_dir, force=force, device=resolve_device(device), progress=progress, log=log)
+    log(stage_summary(built.manifest))
+    log(f"target: {built.target}\ndraft: {built.draft}\nprompts: {built.heldout_prompts}\nmodel card: {built.model_card}")
+    return built
 
-def stage_summary(manifest: dict) -> str:
-    """A few lines for the terminal after a build or a cache hit."""
-    models = manifest["models"]
-    q = manifest["quality"]
-    return (
-        f"target {models['target']['parameters'] / 1e6:.2f}M params, held-out ppl {models['target']['heldout_perplexity']:.2f}; "
-        f"draft {models['draft']['parameters'] / 1e6:.2f}M, ppl {models['draft']['heldout_perplexity']:.2f}; "
-        f"self-draft alpha {q['self_draft_greedy']['alpha']:.3f}; small-draft alpha greedy "
-        f"{q['small_draft_greedy']['alpha']:.3f}, T=1 {q['small_draft_t1']['alpha']:.3f}"
-    )
-
-
-def _main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="build_demo_target.py", description="Build (or reuse) the demo target and its small draft.")
-    add_build_args(parser)
-    args = parser.parse_args(argv)
-    return run_build(args)
-
-
-def add_build_args(parser) -> None:
-    parser.add_argument("--preset", default="cpu", help=f"one of {', '.join(PRESETS)} (default cpu)")
-    parser.add_argument("--cache-dir", help=f"cache folder (default ${CACHE_ENV}, else ~/.cache/draftsmith)")
-    parser.add_argument("--force", action="store_true", help="rebuild even when a valid cached build exists")
-    parser.add_argument("--device", default="auto", help="torch device for training (default: cuda when available)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def run_build(args) -> int:
-    """`draftsmith build-target` and scripts/build_demo_target.py."""
-    from draftsmith.heads.models import ModelLoadError, resolve_device
-
-    try:
-        device = resolve_device(args.device)
-        built = ensure_demo_target(args.preset, cache_dir=args.cache_dir, force=args.force, device=device, progress=not args.no_progress)
-    except (DemoTargetError, ModelLoadError) as err:
-        print(f"draftsmith build-target: error: {err}", file=sys.stderr)
-        return 2
-    print(stage_summary(built.manifest))
-    print(f"target: {built.target}\ndraft: {built.draft}\nprompts: {built.heldout_prompts}\nmodel card: {built.model_card}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_main())

@@ -1,0 +1,226 @@
+"""From what a user names (folders, method flags) to a loaded target and ready drafters.
+
+    specs = DrafterSpecs(target="runs/toy/target", drafts=("small=runs/toy/draft",), prompt_lookup=True)
+    target, tokenizer, drafters, device, dtype = load_drafters(specs)
+
+One spec may ask for several methods at once (draft models, prompt lookup, Medusa heads as a
+chain and a tree, an EAGLE head as a chain and a dynamic tree); every input is checked before
+the (slow) target load, and a bad one raises SpecError naming the flag, the value and what
+was expected. `draftsmith eval` and `check-lossless` load through `load_drafters`, `draftsmith
+tune` through `load_chain_drafter` (one drafter, decoding a chain).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SpecError(ValueError):
+    """A drafter spec (or a job input) that cannot be used; the message names the flag and value."""
+
+
+# The names of the other rows of a report: a draft model may not take one.
+RESERVED_NAMES = ("target-only", "prompt-lookup", "medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree")
+
+
+@dataclass(frozen=True)
+class DrafterSpecs:
+    target: str  # folder of the target (HF format, with its tokenizer)
+    drafts: tuple[str, ...] = ()  # `[NAME=]DIR` of draft models sharing the target's vocabulary
+    prompt_lookup: bool = False
+    max_ngram: int = 3  # prompt lookup: longest n-gram to match
+    medusa: str | None = None  # folder of Medusa heads
+    medusa_tree: str | None = None  # "auto" (from the heads' measured accuracies) or a JSON list of paths
+    tree_nodes: int = 16  # node budget of medusa_tree "auto": 17 tokens per verify stays cheap
+    eagle: str | None = None  # folder of an EAGLE-1/EAGLE-3 head
+    eagle_tree: str | None = None  # "DEPTH,TOP_K,TOTAL_TOKENS" of an EAGLE-2 dynamic tree
+    lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
+    typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
+    typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
+    device: str = "auto"
+    dtype: str = "auto"
+
+    @property
+    def typical(self) -> tuple[float, float] | None:
+        return (self.typical_epsilon, self.typical_delta) if self.lossy == "typical" else None
+
+    def check(self) -> None:
+        """The combinations that make no sense, refused before anything is loaded."""
+        if not self.drafts and not self.prompt_lookup and not self.medusa and not self.eagle:
+            raise SpecError("give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup")
+        if self.medusa_tree and not self.medusa:
+            raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")
+        if self.eagle_tree and not self.eagle:
+            raise SpecError("--eagle-tree applies to EAGLE heads: give --eagle DIR")
+        if self.lossy and not (self.medusa or self.eagle):
+            raise SpecError("--lossy applies to Medusa and EAGLE heads: give --medusa DIR or --eagle DIR")
+
+
+def load_drafters(specs: DrafterSpecs):
+    """(target, tokenizer, {name: drafter}, device, dtype), with every input checked first."""
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
+    from draftsmith.heads.models import resolve_device, resolve_dtype
+
+    specs.check()
+    device = resolve_device(specs.device)
+    dtype = resolve_dtype(specs.dtype, device)
+    drafts = draft_names(specs.drafts)
+    tokenizer = load_tokenizer(specs.target)
+    for folder in drafts.values():
+        check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
+    target = load_causal_lm(specs.target, device=device, dtype=dtype, role="target")
+    drafters = {}
+    for name, folder in drafts.items():
+        draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
+        label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
+        drafters[name] = DraftModelDrafter(draft, name=label)
+    if specs.prompt_lookup:
+        drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=specs.max_ngram)
+    if specs.medusa:
+        drafters.update(_medusa_drafters(specs, target, device, dtype))
+    if specs.eagle:
+        drafters.update(_eagle_drafters(specs, target, device, dtype))
+    return target, tokenizer, drafters, device, dtype
+
+
+def draft_names(values) -> dict[str, str]:
+    """{method name: folder} of the --draft flags. `NAME=DIR` names a draft; a bare DIR is
+    "draft" when it is the only one, else its folder name, with the parent folder's name in
+    front when two folders share a name (demo-target-cpu/draft, distilled-draft/draft)."""
+    specs = []
+    for value in values or []:
+        name, sep, folder = str(value).partition("=")
+        if sep and name and folder and not Path(value).expanduser().exists():
+            specs.append((name.strip(), str(Path(folder).expanduser())))
+        else:
+            specs.append((None, str(Path(value).expanduser())))
+    if len(specs) == 1 and specs[0][0] is None:
+        return {"draft": specs[0][1]}
+    bare = [Path(f).expanduser() for n, f in specs if n is None]
+    out: dict[str, str] = {}
+    for name, folder in specs:
+        if name is None:
+            path = Path(folder).expanduser()
+            shared = sum(p.name == path.name for p in bare) > 1
+            name = f"{path.parent.name}/{path.name}" if shared else path.name
+        if name in out or name in RESERVED_NAMES:
+            raise SpecError(
+                f"--draft: two drafts (or a draft and another method) are both named {name!r}; "
+                "name them with --draft NAME=DIR"
+            )
+        out[name] = folder
+    return out
+
+
+def parse_eagle_tree(text: str) -> dict:
+    """"DEPTH,TOP_K,TOTAL_TOKENS" -> the EagleDrafter tree options."""
+    try:
+        depth, top_k, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(f"--eagle-tree {text!r}: expected DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16") from None
+    if min(depth, top_k, total) < 1:
+        raise SpecError(f"--eagle-tree {text!r}: all three must be >= 1")
+    return {"depth": depth, "top_k": top_k, "total_tokens": total}
+
+
+def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[int, ...]]:
+    """"auto" (a tree of `num_nodes` built from the heads' recorded accuracies) or JSON paths."""
+    from draftsmith.eval.runtime.tree import build_medusa_tree
+
+    if text == "auto":
+        accuracies = heads.config.head_accuracies
+        if not accuracies:
+            raise SpecError(
+                f"--medusa-tree auto: {folder} records no head accuracies "
+                "(train it with train/medusa.py, or give the paths as JSON)"
+            )
+        return build_medusa_tree(accuracies, num_nodes)
+    try:
+        return [tuple(int(r) for r in path) for path in json.loads(text)]
+    except (ValueError, TypeError) as err:
+        raise SpecError(
+            f"--medusa-tree {text!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})"
+        ) from None
+
+
+def load_medusa_heads(folder, target, device, dtype):
+    from draftsmith.heads.medusa import MedusaError, load_medusa
+
+    try:
+        return load_medusa(folder, target=target, device=device, dtype=dtype)
+    except MedusaError as err:
+        raise SpecError(str(err)) from None
+
+
+def load_eagle_head(folder, target, device, dtype):
+    from draftsmith.heads.eagle import EagleError, load_eagle
+
+    try:
+        return load_eagle(folder, target=target, device=device, dtype=dtype)
+    except EagleError as err:
+        raise SpecError(str(err)) from None
+
+
+def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
+    from draftsmith.eval.runtime.eagle import EagleDrafter
+
+    head = load_eagle_head(specs.eagle, target, device, dtype)
+    options = {"typical": specs.typical}
+    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", **options)}
+    if specs.eagle_tree:
+        tree = parse_eagle_tree(specs.eagle_tree)
+        drafters["eagle-tree"] = EagleDrafter(head, tree=tree, name="eagle-tree", **options)
+    return drafters
+
+
+def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
+
+    heads = load_medusa_heads(specs.medusa, target, device, dtype)
+    layers = target.config.get_text_config().num_hidden_layers
+    options = {"typical": specs.typical}
+    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", **options)}
+    if specs.medusa_tree:
+        tree = parse_medusa_tree(specs.medusa_tree, heads, specs.medusa, specs.tree_nodes)
+        try:
+            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", **options)
+        except ValueError as err:
+            raise SpecError(f"--medusa-tree: {err}") from None
+    return drafters
+
+
+def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto"):
+    """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle):
+    (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
+    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
+    from draftsmith.heads.models import resolve_device, resolve_dtype
+
+    if sum(x is not None for x in (draft, medusa, eagle)) != 1:
+        raise SpecError("give one drafter to tune: --draft DIR, --medusa DIR or --eagle DIR")
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    tokenizer = load_tokenizer(target_folder)
+    if draft:
+        check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
+    target = load_causal_lm(target_folder, device=device, dtype=dtype, role="target")
+    if draft:
+        model = load_causal_lm(draft, device=device, dtype=dtype, role="draft")
+        return target, tokenizer, DraftModelDrafter(model, name="draft"), draft, None
+    if medusa:
+        heads = load_medusa_heads(medusa, target, device, dtype)
+        drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
+        return target, tokenizer, drafter, medusa, heads
+    from draftsmith.eval.runtime.eagle import EagleDrafter
+
+    head = load_eagle_head(eagle, target, device, dtype)
+    return target, tokenizer, EagleDrafter(head, name="eagle-chain"), eagle, None
+
+
+def eos_token_id(target, tokenizer):
+    """The tokenizer's end-of-sequence id, else the target's generation config's."""
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    return eos if eos is not None else target.generation_config.eos_token_id

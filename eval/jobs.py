@@ -1,0 +1,315 @@
+"""The measuring jobs of the `draftsmith` command, end to end: load, measure, print, write.
+
+    run_eval(EvalJob(specs, EvalSettings(num_draft_tokens=4), prompts="p.jsonl", out="runs/eval"))
+    run_tune(TuneJob(target="t", prompts="p.jsonl", settings=EvalSettings(num_draft_tokens=8), draft="d"))
+    passed = run_check_lossless(LosslessJob(specs, prompt="def main():\\n    "))
+
+`draftsmith eval` (acceptance, speedup and KL against target-only decoding, and with a
+SweepSettings the serving-scale sweep), `draftsmith tune` (K, and for Medusa the tree size, from
+measured acceptance and costs) and `draftsmith check-lossless` (a chi-square test that
+speculative sampling matches the target). Bad input raises SpecError (or the loaders' errors).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from draftsmith.eval.drafter_specs import (
+    DrafterSpecs,
+    SpecError,
+    draft_names,
+    eos_token_id,
+    load_chain_drafter,
+    load_drafters,
+)
+from draftsmith.eval.evaluator import EvalSettings
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("draftsmith")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _out_folder(out) -> Path | None:
+    out = Path(out) if out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise SpecError(f"--out {str(out)!r} exists and is not a folder")
+    return out
+
+
+# --------------------------------------------------------------------------- eval
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    specs: DrafterSpecs
+    settings: EvalSettings
+    prompts: str  # JSONL: one {"prompt": text} or {"input_ids": [...]} per line
+    out: str  # folder for report.json and report.md (and serving.* with a sweep)
+    limit: int | None = None  # only the first N prompts
+    task_key: str = "task"  # field of a prompt row that names its task, for per-task tables
+    sweep: object = None  # eval.sweep.SweepSettings: also the serving-scale sweep
+    progress: bool = True
+
+
+def run_eval(job: EvalJob) -> dict:
+    """Evaluate every drafter of `job.specs`; print the tables; write the report (and serving.*)."""
+    from draftsmith.eval.evaluator import describe_target, evaluate, load_prompt_file
+    from draftsmith.eval.report import header, position_table, summary_table, write_report
+
+    out = _out_folder(job.out)
+    target, tokenizer, drafters, device, dtype = load_drafters(job.specs)
+    prompts, tasks = load_prompt_file(job.prompts, tokenizer, limit=job.limit, task_key=job.task_key)
+    eos = eos_token_id(target, tokenizer)
+    report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
+    specs = job.specs
+    report["target"] = describe_target(specs.target, target, device, dtype)
+    heads = {k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}
+    report["drafts"] = {**draft_names(specs.drafts), **heads}
+    report["prompts_file"] = str(job.prompts)
+    report["draftsmith_version"] = package_version()
+    report["torch_version"] = torch.__version__
+    report["git_revision"] = git_revision()
+    json_path, md_path = write_report(report, out)
+    print(header(report))
+    print()
+    print(summary_table(report))
+    print()
+    print(position_table(report))
+    print(f"\nwrote {json_path} and {md_path}")
+    if job.sweep is not None:
+        _serving(job, target, drafters, prompts, report, eos)
+    return report
+
+
+def _serving(job: EvalJob, target, drafters, prompts, report, eos) -> None:
+    """The sweep, the simulations, serving.* and the three-A table."""
+    from draftsmith.eval.plots import markdown_table
+    from draftsmith.eval.sweep import crossover_sentences, display_rows, load_sentences, run_sweep, write_serving
+
+    serving = run_sweep(
+        target, drafters, prompts, job.settings, job.sweep, report=report, eos_token_id=eos, progress=job.progress
+    )
+    for key in ("target", "drafts", "prompts_file", "draftsmith_version", "torch_version", "git_revision"):
+        serving[key] = report[key]
+    paths = write_serving(serving, job.out, report=report)
+    print("\nThe three A (Acceptance, Acceleration, Attendance):")
+    print(markdown_table(display_rows(serving["three_a"])))
+    for sentence in crossover_sentences(serving) + load_sentences(serving):
+        print(f"- {sentence}")
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+
+
+# --------------------------------------------------------------------------- tune
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    target: str
+    prompts: str
+    settings: EvalSettings  # at num_draft_tokens = k_max; the check decodes at the chosen K
+    draft: str | None = None  # exactly one of draft, medusa, eagle
+    medusa: str | None = None
+    eagle: str | None = None
+    limit: int | None = None
+    tree_budgets: tuple[int, ...] | None = None  # Medusa tree sizes to try; None = 4, 8, 16, 32
+    write: bool = False  # record the chosen setting in the drafter folder's config.json
+    out: str | None = None  # folder for tuning.json and the speedup-vs-setting figures
+    device: str = "auto"
+    dtype: str = "auto"
+    progress: bool = True
+
+    @property
+    def k_max(self) -> int:
+        return self.settings.num_draft_tokens
+
+
+def run_tune(job: TuneJob) -> dict:
+    """Measure acceptance at K = k_max, the draft cost and v(n); choose with eval/tune.py; check the
+    choice with a timed decode; with `write`, record it (write_setting). Returns {"setting": the
+    chosen setting, "recorded": the config.json written, or None}."""
+    from draftsmith.eval.evaluator import load_prompts
+    from draftsmith.eval.sweep import measure_chain
+    from draftsmith.eval.tune import tune_chain, tune_medusa_tree
+
+    out = _out_folder(job.out)
+    if job.tree_budgets and not job.medusa:
+        raise SpecError("--tree-budgets applies to Medusa heads: give --medusa DIR")
+    target, tokenizer, drafter, folder, heads = load_chain_drafter(
+        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, device=job.device, dtype=job.dtype
+    )
+    prompts = load_prompts(job.prompts, tokenizer, limit=job.limit)
+    eos = eos_token_id(target, tokenizer)
+    k_max = job.k_max
+    if heads is not None and k_max > heads.config.num_heads:
+        num_heads = heads.config.num_heads
+        print(f"note: {folder} has {num_heads} Medusa heads: K is searched up to {num_heads}, not {k_max}")
+        k_max = heads.config.num_heads
+    budgets = list(job.tree_budgets or [4, 8, 16, 32])
+    accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None
+    if heads is not None and not accuracies:
+        print(f"note: {folder} records no head accuracies (train it with train/medusa.py): the tree size is not tuned")
+
+    settings = replace(job.settings, num_draft_tokens=k_max)
+    measured = measure_chain(
+        target, drafter, prompts, k_max, settings, eos_token_id=eos, progress=job.progress,
+        verify_sizes=[b + 1 for b in budgets] if accuracies else (),
+    )  # fmt: skip
+    try:
+        draft_seconds = measured.draft_seconds
+    except ValueError as err:  # e.g. every prompt one token long: nothing to draft from
+        raise SpecError(f"--prompts {job.prompts}: {err}") from None
+    verify = ", ".join(f"v({n}) {1000 * v:.3f}" for n, v in measured.verify_seconds.items())
+    print(f"== {drafter.name}: K = {k_max} on {len(prompts)} prompts, {settings.max_new_tokens} new tokens, "
+          f"{settings.sampling.describe()}: tau {measured.tau:.2f} (counts the bonus token), alpha per position "
+          + " ".join("-" if a is None else f"{a:.2f}" for a in measured.alpha_per_position))  # fmt: skip
+    if measured.per_step:
+        cost = f"{measured.draft_ms_per_step:.3f} ms per step"
+    else:
+        cost = f"{measured.draft_ms_per_token:.3f} ms per drafted token"
+    print(f"draft cost {cost}; verify cost (ms, medians, device-synchronised): {verify}")
+    tunings = {"chain": tune_chain(measured.alpha_per_position, draft_seconds, measured.verify_seconds)}
+    print("\n" + tunings["chain"].table())
+    if accuracies:
+        tunings["medusa-tree"] = tune_medusa_tree(
+            accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1)
+        )
+        print("\n" + tunings["medusa-tree"].table())
+    kind = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
+    tuning = tunings[kind]
+    setting = tuning.setting()
+    best = tuning.best
+    print(f"\nchosen: {kind} {best.label}, predicted speedup {best.speedup:.2f}x (tau {best.tau:.2f})")
+    check, speedup = _check_choice(job, target, drafter, heads, prompts, eos, kind, tuning, setting)
+    if out is not None:
+        _write_tuning(job, out, drafter, folder, measured, tunings, kind, setting, speedup, check, len(prompts))
+    recorded = None
+    if job.write and setting["num_speculative_tokens"] > 0:
+        from draftsmith.eval.tune import write_setting
+
+        try:
+            recorded = write_setting(folder, tuning)
+        except ValueError as err:
+            raise SpecError(f"--write: {err}") from None
+        print(f"recorded {json.dumps({key: setting[key] for key in setting if key != 'tree'})} in {recorded}")
+    return {"setting": setting, "folder": str(folder), "recorded": recorded}
+
+
+def _check_choice(job: TuneJob, target, drafter, heads, prompts, eos, kind, tuning, setting):
+    """A timed decode at the chosen setting: (how it compares with the prediction, its speedup)."""
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.eval.evaluator import evaluate
+    from draftsmith.eval.tune import compare_prediction
+
+    k = setting["num_speculative_tokens"]
+    if k == 0:
+        print("no setting beats target-only decoding on these measured costs: serve without this drafter")
+        return None, None
+    chosen = drafter
+    if kind == "medusa-tree":
+        layers = target.config.get_text_config().num_hidden_layers
+        chosen = MedusaDrafter(heads, layers, tree=[tuple(p) for p in setting["tree"]], name="medusa-tree")
+    settings = replace(job.settings, num_draft_tokens=k)
+    report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
+    speedup = report["methods"][1]["speedup"]
+    check = compare_prediction(tuning.best.speedup, speedup)
+    print(f"check at {tuning.best.label} ({job.settings.repeats} timed passes): {check.sentence}")
+    return check, speedup
+
+
+def _write_tuning(
+    job: TuneJob, out: Path, drafter, folder, measured, tunings, kind, setting, speedup, check, num_prompts
+) -> None:
+    """tuning.json and one speedup-vs-setting figure per tuning."""
+    from draftsmith.eval.plots import plot_speedup_vs_k
+    from draftsmith.eval.report import write_atomic
+
+    record = {
+        "drafter": {"folder": str(folder), "name": drafter.name},
+        "target": str(job.target),
+        "prompts_file": str(job.prompts),
+        "num_prompts": num_prompts,
+        "measurement": measured.to_dict(),
+        "tunings": {
+            name: {"candidates": t.rows(), "chosen": t.setting(), "model": t.model, "notes": t.notes}
+            for name, t in tunings.items()
+        },
+        "chosen": setting,
+        "measured_speedup": speedup,
+        "measured_over_predicted": None if check is None else check.ratio,
+    }
+    write_atomic(out / "tuning.json", json.dumps(record, indent=2) + "\n")
+    figures = []
+    k = setting["num_speculative_tokens"]
+    for name, t in tunings.items():
+        label, axis = (drafter.name, "k") if name == "chain" else (name, "nodes")
+        x = k if name == "chain" else setting.get("num_nodes")
+        point = {label: {x: speedup}} if speedup is not None and name == kind else None
+        figures.append(plot_speedup_vs_k({label: t}, out / f"speedup_vs_{axis}.png", measured=point))
+    print(f"wrote {out / 'tuning.json'} and {', '.join(str(f) for f in figures)}")
+
+
+# --------------------------------------------------------------------------- check-lossless
+
+
+@dataclass(frozen=True)
+class LosslessJob:
+    specs: DrafterSpecs
+    prompt: str = "def main():\n    "  # tokenized with the target's tokenizer
+    num_draft_tokens: int = 4
+    temperature: float = 1.0  # the check needs sampling
+    top_k: int = 0
+    top_p: float = 1.0
+    samples: int = 2000  # decodes (>= 100; more = more power)
+    threshold: float = 1e-3  # fail when a p-value is below this
+    seed: int = 0
+    progress: bool = True
+    batch_size: int = 1  # B copies of the prompt per call: the batched path (every row is one sample)
+    static_cache: bool = False  # the preallocated-cache path ...
+    compile: bool | str = False  # ... and its compiled steps
+
+
+def run_check_lossless(job: LosslessJob) -> bool:
+    """The chi-square check for every drafter of `job.specs`; True when all of them pass."""
+    from draftsmith.eval.lossless import check_lossless
+    from draftsmith.heads.models import ModelLoadError
+
+    target, tokenizer, drafters, _, _ = load_drafters(job.specs)
+    if tokenizer is None:
+        raise ModelLoadError(f"--target {job.specs.target!r} has no tokenizer to encode --prompt")
+    prompt = torch.tensor(tokenizer(job.prompt).input_ids, dtype=torch.long)
+    if prompt.numel() == 0:
+        raise SpecError("--prompt tokenizes to nothing")
+    passed = True
+    for name, drafter in drafters.items():
+        path = "compiled" if job.compile else "static cache" if job.static_cache else "default"
+        print(
+            f"== {name}: K = {job.num_draft_tokens}, T = {job.temperature:g}, top_k = {job.top_k}, "
+            f"top_p = {job.top_p:g}, batch {job.batch_size}, {path} path"
+        )
+        result = check_lossless(
+            target, drafter, prompt, num_draft_tokens=job.num_draft_tokens, temperature=job.temperature,
+            top_k=job.top_k, top_p=job.top_p, samples=job.samples, seed=job.seed, threshold=job.threshold,
+            progress=job.progress, batch_size=job.batch_size, static_cache=job.static_cache, compile=job.compile,
+        )  # fmt: skip
+        print(result.describe())
+        passed &= result.passed
+    return passed

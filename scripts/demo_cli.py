@@ -1,0 +1,116 @@
+"""The commands of `draftsmith` that bring their own models: the demo, its target, a toy pair.
+
+    draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
+    draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith make-toy --out DIR [--family llama]
+
+The work is `draftsmith.train.demo`, `draftsmith.train.demo_target` and `draftsmith.heads.toy`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, float_in, positive_int
+
+
+def add_commands(sub) -> None:
+    toy = sub.add_parser("make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools")
+    toy.add_argument("--out", required=True, help="folder to create (target/, draft/, prompts.jsonl)")
+    toy.add_argument("--family", default="llama", help="llama, qwen2, mistral or gpt_neox")
+    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--force", action="store_true", help="replace an existing folder")
+    toy.set_defaults(func=cmd_make_toy)
+
+    demo = sub.add_parser("demo", help="build (once) a small real target and evaluate every drafter method on it")
+    demo.add_argument("--quick", action="store_true", help="a smoke run in about a minute (micro target, few short decodes)")
+    demo.add_argument("--out", help="output folder (default runs/demo-<preset>)")
+    demo.add_argument("--preset", help="demo target preset: cpu (default), gpu, micro (default with --quick)")
+    demo.add_argument("--cache-dir", help="where demo targets are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
+    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists")
+    demo.add_argument("--prompts", type=positive_int("--prompts"), help="number of held-out prompts")
+    demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
+    demo.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"))
+    demo.add_argument("--repeats", type=positive_int("--repeats"), help="timed passes (median reported)")
+    demo.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
+    demo.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)")
+    add_device_args(demo)
+    add_no_progress(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    bt = sub.add_parser("build-target", help="build (or reuse) the cached demo target, its small draft and prompts")
+    add_build_target_args(bt)
+    bt.set_defaults(func=cmd_build_target)
+
+
+def add_build_target_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `draftsmith build-target` (and of scripts/build_demo_target.py)."""
+    p.add_argument("--preset", default="cpu", help="cpu (default; <= 15 min on 2 cores), gpu (~105M, one GPU), micro (seconds, tests)")
+    p.add_argument("--cache-dir", help="cache folder (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
+    p.add_argument("--force", action="store_true", help="rebuild even when a valid cached build exists")
+    p.add_argument("--device", default="auto", help="torch device for training (default: cuda when available)")
+    add_no_progress(p)
+
+
+def cmd_make_toy(args) -> int:
+    from draftsmith.heads.toy import FAMILIES, make_toy
+
+    if args.family not in FAMILIES:
+        raise UsageError(f"--family {args.family!r}: expected one of {', '.join(FAMILIES)}")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {str(out)!r} already exists (pass --force to replace it)")
+    make_toy(out, family=args.family, seed=args.seed)
+    print(f"wrote a toy {args.family} target/draft pair (random weights) and prompts to {out}/")
+    print(f"next: draftsmith eval --target {out}/target --draft {out}/draft --prompt-lookup --prompts {out}/prompts.jsonl --out {out}/eval")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from draftsmith.train.demo import QUICK, DemoSettings, run_demo, with_overrides
+
+    try:
+        settings = with_overrides(
+            QUICK if args.quick else DemoSettings(),
+            preset=args.preset,
+            num_prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            num_draft_tokens=args.num_draft_tokens,
+            repeats=args.repeats,
+            temperature=args.temperature,
+            compile=args.compile,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
+    return _building(
+        "demo", "nothing half-built was cached (an unfinished target build is removed)",
+        lambda: run_demo(settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, **options),
+    )  # fmt: skip
+
+
+def cmd_build_target(args) -> int:
+    from draftsmith.train.demo_target import build_demo_target
+
+    options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
+    return _building(
+        "build-target", "the partial build was removed, nothing was cached",
+        lambda: build_demo_target(args.preset, force=args.force, **options),
+    )  # fmt: skip
+
+
+def _building(command: str, on_interrupt: str, job) -> int:
+    """Run a job that may build the demo target: its errors are usage errors, and Ctrl-C says
+    what was left behind (exit status 130)."""
+    from draftsmith.train.demo_target import DemoTargetError
+
+    try:
+        job()
+    except DemoTargetError as err:
+        raise UsageError(str(err)) from None
+    except KeyboardInterrupt:
+        print(f"draftsmith {command}: interrupted; {on_interrupt}", file=sys.stderr)
+        return 130
+    return 0

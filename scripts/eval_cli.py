@@ -1,0 +1,213 @@
+"""The measuring commands of `draftsmith`: what a drafter is worth against its target.
+
+    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle DIR | --prompt-lookup) --prompts FILE --out DIR
+    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE [--k-max 8] [--write]
+    draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
+
+The jobs themselves are `draftsmith.eval.jobs`; the drafters come from `draftsmith.eval.drafter_specs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, add_sampling_args, float_in, list_of, positive_int
+
+
+def _int_or_none(text, minimum):
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= minimum else None
+
+
+def _rate_or_none(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value > 0 and value != float("inf") else None
+
+
+BATCH_SIZES = list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch size (an integer >= 1)", "1,2,4,8")
+QPS = list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
+TREE_BUDGETS = list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
+PROMPTS_HELP = 'JSONL: one {"prompt": text} or {"input_ids": [...]} per line'
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    from draftsmith.eval.drafter_specs import DrafterSpecs as D  # the defaults live there
+
+    p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
+    p.add_argument("--draft", action="append", metavar="[NAME=]DIR", help="folder of a draft model sharing the target's vocabulary; repeat for several (named NAME, else after the folder)")
+    p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
+    p.add_argument("--max-ngram", type=positive_int("--max-ngram"), default=D.max_ngram, help="prompt lookup: longest n-gram to match")
+    p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
+    p.add_argument("--medusa-tree", help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]")
+    p.add_argument("--tree-nodes", type=positive_int("--tree-nodes"), default=D.tree_nodes, help="node budget of --medusa-tree auto")
+    p.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout)")
+    p.add_argument("--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16")
+    p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
+    p.add_argument("--typical-epsilon", type=float, default=D.typical_epsilon, help="typical acceptance: posterior threshold epsilon")
+    p.add_argument("--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta")
+    p.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
+    add_device_args(p)
+    add_sampling_args(p, temperature=False)
+    p.add_argument("--seed", type=int, default=0)
+    add_no_progress(p)
+
+
+def add_commands(sub) -> None:
+    ev = sub.add_parser("eval", help="acceptance, speedup and KL of drafters against target-only decoding")
+    _add_model_args(ev)
+    ev.add_argument("--prompts", required=True, help=PROMPTS_HELP)
+    ev.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    ev.add_argument("--task-key", default="task", help='field of a prompt row that names its task, for per-task tables (default "task")')
+    ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
+    ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
+    ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
+    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE heads; with --batch-sizes the batched decoder too)")
+    ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
+    ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
+    ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
+    ev.add_argument("--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)")
+    sv = ev.add_argument_group("serving scale (serving.json, serving.md, serving.html and figures)")
+    sv.add_argument("--batch-sizes", type=BATCH_SIZES, help="also measure batched decoding at these batch sizes, e.g. 1,2,4,8,16,32")
+    sv.add_argument("--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size")
+    sv.add_argument("--latency-target", type=float_in("--latency-target", 0.0, None, True, "> 0 seconds"), help="find the highest load whose request latency percentile stays within SECONDS")
+    sv.add_argument("--percentile", type=float_in("--percentile", 0.0, 100.0, True, "in (0, 100]"), default=90.0, help="the latency percentile of --latency-target (default 90)")
+    sv.add_argument("--price-per-hour", type=float_in("--price-per-hour", 0.0, None, False, ">= 0 dollars per hour"), help="price of the engine per hour: cost per 1k tokens and per answer")
+    ev.set_defaults(func=cmd_eval)
+
+    tu = sub.add_parser("tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it")
+    tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
+    which = tu.add_mutually_exclusive_group(required=True)
+    which.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
+    which.add_argument("--medusa", help="folder of Medusa heads for this target")
+    which.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target")
+    tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
+    tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    tu.add_argument("--k-max", type=positive_int("--k-max"), default=8, help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)")
+    tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
+    tu.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
+    add_sampling_args(tu)
+    tu.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes of the check at the chosen setting (median reported)")
+    tu.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
+    tu.add_argument("--seed", type=int, default=0)
+    tu.add_argument("--write", action="store_true", help="record the chosen setting in the drafter folder's config.json")
+    tu.add_argument("--out", help="folder for tuning.json and the speedup-vs-setting figures")
+    add_device_args(tu)
+    add_no_progress(tu)
+    tu.set_defaults(func=cmd_tune)
+
+    ck = sub.add_parser("check-lossless", help="chi-square test that speculative sampling matches the target")
+    _add_model_args(ck)
+    ck.add_argument("--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0)
+    ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
+    ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
+    ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this")
+    ck.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, help="decode B copies of the prompt per call (the batched path; every row is one sample)")
+    ck.add_argument("--static-cache", action="store_true", help="check the preallocated-cache path")
+    ck.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="check the compiled path (implies --static-cache)")
+    ck.set_defaults(func=cmd_check_lossless)
+
+
+def _specs(args):
+    from draftsmith.eval.drafter_specs import DrafterSpecs
+
+    return DrafterSpecs(
+        target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup, max_ngram=args.max_ngram,
+        medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=args.eagle,
+        eagle_tree=args.eagle_tree, lossy=args.lossy, typical_epsilon=args.typical_epsilon,
+        typical_delta=args.typical_delta, device=args.device, dtype=args.dtype,
+    )  # fmt: skip
+
+
+def _sweep_settings(args):
+    """The serving-scale settings of `eval`, or None without --batch-sizes."""
+    from draftsmith.eval.sweep import SweepSettings
+
+    if args.batch_sizes is None:
+        given = [flag for flag, value in (("--qps", args.qps), ("--latency-target", args.latency_target),
+                                          ("--price-per-hour", args.price_per_hour)) if value is not None]  # fmt: skip
+        if given:
+            raise UsageError(f"{', '.join(given)} need --batch-sizes: the serving analysis runs on step costs measured per batch size (e.g. --batch-sizes 1,2,4,8)")
+        return None
+    try:
+        return SweepSettings(
+            batch_sizes=tuple(args.batch_sizes), qps=tuple(args.qps or ()), latency_target_s=args.latency_target,
+            percentile=args.percentile, price_per_hour=args.price_per_hour,
+        )  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _eval_settings(args, num_draft_tokens: int, **options):
+    from draftsmith.eval.evaluator import EvalSettings
+
+    try:
+        return EvalSettings(
+            num_draft_tokens=num_draft_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, seed=args.seed, ignore_eos=args.ignore_eos,
+            **options,
+        )  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def cmd_eval(args) -> int:
+    from draftsmith.eval.drafter_specs import SpecError
+    from draftsmith.eval.jobs import EvalJob, run_eval
+
+    settings = _eval_settings(
+        args, args.num_draft_tokens, measure_distances=not args.no_distances,
+        static_cache=args.static_cache or bool(args.compile), compile=args.compile or False,
+    )  # fmt: skip
+    job = EvalJob(
+        _specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit, task_key=args.task_key,
+        sweep=_sweep_settings(args), progress=not args.no_progress,
+    )  # fmt: skip
+    try:
+        run_eval(job)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from draftsmith.eval.drafter_specs import SpecError
+    from draftsmith.eval.jobs import TuneJob, run_tune
+
+    job = TuneJob(
+        target=args.target, prompts=args.prompts, settings=_eval_settings(args, args.k_max, measure_distances=False),
+        draft=args.draft, medusa=args.medusa, eagle=args.eagle, limit=args.limit,
+        tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None, write=args.write, out=args.out,
+        device=args.device, dtype=args.dtype, progress=not args.no_progress,
+    )  # fmt: skip
+    try:
+        result = run_tune(job)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
+    if args.write and result["recorded"] is None:
+        print(f"draftsmith tune: --write: nothing recorded in {result['folder']}/config.json: no K beats target-only decoding", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check_lossless(args) -> int:
+    from draftsmith.eval.drafter_specs import SpecError
+    from draftsmith.eval.jobs import LosslessJob, run_check_lossless
+
+    job = LosslessJob(
+        _specs(args), prompt=args.prompt, num_draft_tokens=args.num_draft_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, samples=args.samples, threshold=args.threshold, seed=args.seed,
+        progress=not args.no_progress, batch_size=args.batch_size, static_cache=args.static_cache,
+        compile=args.compile or False,
+    )  # fmt: skip
+    try:
+        passed = run_check_lossless(job)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
+    return 0 if passed else 1
