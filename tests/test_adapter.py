@@ -1,8 +1,10 @@
-"""CausalLMAdapter against the plain reference: one full forward of the unmodified HF model.
+"""The decoding runtime's KV cache (`eval/runtime/kv.py`, both stores) against the plain
+reference: one full forward of the unmodified HF model.
 
-Every optimised path of the adapter (incremental feeding against its KV cache, cropping after
-a rejection, tree verification with a 4-D mask and explicit positions) must reproduce what a
-full recompute of the same tokens gives.
+Every move the decoder makes on a target's cache (incremental feeding with explicit positions,
+dropping rejected drafts, tree verification with an ancestor mask and depth positions, keeping
+an accepted path between holes) must reproduce what a full recompute of the same tokens gives,
+on the growing store (`RaggedCache`) and on the preallocated one (`StaticRaggedCache`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.heads.target import CausalLMAdapter, tree_attention_mask
-from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, tiny_model
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
+from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 
 
 ATOL = 1e-5  # fp32; observed differences between cached and full forwards are ~4e-6
 ATTN = ("sdpa", "eager")
+STORES = ("growing", "static")
 
 
 def _model(family: str, attn: str):
@@ -24,6 +27,12 @@ def _model(family: str, attn: str):
     model.set_attn_implementation(attn)
     assert model.config._attn_implementation == attn
     return model
+
+
+def _cache(model, store: str) -> RaggedCache:
+    if store == "growing":
+        return RaggedCache.for_model(model, 1, "the test model")
+    return StaticRaggedCache(model, 1, 64)
 
 
 def _random_ids(length: int, seed: int) -> torch.Tensor:
@@ -41,43 +50,56 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert err <= ATOL, f"{what}: max |diff| {err:.2e} > {ATOL:g}"
 
 
+def _feed(model, kv, ids, **kwargs):
+    """A chain of ids [1, n] after the row's real tokens (positions follow on)."""
+    positions = kv.counts[0] + torch.arange(ids.shape[1])
+    return kv.forward(model, ids, positions[None], **kwargs)
+
+
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("attn", ATTN)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_incremental_feeding_matches_full_forward(family, attn):
+def test_incremental_feeding_matches_full_forward(family, attn, store):
     model = _model(family, attn)
     ids = _random_ids(30, seed=1)
     full = _full(model, ids)
-    adapter = CausalLMAdapter(model)
-    layers = (0, 1, adapter.num_layers)  # embeddings, a middle layer, the final (post-norm) one
-    assert len(full.hidden_states) == adapter.num_layers + 1
-    adapter.reset()
-    assert adapter.seq_len == 0
+    kv = _cache(model, store)
+    num_layers = model.config.num_hidden_layers
+    layers = (0, 1, num_layers)  # embeddings, a middle layer, the final (post-norm) one
+    assert len(full.hidden_states) == num_layers + 1
+    assert kv.counts == [0] and kv.length == 0
 
     garbage = _random_ids(4, seed=2)
-    # (action, argument): feed ids[start:stop], or feed garbage and crop back to the length.
+    # (action, argument): feed ids[start:stop], or feed garbage and drop it again (rejected
+    # drafts: kept by no row, so cut at once; or committed whole and retained as none).
     steps = [
         ("feed", (0, 9)),  # prefill
         ("feed", (9, 10)),  # one token (a plain decode step)
         ("feed", (10, 14)),  # a chunk (a verified chain)
         ("garbage", 3),  # rejected drafts...
-        ("feed", (14, 15)),  # ...cropped away, decoding continues
-        ("garbage", 4),
+        ("feed", (14, 15)),  # ...dropped, decoding continues
+        ("retained", 4),
         ("garbage", 1),
         ("feed", (15, 22)),
         ("feed", (22, 30)),
     ]
     for action, arg in steps:
-        if action == "garbage":
-            before = adapter.seq_len
-            adapter.forward(garbage[:, :arg])
-            assert adapter.seq_len == before + arg
-            adapter.crop(before)
-            assert adapter.seq_len == before
+        if action != "feed":
+            before = kv.length
+            _feed(model, kv, garbage[:, :arg])
+            if action == "garbage":
+                kv.commit(torch.zeros(1, arg, dtype=torch.bool))
+            else:
+                kv.commit_spans(arg)
+                assert kv.length == before + arg
+                kv.retain(before, [0])
+            assert kv.length == before and kv.counts == [before]
             continue
         start, stop = arg
-        assert adapter.seq_len == start
-        out = adapter.forward(ids[:, start:stop], hidden_layers=layers)
-        assert adapter.seq_len == stop
+        assert kv.counts == [start]
+        out = _feed(model, kv, ids[:, start:stop], hidden_layers=layers)
+        kv.commit_spans(stop - start)
+        assert kv.counts == [stop]
         assert out.logits.shape == (1, stop - start, VOCAB)
         _close(out.logits, full.logits[:, start:stop], f"logits of tokens {start}:{stop}")
         assert sorted(out.hidden_states) == sorted(layers)
@@ -89,25 +111,27 @@ def test_incremental_feeding_matches_full_forward(family, attn):
             )
 
 
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_crop_to_zero_and_logits_to_keep(family):
+def test_drop_everything_and_logits_to_keep(family, store):
     model = tiny_model(family)
     ids = _random_ids(12, seed=3)
     full = _full(model, ids)
-    adapter = CausalLMAdapter(model)
-    adapter.reset()
-    adapter.forward(ids[:, :5])
-    adapter.crop(5)  # a no-op
-    assert adapter.seq_len == 5
-    adapter.crop(0)
-    assert adapter.seq_len == 0
-    out = adapter.forward(ids, logits_to_keep=1)
+    kv = _cache(model, store)
+    _feed(model, kv, ids[:, :5])
+    kv.commit_spans(5)
+    kv.retain(0, [5])  # a no-op
+    assert kv.counts == [5] and kv.length == 5
+    kv.retain(0, [0])
+    assert kv.counts == [0] and kv.length == 0
+    out = _feed(model, kv, ids, logits_to_keep=1)
+    kv.commit_spans(ids.shape[1])
     assert out.logits.shape == (1, 1, VOCAB)
     assert out.hidden_states == {}
-    _close(out.logits, full.logits[:, -1:], "last logits after crop(0)")
-    # reset() starts over as well
-    adapter.reset()
-    _close(adapter.forward(ids).logits, full.logits, "logits after reset()")
+    _close(out.logits, full.logits[:, -1:], "last logits after dropping everything")
+    if store == "static":  # reset() starts over as well
+        kv.reset()
+        _close(_feed(model, kv, ids).logits, full.logits, "logits after reset()")
 
 
 # A small tree: nodes 0 and 1 are siblings at depth 0, 2 and 3 are siblings under 0, 5 and 6
@@ -125,107 +149,88 @@ def _path(node: int) -> list[int]:
     return path[::-1]
 
 
+def _tree_forward(model, kv, past, *, attend=None, hidden_layers=()):
+    """Cache past[:-1]; feed [past[-1], tree nodes] with the tree's ancestor mask (or `attend`)
+    and depth positions, as a verification does."""
+    _feed(model, kv, past[:, :-1])
+    kv.commit_spans(past.shape[1] - 1)
+    tree, depths = tree_attend([PARENTS], 1 + len(PARENTS), model.device)
+    fed = torch.cat([past[:, -1:], torch.tensor([TREE_TOKENS])], dim=1)
+    positions = past.shape[1] - 1 + torch.tensor(depths)
+    out = kv.forward(model, fed, positions, tree if attend is None else attend, hidden_layers=hidden_layers)
+    return out, depths[0]
+
+
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("attn", ATTN)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tree_verification_matches_path_recompute(family, attn):
+def test_tree_verification_matches_path_recompute(family, attn, store):
     model = _model(family, attn)
     past = _random_ids(10, seed=4)
-    adapter = CausalLMAdapter(model)
-    adapter.reset()
-    adapter.forward(past)
-    mask, depth = tree_attention_mask(PARENTS, past_len=past.shape[1])
-    assert mask.shape == (1, 1, len(PARENTS), past.shape[1] + len(PARENTS))
-    assert depth.tolist() == [len(_path(i)) - 1 for i in range(len(PARENTS))]
-    tokens = torch.tensor([TREE_TOKENS])
-    last = adapter.num_layers
-    out = adapter.forward(
-        tokens,
-        position_ids=(past.shape[1] + depth).unsqueeze(0),
-        attention_mask=mask,
-        hidden_layers=(last,),
-    )
-    assert out.logits.shape == (1, len(PARENTS), VOCAB)
+    kv = _cache(model, store)
+    last = model.config.num_hidden_layers
+    out, depths = _tree_forward(model, kv, past, hidden_layers=(last,))
+    assert depths == [0] + [len(_path(i)) for i in range(len(PARENTS))]
+    assert out.logits.shape == (1, 1 + len(PARENTS), VOCAB)
+    _close(out.logits[0, 0], _full(model, past).logits[0, -1], "the fed last token's logits")
     for node in range(len(PARENTS)):
         path = torch.tensor([[TREE_TOKENS[i] for i in _path(node)]])
         full = _full(model, torch.cat([past, path], dim=1))
-        _close(out.logits[0, node], full.logits[0, -1], f"tree node {node} logits")
-        hidden = out.hidden_states[last][0, node]
+        _close(out.logits[0, node + 1], full.logits[0, -1], f"tree node {node} logits")
+        hidden = out.hidden_states[last][0, node + 1]
         _close(hidden, full.hidden_states[last][0, -1], f"tree node {node} hidden state")
 
-    # Accept the branch 0 -> 2 -> 5: crop the tree away, feed the branch as a chain, continue.
-    adapter.crop(past.shape[1])
-    branch = torch.tensor([[TREE_TOKENS[i] for i in _path(5)] + [7, 8]])
-    full = _full(model, torch.cat([past, branch], dim=1))
-    _close(adapter.forward(branch).logits, full.logits[:, past.shape[1] :], "chain after the tree")
+    # Accept the branch 0 -> 2 -> 5: keep `last` and its nodes where they were fed (holes in
+    # between), then decode on: the logits of sequential decoding of that branch.
+    keep = torch.zeros(1, 1 + len(PARENTS), dtype=torch.bool)
+    keep[0, [0] + [i + 1 for i in _path(5)]] = True
+    kv.commit(keep)
+    assert kv.counts == [past.shape[1] + 3]
+    after = torch.tensor([[7, 8]])
+    branch = torch.tensor([[TREE_TOKENS[i] for i in _path(5)]])
+    full = _full(model, torch.cat([past, branch, after], dim=1))
+    _close(_feed(model, kv, after).logits, full.logits[:, -2:], "chain after the tree")
 
 
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tree_mask_matters(family):
+def test_tree_mask_matters(family, store):
     """Control: without the tree mask (all visible) node 2 would see its sibling-branch node 1."""
     model = tiny_model(family)
     past = _random_ids(6, seed=5)
-    adapter = CausalLMAdapter(model)
-    adapter.reset()
-    adapter.forward(past)
-    mask, depth = tree_attention_mask(PARENTS, past_len=6)
-    positions = (6 + depth).unsqueeze(0)
-    tokens = torch.tensor([TREE_TOKENS])
-    good = adapter.forward(tokens, position_ids=positions, attention_mask=mask).logits
-    adapter.crop(6)
-    open_mask = torch.zeros_like(mask)
-    bad = adapter.forward(tokens, position_ids=positions, attention_mask=open_mask).logits
-    assert (good[0, 2:] - bad[0, 2:]).abs().max() > 1e-2
+    good, _ = _tree_forward(model, _cache(model, store), past)
+    everything = torch.ones(1, 1 + len(PARENTS), 1 + len(PARENTS), dtype=torch.bool)
+    bad, _ = _tree_forward(model, _cache(model, store), past, attend=everything)
+    assert (good.logits[0, 3:] - bad.logits[0, 3:]).abs().max() > 1e-2
 
 
 def test_errors_leave_the_cache_untouched():
     model = tiny_model("llama")
-    adapter = CausalLMAdapter(model)
-    adapter.reset()
-    adapter.forward(_random_ids(5, seed=6))
-    tokens = torch.tensor([TREE_TOKENS[:3]])
-    mask, depth = tree_attention_mask([-1, 0, 0], past_len=5)
-    positions = (5 + depth).unsqueeze(0)
-
-    with pytest.raises(ValueError, match="crop"):
-        adapter.crop(6)  # longer than the cache
-    with pytest.raises(ValueError, match="bool"):
-        adapter.forward(tokens, position_ids=positions, attention_mask=mask == 0)
-    with pytest.raises(ValueError, match="mask"):
-        adapter.forward(tokens, position_ids=positions, attention_mask=mask[..., 5:])  # no past
-    with pytest.raises(ValueError, match="mask"):
-        adapter.forward(tokens, position_ids=positions, attention_mask=mask[0])  # 3-D
-    with pytest.raises(ValueError, match="mask"):
-        adapter.forward(tokens[:, :2], position_ids=positions[:, :2], attention_mask=mask)
-    assert adapter.seq_len == 5
+    kv = _cache(model, "growing")
+    _feed(model, kv, _random_ids(5, seed=6))
+    kv.commit_spans(5)
+    with pytest.raises(ValueError, match="retain"):
+        kv.retain(0, [6])  # longer than the cache
+    with pytest.raises(ValueError, match="retain"):
+        kv.retain(0, [-2])
+    with pytest.raises(ValueError, match="retain"):
+        kv.retain(6, [0])  # past its end
+    with pytest.raises(RuntimeError, match="out of step"):
+        kv.commit_spans(3)  # nothing was fed
+    assert kv.counts == [5] and kv.length == 5
 
     with pytest.raises(ValueError, match="parent"):
-        tree_attention_mask([-1, 1], past_len=0)  # a node cannot be its own parent
+        tree_attend([[1]], 2, model.device)  # a node cannot be its own parent
     with pytest.raises(ValueError, match="parent"):
-        tree_attention_mask([-1, 2, 0], past_len=0)  # parents come first
+        tree_attend([[-1, 2, 0]], 4, model.device)  # parents come first
 
 
-def test_crop_to_a_negative_length_raises():
-    adapter = CausalLMAdapter(tiny_model("llama"))
-    adapter.reset()
-    adapter.forward(_random_ids(5, seed=7))
-    with pytest.raises(ValueError, match="crop"):
-        adapter.crop(-2)
-    assert adapter.seq_len == 5
-
-
-def test_crop_past_a_sliding_window():
-    """Sliding-window targets (Mistral, Gemma) must crop after the window is full."""
+@pytest.mark.parametrize("store", STORES)
+def test_a_sliding_window_is_refused(store):
+    """Sliding-window layers (Mistral, Gemma) drop states by column, not by the row's own
+    positions: neither store takes them, and the error names the layer type."""
     config = tiny_config("mistral")
     config.sliding_window = 6  # the fixtures disable it; real Mistral checkpoints use 4096
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(HEAD_SCALE)
-    ids = _random_ids(20, seed=8)
-    full = _full(model, ids)
-    adapter = CausalLMAdapter(model)
-    adapter.reset()
-    _close(adapter.forward(ids[:, :10]).logits, full.logits[:, :10], "prefill past the window")
-    adapter.forward(_random_ids(3, seed=9))  # rejected drafts
-    adapter.crop(10)
-    _close(adapter.forward(ids[:, 10:]).logits, full.logits[:, 10:], "after the crop")
+    with pytest.raises(ValueError, match="full-attention.*SlidingWindow"):
+        _cache(model, store)

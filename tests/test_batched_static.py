@@ -22,11 +22,13 @@ import pytest
 import torch
 
 import test_batched
-from draftsmith.eval import batched
-from draftsmith.eval.runtime import BatchedDraftModel, BatchedMedusa, RaggedCache, StaticRaggedCache, generate_batch
-from draftsmith.heads import static_target
+from draftsmith.eval.runtime import compiler as compiler_module
+from draftsmith.eval.runtime import generate_batch
+from draftsmith.eval.runtime import kv as kv_module
+from draftsmith.eval.runtime.compiler import StaticCacheOverflow
+from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, chain_attend, spans
 from draftsmith.heads.eagle import EagleCache
-from draftsmith.heads.static_target import StaticCacheOverflow
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
 _forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
@@ -45,14 +47,14 @@ def _cut(tokens: list[int], eos: int) -> list[int]:
 @pytest.fixture
 def spy(monkeypatch):
     """Records the static caches' forwards (rows in use, width, pointer, rows the step got),
-    appends (pointer before, fed, pointer after) and compactions (pointer before, after)."""
+    commits (pointer before, fed, pointer after) and compactions (pointer before, after)."""
     calls = {"forward": [], "append": [], "compact": []}
-    forward, append, compact = StaticRaggedCache.forward, StaticRaggedCache.append, StaticRaggedCache._compact
+    forward, commit, compact = StaticRaggedCache.forward, StaticRaggedCache.commit, StaticRaggedCache._compact
     inputs = StaticRaggedCache._inputs
 
-    def on_forward(self, ids, *args, **kwargs):
+    def on_forward(self, model, ids, *args, **kwargs):
         calls["forward"].append([self, ids.shape[0], ids.shape[1], self.length, None])
-        return forward(self, ids, *args, **kwargs)
+        return forward(self, model, ids, *args, **kwargs)
 
     def on_inputs(self, *args):
         out = inputs(self, *args)
@@ -60,10 +62,10 @@ def spy(monkeypatch):
             calls["forward"][-1][4] = out[0].shape[0]
         return out
 
-    def on_append(self, fed, *args):
+    def on_commit(self, keep):
         before = self.length
-        append(self, fed, *args)
-        calls["append"].append((self, before, fed, self.length))
+        commit(self, keep)
+        calls["append"].append((self, before, keep.shape[1], self.length))
 
     def on_compact(self):
         before = self.length
@@ -72,7 +74,7 @@ def spy(monkeypatch):
 
     monkeypatch.setattr(StaticRaggedCache, "forward", on_forward)
     monkeypatch.setattr(StaticRaggedCache, "_inputs", on_inputs)
-    monkeypatch.setattr(StaticRaggedCache, "append", on_append)
+    monkeypatch.setattr(StaticRaggedCache, "commit", on_commit)
     monkeypatch.setattr(StaticRaggedCache, "_compact", on_compact)
     return calls
 
@@ -130,13 +132,15 @@ def test_static_mask_equals_the_dynamic_one(setup):
 
     def both(fed, lo=None, hi=None, keep=None):
         live = static.length + fed
-        a, b = static.mask(fed, lo, hi, torch.float32), dynamic.mask(fed, lo, hi, torch.float32)
-        assert a.shape == (len(static.rows), 1, fed, 16)
+        rows = len(static.rows)
+        attend = chain_attend(fed, lo, hi, rows, static.device)
+        a, b = static.mask(attend, torch.float32), dynamic.mask(attend, torch.float32)
+        assert a.shape == (rows, 1, fed, 16)
         assert torch.equal(a[..., :live], b), (fed, lo, hi)
         assert bool((a[..., live:] == torch.finfo(torch.float32).min).all())
         _forward(dynamic, [[0] * fed] * len(dynamic.counts))
         for kv in (static, dynamic):
-            kv.append(fed, lo, hi if keep is None else keep)
+            kv.commit(spans(fed, lo, hi if keep is None else keep, rows, kv.device))
 
     both(4, [0, 3, 1])  # a right-aligned prompt block
     both(3, None, [3, 1, 0], keep=[2, 1, 0])  # row 2 a padding row; the third column is cut
@@ -146,13 +150,24 @@ def test_static_mask_equals_the_dynamic_one(setup):
     assert static.rows == [0, 2] and static.counts == dynamic.counts == [6, 3]
     both(2, None, [2, 1], keep=[1, 2])
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
+    # A tree block (ancestor masks; row 0 keeps `last` and its second node, row 1 `last` only).
+    from draftsmith.eval.runtime.kv import tree_attend
+
+    attend, _ = tree_attend([[-1, -1], [-1]], 3, static.device)
+    live = static.length + 3
+    assert torch.equal(static.mask(attend, torch.float32)[..., :live], dynamic.mask(attend, torch.float32))
+    _forward(dynamic, [[0] * 3] * 2)
+    keep = torch.tensor([[True, False, True], [True, False, False]])
+    for kv in (static, dynamic):
+        kv.commit(keep)
+    assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [9, 6]
 
 
 @pytest.mark.parametrize("name", ["draft", "eagle3"])
 def test_compaction_and_tail_cuts_keep_rows_exact(name, setup, spy, monkeypatch):
     """Compacting at every hole: the pointers move back (tail cuts, compactions) and no token
     changes."""
-    monkeypatch.setattr(batched, "COMPACT_WHEN", 0.0)
+    monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
     result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
                             max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
     assert result.tokens == setup[4]
@@ -166,9 +181,9 @@ def test_compaction_and_tail_cuts_keep_rows_exact(name, setup, spy, monkeypatch)
 def test_capacity_never_overflows(name, setup, spy, monkeypatch):
     """With no voluntary compaction and an unrounded capacity (longest prompt + max_new_tokens
     + K + 1), the pointer reaches the end; `reserve` compacts and decoding goes on exactly."""
-    monkeypatch.setattr(batched, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
-    monkeypatch.setattr(batched, "CAPACITY_STEP", 1)
-    monkeypatch.setattr(batched, "_STATIC_CACHES", weakref.WeakKeyDictionary())  # no larger cache to reuse
+    monkeypatch.setattr(kv_module, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
+    monkeypatch.setattr(kv_module, "CAPACITY_STEP", 1)
+    monkeypatch.setattr(kv_module, "_STATIC_CACHES", weakref.WeakKeyDictionary())  # no larger cache to reuse
     result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
                             max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
     assert result.tokens == setup[4]
@@ -183,15 +198,17 @@ def test_overflow_raises_and_writes_nothing(setup):
     target = setup[0]
     kv = StaticRaggedCache(target, 2, 8)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 0, 11, 12, 13]])
-    kv.forward(ids, torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]]), [0, 3], None)
-    kv.append(6, [0, 3], None)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]])
+    kv.forward(target, ids, positions, chain_attend(6, [0, 3], None, 2, kv.device))
+    kv.commit_spans(6, [0, 3], None)
     keys = [layer.keys.clone() for layer in kv.cache.layers]
     with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8.*nothing was written"):
-        kv.forward(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+        kv.forward(target, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8. Nothing was written"):
         kv.reserve(3)  # row 0 holds 6 real tokens: compaction frees nothing
     assert kv.length == 6 and kv.counts == [6, 3]
     assert all(torch.equal(layer.keys, k) for layer, k in zip(kv.cache.layers, keys))
+    assert isinstance(StaticCacheOverflow("x"), ValueError)
 
 
 def test_bad_compile_mode_and_windowed_models_raise(setup):
@@ -240,7 +257,7 @@ def test_static_sampling_is_lossless_per_row_quick(setup, monkeypatch):
 
 def test_unavailable_compiler_falls_back_with_a_message(setup, monkeypatch):
     target = copy.deepcopy(setup[0])  # a model of its own: no compiled cache of an earlier test
-    monkeypatch.setattr(static_target, "compile_unavailable", lambda device: "no C++ compiler here (test)")
+    monkeypatch.setattr(compiler_module, "compile_unavailable", lambda device: "no C++ compiler here (test)")
     with pytest.warns(UserWarning, match=r"torch.compile is off.*no C\+\+ compiler here"):
         result = generate_batch(target, PROMPTS, DraftModelDrafter(setup[1]), num_draft_tokens=3,
                                 max_new_tokens=N_NEW, compile=True)  # fmt: skip
@@ -264,11 +281,11 @@ def test_compiled_greedy_is_identical(setup, spy):
         assert result.tokens == [_cut(r, eos) for r in references]
         assert result.compile_seconds > 0 and result.stats.compile_seconds == result.compile_seconds
         assert result.compile_seconds > result.total_seconds  # compilation is not in the decoding time
-        caches = [batched._STATIC_CACHES[target]["target", "default", len(PROMPTS)]]
+        caches = [kv_module._STATIC_CACHES[target]["target", "default", len(PROMPTS)]]
         layers = drafter.target_layers if drafter is not None else ()
         assert (layers, k + 1) in caches[0]._compiled
-        if isinstance(drafter, BatchedDraftModel):
-            caches.append(batched._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
+        if isinstance(drafter, DraftModelDrafter):
+            caches.append(kv_module._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
             assert {((), 1), ((), 2)} <= set(caches[1]._compiled)
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups do not.

@@ -1,7 +1,8 @@
 """The EAGLE drafter (chain and EAGLE-2 dynamic tree) through the real decoder.
 
-Stand-in heads follow the EagleHead contract (`draftsmith.heads.eagle`) with their own KV
-cache (`FakeCache`), so these tests do not depend on the head's implementation:
+Stand-in heads follow the EagleHead contract (`draftsmith.heads.eagle`: keys/values appended to
+the `EagleCache` the drafter hands them), so these tests do not depend on the head's
+implementation:
 - `FakeEagleHead`: fc(embed(token), feature) + a learned position embedding, one causal
   attention layer over its cache, an MLP and an lm_head over a (possibly reduced) draft
   vocabulary. Optional hints make it know a greedy continuation of the target: the draft at
@@ -27,6 +28,7 @@ from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.runtime.tree import depths
+from draftsmith.heads.eagle import EagleCache
 from fixtures import VOCAB
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -45,34 +47,6 @@ def _close(actual, expected, what):
 
 
 # ------------------------------------------------------------------------- stand-in heads
-
-
-class FakeCache:
-    """The EagleCache interface (seq_len, crop, keep, reset) over one layer's keys/values."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.keys = self.values = None
-
-    @property
-    def seq_len(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
-
-    def append(self, keys, values):
-        if self.keys is not None:
-            keys, values = torch.cat([self.keys, keys], 1), torch.cat([self.values, values], 1)
-        self.keys, self.values = keys, values
-        return keys, values
-
-    def crop(self, length):
-        assert 0 <= length <= self.seq_len, (length, self.seq_len)
-        self.keys, self.values = self.keys[:, :length], self.values[:, :length]
-
-    def keep(self, base, indices):
-        index = torch.tensor(list(range(base)) + [base + i for i in indices])
-        self.keys, self.values = self.keys[:, index], self.values[:, index]
 
 
 class FakeEagleHead(nn.Module):
@@ -201,39 +175,54 @@ def _oracle_head(target, prompt, version, seed, num_new=24, **kwargs):
 
 
 class Recorder(EagleDrafter):
-    """Records what the decoder tells the drafter, and checks the cache at every step."""
+    """Records what the decoder tells the drafter (batch 1), and checks the cache at every step."""
 
-    def __init__(self, head, **kwargs):
-        kwargs.setdefault("cache_factory", FakeCache)  # None: the real EagleCache
-        super().__init__(head, **kwargs)
-
-    def start(self, prompt_ids):
-        super().start(prompt_ids)
+    def start(self, prompts, prefill, vocab_size):
+        super().start(prompts, prefill, vocab_size)
         self.events, self.observed, self.roots, self.paths, self.proposals = [], [], [], [], []
+        if prefill:
+            self.events.append("prefill")
+            self.observed.append({i: h[0].clone() for i, h in prefill.items()})
 
-    def observe(self, hidden):
-        super().observe(hidden)
-        self.events.append("observe")
-        self.observed.append({i: h.clone() for i, h in hidden.items()})
-
-    def propose(self, context, num_tokens, sampling, generator=None):
-        proposal = super().propose(context, num_tokens, sampling, generator)
-        if len(proposal):
-            assert self._real == context.shape[0] - 1  # every committed pair, nothing more
-            self.roots.append((context.shape[0], self._root[0].clone()))
+    def propose(self, contexts, num_tokens, sampling, generators):
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        if proposal.counts[0]:
+            assert self._real[0] == len(contexts[0]) - 1  # every committed pair, nothing more
+            self.roots.append((len(contexts[0]), self._root[0][0].clone()))
+        assert self.kv.length == self._real[0], "speculative entries left in the draft cache"
         self.proposals.append(proposal)
+        self.events.append("propose")
         return proposal
 
-    def accepted(self, num_accepted):
-        super().accepted(num_accepted)
+    def accepted(self, num_accepted, committed, hidden):
+        super().accepted(num_accepted, committed, hidden)
+        n = num_accepted[0]
         self.events.append("accepted")
-        assert self.cache.seq_len == self._real, "speculative entries left in the draft cache"
+        self.observed.append({i: h[0, : n + 1].clone() for i, h in hidden.items()})
+        proposal = self.proposals[-1] if self.proposals else None
+        if proposal is not None and proposal.parents is not None and proposal.counts[0]:
+            self.paths.append(_path_of(proposal, committed[0, :n].tolist()))
+        assert self.kv.length == self._real[0], "speculative entries left in the draft cache"
 
-    def accepted_path(self, path):
-        super().accepted_path(path)
-        self.paths.append(list(path))
-        self.events.append("accepted")
-        assert self.cache.seq_len == self._real, "speculative entries left in the draft cache"
+
+def _path_of(proposal, tokens: list[int]) -> list[int]:
+    """The node indices of row 0's root-to-node path that spells `tokens` (siblings differ)."""
+    parents, ids = proposal.parents[0], proposal.tokens[0].tolist()
+    path, parent = [], -1
+    for token in tokens:
+        parent = next(i for i, q in enumerate(parents) if q == parent and ids[i] == token)
+        path.append(parent)
+    return path
+
+
+def _start(drafter, context, prefill=None):
+    """`drafter.start` for one prompt; `prefill`: {layer: [P - 1, H]} states (None: none)."""
+    prefill = {} if prefill is None else {i: h[None] for i, h in prefill.items()}
+    drafter.start([context.tolist()], prefill, VOCAB)
+
+
+def _propose(drafter, context, num_tokens):
+    return drafter.propose([context.tolist()], [num_tokens], SamplingConfig(), [None])
 
 
 @torch.no_grad()
@@ -293,11 +282,11 @@ def test_draft_cache_holds_the_real_pairs(tree, temperature, pairs):
 
 @pytest.mark.parametrize("version", ["eagle1", "eagle3"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_observe_gets_the_aux_states(version, temperature, pairs):
+def test_drafter_gets_the_aux_states(version, temperature, pairs):
     target, _ = pairs("qwen2")
     prompt = _ids(7, seed=12)
     head, _ = _oracle_head(target, prompt, version, seed=12)
-    assert EagleDrafter(head, cache_factory=FakeCache).target_layers == tuple(head.config.aux_layer_ids)
+    assert EagleDrafter(head).target_layers == tuple(head.config.aux_layer_ids)
     for tree in (None, TREE):
         drafter = Recorder(head, tree=tree)
         out = generate(target, drafter, prompt, max_new_tokens=20, num_draft_tokens=K, temperature=temperature, seed=3)
@@ -306,10 +295,10 @@ def test_observe_gets_the_aux_states(version, temperature, pairs):
             full = target(seq[None], output_hidden_states=True).hidden_states
         for layer in head.config.aux_layer_ids:
             observed = torch.cat([h[layer] for h in drafter.observed])
-            # Every committed token but the newest, in order.
-            assert observed.shape == (seq.numel() - 1, full[layer].shape[-1])
-            _close(observed, full[layer][0, :-1], f"observed states of layer {layer}")
-        assert drafter.events[0] == "observe" and "accepted" in drafter.events
+            # Every committed token but the newest, in order (the last call's are not handed over).
+            assert observed.shape == (seq.numel() - 1 - (out.stats.accepted[-1] + 1), full[layer].shape[-1])
+            _close(observed, full[layer][0, : observed.shape[0]], f"observed states of layer {layer}")
+        assert drafter.events[0] == "prefill" and "accepted" in drafter.events
 
 
 def test_one_token_prompt_proposes_nothing_first(pairs):
@@ -323,9 +312,9 @@ def test_one_token_prompt_proposes_nothing_first(pairs):
         assert out.stats.proposed[0] == 0 and sum(out.stats.proposed[1:]) > 0
         assert drafter.observed[0][2].shape[0] == 1  # `last` only: no prefill happened
     # Called directly with nothing observed: an empty proposal, not an error.
-    drafter = EagleDrafter(head, cache_factory=FakeCache)
-    drafter.start(prompt)
-    assert len(drafter.propose(prompt, 3, SamplingConfig())) == 0
+    drafter = EagleDrafter(head)
+    _start(drafter, prompt)
+    assert _propose(drafter, prompt, 3).counts == [0]
 
 
 def test_chain_proposal_is_the_draft_argmax(pairs):
@@ -333,24 +322,22 @@ def test_chain_proposal_is_the_draft_argmax(pairs):
     target, _ = pairs("llama")
     prompt = _ids(8, seed=31)
     head = FakeEagleHead(target, "eagle3", seed=31, draft_vocab=150)
-    drafter = EagleDrafter(head, cache_factory=FakeCache)
-    drafter.start(prompt)
-    drafter.observe(_states(target, prompt[:-1], head))
-    proposal = drafter.propose(prompt, 5, SamplingConfig(temperature=1.0))
-    assert proposal.probs is None and proposal.parents is None and len(proposal) == 5
-    assert proposal.logits.shape == (5, VOCAB) and proposal.logits.dtype == torch.float32
-    assert torch.equal(proposal.logits.argmax(-1), proposal.tokens)
-    assert bool(torch.isin(proposal.tokens, head.draft_ids).all())
+    drafter = EagleDrafter(head)
+    _start(drafter, prompt, _states(target, prompt[:-1], head))
+    proposal = drafter.propose([prompt.tolist()], [5], SamplingConfig(temperature=1.0), [None])
+    assert proposal.probs is None and proposal.parents is None and proposal.counts == [5]
+    tokens, logits = proposal.tokens[0], proposal.logits[0]
+    assert logits.shape == (5, VOCAB) and logits.dtype == torch.float32
+    assert torch.equal(logits.argmax(-1), tokens)
+    assert bool(torch.isin(tokens, head.draft_ids).all())
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[head.draft_ids] = False
-    assert bool(torch.isinf(proposal.logits[:, outside]).all())
+    assert bool(torch.isinf(logits[:, outside]).all())
     # Sequential reference: feed the draft's own g with each drafted token.
-    scores = _path_logq(head, target, prompt, proposal.tokens.tolist(), return_logits=True)
-    for i, logits in enumerate(scores):
-        _close(proposal.logits[i, head.draft_ids], logits, f"chain logits at step {i}")
-    assert drafter.cache.seq_len == prompt.numel() - 1 + 4  # 4 speculative entries until cropped
-    drafter.accepted(2)
-    assert drafter.cache.seq_len == prompt.numel() - 1
+    scores = _path_logq(head, target, prompt, tokens.tolist(), return_logits=True)
+    for i, step in enumerate(scores):
+        _close(logits[i, head.draft_ids], step, f"chain logits at step {i}")
+    assert drafter.kv.length == prompt.numel() - 1  # the 4 speculative entries are cut at once
 
 
 @pytest.mark.parametrize("version", ["eagle1", "eagle3"])
@@ -370,11 +357,11 @@ def test_with_the_real_eagle_head(version, pairs):
     prompt = _ids(10, seed=71)
     reference = generate(target, None, prompt, max_new_tokens=16).tokens
     for tree in (None, TREE):
-        drafter = Recorder(head, tree=tree, cache_factory=None)
+        drafter = Recorder(head, tree=tree)
         out = generate(target, drafter, prompt, max_new_tokens=16, num_draft_tokens=K)
         assert out.tokens == reference, (version, "tree" if tree else "chain")
         if tree is not None:
-            proposal = next(p for p in drafter.proposals if len(p))
+            proposal = next(p for p in drafter.proposals if p.counts[0])
             _check_structure(proposal, TREE["total_tokens"], max_depth=TREE["depth"] + 1)
             if vmap is not None:
                 assert bool(vmap.t2d[proposal.tokens].all())  # target ids of draft-vocabulary tokens
@@ -400,7 +387,7 @@ def _path_logq(head, target, context, path, return_logits=False):
     """Cumulative log q of a path of target ids below `context`, drafted one step at a time
     (the head reads target ids; its logits are over the draft vocabulary)."""
     features = _fresh_features(target, head, context[:-1])
-    cache = FakeCache()
+    cache = EagleCache()
     real = context.numel() - 1
     g, logits = head(context[None, 1:], features[None], position_ids=torch.arange(real)[None], cache=cache)
     g, logits = g[0, -1], logits[0, -1]
@@ -415,19 +402,20 @@ def _path_logq(head, target, context, path, return_logits=False):
 
 
 def _check_structure(proposal, total, max_depth):
-    parents = proposal.parents
-    assert len(parents) == len(proposal) == total
+    """Row 0 of a tree proposal: `total` nodes, parents first, within `max_depth`, no twins."""
+    parents, count = proposal.parents[0], proposal.counts[0]
+    assert len(parents) == count == total
     assert all(-1 <= q < i for i, q in enumerate(parents))  # parents kept, topological order
     assert max(depths(parents)) <= max_depth
-    nodes = [(parents[i], int(proposal.tokens[i])) for i in range(len(parents))]
+    nodes = [(parents[i], int(proposal.tokens[0, i])) for i in range(len(parents))]
     assert len(set(nodes)) == len(nodes), "two siblings with the same token"
 
 
 def _paths(proposal):
-    """Root-to-node token paths of every node of a tree proposal."""
+    """Root-to-node token paths of every node of row 0 of a tree proposal."""
     out = []
-    for i, q in enumerate(proposal.parents):
-        out.append((out[q] if q >= 0 else ()) + (int(proposal.tokens[i]),))
+    for i, q in enumerate(proposal.parents[0]):
+        out.append((out[q] if q >= 0 else ()) + (int(proposal.tokens[0, i]),))
     return out
 
 
@@ -435,27 +423,28 @@ def _paths(proposal):
 def test_tree_nodes_score_as_sequential_drafting(family, pairs):
     """Every node's cumulative log q (reported in `last_scores`) equals drafting its path one
     token at a time from a fresh cache: the tree mask, positions and fed g are right. Twice,
-    the second time after more tokens were committed without an `accepted` call in between."""
+    the second time after three more tokens were committed (`accepted` with their states)."""
     target, _ = pairs(family)
     seq = _ids(14, seed=41)
     head = FakeEagleHead(target, "eagle3", seed=41, draft_vocab=220)
-    drafter = EagleDrafter(head, tree={"depth": 4, "top_k": 3, "total_tokens": 12}, cache_factory=FakeCache)
-    drafter.start(seq[:8])
-    drafter.observe(_states(target, seq[:7], head))
+    drafter = EagleDrafter(head, tree={"depth": 4, "top_k": 3, "total_tokens": 12})
+    _start(drafter, seq[:8], _states(target, seq[:7], head))
     for length in (8, 11):
-        if length == 11:
-            drafter.observe({i: h[7:10] for i, h in _states(target, seq[:10], head).items()})
+        if length == 11:  # seq[8:11] committed: the pairs of the fed seq[7] and 2 accepted drafts
+            hidden = {i: h[None, 7:10] for i, h in _states(target, seq[:10], head).items()}
+            drafter.accepted([2], seq[None, 8:11], hidden)
         context = seq[:length]
-        proposal = drafter.propose(context, 8, SamplingConfig())
+        proposal = _propose(drafter, context, 8)
         _check_structure(proposal, 12, max_depth=5)
         assert drafter.max_depth == 5
-        for path, score in zip(_paths(proposal), drafter.last_scores.tolist(), strict=True):
+        scores = drafter.last_scores[0]
+        for path, score in zip(_paths(proposal), scores.tolist(), strict=True):
             expected = _path_logq(head, target, context, list(path))
             assert score == pytest.approx(expected, abs=ATOL), path
         # Kept nodes are the best-scoring ones: scores never rise along a path.
-        for i, q in enumerate(proposal.parents):
+        for i, q in enumerate(proposal.parents[0]):
             if q >= 0:
-                assert drafter.last_scores[i] <= drafter.last_scores[q]
+                assert scores[i] <= scores[q]
 
 
 def _reference_tree(table, token, position, depth, top_k, total):
@@ -490,16 +479,13 @@ def test_tree_keeps_the_most_likely_nodes(seed):
     context = torch.tensor([3, 7, 1, 9])
     for depth, top_k, total in ((3, 3, 14), (2, 4, 30), (0, 5, 3), (4, 2, 100)):
         tree = {"depth": depth, "top_k": top_k, "total_tokens": total}
-        drafter = EagleDrafter(head, tree=tree, cache_factory=FakeCache)
-        drafter.start(context)
-        drafter.observe({2: torch.zeros(3, 4)})
-        proposal = drafter.propose(context, 10, SamplingConfig())
+        drafter = EagleDrafter(head, tree=tree)
+        _start(drafter, context, {2: torch.zeros(3, 4)})
+        proposal = _propose(drafter, context, 10)
         expected, ranked = _reference_tree(table, 9, 2, depth, top_k, total)
         _check_structure(proposal, min(total, len(ranked)), max_depth=depth + 1)
         assert set(_paths(proposal)) == expected, (depth, top_k, total)
-        assert drafter.cache.seq_len == 3 + depth * top_k  # real pairs + one row per frontier node
-        drafter.accepted_path([])
-        assert drafter.cache.seq_len == 3
+        assert drafter.kv.length == 3  # the real pairs: one column per frontier node was cut
 
 
 def test_tree_ties_keep_ancestors():
@@ -511,25 +497,23 @@ def test_tree_ties_keep_ancestors():
         table[tok, :, (tok + 3) % vocab] = 60.0  # log_softmax = 0.0 in fp32
         table[tok, :, (tok + 5) % vocab] = 1.0
     head = TableHead(table)
-    drafter = EagleDrafter(head, tree={"depth": 4, "top_k": 2, "total_tokens": 4}, cache_factory=FakeCache)
+    drafter = EagleDrafter(head, tree={"depth": 4, "top_k": 2, "total_tokens": 4})
     context = torch.tensor([1, 2])
-    drafter.start(context)
-    drafter.observe({2: torch.zeros(1, 4)})
-    proposal = drafter.propose(context, 8, SamplingConfig())
+    _start(drafter, context, {2: torch.zeros(1, 4)})
+    proposal = _propose(drafter, context, 8)
     _check_structure(proposal, 4, max_depth=5)
-    assert proposal.parents == [-1, 0, 1, 2] and proposal.tokens.tolist() == [5, 0, 3, 6]
-    assert drafter.last_scores.tolist() == [0.0] * 4
+    assert proposal.parents == [[-1, 0, 1, 2]] and proposal.tokens.tolist() == [[5, 0, 3, 6]]
+    assert drafter.last_scores.tolist() == [[0.0] * 4]
 
 
 def test_tree_is_truncated_to_the_tokens_asked(pairs):
     target, _ = pairs("llama")
     prompt = _ids(6, seed=51)
     head = FakeEagleHead(target, "eagle1", seed=51)
-    drafter = EagleDrafter(head, tree={"depth": 5, "top_k": 4, "total_tokens": 30}, cache_factory=FakeCache)
-    drafter.start(prompt)
-    drafter.observe(_states(target, prompt[:-1], head))
+    drafter = EagleDrafter(head, tree={"depth": 5, "top_k": 4, "total_tokens": 30})
+    _start(drafter, prompt, _states(target, prompt[:-1], head))
     for asked in (1, 2, 3, 8):
-        proposal = drafter.propose(prompt, asked, SamplingConfig())
+        proposal = _propose(drafter, prompt, asked)
         expect = {1: 4, 2: 4 + 16}.get(asked, 30)  # all nodes while fewer than total exist
         _check_structure(proposal, expect, max_depth=min(asked, 6))
 
@@ -537,12 +521,12 @@ def test_tree_is_truncated_to_the_tokens_asked(pairs):
 def test_tree_settings_are_checked(pairs):
     head = TableHead(torch.zeros(4, 4, 4))
     with pytest.raises(ValueError, match="total_tokens"):
-        EagleDrafter(head, tree={"depth": 3, "top_k": 2}, cache_factory=FakeCache)
+        EagleDrafter(head, tree={"depth": 3, "top_k": 2})
     with pytest.raises(ValueError, match="unknown: \\['width'\\]"):
-        EagleDrafter(head, tree={"depth": 3, "top_k": 2, "total_tokens": 4, "width": 2}, cache_factory=FakeCache)
+        EagleDrafter(head, tree={"depth": 3, "top_k": 2, "total_tokens": 4, "width": 2})
     with pytest.raises(ValueError, match="top_k >= 1"):
-        EagleDrafter(head, tree={"depth": 3, "top_k": 0, "total_tokens": 4}, cache_factory=FakeCache)
-    assert EagleDrafter(head, cache_factory=FakeCache).max_depth is None  # a chain: as asked
+        EagleDrafter(head, tree={"depth": 3, "top_k": 0, "total_tokens": 4})
+    assert EagleDrafter(head).max_depth is None  # a chain: as asked
 
 
 # ------------------------------------------------------------- end to end: lossless sampling
@@ -555,7 +539,7 @@ def test_sampled_decode_is_lossless(tree, pairs):
     target, _ = pairs("llama")
     prompt = torch.tensor([1, 5, 77, 140, 9])
     head, _ = _oracle_head(target, prompt, "eagle3", seed=61, draft_vocab=256, miss=0.0)
-    drafter = EagleDrafter(head, tree=tree, cache_factory=FakeCache)
+    drafter = EagleDrafter(head, tree=tree)
     result = check_lossless(target, drafter, prompt, num_draft_tokens=2, samples=1200, progress=False)
     assert 0.05 < result.acceptance_rate < 0.95, result.describe()
     assert result.passed, result.describe()

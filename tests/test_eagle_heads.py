@@ -19,7 +19,6 @@ from draftsmith.heads.eagle import (
     load_eagle,
     save_eagle,
 )
-from draftsmith.heads.target import tree_attention_mask
 from fixtures import tiny_model
 from safetensors.torch import load_file
 from transformers import LlamaConfig
@@ -184,6 +183,24 @@ def test_cache_crop_keep_and_reset():
         cache.keep(3, [2])  # entry 5 does not exist
     cache.reset()
     assert cache.seq_len == 0 and cache.keys is None
+
+
+def tree_attention_mask(parents: list[int], past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-Python reference: the float additive mask [1, 1, n, past_len + n] of n tree nodes
+    fed after `past_len` cached entries (a node sees the cache, its ancestors and itself;
+    `parents[i]` = -1 for a child of the cache's last entry), and each node's depth (0 for
+    those children)."""
+    n = len(parents)
+    sees, depth = [], []
+    for i, parent in enumerate(parents):
+        assert -1 <= parent < i, "parents come first"
+        row = list(sees[parent]) if parent >= 0 else [True] * past_len + [False] * n
+        row[past_len + i] = True
+        sees.append(row)
+        depth.append(depth[parent] + 1 if parent >= 0 else 0)
+    allowed = torch.tensor(sees).view(1, 1, n, past_len + n)
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return mask, torch.tensor(depth)
 
 
 def test_tree_mask_matches_the_causal_chain_and_keep_compacts_to_it(targets):
