@@ -10,7 +10,6 @@ import math
 import torch
 
 
-
 def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
     """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
     if heldout_fraction == 0 or n < 2:
@@ -36,6 +35,11 @@ def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, gr
             perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
         rows.append(train_rows[int(perms[epoch][offset])])
     return rows
+
+
+def to_device(batch: dict, device) -> dict:
+    """A collated batch's tensors on `device`; other entries (the row indices) as they are."""
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def sync(device) -> None:
