@@ -234,8 +234,9 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         greedy = (p_logits.argmax(-1) == q_logits.argmax(-1)).float().cpu()
         sums["accept"] += float(accept[valid].sum())
         sums["greedy"] += float(greedy[valid].sum())
-        sums["tau"] += float(simulated_tau(chain_along_text(accept, valid, recipe.num_draft_tokens))[valid].sum())
-        sums["tau_greedy"] += float(simulated_tau(chain_along_text(greedy, valid, recipe.num_draft_tokens))[valid].sum())
+        K = recipe.num_draft_tokens
+        sums["tau"] += float(simulated_tau(chain_along_text(accept, valid, K))[valid].sum())
+        sums["tau_greedy"] += float(simulated_tau(chain_along_text(greedy, valid, K))[valid].sum())
         sums["n"] += float(valid.sum())
     n = max(1.0, sums["n"])
     return {
@@ -332,11 +333,12 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         else:
             batch = collate(rows, index, recipe.max_length, pad_id)
         batch = to_device(batch, device)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         with torch.no_grad():
-            target_logits = None if recipe.loss == "ce" else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        loss = draft_loss(logits, target_logits, batch, recipe)
-        return loss * run.token_shares([(batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()])[0], batch, {}
+            target_logits = None if recipe.loss == "ce" else target(**inputs).logits.float()
+        loss = draft_loss(model(**inputs).logits.float(), target_logits, batch, recipe)
+        trained = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()
+        return loss * run.token_shares([trained])[0], batch, {}
 
     first = step
     done = train_loop(
@@ -345,6 +347,9 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         fields=lambda step: {"on_policy": is_on_policy_step(step, recipe.on_policy_fraction)},
     )  # fmt: skip
     on_policy_steps = sum(is_on_policy_step(s, recipe.on_policy_fraction) for s in range(first, done.step))
+    if initial and done.last_eval:
+        a, b = initial["acceptance"], done.last_eval["acceptance"]
+        run.print(f"held-out acceptance {a:.4f} -> {b:.4f} (x{b / max(1e-9, a):.3f})")
 
     summary = {
         "steps": done.step,
@@ -370,20 +375,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     return run.finish(summary)
 
 
-def report(recipe: DraftRecipe, summary: dict) -> list[str]:
-    """What the command line prints when training ends."""
-    ev, init = summary["eval"] or {}, summary["initial"] or {}
-    lines = []
-    if ev and init:
-        lines.append(f"held-out acceptance {init['acceptance']:.4f} -> {ev['acceptance']:.4f} (x{ev['acceptance'] / max(1e-9, init['acceptance']):.3f})")
-    return lines + [f"draft written to {Path(recipe.out) / 'draft'}"]
-
-
 def main(argv=None) -> int:
-    return trainer_main(
-        "train/draft.py", DraftRecipe, train, report, argv, recipe_hint="recipes/<family>/draft.yaml",
-        description="Distil a small draft model from the target (DistillSpec-style).",
-    )  # fmt: skip
+    return trainer_main("train/draft.py", __doc__, DraftRecipe, train, argv, result="draft")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ The result is `OUT/head/` (`EagleHead.save_pretrained`), for `draftsmith eval --
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.acceptance import simulated_tau
-from draftsmith.distill.data import DistillData
 from draftsmith.distill.losses import divergence, smooth_l1
-from draftsmith.train.common import collate_rows, split_rows, to_device
+from draftsmith.train.common import collate_rows, open_hidden_cache, split_rows, to_device
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -172,19 +170,13 @@ class EagleObjective(torch.nn.Module):
 
 
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
-    from draftsmith.heads.models import target_fingerprint
 
     run = TrainingRun(recipe, "eagle")
-    device = run.device
-    out = Path(recipe.out)
-    data = DistillData(recipe.data)
-    target = run.load_target()
-    text_config = target.config.get_text_config()
-    L = text_config.num_hidden_layers
-    fingerprint = target_fingerprint(target)
+    device, out = run.device, Path(recipe.out)
+    target, data = run.load_target_and_data()
+    L = target.config.get_text_config().num_hidden_layers
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
 
     vocab_map = None
@@ -208,11 +200,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     if vocab_map is not None:
         run.print(vocab_map.describe())
 
-    cache = None
-    if recipe.hidden_cache:
-        cache = HiddenStateCache(recipe.hidden_cache)
-        needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
-        cache.check(target_fingerprint=fingerprint, layers=needed, data_hash=data.data_hash, hidden_size=text_config.hidden_size)
+    # Offline: the cache holds the features' layers and (eagle3) the last one, for the teacher.
+    needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
+    cache = open_hidden_cache(recipe.hidden_cache, target, data, needed) if recipe.hidden_cache else None
 
     def target_states(batch):
         """(features, teacher logits): eagle1 the post-norm last state, eagle3 the aux states concatenated."""
@@ -241,10 +231,12 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     step = run.start()
 
     def micro_step(step, micro):
-        batch = to_device(collate_rows(data, run.batch_rows(train_rows, step, micro), recipe.max_length, pad_id), device)
+        rows = run.batch_rows(train_rows, step, micro)
+        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
         feats, teacher = target_states(batch)
         steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
-        per_step, _, counts = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, teacher, steps)
+        ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        per_step, _, counts = model(ids, attention, loss_mask, feats, teacher, steps)
         per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
         loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
         return loss, batch, {"step_losses": per_step}
@@ -256,7 +248,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         hit_sums = None
         tau_sum = tau_n = 0.0
         for start in range(0, len(heldout_rows), recipe.batch_size):
-            batch = to_device(collate_rows(data, heldout_rows[start : start + recipe.batch_size], recipe.max_length, pad_id), device)
+            rows = heldout_rows[start : start + recipe.batch_size]
+            batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
@@ -287,16 +280,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     return run.finish(summary)
 
 
-def report(recipe: EagleRecipe, summary: dict) -> list[str]:
-    """What the command line prints when training ends."""
-    return [json.dumps({k: summary[k] for k in ("steps", "version", "train_tokens_per_second")}), f"head written to {Path(recipe.out) / 'head'}"]
-
-
 def main(argv=None) -> int:
-    return trainer_main(
-        "train/eagle.py", EagleRecipe, train, report, argv, recipe_hint="recipes/<family>/eagle3.yaml",
-        description="Train EAGLE-1 / EAGLE-3 heads on a target's own generations.",
-    )  # fmt: skip
+    shown = ("steps", "version", "train_tokens_per_second")
+    return trainer_main("train/eagle.py", __doc__, EagleRecipe, train, argv, result="head", shown=shown)
 
 
 if __name__ == "__main__":

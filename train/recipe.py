@@ -81,11 +81,16 @@ class RunRecipe:
             raise ValueError(f"keep_checkpoints = {self.keep_checkpoints} must be >= 0 (0 keeps every checkpoint)")
         unknown = [t for t in self.report_to if t not in TRACKERS]
         if unknown:
-            raise ValueError(f"report_to = {self.report_to}: unknown tracker(s) {unknown}; expected a list of {', '.join(TRACKERS)}")
+            raise ValueError(
+                f"report_to = {self.report_to}: unknown tracker(s) {unknown}; expected a list of {', '.join(TRACKERS)}"
+            )
         if self.push_to_hub and not self.hub_repo_id:
             raise ValueError("push_to_hub = true needs hub_repo_id (ORG/NAME)")
         if self.resume and self.init_from:
-            raise ValueError("resume and init_from exclude each other: resume continues a run, init_from starts a new one from its weights")
+            raise ValueError(
+                "resume and init_from exclude each other: "
+                "resume continues a run, init_from starts a new one from its weights"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")
 
