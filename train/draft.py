@@ -325,6 +325,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     on_policy_tokens = 0
 
     def micro_step(step, micro):
+        """One micro-batch (the draft's own samples on on-policy steps) and its loss."""
         nonlocal on_policy_tokens
         index = run.batch_rows(train_index, step, micro)
         if is_on_policy_step(step, recipe.on_policy_fraction):
@@ -340,13 +341,13 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         trained = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()
         return loss * run.token_shares([trained])[0], batch, {}
 
-    first = step
+    started = step
     done = train_loop(
         run, model, optimizer, scheduler, step, micro_step, desc=f"draft ({recipe.loss})", progress=progress,
         evaluate=evaluate if heldout_index else None, describe=describe, last_eval=initial,
         fields=lambda step: {"on_policy": is_on_policy_step(step, recipe.on_policy_fraction)},
     )  # fmt: skip
-    on_policy_steps = sum(is_on_policy_step(s, recipe.on_policy_fraction) for s in range(first, done.step))
+    on_policy_steps = sum(is_on_policy_step(s, recipe.on_policy_fraction) for s in range(started, done.step))
     if initial and done.last_eval:
         a, b = initial["acceptance"], done.last_eval["acceptance"]
         run.print(f"held-out acceptance {a:.4f} -> {b:.4f} (x{b / max(1e-9, a):.3f})")
@@ -361,7 +362,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         "draft": draft_info,
         "on_policy_steps": on_policy_steps,
         "on_policy_tokens": on_policy_tokens,
-        "off_policy_steps": done.step - first - on_policy_steps,
+        "off_policy_steps": done.step - started - on_policy_steps,
     }
     with run.gathered(model):
         if run.is_main:

@@ -231,6 +231,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     step = run.start()
 
     def micro_step(step, micro):
+        """One micro-batch: the TTT-weighted loss (this process's token share), per-step losses."""
         rows = run.batch_rows(train_rows, step, micro)
         batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
         feats, teacher = target_states(batch)
@@ -243,8 +244,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
 
     @torch.no_grad()
     def evaluate():
-        """Per-step top-1 and the chain's tau over `eval_depth` draft steps (greedy, the data's
-        tokens fed back): a position's chain runs until its first wrong step."""
+        """Per-step top-1 and the chain's tau over `eval_depth` draft steps (greedy; the data's
+        tokens, the head's own features fed back): a position's chain ends at its first miss."""
         hit_sums = None
         tau_sum = tau_n = 0.0
         for start in range(0, len(heldout_rows), recipe.batch_size):

@@ -294,6 +294,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         forward_tokens += int(att.sum())
 
     def micro_step(step, micro):
+        """One micro-batch: the loss (this process's token share), the batch, per-head losses."""
         rows = run.batch_rows(train_rows, step, micro)
         batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
         hidden = teacher = None
