@@ -10,7 +10,7 @@ train/<method>.py as plain functions it passes in:
         return loss, batch, {"head_losses": per_head}   # extras: averaged over processes, logged
 
     done = train_loop(run, model, optimizer, scheduler, step, micro_step, desc="medusa",
-                      evaluate=evaluate, describe=lambda ev: f"simulated tau {ev['tau_simulated']:.3f}")
+                      evaluate=evaluate, describe=lambda ev: f"tau {ev['tau_simulated']:.3f}")
 
 A metrics line reads {"step", **fields(step), "lr", "tokens_per_second", "loss", "grad_norm",
 **extras}; an evaluation line {"step", "eval": evaluate()}. `grad_norm` is the norm before

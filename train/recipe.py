@@ -5,9 +5,9 @@
 The YAML names components and hyperparameters only; defaults live in the method's config
 dataclass, nowhere else: `RunRecipe` holds the keys every method has (target, data, output
 folder, optimisation and schedule, evaluation and checkpoint cadence, trackers, Hub push, the
-device), each method's recipe extends it with its own keys (and its own defaults where a shared
-key's best value differs by method). Unknown keys are errors that list the valid ones (a typo must not
-silently train with a default). `key=value` overrides on the command line are parsed as YAML
+device), each method's recipe extends it with its own keys (and its own defaults where a
+shared key's best value differs by method). Unknown keys are errors that list the valid ones
+(a typo must not silently train with a default). `key=value` overrides on the command line are parsed as YAML
 values (`lr=3e-4`, `share_lm_head=true`, `lora_target_modules=[q_proj,v_proj]`).
 Strings that start with `~` are expanded to the home folder.
 """
