@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.eval.report import write_atomic
 from draftsmith.eval.serving import CostCurve, as_cost_curve
 from draftsmith.eval.runtime.tree import build_medusa_tree, expected_accept_length
@@ -192,11 +193,8 @@ def tune_chain(alpha_per_position, draft_seconds, verify_seconds, *, k_max: int 
     v1 = verify(1)
 
     candidates = []
-    tau, reach = 1.0, 1.0  # reach = prod_{j<=K} alpha_j
     for k in range(k_max + 1):
-        if k:
-            reach *= alphas[k - 1]
-            tau += reach
+        tau = simulated_tau(alphas, k)
         d = draft(k) if k else 0.0
         v = verify(k + 1)
         candidates.append(Candidate(f"K={k}", {"num_speculative_tokens": k}, tau, d, v, (tau / (d + v)) * v1))

@@ -13,8 +13,11 @@ import pytest
 import torch
 from lifecycle_helpers import METHODS, losses, main_of, recipe_values, weights, write_recipe
 
-from draftsmith.train.recipe import RecipeError
-from draftsmith.train.run import RunRecipe, TrainingRun, checkpoints, recipe_differences
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, checkpoints, recipe_differences
+
+
+REQUIRED = {"target": "t", "data": "d", "out": "o"}  # the keys RunRecipe has no default for
 
 
 def run(method, toy_dir, toy_data, tmp_path, name, *args, **extra) -> tuple[int, Path]:
@@ -86,7 +89,7 @@ def test_warm_start_errors(toy_dir, toy_data, tmp_path, capsys):
     code, _ = run("draft", toy_dir, toy_data, tmp_path, "d", "--init-from", str(first))  # Medusa weights into a draft model
     assert code == 2 and "do not fit this model" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exclude each other"):
-        RunRecipe(resume=True, init_from="x")
+        RunRecipe(**REQUIRED, resume=True, init_from="x")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -149,11 +152,11 @@ def test_missing_recipe_and_typo(tmp_path, capsys):
 
 def test_recipe_checks_of_the_shared_keys():
     with pytest.raises(ValueError, match="unknown tracker"):
-        RunRecipe(report_to=["mlflow"])
+        RunRecipe(**REQUIRED, report_to=["mlflow"])
     with pytest.raises(ValueError, match="needs hub_repo_id"):
-        RunRecipe(push_to_hub=True)
+        RunRecipe(**REQUIRED, push_to_hub=True)
     with pytest.raises(ValueError, match="keep_checkpoints"):
-        RunRecipe(keep_checkpoints=-1)
+        RunRecipe(**REQUIRED, keep_checkpoints=-1)
 
 
 def fake_deepspeed_run(config: dict, processes: int = 2, **recipe):
@@ -192,7 +195,7 @@ def test_remote_code_is_not_run_unless_the_recipe_asks(tmp_path):
     with pytest.raises(ModelLoadError):
         load_causal_lm(folder, device=torch.device("cpu"), dtype=torch.float32, role="target")
     assert not marker.exists()
-    assert RunRecipe().trust_remote_code is False
+    assert RunRecipe(**REQUIRED).trust_remote_code is False
 
 
 @pytest.mark.slow

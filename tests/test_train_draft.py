@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
+from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
-from draftsmith.train.draft import DraftRecipe, is_on_policy_step, main, simulated_tau
+from draftsmith.train.draft import DraftRecipe, chain_along_text, is_on_policy_step, main
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 
@@ -50,12 +51,14 @@ def test_on_policy_steps_are_spread():
     assert not any(is_on_policy_step(s, 0.0) for s in range(10)) and all(is_on_policy_step(s, 1.0) for s in range(10))
 
 
-def test_simulated_tau_matches_a_hand_computation():
+def test_simulated_tau_along_the_text_matches_a_hand_computation():
     a = torch.tensor([[0.5, 0.5, 1.0, 0.0]])
     valid = torch.ones_like(a, dtype=torch.bool)
-    total, n = simulated_tau(a, valid, 2)
-    # t=0: .5 + .5*.5; t=1: .5 + .5*1; t=2: 1 + 0; t=3: 0 (nothing after the end)
-    assert n == 4 and total == pytest.approx(0.75 + 1.0 + 1.0 + 0.0)
+    tau = simulated_tau(chain_along_text(a, valid, 2))
+    # 1 (bonus) + t=0: .5 + .5*.5; t=1: .5 + .5*1; t=2: 1 + 0; t=3: 0 (nothing after the end)
+    assert tau[0].tolist() == pytest.approx([1.75, 2.0, 2.0, 1.0])
+    valid[0, 1] = False  # an invalid position accepts nothing: the chains through it stop there
+    assert simulated_tau(chain_along_text(a, valid, 2))[0].tolist() == pytest.approx([1.5, 1.0, 2.0, 1.0])
 
 
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd", "tv", "kl_tv"])

@@ -10,7 +10,6 @@ import math
 import torch
 
 
-
 def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
     """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
     if heldout_fraction == 0 or n < 2:
@@ -36,6 +35,25 @@ def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, gr
             perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
         rows.append(train_rows[int(perms[epoch][offset])])
     return rows
+
+
+def open_hidden_cache(path: str, target, data, layers: tuple[int, ...]):
+    """The `draftsmith cache-hidden` folder at `path`, checked to hold `layers` of this target
+    (its fingerprint and width) on this data: states of another model or data train nothing."""
+    from draftsmith.distill.hidden_cache import HiddenStateCache
+    from draftsmith.heads.models import target_fingerprint
+
+    cache = HiddenStateCache(path)
+    cache.check(
+        target_fingerprint=target_fingerprint(target), layers=layers, data_hash=data.data_hash,
+        hidden_size=target.config.get_text_config().hidden_size,
+    )  # fmt: skip
+    return cache
+
+
+def to_device(batch: dict, device) -> dict:
+    """A collated batch's tensors on `device`; other entries (the row indices) as they are."""
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def sync(device) -> None:

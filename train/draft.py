@@ -36,28 +36,29 @@ import json
 import math
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence
-from draftsmith.train.common import batch_rows, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError
-from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
+from draftsmith.train.common import split_rows, to_device
+from draftsmith.train.loop import evaluate_now, train_loop
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, trainer_main
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_MODES = ("generated", "fixed")
 DRAFT_INITS = ("checkpoint", "truncate", "config")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DraftRecipe(RunRecipe):
-    target: str  # HF folder (or hub id) of the target
-    out: str  # draft, checkpoints and metrics go here
-    data: str | None = None  # `draftsmith generate` folder: the target's own answers
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and the draft's."""
+
+    data: str | None = None  # `draftsmith generate` folder: the target's own answers (fixed data needs none)
     fixed_data: str | None = None  # JSONL of {"text"} / {"prompt"}: fixed tokens (CE baseline)
     data_mode: str = "generated"  # which data the off-policy steps read: generated | fixed
     on_policy_fraction: float = 0.0  # share of steps on the draft's own samples (DistillSpec's mix)
@@ -75,16 +76,8 @@ class DraftRecipe(RunRecipe):
     lora_alpha: int = 32
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     lr: float = 3e-4  # fine-tuning a pretrained draft: lower than pretraining's 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    max_steps: int = 300  # budget in steps: comparisons between recipes stay fair
-    batch_size: int = 8
-    grad_accum: int = 1
     max_length: int = 256
-    grad_clip: float = 1.0
     chunk_size: int | None = None  # loss chunking for large vocabularies
-    heldout_fraction: float = 0.05
-    eval_every: int = 100
     num_draft_tokens: int = 4  # K for the simulated tau
 
     def __post_init__(self):
@@ -107,11 +100,9 @@ class DraftRecipe(RunRecipe):
             raise ValueError(f"temperature = {self.temperature} must be > 0 (match the serving temperature; 1 for greedy serving)")
         if not 0 <= self.beta <= 1 or not 0 <= self.tv_weight <= 1:
             raise ValueError("beta and tv_weight must be in [0, 1]")
-        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
+        for name in ("num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
 
 
 # --------------------------------------------------------------------------- data
@@ -215,26 +206,25 @@ def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe) -> torch
     )  # fmt: skip
 
 
-def simulated_tau(accept: torch.Tensor, valid: torch.Tensor, k: int) -> tuple[float, float]:
-    """tau for K drafts from per-position acceptance a_t along each row (teacher-forced):
-    E[accepted] at t = sum_{j=1..K} prod_{i<j} a_{t+i}; tau = 1 + its mean (bonus counted)."""
+def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """alpha_1..alpha_K of a chain of K drafts started at each position t of the rows
+    (teacher-forced: draft j proposes token t+j of the text): alpha_j at t = a_{t+j-1}, the
+    acceptance at that position, 0 past the end of the row or off the valid positions."""
     B, T = accept.shape
-    a = torch.where(valid, accept, torch.zeros_like(accept))
-    total = torch.zeros(B, T, dtype=torch.float64)
-    run = torch.ones(B, T, dtype=torch.float64)
+    a = torch.where(valid, accept, torch.zeros_like(accept)).double()
+    alphas = []
     for j in range(k):
         shifted = torch.zeros(B, T, dtype=torch.float64)
-        shifted[:, : T - j] = a[:, j:].double()
-        run = run * shifted
-        total += run
-    return float(total[valid].sum()), float(valid.sum())
+        shifted[:, : T - j] = a[:, j:]
+        alphas.append(shifted)
+    return alphas
 
 
 @torch.no_grad()
 def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRecipe, pad_id: int, device) -> dict:
     sums = {"accept": 0.0, "greedy": 0.0, "tau": 0.0, "tau_greedy": 0.0, "n": 0.0}
     for start in range(0, len(index), recipe.batch_size):
-        batch = {k: v.to(device) for k, v in collate(rows, index[start : start + recipe.batch_size], recipe.max_length, pad_id).items()}
+        batch = to_device(collate(rows, index[start : start + recipe.batch_size], recipe.max_length, pad_id), device)
         p_logits = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
         q_logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
         valid = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).cpu()
@@ -244,17 +234,16 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         greedy = (p_logits.argmax(-1) == q_logits.argmax(-1)).float().cpu()
         sums["accept"] += float(accept[valid].sum())
         sums["greedy"] += float(greedy[valid].sum())
-        t, n = simulated_tau(accept, valid, recipe.num_draft_tokens)
-        tg, _ = simulated_tau(greedy, valid, recipe.num_draft_tokens)
-        sums["tau"] += t
-        sums["tau_greedy"] += tg
-        sums["n"] += n
+        K = recipe.num_draft_tokens
+        sums["tau"] += float(simulated_tau(chain_along_text(accept, valid, K))[valid].sum())
+        sums["tau_greedy"] += float(simulated_tau(chain_along_text(greedy, valid, K))[valid].sum())
+        sums["n"] += float(valid.sum())
     n = max(1.0, sums["n"])
     return {
         "acceptance": sums["accept"] / n,  # mean sum(min(p, q)) at the recipe's temperature
         "acceptance_greedy": sums["greedy"] / n,
-        "tau_simulated": 1 + sums["tau"] / n,
-        "tau_simulated_greedy": 1 + sums["tau_greedy"] / n,
+        "tau_simulated": sums["tau"] / n if sums["n"] else 1.0,  # counts the bonus token
+        "tau_simulated_greedy": sums["tau_greedy"] / n if sums["n"] else 1.0,
         "positions": sums["n"],
     }
 
@@ -309,95 +298,71 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         except ValueError as err:
             raise RecipeError(f"lora_target_modules {recipe.lora_target_modules}: {err}") from None
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
-
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = run.prepare(draft, optimizer, scheduler)
+    model, optimizer, scheduler = run.prepare(draft, optimizer)
     draft = run.accelerator.unwrap_model(model)
     step = run.start()
 
-    evaluate = lambda: evaluate_draft(draft, target, eval_rows, heldout_index, recipe, pad_id, device) if heldout_index else None  # noqa: E731
+    def evaluate():
+        return evaluate_draft(draft, target, eval_rows, heldout_index, recipe, pad_id, device)
+
+    def describe(ev):
+        return (
+            f"acceptance {ev['acceptance']:.4f} (T = {recipe.temperature:g}), greedy {ev['acceptance_greedy']:.4f}, "
+            f"simulated tau (K = {recipe.num_draft_tokens}) {ev['tau_simulated']:.3f}"
+        )
+
     initial_path = out / "initial_eval.json"
     if step == 0:
-        model.eval()
-        with run.gathered(model):
-            initial = evaluate()
-        model.train()
+        initial = evaluate_now(run, model, evaluate) if heldout_index else None
         if initial:
             run.log(step, {"eval": initial})
-            run.print(f"initial draft: acceptance {initial['acceptance']:.4f} (T = {recipe.temperature:g}), greedy {initial['acceptance_greedy']:.4f}")
+            run.print(f"initial draft: {describe(initial)}")
             if run.is_main:
                 write_json_atomic(initial_path, initial)
     else:  # resumed: the starting point was measured by the first run (re-measuring would move the RNG)
         initial = json.loads(initial_path.read_text()) if initial_path.is_file() else None
 
-    bar = run.progress(step, f"draft ({recipe.loss})", progress)
-    counts = {"on_policy_steps": 0, "on_policy_tokens": 0, "off_policy_steps": 0}
-    tokens, seconds = 0, 0.0
-    window_tokens, window_seconds = 0, 0.0
-    last_eval = initial
-    while step < recipe.max_steps:
-        sync(device)
-        t0 = time.perf_counter()
-        logged = {}
-        on_policy = is_on_policy_step(step, recipe.on_policy_fraction)
-        for micro in range(recipe.grad_accum):
-            index = batch_rows(train_index, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
-            if on_policy:
-                batch = on_policy_batch(draft, rows, index, recipe, pad_id, eos_ids, device)
-                counts["on_policy_tokens"] += batch.pop("generated_tokens")
-            else:
-                batch = collate(rows, index, recipe.max_length, pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with run.accelerator.accumulate(model):
-                with torch.no_grad():
-                    target_logits = None if recipe.loss == "ce" else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-                loss = draft_loss(logits, target_logits, batch, recipe)
-                loss = loss * run.token_shares([(batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()])[0]
-                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
-                if norm is not None:
-                    logged["grad_norm"] = norm
-            n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
-            tokens, window_tokens = tokens + n, window_tokens + n
-        counts["on_policy_steps" if on_policy else "off_policy_steps"] += 1
-        sync(device)
-        seconds += time.perf_counter() - t0
-        window_seconds += time.perf_counter() - t0
-        step += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{logged['loss']:.4f}")
-        if step % recipe.log_every == 0 or step == recipe.max_steps:
-            run.log(step, {"on_policy": on_policy, "lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
-            window_tokens, window_seconds = 0, 0.0
-        if heldout_index and (step % recipe.eval_every == 0 or step == recipe.max_steps):
-            model.eval()
-            with run.gathered(model):
-                last_eval = evaluate()
-            model.train()
-            run.log(step, {"eval": last_eval})
-            run.print(
-                f"step {step}: acceptance {last_eval['acceptance']:.4f} (T = {recipe.temperature:g}), greedy "
-                f"{last_eval['acceptance_greedy']:.4f}, simulated tau (K = {recipe.num_draft_tokens}) {last_eval['tau_simulated']:.3f}"
-            )
-        run.checkpoint(step)
-    if bar is not None:
-        bar.close()
+    on_policy_tokens = 0
+
+    def micro_step(step, micro):
+        """One micro-batch (the draft's own samples on on-policy steps) and its loss."""
+        nonlocal on_policy_tokens
+        index = run.batch_rows(train_index, step, micro)
+        if is_on_policy_step(step, recipe.on_policy_fraction):
+            batch = on_policy_batch(draft, rows, index, recipe, pad_id, eos_ids, device)
+            on_policy_tokens += batch.pop("generated_tokens")
+        else:
+            batch = collate(rows, index, recipe.max_length, pad_id)
+        batch = to_device(batch, device)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with torch.no_grad():
+            target_logits = None if recipe.loss == "ce" else target(**inputs).logits.float()
+        loss = draft_loss(model(**inputs).logits.float(), target_logits, batch, recipe)
+        trained = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()
+        return loss * run.token_shares([trained])[0], batch, {}
+
+    started = step
+    done = train_loop(
+        run, model, optimizer, scheduler, step, micro_step, desc=f"draft ({recipe.loss})", progress=progress,
+        evaluate=evaluate if heldout_index else None, describe=describe, last_eval=initial,
+        fields=lambda step: {"on_policy": is_on_policy_step(step, recipe.on_policy_fraction)},
+    )  # fmt: skip
+    on_policy_steps = sum(is_on_policy_step(s, recipe.on_policy_fraction) for s in range(started, done.step))
+    if initial and done.last_eval:
+        a, b = initial["acceptance"], done.last_eval["acceptance"]
+        run.print(f"held-out acceptance {a:.4f} -> {b:.4f} (x{b / max(1e-9, a):.3f})")
 
     summary = {
-        "steps": step,
+        "steps": done.step,
         "loss": recipe.loss,
         "data": rows.origin,
         "initial": initial,
-        "eval": last_eval,
-        "train_tokens_per_second": tokens / seconds if seconds else None,
+        "eval": done.last_eval,
+        "train_tokens_per_second": done.tokens_per_second,
         "draft": draft_info,
-        **counts,
-        "device": str(device),
-        "processes": run.accelerator.num_processes,
-        "distributed": str(run.accelerator.distributed_type),
+        "on_policy_steps": on_policy_steps,
+        "on_policy_tokens": on_policy_tokens,
+        "off_policy_steps": done.step - started - on_policy_steps,
     }
     with run.gathered(model):
         if run.is_main:
@@ -408,25 +373,11 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
             tokenizer.save_pretrained(tmp)
             shutil.rmtree(out / "draft", ignore_errors=True)
             tmp.rename(out / "draft")
-            write_json_atomic(out / "training_summary.json", summary)
-    run.finish()
-    return summary
+    return run.finish(summary)
 
 
 def main(argv=None) -> int:
-    try:
-        recipe, progress = command_line(DraftRecipe, "Distil a small draft model from the target (DistillSpec-style).", "recipes/<family>/draft.yaml", argv)
-        summary = train(recipe, progress=progress)
-    except user_errors() as err:
-        print(f"train/draft.py: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_process():
-        return 0
-    ev, init = summary["eval"] or {}, summary["initial"] or {}
-    if ev and init:
-        print(f"held-out acceptance {init['acceptance']:.4f} -> {ev['acceptance']:.4f} (x{ev['acceptance'] / max(1e-9, init['acceptance']):.3f})")
-    print(f"draft written to {Path(recipe.out) / 'draft'}")
-    return 0
+    return trainer_main("train/draft.py", __doc__, DraftRecipe, train, argv, result="draft")
 
 
 if __name__ == "__main__":

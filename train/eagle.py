@@ -28,27 +28,25 @@ The result is `OUT/head/` (`EagleHead.save_pretrained`), for `draftsmith eval --
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from draftsmith.distill.data import DistillData, write_json_atomic
+from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence, smooth_l1
-from draftsmith.train.common import batch_rows, collate_rows, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError
-from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
+from draftsmith.train.common import collate_rows, open_hidden_cache, split_rows, to_device
+from draftsmith.train.loop import train_loop
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, trainer_main
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EagleRecipe(RunRecipe):
-    target: str  # HF folder (or hub id) of the target that generated `data`
-    data: str  # a `draftsmith generate` folder
-    out: str
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and EAGLE's."""
+
     version: str = "eagle3"  # eagle3 | eagle1
     aux_layers: list | None = None  # eagle3: HF hidden_states ids; default (2, L//2, L-3)
     draft_vocab_size: int | None = None  # eagle3: reduced vocabulary from the data (None = full)
@@ -61,15 +59,7 @@ class EagleRecipe(RunRecipe):
     feature_noise: float = 0.2  # eagle1: width of the uniform noise on input features (EAGLE-1: 0.2)
     hidden_cache: str | None = None  # offline: a cache-hidden folder with the needed layers + last
     lr: float = 1e-4  # EAGLE used 3e-5 at 7B; small heads on small targets take 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    max_steps: int = 300
-    batch_size: int = 8
-    grad_accum: int = 1
-    max_length: int = 512
     grad_clip: float = 0.5  # EAGLE clips at 0.5
-    heldout_fraction: float = 0.05
-    eval_every: int = 100
 
     def __post_init__(self):
         super().__post_init__()
@@ -79,13 +69,11 @@ class EagleRecipe(RunRecipe):
             raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
-        for name in ("ttt_steps", "eval_depth", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every"):
+        for name in ("ttt_steps", "eval_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
-        if not 0 < self.ttt_decay <= 1 or self.lr <= 0 or self.feature_noise < 0:
-            raise ValueError("need 0 < ttt_decay <= 1, lr > 0, feature_noise >= 0")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
+        if not 0 < self.ttt_decay <= 1 or self.feature_noise < 0:
+            raise ValueError("need 0 < ttt_decay <= 1, feature_noise >= 0")
 
 
 def shifted(x: torch.Tensor, j: int, fill=0) -> torch.Tensor:
@@ -181,31 +169,14 @@ class EagleObjective(torch.nn.Module):
         return eagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, train=True, steps=steps)
 
 
-def chain_tau(hits: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[float, float]:
-    """Sum over positions of 1 + consecutive correct steps, and the number of positions."""
-    run = torch.ones_like(hits[0])
-    accepted = torch.zeros(hits[0].shape, dtype=torch.float64, device=hits[0].device)
-    for h in hits:
-        run = run & h
-        accepted += run.double()
-    base = counts[0]
-    return float((1 + accepted)[base].sum()), float(base.sum())
-
-
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
-    from draftsmith.heads.models import target_fingerprint
 
     run = TrainingRun(recipe, "eagle")
-    device = run.device
-    out = Path(recipe.out)
-    data = DistillData(recipe.data)
-    target = run.load_target()
-    text_config = target.config.get_text_config()
-    L = text_config.num_hidden_layers
-    fingerprint = target_fingerprint(target)
+    device, out = run.device, Path(recipe.out)
+    target, data = run.load_target_and_data()
+    L = target.config.get_text_config().num_hidden_layers
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
 
     vocab_map = None
@@ -229,11 +200,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     if vocab_map is not None:
         run.print(vocab_map.describe())
 
-    cache = None
-    if recipe.hidden_cache:
-        cache = HiddenStateCache(recipe.hidden_cache)
-        needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
-        cache.check(target_fingerprint=fingerprint, layers=needed, data_hash=data.data_hash, hidden_size=text_config.hidden_size)
+    # Offline: the cache holds the features' layers and (eagle3) the last one, for the teacher.
+    needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
+    cache = open_hidden_cache(recipe.hidden_cache, target, data, needed) if recipe.hidden_cache else None
 
     def target_states(batch):
         """(features, teacher logits): eagle1 the post-norm last state, eagle3 the aux states concatenated."""
@@ -256,103 +225,65 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
 
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = run.prepare(EagleObjective(head, recipe, vocab), optimizer, scheduler)
+    model, optimizer, scheduler = run.prepare(EagleObjective(head, recipe, vocab), optimizer)
     head = run.accelerator.unwrap_model(model).head
     train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
     step = run.start()
 
+    def micro_step(step, micro):
+        """One micro-batch: the TTT-weighted loss (this process's token share), per-step losses."""
+        rows = run.batch_rows(train_rows, step, micro)
+        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        feats, teacher = target_states(batch)
+        steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
+        ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        per_step, _, counts = model(ids, attention, loss_mask, feats, teacher, steps)
+        per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
+        loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
+        return loss, batch, {"step_losses": per_step}
+
     @torch.no_grad()
     def evaluate():
+        """Per-step top-1 and the chain's tau over `eval_depth` draft steps (greedy; the data's
+        tokens, the head's own features fed back): a position's chain ends at its first miss."""
         hit_sums = None
         tau_sum = tau_n = 0.0
         for start in range(0, len(heldout_rows), recipe.batch_size):
-            batch = collate_rows(data, heldout_rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
-            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+            rows = heldout_rows[start : start + recipe.batch_size]
+            batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
             hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
-            t, n = chain_tau(hits, counts)
-            tau_sum, tau_n = tau_sum + t, tau_n + n
+            tau_sum += float(simulated_tau([h.double() for h in hits])[counts[0]].sum())
+            tau_n += float(counts[0].sum())
         return {
             "top1_per_step": [a / max(1.0, b) for a, b in hit_sums],
-            "tau_simulated": tau_sum / max(1.0, tau_n),  # counts the bonus token; greedy, teacher-forced tokens
+            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced tokens
             "positions": tau_n,
         }
 
-    bar = run.progress(step, f"{recipe.version}", progress)
-    tokens, seconds = 0, 0.0
-    window_tokens, window_seconds = 0, 0.0
-    last_eval = None
-    model.train()
-    while step < recipe.max_steps:
-        sync(device)
-        t0 = time.perf_counter()
-        logged = {}
-        for micro in range(recipe.grad_accum):
-            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
-            batch = collate_rows(data, rows, recipe.max_length, pad_id)
-            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
-            feats, teacher = target_states(batch)
-            with run.accelerator.accumulate(model):
-                steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
-                per_step, _, counts = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, teacher, steps)
-                per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
-                loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
-                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
-                if norm is not None:
-                    logged["grad_norm"] = norm
-            logged["step_losses"] = [run.mean(x) for x in per_step]
-            n = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
-            tokens, window_tokens = tokens + n, window_tokens + n
-        sync(device)
-        seconds += time.perf_counter() - t0
-        window_seconds += time.perf_counter() - t0
-        step += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{logged['loss']:.3f}")
-        if step % recipe.log_every == 0 or step == recipe.max_steps:
-            run.log(step, {"lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
-            window_tokens, window_seconds = 0, 0.0
-        if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
-            model.eval()
-            with run.gathered(model):
-                last_eval = evaluate()
-            model.train()
-            run.log(step, {"eval": last_eval})
-            run.print(f"step {step}: top-1 per step {[round(a, 3) for a in last_eval['top1_per_step']]}, simulated tau {last_eval['tau_simulated']:.3f}")
-        run.checkpoint(step)
-    if bar is not None:
-        bar.close()
+    def describe(ev):
+        return f"top-1 per step {[round(a, 3) for a in ev['top1_per_step']]}, simulated tau {ev['tau_simulated']:.3f}"
+
+    done = train_loop(
+        run, model, optimizer, scheduler, step, micro_step, desc=recipe.version, progress=progress,
+        evaluate=evaluate if heldout_rows else None, describe=describe,
+    )  # fmt: skip
     summary = {
-        "steps": step, "version": recipe.version, "aux_layers": list(aux), "eval": last_eval,
+        "steps": done.step, "version": recipe.version, "aux_layers": list(aux), "eval": done.last_eval,
         "draft_vocab_size": head.config.draft_vocab_size, "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
-        "train_tokens_per_second": tokens / seconds if seconds else None, "device": str(device), "processes": run.accelerator.num_processes,
-        "distributed": str(run.accelerator.distributed_type),
+        "train_tokens_per_second": done.tokens_per_second,
     }  # fmt: skip
     with run.gathered(model):
         if run.is_main:
             save_eagle(head, out / "head", overwrite=True)
-            write_json_atomic(out / "training_summary.json", summary)
-    run.finish()
-    return summary
+    return run.finish(summary)
 
 
 def main(argv=None) -> int:
-    try:
-        recipe, progress = command_line(EagleRecipe, "Train EAGLE-1 / EAGLE-3 heads on a target's own generations.", "recipes/<family>/eagle3.yaml", argv)
-        summary = train(recipe, progress=progress)
-    except user_errors() as err:
-        print(f"train/eagle.py: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_process():
-        return 0
-    print(json.dumps({k: summary[k] for k in ("steps", "version", "train_tokens_per_second")}))
-    print(f"head written to {Path(recipe.out) / 'head'}")
-    return 0
+    shown = ("steps", "version", "train_tokens_per_second")
+    return trainer_main("train/eagle.py", __doc__, EagleRecipe, train, argv, result="head", shown=shown)
 
 
 if __name__ == "__main__":

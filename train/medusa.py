@@ -27,7 +27,6 @@ predicts token t+2+k: the target itself supplies token t+1, the heads the tokens
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -36,20 +35,20 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.data import DistillData, write_json_atomic
+from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, collate_rows, split_rows, sync, warmup_cosine
-from draftsmith.train.recipe import RecipeError
-from draftsmith.train.run import RunRecipe, TrainingRun, command_line, is_main_process, user_errors
+from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, split_rows, sync, to_device
+from draftsmith.train.loop import train_loop
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, trainer_main
 
 LOSSES = ("ce",) + DIVERGENCES
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MedusaRecipe(RunRecipe):
-    target: str  # HF folder of the target (the one that generated `data`)
-    data: str  # a `draftsmith generate` folder
-    out: str  # where heads, checkpoints and metrics go
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and Medusa's."""
+
     mode: str = "medusa1"  # medusa1: frozen target; medusa2: + LoRA on the backbone
     hidden_cache: str | None = None  # offline Medusa-1: a `cache-hidden --layers last` folder
     num_heads: int = 4  # Medusa's default; deeper heads are rarely right (acc ~0.8^k)
@@ -59,16 +58,7 @@ class MedusaRecipe(RunRecipe):
     temperature: float = 1.0  # of the divergence; match the serving temperature
     head_decay: float = 0.8  # w_k = head_decay^k (Medusa): later heads are less often useful
     lr: float = 1e-3  # Medusa-1 heads train from identity: a high lr is safe
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    max_steps: int = 300  # budget in steps, never wall-clock
-    batch_size: int = 8  # rows per step (per process)
-    grad_accum: int = 1
-    max_length: int = 512  # rows are cut to this many tokens
-    grad_clip: float = 1.0
     chunk_size: int | None = None  # token chunks for the loss (memory for large vocabularies)
-    heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
-    eval_every: int = 100
     eval_topk: int = 10  # ranks kept in the accuracy table (the tree builder's input)
     # Medusa-2 only
     lora_r: int = 8
@@ -87,15 +77,13 @@ class MedusaRecipe(RunRecipe):
             raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(LOSSES)}")
         if self.mode == "medusa2" and self.hidden_cache:
             raise ValueError("hidden_cache (offline) is for medusa1: medusa2 trains the backbone, whose states change")
-        for name in ("num_heads", "num_layers", "max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "eval_topk", "lora_r"):
+        for name in ("num_heads", "num_layers", "eval_topk", "lora_r"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if self.max_length < self.num_heads + 2:
             raise ValueError(f"max_length = {self.max_length} leaves no position for {self.num_heads} heads")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
-        if not 0 < self.head_decay <= 1 or self.temperature <= 0 or self.lr <= 0:
-            raise ValueError("need 0 < head_decay <= 1, temperature > 0, lr > 0")
+        if not 0 < self.head_decay <= 1 or self.temperature <= 0:
+            raise ValueError("need 0 < head_decay <= 1, temperature > 0")
 
 
 # --------------------------------------------------------------------------- losses
@@ -184,17 +172,17 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
     K, R = recipe.num_heads, recipe.eval_topk
     rank_hits = torch.zeros(K, R, dtype=torch.float64)
     counted = torch.zeros(K, dtype=torch.float64)
-    chain_sum = chain_n = 0.0
+    tau_sum = tau_n = 0.0
     drift_sum = drift_n = 0.0
     for start in range(0, len(rows), recipe.batch_size):
         batch = collate_rows(data, rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
-        batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        batch = to_device(batch, device)
         hidden, extra = states_fn(batch)
         if "drift" in extra:
             drift_sum += float(extra["drift"]) * extra["drift_n"]
             drift_n += extra["drift_n"]
         T = hidden.shape[1]
-        correct_top1 = []
+        correct_top1, head0_valid = [], None
         for k, logits in enumerate(heads(hidden.to(heads.dtype))):
             labels, mask = head_targets(batch, k)
             top = logits[:, : T - 2 - k].float().topk(min(R, logits.shape[-1]), dim=-1).indices  # [B, T', R]
@@ -202,27 +190,22 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
             rank_hits[k, : hit.shape[-1]] += hit[mask].double().sum(0).cpu()
             counted[k] += mask.sum().cpu()
             # top-1 correctness aligned at the context position t, padded to T
-            c = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-            c[:, : T - 2 - k] = hit[..., 0] & mask
-            valid = torch.zeros_like(c)
-            valid[:, : T - 2 - k] = mask
-            correct_top1.append((c, valid))
-        # Chain acceptance at positions where head 0 is evaluated: heads accepted until the first miss.
-        run = torch.ones_like(correct_top1[0][0])
-        accepted = torch.zeros(hidden.shape[:2], device=hidden.device)
-        for c, valid in correct_top1:
-            run = run & c
-            accepted += run.float()
-        base = correct_top1[0][1]
-        chain_sum += float(accepted[base].sum())
-        chain_n += float(base.sum())
+            c = torch.zeros(hidden.shape[:2], dtype=torch.float64, device=hidden.device)
+            c[:, : T - 2 - k] = (hit[..., 0] & mask).double()
+            correct_top1.append(c)
+            if k == 0:
+                head0_valid = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+                head0_valid[:, : T - 2] = mask
+        # The chain at positions where head 0 is evaluated: heads accepted until the first miss.
+        tau_sum += float(simulated_tau(correct_top1)[head0_valid].sum())
+        tau_n += float(head0_valid.sum())
     acc = (rank_hits / counted.clamp(min=1)[:, None]).tolist()
     return {
         "top1": [a[0] for a in acc],
         "top5": [sum(a[:5]) for a in acc],
         "rank_accuracy": acc,
-        "tau_simulated": 1.0 + chain_sum / max(1.0, chain_n),  # counts the target's own token
-        "positions": chain_n,
+        "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the target's own token
+        "positions": tau_n,
         **({"kl_drift": drift_sum / max(1.0, drift_n)} if drift_n else {}),
     }
 
@@ -231,23 +214,15 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
 
 
 def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.distill.hidden_cache import HiddenStateCache
     from draftsmith.heads.medusa import MedusaHeads, save_medusa
-    from draftsmith.heads.models import target_fingerprint
 
     run = TrainingRun(recipe, "medusa")
-    device = run.device
-    out = Path(recipe.out)
-    data = DistillData(recipe.data)
-    target = run.load_target()
+    device, out = run.device, Path(recipe.out)
+    target, data = run.load_target_and_data()
     text_config = target.config.get_text_config()
-    fingerprint = target_fingerprint(target)
-    if data.provenance["target"]["fingerprint"] != fingerprint:
-        run.print(f"warning: {recipe.data} was generated by another target ({data.provenance['target']['name_or_path']})")
-    cache = None
-    if recipe.hidden_cache:
-        cache = HiddenStateCache(recipe.hidden_cache)
-        cache.check(target_fingerprint=fingerprint, layers=(text_config.num_hidden_layers,), data_hash=data.data_hash, hidden_size=text_config.hidden_size)
+    # Offline Medusa-1 reads the post-norm last state (HF hidden_states id = number of layers).
+    last = (text_config.num_hidden_layers,)
+    cache = open_hidden_cache(recipe.hidden_cache, target, data, last) if recipe.hidden_cache else None
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
 
     heads = MedusaHeads.for_target(
@@ -271,8 +246,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     # Everything trainable sits behind one forward, so DDP syncs the gradients of all of it.
     model = MedusaObjective(heads, backbone, recipe)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.max_steps))
-    model, optimizer = run.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = run.prepare(model, optimizer)
     objective = run.accelerator.unwrap_model(model)
     heads_module = objective.heads
 
@@ -319,82 +293,47 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         forward_seconds += time.perf_counter() - t0
         forward_tokens += int(att.sum())
 
-    bar = run.progress(step, f"medusa ({recipe.mode})", progress)
-    train_tokens, train_seconds = 0, 0.0
-    window_tokens, window_seconds = 0, 0.0
-    last_eval = None
-    model.train()
-    while step < recipe.max_steps:
-        sync(device)
-        t0 = time.perf_counter()
-        logged = {}
-        for micro in range(recipe.grad_accum):
-            rows = batch_rows(train_rows, step, micro, recipe.batch_size, recipe.grad_accum, recipe.seed, **run.batch_rows_kwargs())
-            batch = collate_rows(data, rows, recipe.max_length, pad_id)
-            batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
-            with run.accelerator.accumulate(model):
-                hidden = teacher = None
-                if backbone is None:
-                    hidden, teacher = target_states(batch)
-                lam = recipe.medusa2_lambda * min(1.0, (step + 1) / recipe.lambda_warmup_steps)
-                counts = [head_targets(batch, k)[1].sum() for k in range(recipe.num_heads)]
-                counts.append((batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum())  # L_base's tokens
-                shares = run.token_shares(counts)
-                loss, per_head, base = model(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam, shares)
-                logged["loss"] = run.mean(loss)  # all processes stop together on nan/inf
-                norm = run.backward_and_step(model, optimizer, scheduler, loss, recipe.grad_clip)
-                if norm is not None:
-                    logged["grad_norm"] = norm
-            if base is not None:
-                logged["base_kl"] = run.mean(base)
-            tokens = int(batch["attention_mask"].sum()) * run.accelerator.num_processes
-            train_tokens += tokens
-            window_tokens += tokens
-            logged["head_losses"] = [run.mean(x) for x in per_head]
-        sync(device)
-        train_seconds += time.perf_counter() - t0
-        window_seconds += time.perf_counter() - t0
-        step += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{logged['loss']:.3f}")
-        if step % recipe.log_every == 0 or step == recipe.max_steps:
-            run.log(step, {"lr": scheduler.get_last_lr()[0], "tokens_per_second": window_tokens / max(window_seconds, 1e-9), **logged})
-            window_tokens, window_seconds = 0, 0.0
-        if heldout_rows and (step % recipe.eval_every == 0 or step == recipe.max_steps):
-            model.eval()
-            with run.gathered(model):
-                last_eval = evaluate_heads(heads_module, eval_states, data, heldout_rows, recipe, pad_id, device)
-            model.train()
-            run.log(step, {"eval": last_eval})
-            run.print(
-                f"step {step}: top-1 per head {[round(a, 3) for a in last_eval['top1']]}, "
-                f"simulated tau {last_eval['tau_simulated']:.3f}" + (f", KL drift {last_eval['kl_drift']:.4f}" if "kl_drift" in last_eval else "")
-            )
-        run.checkpoint(step)
-    if bar is not None:
-        bar.close()
+    def micro_step(step, micro):
+        """One micro-batch: the loss (this process's token share), the batch, per-head losses."""
+        rows = run.batch_rows(train_rows, step, micro)
+        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        hidden = teacher = None
+        if backbone is None:
+            hidden, teacher = target_states(batch)
+        lam = recipe.medusa2_lambda * min(1.0, (step + 1) / recipe.lambda_warmup_steps)
+        counts = [head_targets(batch, k)[1].sum() for k in range(recipe.num_heads)]
+        counts.append((batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum())  # L_base's tokens
+        ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        loss, per_head, base = model(ids, attention, loss_mask, hidden, teacher, lam, run.token_shares(counts))
+        return loss, batch, ({"base_kl": base} if base is not None else {}) | {"head_losses": per_head}
+
+    def evaluate():
+        return evaluate_heads(heads_module, eval_states, data, heldout_rows, recipe, pad_id, device)
+
+    def describe(ev):
+        drift = f", KL drift {ev['kl_drift']:.4f}" if "kl_drift" in ev else ""
+        return f"top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.3f}{drift}"
+
+    done = train_loop(
+        run, model, optimizer, scheduler, step, micro_step, desc=f"medusa ({recipe.mode})", progress=progress,
+        evaluate=evaluate if heldout_rows else None, describe=describe,
+    )  # fmt: skip
 
     summary = {
-        "steps": step,
+        "steps": done.step,
         "mode": recipe.mode,
-        "eval": last_eval,
-        "train_tokens_per_second": train_tokens / train_seconds if train_seconds else None,
+        "eval": done.last_eval,
+        "train_tokens_per_second": done.tokens_per_second,
         "target_forward_tokens_per_second": forward_tokens / forward_seconds if forward_seconds else None,
-        "device": str(device),
-        "processes": run.accelerator.num_processes,
-        "distributed": str(run.accelerator.distributed_type),
     }
     with run.gathered(model):
         if run.is_main:
-            if last_eval is not None:
-                heads_module.config.head_accuracies = last_eval["rank_accuracy"]
+            if done.last_eval is not None:
+                heads_module.config.head_accuracies = done.last_eval["rank_accuracy"]
             save_medusa(heads_module, out / "heads")
             if backbone is not None:
                 backbone.save_pretrained(str(out / "adapter"))
-            write_json_atomic(out / "training_summary.json", summary)
-    run.finish()
-    return summary
+    return run.finish(summary)
 
 
 def merge_adapter(target_dir, adapter_dir, out_dir, *, dtype=torch.float32) -> Path:
@@ -418,17 +357,8 @@ def merge_adapter(target_dir, adapter_dir, out_dir, *, dtype=torch.float32) -> P
 
 
 def main(argv=None) -> int:
-    try:
-        recipe, progress = command_line(MedusaRecipe, "Train Medusa heads (Medusa-1 / Medusa-2) on a target's own generations.", "recipes/<family>/medusa.yaml", argv)
-        summary = train(recipe, progress=progress)
-    except user_errors() as err:
-        print(f"train/medusa.py: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_process():
-        return 0
-    print(json.dumps({k: summary[k] for k in ("steps", "train_tokens_per_second", "target_forward_tokens_per_second")}, indent=None))
-    print(f"heads written to {Path(recipe.out) / 'heads'}")
-    return 0
+    shown = ("steps", "train_tokens_per_second", "target_forward_tokens_per_second")
+    return trainer_main("train/medusa.py", __doc__, MedusaRecipe, train, argv, result="heads", shown=shown)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
     accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml max_steps=50 lr=3e-4
 
 The YAML names components and hyperparameters only; defaults live in the method's config
-dataclass, nowhere else. Unknown keys are errors that list the valid ones (a typo must not
-silently train with a default). `key=value` overrides on the command line are parsed as YAML
+dataclass, nowhere else: `RunRecipe` holds the keys every method has (target, data, output
+folder, optimisation and schedule, evaluation and checkpoint cadence, trackers, Hub push, the
+device), each method's recipe extends it with its own keys (and its own defaults where a
+shared key's best value differs by method). Unknown keys are errors that list the valid ones
+(a typo must not silently train with a default). `key=value` overrides on the command line are parsed as YAML
 values (`lr=3e-4`, `share_lm_head=true`, `lora_target_modules=[q_proj,v_proj]`).
 Strings that start with `~` are expanded to the home folder.
 """
@@ -15,13 +18,81 @@ import dataclasses
 import difflib
 import os
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 
+TRACKERS = ("wandb", "tensorboard")
+
+
 class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file, the key and what was expected."""
+
+
+@dataclass(kw_only=True)
+class RunRecipe:
+    """Keys every method's recipe has; their checks run before the method's own."""
+
+    target: str  # HF folder (or hub id) of the target: the model whose generations are learnt
+    data: str  # a `draftsmith generate` folder: the target's own answers
+    out: str  # where the result, checkpoints and metrics go
+    # optimisation: AdamW, linear warm-up then cosine decay to 10% of the peak lr
+    lr: float = 1e-3  # peak learning rate; each method states its own
+    weight_decay: float = 0.0  # small heads fitted to one target: no regularisation needed
+    warmup_steps: int = 20
+    max_steps: int = 300  # budget in optimizer steps, never wall-clock: comparisons stay fair
+    batch_size: int = 8  # rows per micro-batch (per process)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_length: int = 512  # rows are cut to this many tokens
+    grad_clip: float = 1.0  # clip the gradient norm at this (0: no clipping)
+    # evaluation, checkpoints, logging
+    heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
+    eval_every: int = 100  # held-out evaluation every N optimizer steps (and at the end)
+    save_every: int = 100  # checkpoint every N optimizer steps
+    keep_checkpoints: int = 3  # the newest K checkpoints stay on disk (0 keeps every one)
+    resume: bool | str = False  # true: the latest checkpoint in out; a path: that checkpoint
+    init_from: str | None = None  # warm start, weights only: a checkpoint folder or a run folder
+    log_every: int = 10
+    report_to: list = field(default_factory=list)  # trackers: wandb, tensorboard (metrics.jsonl always)
+    tracker_project: str = "draftsmith"
+    push_to_hub: bool = False  # push the result when training ends (`draftsmith push` does it later)
+    hub_repo_id: str | None = None  # ORG/NAME
+    hub_private: bool = False
+    # where it runs
+    trust_remote_code: bool = False  # run Python shipped with a hub model: only for models you trust
+    seed: int = 0
+    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
+    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
+
+    def __post_init__(self):
+        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"lr = {self.lr} must be > 0")
+        for name in ("weight_decay", "warmup_steps", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 0")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints = {self.keep_checkpoints} must be >= 0 (0 keeps every checkpoint)")
+        unknown = [t for t in self.report_to if t not in TRACKERS]
+        if unknown:
+            raise ValueError(
+                f"report_to = {self.report_to}: unknown tracker(s) {unknown}; expected a list of {', '.join(TRACKERS)}"
+            )
+        if self.push_to_hub and not self.hub_repo_id:
+            raise ValueError("push_to_hub = true needs hub_repo_id (ORG/NAME)")
+        if self.resume and self.init_from:
+            raise ValueError(
+                "resume and init_from exclude each other: "
+                "resume continues a run, init_from starts a new one from its weights"
+            )
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")
 
 
 def _expected_type(cls, name):

@@ -2,14 +2,14 @@
 (one process, DDP, DeepSpeed, FSDP2), checkpoints and exact resume, warm start, metrics and
 trackers, the NaN stop and the Hub push.
 
-Each loop in train/ stays readable top to bottom: it builds its model and optimizer, then
+Each trainer in train/ stays readable top to bottom: it builds its model and optimizer, then
 
     run = TrainingRun(recipe, "medusa")            # accelerator, output folder checked
-    model, optimizer = run.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = run.prepare(model, optimizer)
     step = run.start()                             # resume / warm start; recipe + run_info written
-    ...  loss = run.mean(loss)  (every process stops together on nan/inf)
-    ...  run.log(step, {...}); run.checkpoint(step)
-    run.finish(summary)                            # trackers closed, pushed when the recipe asks
+    done = train_loop(run, model, optimizer, scheduler, step, micro_step, ...)   # train/loop.py
+    ...  save the result (inside `run.gathered(model)`, on the main process)
+    return run.finish(summary)                     # summary written, trackers closed, pushed if asked
 
 A checkpoint is a folder `OUT/checkpoints/step-NNNNNNN` with accelerate's full state (model,
 optimizer, registered scheduler, every process's RNG) and `trainer_state.json` (the step and
@@ -25,15 +25,14 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, field
+import sys
 from pathlib import Path
 
 import torch
 
 from draftsmith.distill.data import write_json_atomic
+from draftsmith.train.common import batch_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
-
-TRACKERS = ("wandb", "tensorboard")
 
 # Keys that steer the run, not what it computes: they may change when a run is resumed.
 # Every other key must match the checkpoint's recipe (a resumed run that silently trained on
@@ -47,42 +46,6 @@ RUN_CONTROL_KEYS = frozenset(
 class TrainingError(RuntimeError):
     """The run cannot go on (a non-finite loss, a checkpoint that does not fit); the message says
     what happened and what on disk is still good."""
-
-
-@dataclass(kw_only=True)
-class RunRecipe:
-    """Keys every method's recipe has: where the run lives, how it resumes, logs and publishes."""
-
-    save_every: int = 100  # checkpoint every N optimizer steps
-    keep_checkpoints: int = 3  # the newest K checkpoints stay on disk (0 keeps every one)
-    resume: bool | str = False  # true: the latest checkpoint in out; a path: that checkpoint
-    init_from: str | None = None  # warm start, weights only: a checkpoint folder or a run folder
-    log_every: int = 10
-    report_to: list = field(default_factory=list)  # trackers: wandb, tensorboard (metrics.jsonl always)
-    tracker_project: str = "draftsmith"
-    push_to_hub: bool = False  # push the result when training ends (`draftsmith push` does it later)
-    hub_repo_id: str | None = None  # ORG/NAME
-    hub_private: bool = False
-    trust_remote_code: bool = False  # run Python shipped with a hub model: only for models you trust
-    seed: int = 0
-    device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
-    dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
-
-    def __post_init__(self):
-        for name in ("save_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
-        if self.keep_checkpoints < 0:
-            raise ValueError(f"keep_checkpoints = {self.keep_checkpoints} must be >= 0 (0 keeps every checkpoint)")
-        unknown = [t for t in self.report_to if t not in TRACKERS]
-        if unknown:
-            raise ValueError(f"report_to = {self.report_to}: unknown tracker(s) {unknown}; expected a list of {', '.join(TRACKERS)}")
-        if self.push_to_hub and not self.hub_repo_id:
-            raise ValueError("push_to_hub = true needs hub_repo_id (ORG/NAME)")
-        if self.resume and self.init_from:
-            raise ValueError("resume and init_from exclude each other: resume continues a run, init_from starts a new one from its weights")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -204,7 +167,6 @@ class TrainingRun:
             check_out_writable(self.out)
         self.accelerator.wait_for_everyone()
         self.metrics_path = self.out / "metrics.jsonl"
-        self._scheduler = None
         if self.accelerator.state.deepspeed_plugin is not None:
             # Models load whole on every process: the frozen target must stay a plain module and
             # heads copy target weights; ZeRO-3 partitions the trainable model when it is prepared.
@@ -221,6 +183,19 @@ class TrainingRun:
         target = load_causal_lm(r.target, device=self.device, dtype=resolve_dtype(r.dtype, self.device), role="target", trust_remote_code=r.trust_remote_code)
         return target.requires_grad_(False)
 
+    def load_target_and_data(self):
+        """(target, data): the frozen target and the recipe's `draftsmith generate` folder, with a
+        warning when another target generated the data (its answers are not this target's)."""
+        from draftsmith.distill.data import DistillData
+        from draftsmith.heads.models import target_fingerprint
+
+        data = DistillData(self.recipe.data)
+        target = self.load_target()
+        if data.provenance["target"]["fingerprint"] != target_fingerprint(target):
+            other = data.provenance["target"]["name_or_path"]
+            self.print(f"warning: {self.recipe.data} was generated by another target ({other})")
+        return target, data
+
     @property
     def device(self) -> torch.device:
         return self.accelerator.device
@@ -232,8 +207,11 @@ class TrainingRun:
     def print(self, *args) -> None:
         self.accelerator.print(*args)
 
-    def batch_rows_kwargs(self) -> dict:
-        return {"rank": self.accelerator.process_index, "world": self.accelerator.num_processes}
+    def batch_rows(self, train_rows: list[int], step: int, micro: int) -> list[int]:
+        """This process's rows of micro-batch `micro` of optimizer step `step` (`common.batch_rows`)."""
+        r, acc = self.recipe, self.accelerator
+        rank, world = acc.process_index, acc.num_processes
+        return batch_rows(train_rows, step, micro, r.batch_size, r.grad_accum, r.seed, rank=rank, world=world)
 
     # ---------------------------------------------------------------- engine
 
@@ -262,15 +240,17 @@ class TrainingRun:
                 raise RecipeError(f"{where}: {key} = {have} contradicts the recipe ({recipe_key} gives {value}); set it to \"auto\" or {value}")
             config[key] = value
 
-    def prepare(self, model, optimizer, scheduler):
-        """Wrap the trainable model and its optimizer for the engine. The scheduler is stepped by
-        hand once per optimizer step (so the schedule reads in optimizer steps whatever the
-        number of processes) and saved with every checkpoint."""
+    def prepare(self, model, optimizer):
+        """(model, optimizer, scheduler): the trainable model and its optimizer wrapped for the
+        engine, and the recipe's schedule (linear warm-up, cosine decay to 10% of the peak). The
+        scheduler is stepped by hand once per optimizer step (so the schedule reads in optimizer
+        steps whatever the number of processes) and saved with every checkpoint."""
+        r = self.recipe
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(r.warmup_steps, r.max_steps))
         self._fit_deepspeed_config()
         model, optimizer = self.accelerator.prepare(model, optimizer)
         self.accelerator.register_for_checkpointing(scheduler)
-        self._scheduler = scheduler
-        return model, optimizer
+        return model, optimizer, scheduler
 
     def gathered(self, model):
         """A context in which the trainable model's parameters are whole on every process (they
@@ -407,8 +387,14 @@ class TrainingRun:
 
     # ---------------------------------------------------------------- end
 
-    def finish(self) -> None:
-        """Every process done; trackers closed; the result pushed when the recipe asks."""
+    def finish(self, summary: dict) -> dict:
+        """OUT/training_summary.json written (the summary plus where the run ran), every process
+        done, trackers closed, the result pushed when the recipe asks. Returns the summary."""
+        acc = self.accelerator
+        where = {"device": str(self.device), "processes": acc.num_processes, "distributed": str(acc.distributed_type)}
+        summary = {**summary, **where}
+        if self.is_main:
+            write_json_atomic(self.out / "training_summary.json", summary)
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         if self.recipe.push_to_hub and self.is_main:
@@ -416,6 +402,7 @@ class TrainingRun:
 
             url = push(self.out, self.recipe.hub_repo_id, private=self.recipe.hub_private)
             self.print(f"pushed to {url}")
+        return summary
 
 
 # --------------------------------------------------------------------------- command line
@@ -440,6 +427,26 @@ def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
     if args.init_from is not None:
         overrides["init_from"] = args.init_from
     return load_recipe(recipe_cls, args.recipe, overrides), not args.no_progress
+
+
+def trainer_main(script: str, doc: str, recipe_cls, train, argv, *, result: str, shown: tuple = ()) -> int:
+    """The command line of the trainer `script` (train/<method>.py; `doc`: its module docstring,
+    whose first line describes it): the recipe read, `train(recipe, progress=...)` run, then the
+    summary's `shown` keys as one JSON line and where the `result` folder was written, printed by
+    the main process only (one summary, not one per process). A user error (recipe, data,
+    checkpoint, a non-finite loss) is one line on stderr, `SCRIPT: error: ...`, exit status 2."""
+    try:
+        hint = f"recipes/<family>/{Path(script).stem}*.yaml"
+        recipe, progress = command_line(recipe_cls, doc.strip().splitlines()[0], hint, argv)
+        summary = train(recipe, progress=progress)
+    except user_errors() as err:
+        print(f"{script}: error: {err}", file=sys.stderr)
+        return 2
+    if is_main_process():
+        if shown:
+            print(json.dumps({k: summary[k] for k in shown}))
+        print(f"{result} written to {Path(recipe.out) / result}")
+    return 0
 
 
 def user_errors() -> tuple[type[Exception], ...]:
