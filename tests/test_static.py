@@ -137,7 +137,8 @@ def test_overflow_raises_and_writes_nothing(pairs):
     reference = _feed(model, kv, ids[capacity - 4 : capacity - 2]).logits
     kv.retain(capacity - 4, [0])
     keys = [layer.keys.clone() for layer in kv.cache.layers]
-    with pytest.raises(StaticCacheOverflow, match=rf"{capacity - 4} columns in use and 5 more.*preallocated for {capacity}"):
+    refused = rf"{capacity - 4} columns in use and 5 more.*preallocated for {capacity}"
+    with pytest.raises(StaticCacheOverflow, match=refused):
         _feed(model, kv, _ids(5, seed=4))
     with pytest.raises(StaticCacheOverflow, match=rf"holds {capacity - 4} real tokens and 5 more.*for {capacity}"):
         kv.reserve(5)  # no holes: compaction frees nothing
@@ -167,11 +168,11 @@ def test_a_proposal_larger_than_promised_cannot_overflow(pairs):
 def test_a_larger_request_gets_a_larger_cache(pairs):
     """One static cache per model, role, compile mode and batch size, reused while it holds the
     request; a larger request replaces it (and decodes the same tokens)."""
-    target, _ = pairs("qwen2")
-    small = model_cache(target, "target", 1, 10)
+    target = copy.deepcopy(pairs("qwen2")[0])  # a model of its own: no cache of an earlier test
+    small = model_cache(target, "target", 1, capacity_for(10))
     assert small.capacity == CAPACITY_STEP and model_cache(target, "target", 1, CAPACITY_STEP) is small
-    assert model_cache(target, "draft", 1, 10) is not small  # a model drafting for itself: a second cache
-    assert model_cache(target, "target", 2, 10) is not small
+    assert model_cache(target, "draft", 1, CAPACITY_STEP) is not small  # a model drafting for itself: a second cache
+    assert model_cache(target, "target", 2, CAPACITY_STEP) is not small
     prompt = _ids(CAPACITY_STEP + 12, seed=7)
     out = generate(target, None, prompt, max_new_tokens=20, static_cache=True)
     grown = kv_module._STATIC_CACHES[target]["target", None, 1]
@@ -419,7 +420,7 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
     prompt = _ids(6, seed=16)
     out, messages = _warnings(lambda: generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=10,
                                                num_draft_tokens=2, compile=True))  # fmt: skip
-    assert any("off for the target: compiling width 1 failed (RuntimeError: C++ compile error" in m
+    assert any("off for the target: compiling width 3 failed (RuntimeError: C++ compile error" in m
                for m in messages), messages  # fmt: skip
     assert any("off for the draft: compiling width 1 failed" in m for m in messages), messages  # its own cache
     for model, role in ((target, "target"), (draft, "draft")):

@@ -6,8 +6,8 @@ pair and tiny in-process heads:
   the rows' target calls, the step histogram's mean = tau); batched greedy acceptance equal to
   the batch-1 decoder's; simulations, sustainable load and costs consistent with each other;
   a self-contained HTML page;
-- in-process: Medusa and EAGLE chains batched, a Medusa tree kept at batch 1 with the reason,
-  sampling, an unreachable latency target answered in words;
+- in-process: Medusa and EAGLE chains and a Medusa tree batched, sampling, an unreachable
+  latency target answered in words;
 - bad input: one clear error naming the flag (or file and line) and what was expected.
 """
 
@@ -154,18 +154,18 @@ def test_three_a_speedups_and_crossover(served):
         assert rows["target-only"][f"speedup b={b}"] == 1.0
     by_name = {r["method"]: r for r in report["methods"]}
     assert rows["prompt-lookup"]["speedup b=1 (decoder)"] == by_name["prompt-lookup"]["speedup"]
-    assert rows["prompt-lookup"]["pays"] == "batch 1 only" and rows["prompt-lookup"]["speedup b=2"] is None
-    assert serving["methods"]["prompt-lookup"] == {
-        "batched": False,
-        "reason": "batch 1 only: PromptLookupDrafter has no batched form (batched decoding runs target-only decoding, "
-        "draft models, and Medusa and EAGLE chains)",
-    }
+    lookup = serving["methods"]["prompt-lookup"]  # prompt lookup decodes batched too
+    assert lookup["batched"] and [r["batch_size"] for r in lookup["batches"]] == [1, 2, 3]
+    for b, row in zip((1, 2, 3), lookup["batches"]):
+        assert rows["prompt-lookup"][f"speedup b={b}"] == row["speedup"]
+    assert rows["prompt-lookup"]["pays"] != "batch 1 only"
+    assert lookup["crossover"]["sentence"].startswith("prompt-lookup ") and lookup["crossover"]["sentence"] in stdout
     sentence = draft["crossover"]["sentence"]
     speedups = [r["speedup"] for r in draft["batches"]]
     stop = next((b for b, s in zip((1, 2, 3), speedups) if s <= 1.0), None)
     assert draft["crossover"]["batch_size"] == stop
     assert sentence.startswith("draft ") and sentence in stdout and sentence in (out / "serving.md").read_text()
-    assert "prompt-lookup: batch 1 only" in stdout
+    assert "batch 1 only" not in stdout
 
 
 def test_load_capacity_and_cost_agree(served):
@@ -211,7 +211,7 @@ def test_autotuner_curve_from_the_measured_costs(served):
     out, _ = served
     report, serving = _load(out)
     tuning = serving["tuning"]
-    assert list(tuning) == ["draft"]  # the only batched chain drafter; prompt lookup is batch 1 only
+    assert list(tuning) == ["draft", "prompt-lookup"]  # every chain drafter
     draft = next(r for r in report["methods"] if r["method"] == "draft")
     # K = 0 .. the last draft position the decodes reached (at most K = 3)
     reached = next((i for i, a in enumerate(draft["alpha_per_position"]) if a is None), 3)
@@ -255,7 +255,7 @@ def heads(pairs):
     return medusa, eagle
 
 
-def test_medusa_and_eagle_batched_trees_at_batch1_and_sampling(pairs, heads, tmp_path):
+def test_medusa_and_eagle_chains_and_a_tree_batched_and_sampling(pairs, heads, tmp_path):
     target, draft = pairs("llama")
     medusa, eagle = heads
     layers = target.config.num_hidden_layers
@@ -273,9 +273,9 @@ def test_medusa_and_eagle_batched_trees_at_batch1_and_sampling(pairs, heads, tmp
     sweep = SweepSettings(batch_sizes=(2, 1), latency_target_s=1e-9, price_per_hour=0.0)
     serving = run_sweep(target, drafters, prompts, settings, sweep, report=report, progress=False)
     methods = serving["methods"]
-    assert [n for n, e in methods.items() if e["batched"]] == ["target-only", "draft", "medusa-chain", "eagle-chain"]
-    assert "proposes trees" in methods["medusa-tree"]["reason"]
-    for name in ("target-only", "draft", "medusa-chain", "eagle-chain"):
+    assert [n for n, e in methods.items() if e["batched"]] == list(methods) == [
+        "target-only", "draft", "medusa-chain", "medusa-tree", "eagle-chain"]  # fmt: skip
+    for name in ("target-only", "draft", "medusa-chain", "medusa-tree", "eagle-chain"):
         rows = {r["batch_size"]: r for r in methods[name]["batches"]}
         assert rows[1]["new_tokens"] == 3 * 5 and rows[2]["new_tokens"] == 4 * 5  # 3 prompts; batch 2 cycles one
         load = methods[name]["sustainable"]
@@ -283,12 +283,12 @@ def test_medusa_and_eagle_batched_trees_at_batch1_and_sampling(pairs, heads, tmp
         assert methods[name]["cost"]["at_capacity_usd_per_1k_tokens"] == 0.0  # a free engine
     row = next(r for r in serving["three_a"] if r["method"] == "eagle-chain")
     assert row["req/s at p90 <= 1e-09 s"] == "unreachable"
-    assert set(serving["tuning"]) == {"draft", "medusa-chain", "eagle-chain"}
+    assert set(serving["tuning"]) == {"draft", "medusa-chain", "eagle-chain"}  # chains: the tree has a tuner of its own
     paths = write_serving(serving, tmp_path / "out", report=report)
     assert sorted(p.name for p in paths) == sorted(["acceptance.png", "throughput_vs_batch.png", "speedup_vs_k.png",
                                                     "serving.json", "serving.md", "serving.html"])  # fmt: skip
     md = (tmp_path / "out" / "serving.md").read_text()
-    assert "medusa-tree: batch 1 only: drafter 'medusa' proposes trees: batched decoding verifies chains only" in md
+    assert "batch 1 only" not in md
     assert "## Attendance: simulated load" in md and "unreachable" in md and "$0" in md
     saved = json.loads((tmp_path / "out" / "serving.json").read_text())
     assert not any(k.startswith("_") for e in saved["methods"].values() for k in e)

@@ -451,8 +451,9 @@ class StaticRaggedCache(RaggedCache):
                 continue
             self.reserve(width)
             rows = len(self.rows)
-            ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-            inputs = self._inputs(ids, ids, chain_attend(width, None, [0] * rows, rows, self.device))
+            # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
+            ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
+            inputs = self._inputs(ids, positions, chain_attend(width, None, [0] * rows, rows, self.device))
             # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
             # lock dynamo cannot trace.
             self._step((hidden_layers, False))(*inputs)
