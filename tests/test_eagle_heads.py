@@ -308,7 +308,7 @@ def test_sglang_export_keys_config_and_round_trip(targets, tmp_path):
 @pytest.mark.parametrize("fault", ["missing", "left_over"])
 def test_a_missing_or_left_over_key_refuses_to_export(targets, tmp_path, monkeypatch, fmt, fault):
     head = make(targets())
-    real = eagle._export_state
+    real = eagle.formats._export_state
 
     def broken(h, f):
         state = real(h, f)
@@ -318,7 +318,7 @@ def test_a_missing_or_left_over_key_refuses_to_export(targets, tmp_path, monkeyp
             state["layers.0.rotary_emb.inv_freq"] = torch.zeros(6)
         return state
 
-    monkeypatch.setattr(eagle, "_export_state", broken)
+    monkeypatch.setattr(eagle.formats, "_export_state", broken)
     with pytest.raises(EagleError, match="norm.weight" if fault == "missing" else "rotary_emb"):
         export_eagle(head, tmp_path / "out", fmt)
     assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())

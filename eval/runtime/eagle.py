@@ -131,7 +131,8 @@ class EagleDrafter(Drafter):
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         real_cols = torch.arange(width, device=device)[None] >= torch.tensor(lo, device=device)[:, None]
         attend = (causal[None] & real_cols[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None]
-        g, logits = self._feed(ids, features, positions, attend, keep=spans(width, lo, None, len(lo), "cpu"))  # padding columns: holes
+        keep = spans(width, lo, None, len(lo), "cpu")  # padding columns: holes
+        g, logits = self._feed(ids, features, positions, attend, keep=keep)
         g, logits = g[:, -1], logits[:, -1]
         got = torch.tensor([width > l for l in lo], device=device)[:, None]
         if self._root is not None:  # a row with no new pair keeps its old root

@@ -364,7 +364,9 @@ class StaticRaggedCache(RaggedCache):
     def commit(self, keep: torch.Tensor) -> None:
         width, start = keep.shape[1], self._length
         if start + width > self.capacity:
-            raise RuntimeError(f"static ragged cache out of step: {width} columns committed at {start} of {self.capacity}")
+            raise RuntimeError(
+                f"static ragged cache out of step: {width} columns committed at {start} of {self.capacity}"
+            )
         used = self._count(keep)
         self._valid[:, start : start + width] = self._physical(keep.to(self.device), torch.zeros)
         self._length = start + used  # the common tail: the pointer moves back

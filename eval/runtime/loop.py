@@ -89,7 +89,8 @@ def generate(target: PreTrainedModel, drafter: Drafter | None, input_ids: torch.
 def generate_batch(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafter | None = None, *,
                    num_draft_tokens: int = 4, max_new_tokens: int, sampling: SamplingConfig | None = None,
                    eos_token_id=None, seed: int = 0, static_cache: bool = False, compile: bool | str = False,
-                   measure_distances: bool = False, typical: tuple[float, float] | None = None) -> BatchResult:  # fmt: skip
+                   measure_distances: bool = False,
+                   typical: tuple[float, float] | None = None) -> BatchResult:  # fmt: skip
     """Decode every prompt in one batch, row b with the generator of `row_seed(seed, b)`."""
     if not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
@@ -262,7 +263,8 @@ def _check_lengths(model, drafter, prompts, max_new_tokens: int) -> None:
             if limit is not None and prompt.numel() + max_new_tokens > limit:
                 raise ValueError(
                     f"prompts[{b}] has {prompt.numel()} tokens; with max_new_tokens={max_new_tokens} the row reaches "
-                    f"{prompt.numel() + max_new_tokens} positions, more than the {what}'s max_position_embeddings={limit}"
+                    f"{prompt.numel() + max_new_tokens} positions, more than the {what}'s "
+                    f"max_position_embeddings={limit}"
                 )
 
 
@@ -280,7 +282,8 @@ class _Call:
             self.tokens = proposal.tokens.to(device)
         self.parents = [list(range(-1, c - 1)) for c in self.counts]
         # A row verified node by node: a tree, or a chain under typical acceptance.
-        self.tree = [bool(c) and (typical or (proposal is not None and proposal.parents is not None)) for c in self.counts]
+        trees = proposal is not None and proposal.parents is not None
+        self.tree = [bool(c) and (typical or trees) for c in self.counts]
         if proposal is not None and proposal.parents is not None:
             self._trees(proposal, budget, device)
         width = max(self.counts, default=0)

@@ -28,7 +28,8 @@ def check_prompts(prompts) -> list[torch.Tensor]:
     out = []
     for b, prompt in enumerate(prompts):
         if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long:
-            raise ValueError(f"prompts[{b}] must be a LongTensor, got {getattr(prompt, 'dtype', type(prompt).__name__)}")
+            got = getattr(prompt, "dtype", type(prompt).__name__)
+            raise ValueError(f"prompts[{b}] must be a LongTensor, got {got}")
         if prompt.dim() == 2 and prompt.shape[0] == 1:
             prompt = prompt[0]
         if prompt.dim() != 1 or prompt.numel() == 0:

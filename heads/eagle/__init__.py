@@ -1,0 +1,51 @@
+"""EAGLE heads (EAGLE-1 and EAGLE-3): the model (`model.py`) and its layouts on disk (`formats.py`)."""
+
+from draftsmith.heads.eagle.formats import (
+    EXPORT_FORMATS,
+    LAYER_KEYS,
+    PROVENANCE_KEY,
+    SGLANG_ARCHITECTURE,
+    SGLANG_KEYS,
+    SPECULATORS_ARCHITECTURE,
+    SPECULATORS_VERSION,
+    VLLM_KEYS,
+    VOCAB_MAP_KEYS,
+    WEIGHTS,
+    export_eagle,
+    load_eagle,
+    save_eagle,
+)
+from draftsmith.heads.eagle.model import (
+    EagleAttention,
+    EagleCache,
+    EagleConfig,
+    EagleDecoderLayer,
+    EagleError,
+    EagleHead,
+    VERSIONS,
+    default_aux_layer_ids,
+)
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "EagleAttention",
+    "EagleCache",
+    "EagleConfig",
+    "EagleDecoderLayer",
+    "EagleError",
+    "EagleHead",
+    "LAYER_KEYS",
+    "PROVENANCE_KEY",
+    "SGLANG_ARCHITECTURE",
+    "SGLANG_KEYS",
+    "SPECULATORS_ARCHITECTURE",
+    "SPECULATORS_VERSION",
+    "VERSIONS",
+    "VLLM_KEYS",
+    "VOCAB_MAP_KEYS",
+    "WEIGHTS",
+    "default_aux_layer_ids",
+    "export_eagle",
+    "load_eagle",
+    "save_eagle",
+]

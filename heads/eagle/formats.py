@@ -1,0 +1,366 @@
+"""EAGLE heads on disk: the draftsmith layout (`save_eagle`), the vLLM speculators and SGLang
+layouts (`export_eagle`), and `load_eagle` for any of the three (told apart by config.json). The
+layouts and the index conventions are described in `draftsmith.heads.eagle.model`.
+"""
+
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.eagle.model import EagleConfig, EagleError, EagleHead
+
+EXPORT_FORMATS = ("vllm", "sglang", "hf")
+WEIGHTS = "model.safetensors"
+# What the speculators trainer writes (read off a 0.9.0 checkpoint; `Eagle3DraftModel` is the
+# class name in current speculators, older releases wrote "Eagle3Speculator"). vLLM ignores the
+# top-level `architectures` of a speculators config: it picks Eagle3LlamaForCausalLM from
+# `speculators_model_type` and `transformer_layer_config.model_type`.
+SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
+SPECULATORS_VERSION = "0.9.0"
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# Provenance travels as one nested dict in the exported configs (vLLM builds its draft config from
+# `transformer_layer_config` only; SGLang keeps unknown keys as unused attributes).
+PROVENANCE_KEY = "draftsmith"
+_PROVENANCE_FIELDS = (
+    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers",
+    "target_architectures", "data_hash", "vocab_map_data_hash", "aux_layer_ids",
+)  # fmt: skip
+
+# ---------------------------------------------------------------------- required key sets
+# The EAGLE-3 decoder layer's tensors, relative to the layer (no biases: attention_bias adds the
+# four `self_attn.*_proj.bias`, see `_required_keys`).
+LAYER_KEYS = (
+    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)  # fmt: skip
+# vLLM speculators format (vllm/model_executor/models/llama_eagle3.py: LlamaModel holds
+# embed_tokens, layers, fc, norm; Eagle3LlamaForCausalLM holds lm_head and draft_id_to_target_id,
+# loaded from `d2t`; `t2d` is read and dropped).
+VLLM_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"layers.0.{k}" for k in LAYER_KEYS)
+# SGLang (python/sglang/srt/models/llama_eagle3.py: LlamaModel holds embed_tokens, fc, midlayer,
+# norm; unknown names are skipped SILENTLY by its load_weights, hence the exact check).
+SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"midlayer.{k}" for k in LAYER_KEYS)
+VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both formats
+
+
+# ---------------------------------------------------------------------- export layouts
+def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
+    base = VLLM_KEYS if fmt == "vllm" else SGLANG_KEYS
+    keys = set(base)
+    if config.attention_bias:  # vLLM builds q/k/v/o with bias=attention_bias (SGLang refuses it earlier)
+        prefix = "layers.0." if fmt == "vllm" else "midlayer."
+        keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
+    if config.draft_vocab_size != config.vocab_size:
+        keys |= set(VOCAB_MAP_KEYS)
+    return keys
+
+
+def _export_state(head: EagleHead, fmt: str) -> dict[str, torch.Tensor]:
+    """The head's state_dict renamed for `fmt` (d2t/t2d dropped for a full vocabulary)."""
+    full_vocab = head.config.draft_vocab_size == head.config.vocab_size
+    state = {}
+    for key, tensor in head.state_dict().items():
+        if key in VOCAB_MAP_KEYS and full_vocab:
+            continue
+        if fmt == "sglang" and key.startswith("layers.0."):
+            key = "midlayer." + key.removeprefix("layers.0.")
+        state[key] = tensor.detach().to("cpu").contiguous()
+    return state
+
+
+def _check_keys(state: dict, required: set[str], fmt: str) -> None:
+    missing, extra = sorted(required - set(state)), sorted(set(state) - required)
+    if missing or extra:
+        raise EagleError(
+            f"{fmt} export: the weights do not match the key set the server loads: missing {missing}, left over {extra}. "
+            "Nothing was written (a server would skip or misplace these tensors silently)."
+        )
+
+
+def _provenance(config: EagleConfig) -> dict:
+    return {field: getattr(config, field) for field in _PROVENANCE_FIELDS}
+
+
+def _dtype_name(head: EagleHead) -> str:
+    return str(head.dtype).removeprefix("torch.")
+
+
+def _layer_config_dict(config: EagleConfig) -> dict:
+    d = config.layer_config().to_dict()
+    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
+        d.pop(key, None)
+    d["architectures"] = ["LlamaForCausalLM"]
+    # Servers on transformers 4.x read rope_theta / rope_scaling; 5.x reads rope_parameters.
+    d["rope_theta"] = config.rope_parameters.get("rope_theta")
+    if config.rope_parameters.get("rope_type", "default") != "default":
+        d["rope_scaling"] = copy.deepcopy(config.rope_parameters)
+    return d
+
+
+def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
+    c = head.config
+    return {
+        "architectures": [SPECULATORS_ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": c.draft_vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
+        # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
+        "norm_before_residual": bool(c.norm_before_residual),
+        "norm_before_fc": False,  # no input_norm over the concatenated aux states
+        "norm_output": False,
+        "fc_norm": False,
+        "embed_requires_grad": False,
+        "target_hidden_size": None,  # null = the draft's hidden size (same as the target's)
+        "tie_word_embeddings": False,
+        "transformer_layer_config": _layer_config_dict(c),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": c.target_name_or_path, "architectures": c.target_architectures or []},
+        },
+        "torch_dtype": _dtype_name(head),
+        PROVENANCE_KEY: _provenance(c),
+    }
+
+
+def _sglang_config(head: EagleHead, num_speculative_tokens: int) -> dict:
+    c = head.config
+    d = _layer_config_dict(c)
+    d.update({
+        "architectures": [SGLANG_ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "draft_vocab_size": c.draft_vocab_size,
+        "tie_word_embeddings": False,
+        # SGLang captures layers_to_capture = [id + 1 for id in these]: write HF index - 1.
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids], "use_aux_hidden_state": True},
+        "num_speculative_tokens": num_speculative_tokens,  # informational: SGLang takes --speculative-num-steps
+        "torch_dtype": _dtype_name(head),
+        PROVENANCE_KEY: _provenance(c),
+    })  # fmt: skip
+    return d
+
+
+def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) -> None:
+    c = head.config
+    if c.version != "eagle3":
+        raise EagleError(
+            f"export to {fmt!r}: only EAGLE-3 heads have a {fmt} layout here (vLLM's EAGLE-1 layout is not implemented); "
+            "save EAGLE-1 heads with format 'hf' (save_eagle)"
+        )
+    if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+        raise EagleError(f"num_speculative_tokens={num_speculative_tokens!r}: expected an int >= 1")
+    L = c.target_num_layers
+    if c.num_aux != 3:
+        raise EagleError(f"export to {fmt!r}: the server's fc reads exactly 3 aux hidden states, this head reads {c.aux_layer_ids}")
+    if L is not None and max(c.aux_layer_ids) >= L:
+        raise EagleError(
+            f"export to {fmt!r}: aux layer id {max(c.aux_layer_ids)} is the target's post-norm output; servers capture "
+            f"only layer inputs (ids 0..{L - 1})"
+        )
+    if fmt == "sglang" and (c.attention_bias or c.norm_before_residual):
+        raise EagleError("export to 'sglang': SGLang's Eagle3 layer has no attention bias and no norm_before_residual variant")
+
+
+# ---------------------------------------------------------------------- writing
+def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
+    return write_folder_atomic(out_dir, write, overwrite=overwrite, may_replace=may_replace, error=EagleError)
+
+
+def _is_draftsmith_eagle(folder: Path) -> bool:
+    return has_model_type(folder, EagleConfig.model_type)
+
+
+def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:
+    """Draftsmith layout (`save_pretrained`, safetensors), written atomically. An existing folder is
+    replaced when it holds a draftsmith EAGLE head (re-running a training), anything else only with
+    `overwrite`."""
+    return _write_atomic(
+        out_dir, lambda tmp: head.save_pretrained(tmp, safe_serialization=True),
+        overwrite=overwrite, may_replace=_is_draftsmith_eagle,
+    )  # fmt: skip
+
+
+def export_eagle(head: EagleHead, out_dir, format: str, *, num_speculative_tokens: int = 3, overwrite: bool = False) -> Path:
+    """Write `head` for a server: "vllm" (speculators format), "sglang", or "hf" (= save_eagle).
+
+    The produced weights are compared with the format's required key set before anything is
+    written; `num_speculative_tokens` is the draft length the vLLM config proposes."""
+    if format not in EXPORT_FORMATS:
+        raise EagleError(f"export format {format!r}: expected one of {', '.join(map(repr, EXPORT_FORMATS))}")
+    if format == "hf":
+        return save_eagle(head, out_dir, overwrite=overwrite)
+    _check_exportable(head, format, num_speculative_tokens)
+    state = _export_state(head, format)
+    _check_keys(state, _required_keys(head.config, format), format)
+    config = (_vllm_config if format == "vllm" else _sglang_config)(head, num_speculative_tokens)
+    layer = config["transformer_layer_config"] if format == "vllm" else config
+    for key, expected in (
+        ("max_position_embeddings", head.config.max_position_embeddings),
+        ("rope_parameters", head.config.rope_parameters),
+        ("vocab_size", head.config.vocab_size),
+    ):
+        if layer.get(key) != expected:  # guards against a future edit of the config writers
+            raise EagleError(f"{format} export: config {key}={layer.get(key)!r}, expected the target's {expected!r}")
+
+    def write(tmp: Path) -> None:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return _write_atomic(out_dir, write, overwrite=overwrite)
+
+
+# ---------------------------------------------------------------------- loading
+def load_eagle(
+    path,
+    *,
+    target: PreTrainedModel | None = None,
+    device=None,
+    dtype: torch.dtype | None = None,
+    expected_data_hash: str | None = None,
+) -> EagleHead:
+    """A head from a draftsmith, vLLM speculators or SGLang folder (detected from config.json).
+
+    With `target`: `check_target`. With `expected_data_hash`: the draft vocabulary must have been
+    counted on that data (a stale vocabulary map trains and serves a head at alpha ~ 0)."""
+    path, raw = read_config(path, "EAGLE head", EagleError)
+    if raw.get("model_type") == EagleConfig.model_type:
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        try:
+            head = EagleHead.from_pretrained(path, **kwargs)
+        except (OSError, ValueError) as err:
+            raise EagleError(f"cannot load an EAGLE head from {str(path)!r}: {err}") from None
+        head._freeze()
+    elif raw.get("speculators_model_type") is not None:
+        head = _load_vllm(path, raw)
+    elif SGLANG_ARCHITECTURE in (raw.get("architectures") or []):
+        head = _load_sglang(path, raw)
+    else:
+        raise EagleError(
+            f"{str(path / 'config.json')!r} is not an EAGLE head config: expected model_type {EagleConfig.model_type!r} "
+            f"(draftsmith), a speculators_model_type (vLLM) or architectures [{SGLANG_ARCHITECTURE!r}] (SGLang)"
+        )
+    if dtype is not None or device is not None:
+        head = head.to(device=device, dtype=dtype)
+    c = head.config
+    if expected_data_hash is not None and c.draft_vocab_size != c.vocab_size and c.vocab_map_data_hash != expected_data_hash:
+        recorded = c.vocab_map_data_hash[:12] if c.vocab_map_data_hash else "an unrecorded hash"
+        raise EagleError(
+            f"EAGLE head {str(path)!r} has a draft vocabulary counted on data {recorded}, but the data is "
+            f"{expected_data_hash[:12]}: rebuild the vocabulary map (`draftsmith vocab-map`) and retrain the head"
+        )
+    if target is not None:
+        head.check_target(target)
+    return head.eval()
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise EagleError(f"EAGLE weights {str(file)!r} are missing")
+    try:
+        return load_file(str(file))
+    except (OSError, SafetensorError) as err:
+        raise EagleError(f"cannot read EAGLE weights {str(file)!r}: {err}") from None
+
+
+def _load_vllm(path: Path, raw: dict) -> EagleHead:
+    if raw.get("speculators_model_type") != "eagle3":
+        raise EagleError(f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'eagle3' is supported")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if raw.get(flag):
+            raise EagleError(f"{str(path)!r}: {flag}=true is a speculators variant draftsmith does not implement")
+    if raw.get("target_hidden_size") not in (None, (raw.get("transformer_layer_config") or {}).get("hidden_size")):
+        raise EagleError(f"{str(path)!r}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise EagleError(f"{str(path)!r}: config.json has no transformer_layer_config")
+    state = _read_weights(path / WEIGHTS)
+    # vLLM reads a missing norm_before_residual as True (speculators' own default is False).
+    return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"),
+                       bool(raw.get("norm_before_residual", True)), raw.get("draft_vocab_size"))  # fmt: skip
+
+
+def _load_sglang(path: Path, raw: dict) -> EagleHead:
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise EagleError(f"{str(path)!r}: num_hidden_layers={raw['num_hidden_layers']}; only 1-layer EAGLE-3 heads are supported")
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = [i + 1 for i in ids] if ids is not None else None  # SGLang's "output of layer i" -> HF index i + 1
+    state = {}
+    for key, tensor in _read_weights(path / WEIGHTS).items():
+        key = key.removeprefix("model.")
+        state["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = tensor
+    return _from_state(path, raw, raw, state, ids, False, raw.get("draft_vocab_size"))
+
+
+def _from_state(path, raw, layer: dict, state, aux_ids, norm_before_residual, draft_vocab) -> EagleHead:
+    provenance = dict(raw.get(PROVENANCE_KEY) or {})
+    fc = state.get("fc.weight")
+    if fc is None or "embed_tokens.weight" not in state:
+        raise EagleError(f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)")
+    H = layer.get("hidden_size", fc.shape[0])
+    if aux_ids is None:
+        aux_ids = provenance.get("aux_layer_ids")
+    if aux_ids is None:
+        raise EagleError(f"{str(path)!r}: config.json does not say which target layers the head reads (eagle_aux_hidden_state_layer_ids)")
+    rope = layer.get("rope_parameters") or {
+        **(layer.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": layer.get("rope_theta", 10000.0)
+    }  # fmt: skip
+    V = state["embed_tokens.weight"].shape[0]
+    if layer.get("vocab_size") not in (None, V):
+        raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
+    try:
+        config = EagleConfig(
+            version="eagle3",
+            hidden_size=H,
+            intermediate_size=layer["intermediate_size"],
+            num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads"),
+            head_dim=layer.get("head_dim"),
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+            rope_parameters=rope,
+            max_position_embeddings=layer["max_position_embeddings"],
+            attention_bias=bool(layer.get("attention_bias", False)),
+            hidden_act=layer.get("hidden_act", "silu"),
+            vocab_size=V,
+            draft_vocab_size=draft_vocab or state["lm_head.weight"].shape[0],
+            aux_layer_ids=list(aux_ids),
+            norm_before_residual=norm_before_residual,
+            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k != "aux_layer_ids"},
+        )
+    except KeyError as err:
+        raise EagleError(f"{str(path / 'config.json')!r} lacks {err.args[0]!r}") from None
+    if config.target_name_or_path is None:
+        verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+        config.target_name_or_path = verifier.get("name_or_path")
+        config.target_architectures = verifier.get("architectures") or None
+    if config.draft_vocab_size == config.vocab_size:  # full vocabulary: the maps may be omitted
+        state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        state.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+    with torch.device("meta"):  # no random init of tensors that are overwritten at once
+        head = EagleHead(config)
+    expected = set(head.state_dict())
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise EagleError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
+    try:
+        head.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
+    except RuntimeError as err:  # shape mismatches
+        raise EagleError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
+    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config()).to(state["fc.weight"].device)  # real buffers, not meta
+    head._freeze()
+    return head
