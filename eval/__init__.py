@@ -14,7 +14,7 @@ from draftsmith.eval.runtime import (
     generate,
     generate_batch,
 )
-from draftsmith.eval.runtime.tree import build_medusa_tree
+from draftsmith.eval.medusa_tree import build_medusa_tree
 
 __all__ = [
     "DecodeStats",

@@ -128,7 +128,7 @@ def parse_eagle_tree(text: str) -> dict:
 
 def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[int, ...]]:
     """"auto" (a tree of `num_nodes` built from the heads' recorded accuracies) or JSON paths."""
-    from draftsmith.eval.runtime.tree import build_medusa_tree
+    from draftsmith.eval.medusa_tree import build_medusa_tree
 
     if text == "auto":
         accuracies = heads.config.head_accuracies

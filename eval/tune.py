@@ -41,7 +41,7 @@ from typing import NamedTuple
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.eval.report import write_atomic
 from draftsmith.eval.serving import CostCurve, as_cost_curve
-from draftsmith.eval.runtime.tree import build_medusa_tree, expected_accept_length
+from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 
 
 def _is_number(value) -> bool:

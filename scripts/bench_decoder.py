@@ -78,7 +78,7 @@ from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, P
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.compiler import COMPILE_MODES
 from draftsmith.eval.runtime.kv import capacity_for, model_cache
-from draftsmith.eval.runtime.tree import build_medusa_tree
+from draftsmith.eval.medusa_tree import build_medusa_tree
 from draftsmith.heads.models import DTYPE_ALIASES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

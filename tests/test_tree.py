@@ -25,10 +25,9 @@ from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
 from draftsmith.eval.stats import chi_square_gof
+from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.eval.runtime.tree import (
-    build_medusa_tree,
     children_of,
-    expected_accept_length,
     typical_threshold,
     verify_tree,
     verify_tree_greedy,

@@ -143,7 +143,7 @@ MEDUSA_TREE_NODES = 16  # verify 17 tokens per call: cheap on any device for a t
 
 def _medusa_tree(ctx: DemoContext):
     from draftsmith.eval.runtime.drafters import MedusaDrafter
-    from draftsmith.eval.runtime.tree import build_medusa_tree
+    from draftsmith.eval.medusa_tree import build_medusa_tree
 
     heads = ctx.medusa_heads()
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)

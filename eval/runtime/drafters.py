@@ -243,7 +243,7 @@ class MedusaDrafter(Drafter):
     (`draftsmith.heads.medusa.MedusaHeads`); only the heads a proposal reads run. `tree=None`: a
     chain of the heads' argmax tokens. Otherwise a Medusa tree: paths of ranks, (0, 2) = head 0's
     top-1 token, then head 1's third-best below it; every prefix of every path is a node (build
-    one with `eval.runtime.tree.build_medusa_tree`). Proposals are deterministic, so both are
+    one with `eval.medusa_tree.build_medusa_tree`). Proposals are deterministic, so both are
     verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule. With
     `compile` the heads and their argmax / top-k run as one compiled call (full batches).
     """

@@ -39,6 +39,7 @@ from draftsmith.eval.runtime.sampling import (
     kl_divergence,
     total_variation,
     verify_chain,
+    verify_chain_greedy,
 )
 from draftsmith.eval.runtime.stats import BatchResult, DecodeStats, Generation
 from draftsmith.eval.runtime.target import check_prompts, max_positions, right_aligned, synchronize
@@ -342,17 +343,19 @@ def _verify(logits, call: _Call, sampling: SamplingConfig, typical, generators):
     rows = len(call.counts)
     paths, emitted, kl = [], [], [0.0] * rows
     if sampling.greedy:
-        width = call.tokens.shape[1] + 1
-        ids = torch.cat([logits.argmax(-1), call.tokens], dim=1).tolist()  # argmax [W] | tokens [W - 1]
+        # Chains: keep the drafts equal to the target's argmax before them, then emit the argmax
+        # (a row's padding past its own count never counts). Trees walk the argmax down.
+        argmax = logits.argmax(-1)  # [R, W]: no float copy needed, a cast keeps the order
+        n, _ = verify_chain_greedy(argmax, call.tokens)
+        n = torch.minimum(n, torch.tensor(call.counts, device=n.device))
+        ids = torch.cat([n[:, None], argmax, call.tokens], dim=1).tolist()  # one device->host copy
+        width = argmax.shape[1]
         for b, row in enumerate(ids):
-            argmax, tokens, k = row[:width], row[width:], call.counts[b]
+            argmax_b, tokens, k = row[1 : width + 1], row[width + 1 :], call.counts[b]
             if call.tree[b]:
-                path, nxt = verify_tree_greedy(argmax[: k + 1], call.parents[b], tokens[:k])
-            else:  # keep the drafts equal to the argmax before them, then emit the argmax
-                n = 0
-                while n < k and tokens[n] == argmax[n]:
-                    n += 1
-                path, nxt = list(range(n)), argmax[n]
+                path, nxt = verify_tree_greedy(argmax_b[: k + 1], call.parents[b], tokens[:k])
+            else:
+                path, nxt = list(range(row[0])), argmax_b[row[0]]
             paths.append(path)
             emitted.append([tokens[i] for i in path] + [nxt])
         return paths, emitted, kl

@@ -85,4 +85,3 @@ def describe_crossover(result: Crossover) -> str:
         f"{m} stops paying at {name} {xs[j]:g} (speedup {s[j]:.2f}x there, {s[j - 1]:.2f}x at {xs[j - 1]:g}); "
         f"the speedup crosses 1.00x near {name} {result.crossing:.3g}."
     )
-

@@ -100,12 +100,15 @@ def sustainable_load(
         raise ValueError(f"rel_tol = {rel_tol!r}; expected a number in (0, 1)")
     if min_qps is not None and (not _is_number(min_qps) or min_qps <= 0):
         raise ValueError(f"min_qps = {min_qps!r}; expected an arrival rate > 0 requests per second")
-    capacity = saturation_capacity(profile, max_batch, prompt_lengths, output_lengths, num_requests=num_requests, seed=seed)
+    capacity = saturation_capacity(
+        profile, max_batch, prompt_lengths, output_lengths, num_requests=num_requests, seed=seed
+    )
     p = f"p{percentile:g}"
     trials: list[dict] = []
 
     def trial(qps: float) -> tuple[bool, SimulationResult]:
-        run = simulate(profile, poisson_requests(qps, num_requests, prompt_lengths, output_lengths, seed), max_batch, seed=seed)
+        requests = poisson_requests(qps, num_requests, prompt_lengths, output_lengths, seed)
+        run = simulate(profile, requests, max_batch, seed=seed)
         latency = run.latency(percentile)
         trials.append({"qps": qps, "latency_s": latency, "meets_target": latency <= latency_target_s})
         return latency <= latency_target_s, run

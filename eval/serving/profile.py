@@ -71,7 +71,8 @@ class _CheckedCost:
         if not _is_number(y) or y < 0 or (y == 0 and not self.allow_zero):
             bound = ">= 0" if self.allow_zero else "> 0"
             raise ValueError(
-                f"{self.what}: the cost function returned {y!r} seconds at size {size}; expected a finite number {bound}"
+                f"{self.what}: the cost function returned {y!r} seconds at size {size}; "
+                f"expected a finite number {bound}"
             )
         return float(y)
 
@@ -87,7 +88,9 @@ def as_cost_curve(spec, what: str, *, allow_zero: bool = False) -> Callable[[flo
         return CostCurve({1: spec}, what, allow_zero=allow_zero)
     if callable(spec):
         return _CheckedCost(spec, what, allow_zero)
-    raise ValueError(f"{what}: expected measured points {{size: seconds}}, a number of seconds or a function, got {spec!r}")
+    raise ValueError(
+        f"{what}: expected measured points {{size: seconds}}, a number of seconds or a function, got {spec!r}"
+    )
 
 
 # ---------------------------------------------------------------------- tokens per step
@@ -114,7 +117,9 @@ def histogram_from_alphas(alpha_per_position: Sequence[float | None]) -> dict[in
         if a is None:
             break
         if not _is_number(a) or not 0.0 <= a <= 1.0:
-            raise ValueError(f"alpha_per_position[{i}] = {a!r}; expected a probability in [0, 1] (or None: not reached)")
+            raise ValueError(
+                f"alpha_per_position[{i}] = {a!r}; expected a probability in [0, 1] (or None: not reached)"
+            )
         alphas.append(float(a))
     hist: dict[int, float] = {}
     reach = 1.0  # P(tokens >= n)
@@ -129,7 +134,9 @@ def histogram_from_alphas(alpha_per_position: Sequence[float | None]) -> dict[in
 
 def _normalise_histogram(hist, name: str) -> dict[int, float]:
     if not isinstance(hist, Mapping) or not hist:
-        raise ValueError(f"{name}: tokens_per_step must be a non-empty histogram {{tokens: probability or count}}, got {hist!r}")
+        raise ValueError(
+            f"{name}: tokens_per_step must be a non-empty histogram {{tokens: probability or count}}, got {hist!r}"
+        )
     for n, w in hist.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{name}: tokens_per_step key {n!r}; expected tokens per step as an int >= 1")

@@ -61,7 +61,9 @@ def _length_sampler(lengths: Lengths, what: str) -> Callable[[random.Random], in
     raise ValueError(f"{what} = {lengths!r}; expected a token count or a non-empty list of measured counts")
 
 
-def poisson_requests(qps: float, n: int, prompt_lengths: Lengths, output_lengths: Lengths, seed: int = 0) -> list[Request]:
+def poisson_requests(
+    qps: float, n: int, prompt_lengths: Lengths, output_lengths: Lengths, seed: int = 0
+) -> list[Request]:
     """`n` requests arriving as a Poisson process of rate `qps` (exponential gaps, the first
     one after a gap too); lengths fixed or drawn uniformly from measured lengths.
 
@@ -71,7 +73,8 @@ def poisson_requests(qps: float, n: int, prompt_lengths: Lengths, output_lengths
         raise ValueError(f"qps = {qps!r}; expected an arrival rate > 0 requests per second")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n = {n!r}; expected a number of requests >= 1")
-    prompt, output = _length_sampler(prompt_lengths, "prompt_lengths"), _length_sampler(output_lengths, "output_lengths")
+    prompt = _length_sampler(prompt_lengths, "prompt_lengths")
+    output = _length_sampler(output_lengths, "output_lengths")
     rng = random.Random(seed)
     t, requests = 0.0, []
     for _ in range(n):
@@ -238,4 +241,6 @@ def simulate(profile: StepProfile, requests: Sequence[Request], max_batch: int, 
         RequestResult(r.arrival_s, admitted[i], first[i], finish[i], r.prompt_tokens, produced_of[i], steps_of[i])
         for i, r in enumerate(requests)
     ]
-    return SimulationResult(profile.name, max_batch, results, steps, busy, row_seconds, backlog_s, backlog_tokens, max_waiting)
+    return SimulationResult(
+        profile.name, max_batch, results, steps, busy, row_seconds, backlog_s, backlog_tokens, max_waiting
+    )

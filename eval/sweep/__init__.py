@@ -121,7 +121,6 @@ def measure_verify_curve(
     return {n: percentile(v, 50) for n, v in samples.items()}
 
 
-
 def measure_chain(
     target,
     drafter: Drafter,
@@ -161,7 +160,6 @@ def measure_chain(
         tau=pooled.tau, target_calls=pooled.target_calls, drafts=sum(pooled.proposed),
         drafter_seconds=pooled.drafter_seconds, per_step=draft_cost_per_step(drafter), verify_seconds=verify,
     )  # fmt: skip
-
 
 
 # ---------------------------------------------------------------------- the sweep

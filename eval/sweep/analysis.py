@@ -24,6 +24,7 @@ from draftsmith.eval.serving import (
 from draftsmith.eval.stats import percentile
 from draftsmith.eval.sweep.settings import SweepSettings
 
+
 def _median(values) -> float:
     return percentile(values, 50) if values else math.nan
 
@@ -236,8 +237,9 @@ def three_a_rows(methods: Mapping[str, dict], report: Mapping, sweep: SweepSetti
         cost = entry.get("cost")
         if sweep.price_per_hour is not None:
             at_load = cost and cost.get("at_sustainable_load_usd_per_1k_tokens")
-            at_capacity = cost["at_capacity_usd_per_1k_tokens"] if cost else None
-            row["$/1k tokens"] = at_load if at_load is not None else at_capacity
+            row["$/1k tokens"] = (
+                at_load if at_load is not None else (cost["at_capacity_usd_per_1k_tokens"] if cost else None)
+            )
             row["$/answer"] = (
                 cost.get("at_sustainable_load_usd_per_answer", cost["at_capacity_usd_per_answer"]) if cost else None
             )
@@ -255,4 +257,3 @@ def task_rows(report: Mapping) -> list[dict]:
                 "target_calls": t["target_calls"], "alpha": t["alpha"], "tau": t["tau"], "speedup": t["speedup"],
             })  # fmt: skip
     return rows
-

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 from draftsmith.eval.runtime import Drafter, MedusaDrafter
 
+
 def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimum: int) -> torch.Tensor:
     """Real tokens as long as a context halfway through a decode (mean prompt length +
     max_new_tokens / 2, at least `minimum`): the prompts concatenated, cut to that length."""
@@ -76,4 +77,3 @@ class ChainMeasurement:
         out["verify_seconds"] = {str(n): v for n, v in self.verify_seconds.items()}
         out["draft_ms_per_step"], out["draft_ms_per_token"] = self.draft_ms_per_step, self.draft_ms_per_token
         return out
-

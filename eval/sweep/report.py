@@ -11,6 +11,7 @@ from draftsmith.eval.evaluator import BASELINE
 from draftsmith.eval.report import method_name, write_atomic
 from draftsmith.eval.sweep.settings import _is_number
 
+
 def _json_ready(serving: dict) -> dict:
     out = dict(serving)
     out["methods"] = {
@@ -43,7 +44,9 @@ def load_sentences(serving: Mapping) -> list[str]:
     return [f"{name}: {e['sustainable']['reason']}" for name, e in serving["methods"].items() if e.get("sustainable")]
 
 
-def write_serving(serving: dict, out_dir, *, title: str = "draftsmith serving analysis", report: Mapping | None = None) -> list[Path]:
+def write_serving(
+    serving: dict, out_dir, *, title: str = "draftsmith serving analysis", report: Mapping | None = None
+) -> list[Path]:
     """Figures, serving.json, serving.md and serving.html into out_dir; returns the paths."""
     from draftsmith.eval.plots import (
         acceptance_series,
@@ -65,8 +68,9 @@ def write_serving(serving: dict, out_dir, *, title: str = "draftsmith serving an
 
     series = acceptance_series(report) if report and report.get("methods") else {}
     if series:
-        figures["acceptance"] = plot_acceptance(series, out_dir / "acceptance.png",
-                                                title=f"acceptance by draft position (batch 1, {s['mode']})")  # fmt: skip
+        figures["acceptance"] = plot_acceptance(
+            series, out_dir / "acceptance.png", title=f"acceptance by draft position (batch 1, {s['mode']})"
+        )
     curves = {n: {r["batch_size"]: r["tokens_per_s"] for r in e["batches"]} for n, e in batched.items()}
     baseline = curves.pop(BASELINE)
     if curves:
@@ -74,8 +78,10 @@ def write_serving(serving: dict, out_dir, *, title: str = "draftsmith serving an
     if s["qps"]:
         top = s["qps"][-1]
         runs = {n: e["_runs"][top] for n, e in batched.items() if "_runs" in e}
-        figures["latency"] = plot_latency_cdf(runs, out_dir / "latency_cdf.png",
-                                              title=f"request latency, simulated at {top:g} req/s (max batch {s['max_batch']})")  # fmt: skip
+        figures["latency"] = plot_latency_cdf(
+            runs, out_dir / "latency_cdf.png",
+            title=f"request latency, simulated at {top:g} req/s (max batch {s['max_batch']})",
+        )  # fmt: skip
     tunings = serving.get("tuning") or {}
     if tunings:
         figures["speedup_vs_k"] = plot_speedup_vs_k(
@@ -112,8 +118,9 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
     p = f"p{s['percentile']:g}"
     out = []
     intro = (
-        f"Mode: {s['mode']} (lossless: every method emits the target's own distribution). K = {s['num_draft_tokens']}, "
-        f"{s['num_prompts']} prompts x up to {s['max_new_tokens']} new tokens, batch sizes {', '.join(map(str, sizes))} "
+        f"Mode: {s['mode']} (lossless: every method emits the target's own distribution). "
+        f"K = {s['num_draft_tokens']}, {s['num_prompts']} prompts x up to {s['max_new_tokens']} new tokens, "
+        f"batch sizes {', '.join(map(str, sizes))} "
         f"(prompts cycled to fill each batch), {s['repeats']} timed passes. tau counts the bonus token "
         "(target-only = 1.00). Speedup: tokens/s over target-only tokens/s at the same batch size in the same pass, "
         "median over passes."
@@ -121,8 +128,11 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
     if s.get("path", "default") != "default":
         intro += (
             f" Decoding path: {s['path']} (a preallocated KV cache of fixed batch: finished rows stay as padding rows)"
-            + (f"; compile time {serving.get('compile_seconds', 0.0):.1f} s, not in any timing." if s["path"] == "compiled" else ".")
-        )
+            + (
+                f"; compile time {serving.get('compile_seconds', 0.0):.1f} s, not in any timing."
+                if s["path"] == "compiled" else "."
+            )
+        )  # fmt: skip
     three = (
         "Acceptance: alpha and tau of the batch-1 evaluation. Acceleration: speedup at each batch size. Attendance: "
         f"the highest Poisson load one engine (max batch {max(sizes)}) serves with the {p} request latency within "
@@ -131,11 +141,13 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
     text = [intro, three]
     text += crossover_sentences(serving)
     text += load_sentences(serving)
-    out.append(Section("The three A: Acceptance, Acceleration, Attendance", "\n\n".join(text), rows=display_rows(serving["three_a"])))
+    out.append(Section("The three A: Acceptance, Acceleration, Attendance", "\n\n".join(text),
+                       rows=display_rows(serving["three_a"])))  # fmt: skip
 
     if report and report.get("methods"):
         rows = [
-            {"method": method_name(r), **{f"alpha_{i + 1}": a for i, a in enumerate(r["alpha_per_position"])}, "tau": r["tau"]}
+            {"method": method_name(r), **{f"alpha_{i + 1}": a for i, a in enumerate(r["alpha_per_position"])},
+             "tau": r["tau"]}
             for r in report["methods"] if r.get("alpha_per_position")
         ]  # fmt: skip
         images = [figures["acceptance"]] if "acceptance" in figures else []
@@ -144,8 +156,8 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
                                "were accepted (batch 1; trees: per depth).", rows=rows, images=images))  # fmt: skip
     if serving.get("tasks"):
         out.append(Section(
-            "Per task", "Batch-1 counters per task of the prompt rows; a method's new_tokens and target_calls over its "
-            "tasks sum to its totals. speedup: the task's tokens/s over target-only's on the same prompts.",
+            "Per task", "Batch-1 counters per task of the prompt rows; a method's new_tokens and target_calls over "
+            "its tasks sum to its totals. speedup: the task's tokens/s over target-only's on the same prompts.",
             rows=serving["tasks"], breakdown="tau",
         ))  # fmt: skip
 
@@ -154,7 +166,8 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
         for r in e["batches"]:
             row = {"method": name, "batch": r["batch_size"], "tokens/s": r["tokens_per_s"], "speedup": r["speedup"],
                    "tau": r["tau"], "latency p50 s": r["latency_s_p50"], "p90 s": r["latency_s_p90"],
-                   "p99 s": r["latency_s_p99"], "TTFT p50 s": r["ttft_s_p50"], "step ms (full batch)": r["step_ms_full_batch"]}  # fmt: skip
+                   "p99 s": r["latency_s_p99"], "TTFT p50 s": r["ttft_s_p50"],
+                   "step ms (full batch)": r["step_ms_full_batch"]}  # fmt: skip
             if "usd_per_1k_tokens" in r:
                 row["$/1k tokens"] = r["usd_per_1k_tokens"]
             rows.append(row)
@@ -189,23 +202,28 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
             "Speedup vs K (autotuner)",
             "Predicted batch-1 speedup per K from the measured alpha per position, draft cost and verify cost curve "
             f"(ms: {verify}); cross: the measured speedup at K = {s['num_draft_tokens']}. `draftsmith tune` measures "
-            "up to a larger K and records the choice.", rows=rows, images=[figures["speedup_vs_k"]] if "speedup_vs_k" in figures else [],
+            "up to a larger K and records the choice.", rows=rows,
+            images=[figures["speedup_vs_k"]] if "speedup_vs_k" in figures else [],
         ))  # fmt: skip
 
     rows = []
     for name, e in batched.items():
         for sim in e.get("simulations", []):
             row = {"method": name, "req/s": sim["qps"], "stable": sim["stable"], "tokens/s": sim["tokens_per_s"],
-                   "mean batch": sim["mean_batch"], "latency p50 s": sim["latency_s_p50"], "p90 s": sim["latency_s_p90"],
-                   "p99 s": sim["latency_s_p99"], "TTFT p50 s": sim["ttft_s_p50"], "queue p90 s": sim["queue_s_p90"]}  # fmt: skip
+                   "mean batch": sim["mean_batch"], "latency p50 s": sim["latency_s_p50"],
+                   "p90 s": sim["latency_s_p90"], "p99 s": sim["latency_s_p99"], "TTFT p50 s": sim["ttft_s_p50"],
+                   "queue p90 s": sim["queue_s_p90"]}  # fmt: skip
             if "usd_per_1k_tokens" in sim:
                 row["$/1k tokens"] = sim["usd_per_1k_tokens"]
             rows.append(row)
-    capacity = "; ".join(f"{n} {e['capacity']['requests_per_s']:.3g} req/s ({e['capacity']['tokens_per_s']:.4g} tokens/s)"
-                         for n, e in batched.items())  # fmt: skip
+    capacity = "; ".join(
+        f"{n} {e['capacity']['requests_per_s']:.3g} req/s ({e['capacity']['tokens_per_s']:.4g} tokens/s)"
+        for n, e in batched.items()
+    )
     text = (f"Continuous batching simulated from the measured step costs ({s['sim_requests']} Poisson requests per "
             f"rate, prompt and answer lengths drawn from the measured ones, max batch {max(sizes)}). Capacity (every "
-            f"slot busy): {capacity}. A rate at or above capacity is not stable: its queue grows without bound.")  # fmt: skip
+            f"slot busy): {capacity}. A rate at or above capacity is not stable: its queue grows without "
+            "bound.")  # fmt: skip
     loads = load_sentences(serving)
     if loads:
         text += "\n\n" + "\n\n".join(loads)
@@ -223,7 +241,7 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
                          "$/answer at sustainable load": c.get("at_sustainable_load_usd_per_answer")})  # fmt: skip
         out.append(Section(
             "Cost", f"At ${s['price_per_hour']:g} per hour for the engine; an answer is the mean measured answer "
-            "length. At the sustainable load the engine idles part of the time, so its tokens cost more.", rows=display_rows(rows),
+            "length. At the sustainable load the engine idles part of the time, so its tokens cost more.",
+            rows=display_rows(rows),
         ))  # fmt: skip
     return out
-

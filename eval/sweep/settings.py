@@ -62,4 +62,3 @@ def batch_plan(num_prompts: int, batch_size: int) -> list[list[int]]:
     batches = -(-num_prompts // batch_size)
     order = [i % num_prompts for i in range(batches * batch_size)]
     return [order[j * batch_size : (j + 1) * batch_size] for j in range(batches)]
-
