@@ -1,10 +1,13 @@
 """Batched decoding on its three paths, side by side: the default dynamic ragged cache, the
 static ragged cache, and the static cache with compiled steps (`generate_batch(...,
-static_cache=, compile=)`), for target-only decoding and each drafter given, at one batch size.
+static_cache=, compile=)`), for target-only decoding and each drafter given, at one batch size:
+draft models, prompt lookup, Medusa chain and tree, EAGLE chain and EAGLE-2 tree (built by
+`eval.drafter_specs`, as `draftsmith eval` builds them).
 
     D=~/.cache/draftsmith
     python scripts/bench_batched.py --target $D/demo-target-cpu/target \
         --draft $D/demo-heads-cpu/distilled-draft/draft --eagle $D/demo-heads-cpu/eagle3/head \
+        --eagle-tree 3,4,12 --medusa $D/demo-heads-cpu/medusa/heads --medusa-tree auto --prompt-lookup \
         --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --batch-size 4
 
 Greedy, no eos (every row emits exactly --max-new-tokens), one warm-up per configuration
@@ -22,9 +25,9 @@ import sys
 
 import torch
 
-from draftsmith.eval.runtime import DraftModelDrafter, EagleDrafter, generate_batch
+from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
 from draftsmith.eval.evaluator import load_prompts
-from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from draftsmith.eval.runtime import generate_batch
 
 PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile": True}}
 
@@ -32,8 +35,12 @@ PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile"
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="the target model folder")
-    parser.add_argument("--draft", help="a draft model folder (same vocabulary)")
+    parser.add_argument("--draft", action="append", metavar="[NAME=]DIR", help="a draft model folder (same vocabulary); repeatable")
+    parser.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup")
+    parser.add_argument("--medusa", help="a Medusa heads folder (its chain)")
+    parser.add_argument("--medusa-tree", help="also a Medusa tree: auto (from the heads' accuracies) or JSON paths")
     parser.add_argument("--eagle", help="an EAGLE head folder (its chain)")
+    parser.add_argument("--eagle-tree", help="also an EAGLE-2 tree: DEPTH,TOP_K,TOTAL_TOKENS")
     parser.add_argument("--prompt-file", required=True, help="prompts: JSON lines with \"prompt\" (text) or \"input_ids\"")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -51,23 +58,23 @@ def main(argv=None) -> int:
     if args.batch_size < 1 or args.max_new_tokens < 1 or args.num_draft_tokens < 1 or args.repeats < 1:
         parser.error("--batch-size, --max-new-tokens, -k and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
 
-    target = load_causal_lm(args.target, device=device, dtype=dtype, role="target")
-    tokenizer = load_tokenizer(args.target)
+    if not (args.draft or args.prompt_lookup or args.medusa or args.eagle):
+        parser.error("give a drafter: --draft, --prompt-lookup, --medusa and/or --eagle")
+    specs = DrafterSpecs(target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup,
+                         medusa=args.medusa, medusa_tree=args.medusa_tree, eagle=args.eagle, eagle_tree=args.eagle_tree,
+                         device=args.device or "auto", dtype=args.dtype)  # fmt: skip
+    try:
+        target, tokenizer, drafters, device, dtype = load_drafters(specs)
+    except SpecError as err:
+        parser.error(str(err))
     prompts = load_prompts(args.prompt_file, tokenizer, limit=args.batch_size)
     if len(prompts) < args.batch_size:
         parser.error(f"--prompt-file {args.prompt_file} holds {len(prompts)} prompts, fewer than --batch-size {args.batch_size}")
     methods = {"target-only": (lambda: None, 0)}
-    if args.draft:
-        draft = load_causal_lm(args.draft, device=device, dtype=dtype, role="draft")
-        methods["draft"] = (lambda: DraftModelDrafter(draft), args.num_draft_tokens)
-    if args.eagle:
-        from draftsmith.heads.eagle import load_eagle
-
-        head = load_eagle(args.eagle, target=target, device=device, dtype=dtype)
-        methods["eagle-chain"] = (lambda: EagleDrafter(head), args.num_draft_tokens)
+    for name, drafter in drafters.items():  # K: -k for chains, a tree's own depth
+        depth = getattr(drafter, "max_depth", None) if getattr(drafter, "tree", None) is not None else None
+        methods[name] = (lambda drafter=drafter: drafter, depth or args.num_draft_tokens)
 
     def run(method: str, path: str):
         make, k = methods[method]

@@ -302,10 +302,10 @@ def test_the_batched_benchmark_script(toy_dir, capsys):
     """scripts/bench_batched.py end to end on the toy pair: every path decodes the same tokens."""
     from draftsmith.scripts.bench_batched import main
 
-    code = main(["--target", str(toy_dir / "target"), "--draft", str(toy_dir / "draft"), "--prompt-file",
+    code = main(["--target", str(toy_dir / "target"), "--draft", str(toy_dir / "draft"), "--prompt-lookup", "--prompt-file",
                  str(toy_dir / "prompts.jsonl"), "--batch-size", "2", "--max-new-tokens", "6", "--repeats", "1",
                  "--device", "cpu", "--paths", "static"])  # fmt: skip (compiling is tested above)
     out = capsys.readouterr().out
     assert code == 0, out
-    rows = [line for line in out.splitlines() if line.startswith("| target-only") or line.startswith("| draft")]
-    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), out
+    rows = [line for line in out.splitlines() if line.startswith(("| target-only", "| draft", "| prompt-lookup"))]
+    assert len(rows) == 3 and all(row.endswith("| yes |") for row in rows), out
