@@ -180,6 +180,7 @@ class EagleDrafter(Drafter):
         score, token = logq.topk(min(top_k, logq.shape[-1]))  # [B, k]
         width = token.shape[1]
         scores, tokens, parents = [score], [self.head.draft_to_target(token)], [torch.full_like(token, -1)]
+        depths = [torch.ones(width, dtype=torch.long, device=device)]  # of every generated node
         frontier = torch.arange(width, device=device).expand(batch, width)  # node ids of the frontier
         hidden = g_root[:, None].expand(batch, width, -1)  # what each frontier node reads: its parent's g
         seen = torch.zeros(batch, width, 0, dtype=torch.bool, device=device)  # ancestors among fed columns
@@ -195,6 +196,7 @@ class EagleDrafter(Drafter):
             scores.append(child_score.flatten(1))
             tokens.append(self.head.draft_to_target(child_token).flatten(1))
             parents.append(frontier.repeat_interleave(child_token.shape[2], dim=1))
+            depths.append(torch.full((child_score.shape[1] * child_score.shape[2],), d + 2, device=device))
             best = top_in_order(child_score.flatten(1), top_k)  # the next frontier
             row = best // child_token.shape[2]  # which fed column each new frontier node hangs off
             frontier = count + best
@@ -202,8 +204,11 @@ class EagleDrafter(Drafter):
             seen = seen.gather(1, row[..., None].expand(-1, -1, seen.shape[-1]))
             count += child_score.shape[1] * child_score.shape[2]
         scores, tokens, parents = torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1)
-        # Rerank everything generated; back in generation order (topological).
-        keep = top_in_order(scores, self.tree["total_tokens"]).sort(dim=1).values
+        # Rerank everything generated within each row's own depth budget (so a row's tree is the
+        # one it would get alone), then back to generation order (topological). Nodes past the
+        # budget that still make the cut (-inf ties) are the ones the loop cuts.
+        too_deep = torch.cat(depths)[None] > torch.tensor(counts, device=device)[:, None]
+        keep = top_in_order(scores.masked_fill(too_deep, float("-inf")), self.tree["total_tokens"]).sort(dim=1).values
         self.last_scores = scores.gather(1, keep)
         kept_parents = []
         for b, (row_keep, row_parents) in enumerate(zip(keep.tolist(), parents.tolist())):

@@ -74,8 +74,12 @@ def generate(target: PreTrainedModel, drafter: Drafter | None, input_ids: torch.
              compile: bool | str = False) -> Generation:  # fmt: skip
     """Decode one prompt (1-D or [1, T]) with `drafter` (None = target only): `decode` with B = 1.
     `seed=None` seeds from the system's entropy."""
-    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a LongTensor, got {getattr(input_ids, 'dtype', type(input_ids).__name__)}")
+    if input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be 1-D or [1, T]; got batch {input_ids.shape[0]} (use generate_batch)")
+    if input_ids.dim() not in (1, 2) or input_ids.numel() == 0:
+        raise ValueError(f"input_ids must be a non-empty 1-D (or [1, T]) tensor, got shape {list(input_ids.shape)}")
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}")
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -275,6 +279,11 @@ class _Call:
 
     def __init__(self, proposal: Proposal | None, budget: list[int], typical: bool, rows: int, device):
         self.proposal = proposal
+        if proposal is not None and proposal.parents is not None and proposal.probs is not None:
+            raise ValueError(
+                "a tree proposal must be deterministic (probs=None): its nodes are verified with q one-hot, "
+                "so a sampled tree would not be lossless"
+            )
         if proposal is None:
             self.counts = [0] * rows
             self.tokens = torch.zeros(rows, 0, dtype=torch.long, device=device)

@@ -261,7 +261,8 @@ def run_sweep(
 
     out = _analyse(cells, batch1_only, prompts, plans, settings, sweep, report or {})
     out["compile_seconds"] = compiling[0]
-    chain = {name: d for name, d in drafters.items() if name in batched and name != BASELINE}
+    chain = {name: d for name, d in drafters.items()
+             if name in batched and name != BASELINE and getattr(d, "tree", None) is None}  # trees: tune_*_tree
     out["tuning"], out["verify_seconds"] = _tunings(target, chain, prompts, settings, report or {})
     return out
 
