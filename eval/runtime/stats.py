@@ -5,7 +5,7 @@ timers). tau counts the bonus/correction token (plain decoding has tau = 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -59,35 +59,23 @@ class DecodeStats:
             if not getattr(self, name):
                 setattr(self, name, [0.0] * k)
 
+    #: Per-call lists (concatenated by `+`); every other list is per draft position (added).
+    _PER_CALL = ("proposed", "accepted")
+
     def __add__(self, other: "DecodeStats") -> "DecodeStats":
         k = max(self.num_draft_tokens, other.num_draft_tokens)
-
-        def add(a, b):
-            a = list(a) + [0] * (k - len(a))
-            b = list(b) + [0] * (k - len(b))
-            return [x + y for x, y in zip(a, b)]
-
-        return DecodeStats(
-            num_draft_tokens=k,
-            proposed=self.proposed + other.proposed,
-            accepted=self.accepted + other.accepted,
-            reached=add(self.reached, other.reached),
-            accepted_at=add(self.accepted_at, other.accepted_at),
-            new_tokens=self.new_tokens + other.new_tokens,
-            drafter_seconds=self.drafter_seconds + other.drafter_seconds,
-            target_seconds=self.target_seconds + other.target_seconds,
-            prefill_seconds=self.prefill_seconds + other.prefill_seconds,
-            ttft_seconds=self.ttft_seconds + other.ttft_seconds,
-            total_seconds=self.total_seconds + other.total_seconds,
-            compile_seconds=self.compile_seconds + other.compile_seconds,
-            kl_sum=add(self.kl_sum, other.kl_sum),
-            tv_sum=add(self.tv_sum, other.tv_sum),
-            accept_prob_sum=add(self.accept_prob_sum, other.accept_prob_sum),
-            distance_count=add(self.distance_count, other.distance_count),
-            kl_count=add(self.kl_count, other.kl_count),
-            lossy=self.lossy or other.lossy,
-            lossy_kl_sum=self.lossy_kl_sum + other.lossy_kl_sum,
-        )
+        merged = {"num_draft_tokens": k, "lossy": self.lossy or other.lossy}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in merged:
+                continue
+            if f.name in self._PER_CALL:
+                merged[f.name] = a + b
+            elif isinstance(a, list):  # per position: pad the shorter to k, then add
+                merged[f.name] = [x + y for x, y in zip(a + [0] * (k - len(a)), b + [0] * (k - len(b)))]
+            else:
+                merged[f.name] = a + b
+        return DecodeStats(**merged)
 
     @property
     def target_calls(self) -> int:
