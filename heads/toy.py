@@ -36,15 +36,20 @@ _CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig
 CORPUS = inspect.getsource(inspect) + inspect.getsource(functools)
 
 
-def tiny_config(family: str, *, hidden: int = 48, layers: int = 2, init: float = 0.05):
+def tiny_config(
+    family: str, *, hidden: int = 48, layers: int = 2, init: float = 0.05, vocab: int = VOCAB,
+    heads: int = 4, kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 512,
+):
+    """A small config of `family` (the tests' defaults; the decoder bench sizes its random target
+    with the keywords). `intermediate` defaults to 2 x hidden; `kv_heads` is ignored by gpt_neox."""
     cls = _CONFIGS[family]
     kwargs = dict(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=2 * hidden if intermediate is None else intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        max_position_embeddings=512,
+        num_attention_heads=heads,
+        max_position_embeddings=max_positions,
         initializer_range=init,
         bos_token_id=1,
         eos_token_id=2,
@@ -52,7 +57,7 @@ def tiny_config(family: str, *, hidden: int = 48, layers: int = 2, init: float =
         tie_word_embeddings=False,
     )
     if family != "gpt_neox":
-        kwargs["num_key_value_heads"] = 2
+        kwargs["num_key_value_heads"] = kv_heads
     if family == "mistral":
         kwargs["sliding_window"] = None
     return cls(**kwargs)
@@ -62,11 +67,12 @@ HEAD_SCALE = 8.0  # makes the random model's distributions peaked
 DRAFT_NOISE = 0.3  # relative weight noise of the draft: alpha ~0.3-0.6
 
 
-def tiny_model(family: str, seed: int = 0, **kwargs):
+def tiny_model(family: str, seed: int = 0, head_scale: float = HEAD_SCALE, **kwargs):
+    """A random model of `tiny_config(family, **kwargs)` with its output head scaled by `head_scale`."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(family, **kwargs))
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(HEAD_SCALE)
+        model.get_output_embeddings().weight.mul_(head_scale)
     model.generation_config.eos_token_id = None  # tests decide where decoding stops
     model.generation_config.pad_token_id = 0
     return model.eval()

@@ -78,12 +78,19 @@ def measure_verify_curve(
     *,
     hidden_layers: tuple[int, ...] = (),
     repeats: int = VERIFY_REPEATS,
+    role: str = "target",
+    capacity: int | None = None,
+    compile: bool | str = False,
 ) -> dict[int, float]:
     """v(n): seconds of one target forward over n tokens appended to a real context, median of
     `repeats` device-synchronised timings per n (sizes interleaved within each repeat, so load
     noise hits every size alike; one untimed warm-up per size). The context minus its last
     max(sizes) tokens is prefilled once; each timed forward feeds the next n real tokens,
-    computes all n logits (as a verification does) and is cropped away again."""
+    computes all n logits (as a verification does) and is cropped away again.
+
+    The forwards run on `model_cache(target, role, 1, capacity, compile)`: the growing cache by
+    default, or the static cache the static / compiled decoding paths use (its compiled widths
+    are those a decode or a `warm_up` made); `role` "draft" times a draft model's own cache."""
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes {list(sizes)}; expected token counts >= 1")
@@ -98,7 +105,7 @@ def measure_verify_curve(
     device = target.device
     context = context.to(device)
     base = context.numel() - widest
-    kv = model_cache(target, "target", 1, None)
+    kv = model_cache(target, role, 1, capacity, compile)
     positions = torch.arange(context.numel(), device=device)[None]
     kv.forward(target, context[None, :base], positions[:, :base], logits_to_keep=1)
     kv.commit_spans(base)
