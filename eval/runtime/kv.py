@@ -219,10 +219,12 @@ class RaggedCache:
         self.valid = self.valid.index_select(0, rows.to(self.device))
         self.counts = [self.counts[i] for i in kept]
 
-    def _order(self, length: int, live: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # A stable sort of 0/1 puts each row's holes first and its real columns after them, in
-        # order: the last `live` sorted columns are the compacted (right-aligned) row.
-        order = torch.sort(self.valid[:, :length].to(torch.int32), dim=1, stable=True)
+    @staticmethod
+    def _order(valid: torch.Tensor, length: int, live: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of `valid`, the columns of its compacted (right-aligned) form and their
+        validity: a stable sort of 0/1 puts each row's holes first and its real columns after
+        them, in order, so the last `live` sorted columns are the row compacted."""
+        order = torch.sort(valid[:, :length].to(torch.int32), dim=1, stable=True)
         return order.indices[:, length - live :], order.values[:, length - live :].bool()
 
     def compact_if_wasteful(self) -> bool:
@@ -231,7 +233,7 @@ class RaggedCache:
         waste = length - live
         if waste <= 0 or waste < COMPACT_WHEN * length:
             return False
-        index, self.valid = self._order(length, live)
+        index, self.valid = self._order(self.valid, length, live)
         for holder in self._holders():
             for name in ("keys", "values"):
                 x = getattr(holder, name)
@@ -413,7 +415,7 @@ class StaticRaggedCache(RaggedCache):
         """Every row's real columns, in order, to [0, live) (right-aligned in it): one gather per
         layer over the same buffers (gather first: source and destination overlap)."""
         length, live = self._length, max(self.counts, default=0)
-        index, valid = self._order(length, live)
+        index, valid = self._order(self._valid, length, live)  # every physical row
         for holder in self._holders():
             for x in (holder.keys, holder.values):
                 gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
@@ -421,10 +423,6 @@ class StaticRaggedCache(RaggedCache):
         self._valid[:, :live] = valid
         self._valid[:, live:length] = False
         self._length = live
-
-    def _order(self, length: int, live: int):
-        order = torch.sort(self._valid[:, :length].to(torch.int32), dim=1, stable=True)
-        return order.indices[:, length - live :], order.values[:, length - live :].bool()
 
     # ------------------------------------------------------------------- the forward
 
