@@ -13,6 +13,7 @@ tune` through `load_chain_drafter` (one drafter, decoding a chain).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class DrafterSpecs:
     lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
     typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
     typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
+    allow_target_mismatch: bool = False  # heads trained on another target: only for a fine-tune of it
     device: str = "auto"
     dtype: str = "auto"
 
@@ -146,28 +148,51 @@ def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[in
         ) from None
 
 
-def load_medusa_heads(folder, target, device, dtype):
+def load_medusa_heads(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
+    """Medusa heads that fit `target` (sizes) and were trained on it (`check_heads_target`)."""
     from draftsmith.heads.medusa import MedusaError, load_medusa
 
     try:
-        return load_medusa(folder, target=target, device=device, dtype=dtype)
+        heads = load_medusa(folder, target=target, device=device, dtype=dtype)
     except MedusaError as err:
         raise SpecError(str(err)) from None
+    check_heads_target(f"Medusa heads {str(folder)!r}", heads, target, allow_target_mismatch)
+    return heads
 
 
-def load_eagle_head(folder, target, device, dtype):
+def load_eagle_head(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
+    """An EAGLE head that fits `target` (sizes, depth, RoPE) and was trained on it (`check_heads_target`)."""
     from draftsmith.heads.eagle import EagleError, load_eagle
 
     try:
-        return load_eagle(folder, target=target, device=device, dtype=dtype)
+        head = load_eagle(folder, target=target, device=device, dtype=dtype)
     except EagleError as err:
         raise SpecError(str(err)) from None
+    check_heads_target(f"EAGLE head {str(folder)!r}", head, target, allow_target_mismatch)
+    return head
+
+
+def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) -> None:
+    """Heads trained on another target: SpecError naming both fingerprints, unless allowed (a
+    fine-tune of it); heads without draftsmith provenance (imported): a note on stderr saying
+    what could be compared. The rule is `heads.provenance`, the trainers' too."""
+    from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
+
+    try:
+        note = check_target_provenance(
+            what, TargetRecord.of_head_config(heads.config), target, allow_mismatch=allow_target_mismatch,
+            flag="pass --allow-target-mismatch",
+        )  # fmt: skip
+    except ProvenanceError as err:
+        raise SpecError(str(err)) from None
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    head = load_eagle_head(specs.eagle, target, device, dtype)
+    head = load_eagle_head(specs.eagle, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
     options = {"typical": specs.typical}
     drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", **options)}
     if specs.eagle_tree:
@@ -179,7 +204,7 @@ def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
 def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     from draftsmith.eval.runtime.drafters import MedusaDrafter
 
-    heads = load_medusa_heads(specs.medusa, target, device, dtype)
+    heads = load_medusa_heads(specs.medusa, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
     layers = target.config.get_text_config().num_hidden_layers
     options = {"typical": specs.typical}
     drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", **options)}
@@ -192,7 +217,7 @@ def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     return drafters
 
 
-def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto"):
+def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto", allow_target_mismatch=False):
     """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle):
     (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
     from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
@@ -211,12 +236,12 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
         model = load_causal_lm(draft, device=device, dtype=dtype, role="draft")
         return target, tokenizer, DraftModelDrafter(model, name="draft"), draft, None
     if medusa:
-        heads = load_medusa_heads(medusa, target, device, dtype)
+        heads = load_medusa_heads(medusa, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
         drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
         return target, tokenizer, drafter, medusa, heads
     from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    head = load_eagle_head(eagle, target, device, dtype)
+    head = load_eagle_head(eagle, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
     return target, tokenizer, EagleDrafter(head, name="eagle-chain"), eagle, None
 
 

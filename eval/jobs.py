@@ -136,6 +136,7 @@ class TuneJob:
     device: str = "auto"
     dtype: str = "auto"
     progress: bool = True
+    allow_target_mismatch: bool = False  # heads trained on another target: only for a fine-tune of it
 
     @property
     def k_max(self) -> int:
@@ -154,7 +155,8 @@ def run_tune(job: TuneJob) -> dict:
     if job.tree_budgets and not job.medusa:
         raise SpecError("--tree-budgets applies to Medusa heads: give --medusa DIR")
     target, tokenizer, drafter, folder, heads = load_chain_drafter(
-        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, device=job.device, dtype=job.dtype
+        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, device=job.device, dtype=job.dtype,
+        allow_target_mismatch=job.allow_target_mismatch,
     )
     prompts = load_prompts(job.prompts, tokenizer, limit=job.limit)
     eos = eos_token_id(target, tokenizer)

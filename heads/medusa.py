@@ -239,10 +239,8 @@ class MedusaHeads(PreTrainedModel):
         return torch.stack(logits)
 
     def check_target(self, target: PreTrainedModel) -> None:
-        """MedusaError when the sizes differ; a warning when the fingerprint differs (a fine-tuned
-        target is legitimate, but acceptance may drop)."""
-        from draftsmith.heads.models import target_fingerprint
-
+        """MedusaError when the sizes differ. Whether the heads were trained on this very target
+        (the fingerprint) is `heads.provenance`'s check, which `draftsmith eval` runs."""
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
         trained_on = self.config.target_name_or_path or "an unrecorded target"
         hidden = target.config.get_text_config().hidden_size
@@ -257,15 +255,6 @@ class MedusaHeads(PreTrainedModel):
                 f"Medusa heads have vocab size {self.config.vocab_size} (trained on {trained_on}) "
                 f"but target {name!r} outputs {vocab} logits"
             )
-        if self.config.target_fingerprint:
-            found = target_fingerprint(target)
-            if found != self.config.target_fingerprint:
-                warnings.warn(
-                    f"Medusa heads were trained on target fingerprint {self.config.target_fingerprint[:12]} "
-                    f"({trained_on}) but target {name!r} has fingerprint {found[:12]}: fine for a "
-                    "fine-tuned target, otherwise expect low acceptance",
-                    stacklevel=2,
-                )
 
 
 def _output_weight(target: PreTrainedModel) -> torch.Tensor:
@@ -398,7 +387,7 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
 # ---------------------------------------------------------------------- loading
 def load_medusa(path, *, target: PreTrainedModel | None = None, device=None, dtype: torch.dtype | None = None) -> MedusaHeads:
     """Heads from a draftsmith, "medusa" or "vllm" folder (detected from config.json). With
-    `target`: sizes checked (fingerprint warned) and, for share_lm_head, its lm_head attached."""
+    `target`: sizes checked and, for share_lm_head, its lm_head attached."""
     path, raw = read_config(path, "Medusa heads", MedusaError)
     if raw.get("model_type") == MedusaConfig.model_type:
         kwargs = {"dtype": dtype} if dtype is not None else {}

@@ -35,6 +35,7 @@ BATCH_SIZES = list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch si
 QPS = list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
 TREE_BUDGETS = list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
 PROMPTS_HELP = 'JSONL: one {"prompt": text} or {"input_ids": [...]} per line'
+ALLOW_MISMATCH_HELP = "use heads trained on another target (its fingerprint differs): only when --target is a fine-tune of it"
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -52,6 +53,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
     p.add_argument("--typical-epsilon", type=float, default=D.typical_epsilon, help="typical acceptance: posterior threshold epsilon")
     p.add_argument("--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta")
+    p.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
     p.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
     add_device_args(p)
     add_sampling_args(p, temperature=False)
@@ -96,6 +98,7 @@ def add_commands(sub) -> None:
     tu.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes of the check at the chosen setting (median reported)")
     tu.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     tu.add_argument("--seed", type=int, default=0)
+    tu.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
     tu.add_argument("--write", action="store_true", help="record the chosen setting in the drafter folder's config.json")
     tu.add_argument("--out", help="folder for tuning.json and the speedup-vs-setting figures")
     add_device_args(tu)
@@ -121,7 +124,8 @@ def _specs(args):
         target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup, max_ngram=args.max_ngram,
         medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=args.eagle,
         eagle_tree=args.eagle_tree, lossy=args.lossy, typical_epsilon=args.typical_epsilon,
-        typical_delta=args.typical_delta, device=args.device, dtype=args.dtype,
+        typical_delta=args.typical_delta, allow_target_mismatch=args.allow_target_mismatch, device=args.device,
+        dtype=args.dtype,
     )  # fmt: skip
 
 
@@ -184,7 +188,7 @@ def cmd_tune(args) -> int:
         target=args.target, prompts=args.prompts, settings=_eval_settings(args, args.k_max, measure_distances=False),
         draft=args.draft, medusa=args.medusa, eagle=args.eagle, limit=args.limit,
         tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None, write=args.write, out=args.out,
-        device=args.device, dtype=args.dtype, progress=not args.no_progress,
+        device=args.device, dtype=args.dtype, progress=not args.no_progress, allow_target_mismatch=args.allow_target_mismatch,
     )  # fmt: skip
     try:
         result = run_tune(job)

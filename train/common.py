@@ -5,8 +5,10 @@ Functions, not a framework: each loop in train/ reads top to bottom and calls th
 
 from __future__ import annotations
 
+import contextlib
 import math
 
+import numpy as np
 import torch
 
 
@@ -49,6 +51,55 @@ def open_hidden_cache(path: str, target, data, layers: tuple[int, ...]):
         hidden_size=target.config.get_text_config().hidden_size,
     )  # fmt: skip
     return cache
+
+
+def answer_starts(masks) -> list[int | None]:
+    """Each row's first trained (loss-masked) position; None for a row that trains nothing."""
+    starts = []
+    for mask in masks:
+        hits = np.flatnonzero(np.asarray(mask))
+        starts.append(int(hits[0]) if hits.size else None)
+    return starts
+
+
+@contextlib.contextmanager
+def reading(data):
+    """A shard of a `DistillData` that cannot be read (truncated, corrupt) as one DataError
+    naming the folder, instead of the Arrow reader's traceback."""
+    from draftsmith.distill.data import DataError
+
+    try:
+        yield
+    except DataError:
+        raise
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
+        raise DataError(f"data {str(data.dir)!r} cannot be read ({type(err).__name__}: {err}); regenerate it") from None
+
+
+def read_answer_starts(data, rows: list[int]) -> list[int | None]:
+    """`answer_starts` of these rows of a `DistillData`. Reads every shard the rows live in, so
+    a shard that cannot be read stops the run before it writes anything."""
+    with reading(data):
+        table = data.dataset.select(rows).with_format("numpy", columns=["loss_mask"])
+        return [s for batch in table.iter(batch_size=1024) for s in answer_starts(batch["loss_mask"])]
+
+
+def check_trains_tokens(starts: list[int | None], max_length: int, first: int, where: str) -> None:
+    """RecipeError unless some training row keeps a trained token once cut to `max_length`;
+    `first` is the first position the method predicts (1 for next-token, 2 for heads that
+    predict token t+2): a run with no trained token would report loss 0 and save untrained
+    weights."""
+    from draftsmith.train.recipe import RecipeError
+
+    trained = [max(s, first) for s in starts if s is not None]
+    if not trained:
+        raise RecipeError(f"{where}: no training row has a trained (answer) token; regenerate the data")
+    earliest = min(trained)
+    if earliest >= max_length:
+        raise RecipeError(
+            f"max_length = {max_length} cuts every training row of {where} before its first trained token "
+            f"(the earliest is at position {earliest}): nothing would be trained; set max_length above {earliest}"
+        )
 
 
 def to_device(batch: dict, device) -> dict:

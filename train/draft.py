@@ -44,10 +44,11 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence
-from draftsmith.train.common import split_rows, to_device
+from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run_folder import cleaned_up_on_error
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_MODES = ("generated", "fixed")
@@ -119,8 +120,10 @@ class Rows:
 
 
 def generated_rows(data: DistillData) -> Rows:
-    ds = data.dataset
-    return Rows([list(r) for r in ds["input_ids"]], [list(m) for m in ds["loss_mask"]], list(ds["prompt_length"]), f"generated:{data.data_hash[:12]}")
+    with reading(data):
+        ds = data.dataset
+        ids, masks, prompt_lengths = [list(r) for r in ds["input_ids"]], [list(m) for m in ds["loss_mask"]], list(ds["prompt_length"])
+    return Rows(ids, masks, prompt_lengths, f"generated:{data.data_hash[:12]}")
 
 
 def fixed_rows(path: str, tokenizer, max_length: int) -> Rows:
@@ -264,6 +267,7 @@ def build_draft(recipe: DraftRecipe, target, tokenizer, device):
     return draft.to(device=device, dtype=torch.float32)  # master weights in fp32
 
 
+@cleaned_up_on_error
 def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.draft import describe_draft
     from draftsmith.heads.models import load_tokenizer
@@ -278,15 +282,22 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos_ids = sorted({t for t in (tokenizer.eos_token_id,) if t is not None})
 
-    rows = generated_rows(DistillData(recipe.data)) if recipe.data_mode == "generated" else fixed_rows(recipe.fixed_data, tokenizer, recipe.max_length)
+    data = DistillData(recipe.data) if recipe.data else None
+    if data is not None:
+        run.check_data_target(data, target)
+    generated = generated_rows(data) if data is not None else None
+    rows = generated if recipe.data_mode == "generated" else fixed_rows(recipe.fixed_data, tokenizer, recipe.max_length)
     # Held out from the target's answers when there are some: that is what decoding will see.
-    eval_rows = generated_rows(DistillData(recipe.data)) if recipe.data else rows
+    eval_rows = generated if generated is not None else rows
     # With generated data, rows and eval_rows are the same rows split the same way: the
     # held-out rows are never trained on.
     train_index, _ = split_rows(len(rows), recipe.heldout_fraction)
     _, heldout_index = split_rows(len(eval_rows), recipe.heldout_fraction)
     if not train_index:
         raise RecipeError("no training rows left after the held-out split")
+    if recipe.on_policy_fraction < 1:  # on-policy steps train on the draft's own tokens, always some
+        where = f"data {recipe.data!r}" if recipe.data_mode == "generated" else f"fixed_data {recipe.fixed_data!r}"
+        check_trains_tokens(answer_starts(rows.masks[i] for i in train_index), recipe.max_length, 1, where)
 
     draft = build_draft(recipe, target, tokenizer, device)
     draft_info = describe_draft(draft, target)

@@ -37,10 +37,12 @@ import torch.nn.functional as F
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence, smooth_l1
-from draftsmith.train.common import collate_rows, open_hidden_cache, split_rows, to_device
+from draftsmith.train.common import check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts, split_rows
+from draftsmith.train.common import to_device
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run_folder import cleaned_up_on_error
 
 
 @dataclass(kw_only=True)
@@ -67,6 +69,8 @@ class EagleRecipe(RunRecipe):
             raise ValueError(f"version = {self.version!r}: expected eagle1 or eagle3")
         if self.version == "eagle1" and (self.draft_vocab_size or self.vocab_map):
             raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size = {self.draft_vocab_size} must be >= 1 (or unset for the full vocabulary)")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
         for name in ("ttt_steps", "eval_depth"):
@@ -169,6 +173,7 @@ class EagleObjective(torch.nn.Module):
         return eagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, train=True, steps=steps)
 
 
+@cleaned_up_on_error
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
@@ -178,12 +183,23 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     target, data = run.load_target_and_data()
     L = target.config.get_text_config().num_hidden_layers
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+    # step 0 at position t drafts token t+2: position 2 is the first the head is trained on
+    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 2, f"data {recipe.data!r}")
 
     vocab_map = None
+    V = target.get_output_embeddings().weight.shape[0]
+    if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > V:
+        raise RecipeError(
+            f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary ({V} tokens): "
+            f"give at most {V}, or leave it unset for the full vocabulary"
+        )
     if recipe.version == "eagle3":
         if recipe.vocab_map:
             try:
-                vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=target.get_output_embeddings().weight.shape[0])
+                vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=V)
             except ValueError as err:
                 raise RecipeError(str(err)) from None
         elif recipe.draft_vocab_size:
@@ -227,7 +243,6 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
     model, optimizer, scheduler = run.prepare(EagleObjective(head, recipe, vocab), optimizer)
     head = run.accelerator.unwrap_model(model).head
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
     step = run.start()
 
     def micro_step(step, micro):

@@ -69,6 +69,7 @@ def train_loop(
     window_tokens, window_seconds = 0, 0.0
     model.train()
     while step < r.max_steps:
+        run.step = step + 1  # as logged: the step a nan stop names
         sync(run.device)
         t0 = time.perf_counter()
         logged = {}

@@ -37,10 +37,12 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, split_rows, sync, to_device
+from draftsmith.train.common import batch_rows, check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts
+from draftsmith.train.common import split_rows, sync, to_device
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run_folder import cleaned_up_on_error
 
 LOSSES = ("ce",) + DIVERGENCES
 
@@ -213,12 +215,18 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
 # --------------------------------------------------------------------------- the loop
 
 
+@cleaned_up_on_error
 def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.medusa import MedusaHeads, save_medusa
 
     run = TrainingRun(recipe, "medusa")
     device, out = run.device, Path(recipe.out)
     target, data = run.load_target_and_data()
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+    # head 0 at position t predicts token t+2: position 2 is the first a head is trained on
+    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 2, f"data {recipe.data!r}")
     text_config = target.config.get_text_config()
     # Offline Medusa-1 reads the post-norm last state (HF hidden_states id = number of layers).
     last = (text_config.num_hidden_layers,)
@@ -249,10 +257,6 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     model, optimizer, scheduler = run.prepare(model, optimizer)
     objective = run.accelerator.unwrap_model(model)
     heads_module = objective.heads
-
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
 
     def target_states(batch):
         """Medusa-1: the frozen target's post-norm last hidden state and, for divergence

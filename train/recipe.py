@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -62,11 +63,16 @@ class RunRecipe:
     hub_private: bool = False
     # where it runs
     trust_remote_code: bool = False  # run Python shipped with a hub model: only for models you trust
+    allow_target_mismatch: bool = False  # the data was made by another target: true only when `target` is a fine-tune of it
     seed: int = 0
     device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
     dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # nan <= 0 is False: a nan would pass every check below
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} = {value} must be a finite number")
         for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")

@@ -33,13 +33,15 @@ import torch
 from draftsmith.distill.data import write_json_atomic
 from draftsmith.train.common import batch_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
+from draftsmith.train.run_folder import check_out_writable, checkpoints, drop_metrics_after, latest_checkpoint
+from draftsmith.train.run_folder import refuse_earlier_run
 
 # Keys that steer the run, not what it computes: they may change when a run is resumed.
 # Every other key must match the checkpoint's recipe (a resumed run that silently trained on
 # other data or with another schedule would be neither run).
 RUN_CONTROL_KEYS = frozenset(
     {"out", "resume", "init_from", "save_every", "keep_checkpoints", "log_every", "eval_every", "report_to",
-     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device"}
+     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device", "allow_target_mismatch"}
 )  # fmt: skip
 
 
@@ -49,17 +51,6 @@ class TrainingError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- checkpoints
-
-
-def checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(out) / "checkpoints"
-    return sorted(p for p in root.glob("step-*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    done = checkpoints(out)
-    return done[-1] if done else None
 
 
 def save_checkpoint(accelerator, out: Path, step: int, recipe: dict, keep: int = 0) -> Path:
@@ -87,7 +78,29 @@ def read_checkpoint(path: Path) -> dict:
     state_file = Path(path) / "trainer_state.json"
     if not state_file.is_file():
         raise RecipeError(f"resume: {str(path)!r} is not a complete checkpoint (no trainer_state.json); complete ones: step-* folders under OUT/checkpoints")
-    return json.loads(state_file.read_text(encoding="utf-8"))
+    try:
+        return json.loads(state_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RecipeError(f"resume: {str(state_file)!r} is truncated or not JSON ({err})") from None
+
+
+def unreadable_file(folder: Path) -> str | None:
+    """'FILE (why)' for the first file of a checkpoint folder that cannot be read back whole (a
+    run killed while the disk filled, a copy cut short), or None when every one reads."""
+    from safetensors.torch import load_file
+
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        try:
+            if path.suffix == ".safetensors":
+                load_file(str(path))
+            elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
+                # this run's own files, which accelerate's load_state would unpickle just the same
+                torch.load(path, map_location="cpu", weights_only=False)
+            elif path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+        except Exception as err:  # noqa: BLE001 - safetensors, zip and pickle readers each raise their own
+            return f"{path} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'unreadable'})"
+    return None
 
 
 def recipe_differences(saved: dict, current: dict) -> list[str]:
@@ -129,16 +142,6 @@ def make_accelerator(recipe, grad_accum: int):
     )
 
 
-def check_out_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("ok", encoding="utf-8")
-        probe.unlink()
-    except OSError as err:
-        raise RecipeError(f"out {str(out)!r} is not a writable folder: {err.strerror or err}") from None
-
-
 def _scalars(record: dict, prefix: str = "") -> dict:
     """Flatten a metrics record to the scalar name -> value map trackers take
     (lists become name/1, name/2, ... : position 1 is the first draft position)."""
@@ -159,6 +162,7 @@ class TrainingRun:
     def __init__(self, recipe, method: str):
         self.recipe, self.method = recipe, method
         self.out = Path(recipe.out)
+        self.step = 0  # the optimizer step being computed (train_loop keeps it), for messages
         self.accelerator = make_accelerator(recipe, recipe.grad_accum)
         from accelerate.utils import set_seed
 
@@ -184,17 +188,30 @@ class TrainingRun:
         return target.requires_grad_(False)
 
     def load_target_and_data(self):
-        """(target, data): the frozen target and the recipe's `draftsmith generate` folder, with a
-        warning when another target generated the data (its answers are not this target's)."""
+        """(target, data): the frozen target and the recipe's `draftsmith generate` folder,
+        checked to be this target's answers (`check_data_target`)."""
         from draftsmith.distill.data import DistillData
-        from draftsmith.heads.models import target_fingerprint
 
         data = DistillData(self.recipe.data)
         target = self.load_target()
-        if data.provenance["target"]["fingerprint"] != target_fingerprint(target):
-            other = data.provenance["target"]["name_or_path"]
-            self.print(f"warning: {self.recipe.data} was generated by another target ({other})")
+        self.check_data_target(data, target)
         return target, data
+
+    def check_data_target(self, data, target) -> None:
+        """Data another target generated teaches another model's answers: an error naming both
+        (`heads.provenance`), unless the recipe says `target` is a fine-tune of that one."""
+        from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
+
+        recorded = TargetRecord.of_description(data.provenance.get("target"))
+        try:
+            note = check_target_provenance(
+                f"data {str(data.dir)!r}", recorded, target, allow_mismatch=self.recipe.allow_target_mismatch,
+                flag="set allow_target_mismatch=true",
+            )  # fmt: skip
+        except ProvenanceError as err:
+            raise RecipeError(str(err)) from None
+        if note:
+            self.print(note)
 
     @property
     def device(self) -> torch.device:
@@ -271,22 +288,16 @@ class TrainingRun:
         current = recipe_dict(r)
         step = 0
         if r.resume:
-            ckpt = latest_checkpoint(self.out) if r.resume is True else Path(r.resume).expanduser()
-            if ckpt is None:
-                self.print(f"resume: no checkpoint in {self.out}/checkpoints; starting at step 0")
-            else:
-                state = read_checkpoint(ckpt)
-                differ = recipe_differences(state["recipe"], current)
-                if differ:
-                    raise RecipeError(f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)")
-                acc.load_state(str(ckpt))
-                step = int(state["step"])
-                self.print(f"resumed from {ckpt} (step {step})")
+            step = self._resume(current)
         elif latest_checkpoint(self.out) is not None:
             raise RecipeError(f"{self.out} already holds checkpoints: pass resume=true (or --resume) to continue, or choose another out")
         elif r.init_from:
             self._warm_start(Path(r.init_from).expanduser())
+        if step == 0:
+            refuse_earlier_run(self.out)
         if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            drop_metrics_after(self.metrics_path, step)
             write_json_atomic(self.out / "recipe.json", current)
             write_json_atomic(self.out / "run_info.json", run_info(r))
         if r.report_to:
@@ -299,6 +310,49 @@ class TrainingRun:
             )
         acc.wait_for_everyone()
         return step
+
+    def _resume(self, current: dict) -> int:
+        """The step resumed from: the given checkpoint, or the newest of `out` that reads back
+        whole (a truncated one is named and the one before it taken)."""
+        r, acc = self.recipe, self.accelerator
+        given = r.resume is not True
+        candidates = [Path(r.resume).expanduser()] if given else checkpoints(self.out)[::-1]
+        if not candidates:
+            self.print(f"resume: no checkpoint in {self.out}/checkpoints; starting at step 0")
+            return 0
+        skipped = []
+        for ckpt in candidates:
+            state = read_checkpoint(ckpt) if given else self._readable_state(ckpt, skipped)
+            if state is None:
+                continue
+            differ = recipe_differences(state["recipe"], current)
+            if differ:
+                raise RecipeError(f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)")
+            try:
+                acc.load_state(str(ckpt))
+            except Exception:
+                bad = unreadable_file(ckpt)
+                if bad is None:
+                    raise
+                if given:
+                    older = [c for c in checkpoints(ckpt.parent) if c.name < ckpt.name]
+                    hint = f"resume from {older[-1]}, the one before it" if older else "start a new run"
+                    raise RecipeError(f"resume: checkpoint {ckpt} cannot be read: {bad} is truncated or corrupt; {hint}") from None
+                skipped.append(bad)
+                continue
+            if skipped:
+                self.print(f"resume: skipped {len(skipped)} unreadable checkpoint(s) ({'; '.join(skipped)}); took {ckpt}, the newest good one")
+            self.print(f"resumed from {ckpt} (step {int(state['step'])})")
+            return int(state["step"])
+        raise RecipeError(f"resume: no checkpoint of {self.out} reads back whole ({'; '.join(skipped)}); start a new run in another out")
+
+    @staticmethod
+    def _readable_state(ckpt: Path, skipped: list) -> dict | None:
+        try:
+            return read_checkpoint(ckpt)
+        except RecipeError as err:
+            skipped.append(str(err).removeprefix("resume: "))
+            return None
 
     def _warm_start(self, source: Path) -> None:
         """Weights only: optimizer, schedule and step start fresh."""
@@ -335,7 +389,7 @@ class TrainingRun:
         if not math.isfinite(mean):
             good = latest_checkpoint(self.out)
             where = f"the last good checkpoint is {good} (resume=true continues from it)" if good else "no checkpoint was written yet"
-            raise TrainingError(f"{self.method}: the loss became {mean}; training stopped, {where}. Lower lr, check grad_clip and the data.")
+            raise TrainingError(f"{self.method}: the loss became {mean} at step {self.step}; training stopped, {where}. Lower lr, check grad_clip and the data.")
         return mean
 
     def token_shares(self, counts) -> list[float]:

@@ -43,7 +43,6 @@ Layouts (`load_eagle` tells them apart by config.json):
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -490,10 +489,9 @@ class EagleHead(PreTrainedModel):
         return out
 
     def check_target(self, target: PreTrainedModel) -> None:
-        """EagleError when the head cannot serve `target` (sizes, depth, positions, RoPE); a warning
-        when only the fingerprint differs (a fine-tuned target is legitimate)."""
-        from draftsmith.heads.models import target_fingerprint
-
+        """EagleError when the head cannot serve `target` (sizes, depth, positions, RoPE). Whether it
+        was trained on this very target (the fingerprint) is `heads.provenance`'s check, which
+        `draftsmith eval` runs."""
         c = self.config
         tc = target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
@@ -514,14 +512,6 @@ class EagleHead(PreTrainedModel):
                 )
         if max(c.aux_layer_ids) > tc.num_hidden_layers:
             raise EagleError(f"EAGLE head reads hidden states {c.aux_layer_ids}, target {name!r} has only {tc.num_hidden_layers} layers")
-        if c.target_fingerprint:
-            found = target_fingerprint(target)
-            if found != c.target_fingerprint:
-                warnings.warn(
-                    f"EAGLE head was trained on target fingerprint {c.target_fingerprint[:12]} ({trained_on}) but target "
-                    f"{name!r} has fingerprint {found[:12]}: fine for a fine-tuned target, otherwise expect low acceptance",
-                    stacklevel=2,
-                )
 
 
 def _output_weight(target: PreTrainedModel) -> torch.Tensor:
