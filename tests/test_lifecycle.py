@@ -108,7 +108,7 @@ def test_a_nan_loss_stops_with_the_last_good_checkpoint_intact(method, toy_dir, 
     code, out = run(method, toy_dir, toy_data, tmp_path, "nan", max_steps=8, save_every=2)
     err = capsys.readouterr().err
     assert code == 2
-    assert "the loss became nan" in err and "step-0000002" in err
+    assert "the loss became nan at step 4" in err and "step-0000002" in err
     assert [p.name for p in checkpoints(out)] == ["step-0000002"]
     assert not (out / METHODS[method][1]).exists()
     state = json.loads((out / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())

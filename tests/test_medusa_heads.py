@@ -15,6 +15,7 @@ from draftsmith.heads.medusa import (
     load_medusa,
     save_medusa,
 )
+from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
 from fixtures import tiny_model
 from safetensors.torch import load_file, save_file
 
@@ -191,7 +192,7 @@ def test_hub_layouts_without_sizes_or_biases_load(targets, tmp_path):
     assert back.lm_heads[1].weight.data_ptr() != back.lm_heads[0].weight.data_ptr()  # copies, not tied
 
 
-def test_check_target_sizes_raise_and_fingerprint_warns(targets, tmp_path):
+def test_check_target_sizes_raise_and_another_fingerprint_is_refused(targets, tmp_path):
     target = targets()
     with pytest.raises(MedusaError, match=r"hidden size 64.*hidden size 48"):
         MedusaHeads(MedusaConfig(num_heads=2, hidden_size=64, vocab_size=V)).check_target(target)
@@ -203,11 +204,12 @@ def test_check_target_sizes_raise_and_fingerprint_warns(targets, tmp_path):
         heads.check_target(target)  # same target: silent
     other = targets("llama", seed=1)
     fp_heads, fp_other = heads.config.target_fingerprint[:12], make(other).config.target_fingerprint[:12]
-    with pytest.warns(UserWarning, match=f"{fp_heads}.*{fp_other}"):
-        heads.check_target(other)
     out = save_medusa(heads, tmp_path / "heads")
-    with pytest.warns(UserWarning, match="fingerprint"):
-        load_medusa(out, target=other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = load_medusa(out, target=other)  # the sizes fit; which target it was trained on is provenance's
+    with pytest.raises(ProvenanceError, match=f"{fp_heads}.*{fp_other}"):
+        check_target_provenance("heads", TargetRecord.of_head_config(back.config), other, allow_mismatch=False, flag="f")
 
 
 def test_bad_inputs_are_refused_with_clear_messages(targets, tmp_path):

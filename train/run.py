@@ -335,7 +335,7 @@ class TrainingRun:
                 if bad is None:
                     raise
                 if given:
-                    older = [c for c in checkpoints(ckpt.parent) if c.name < ckpt.name]
+                    older = [c for c in checkpoints(ckpt.parent.parent) if c.name < ckpt.name]  # OUT/checkpoints/step-N
                     hint = f"resume from {older[-1]}, the one before it" if older else "start a new run"
                     raise RecipeError(f"resume: checkpoint {ckpt} cannot be read: {bad} is truncated or corrupt; {hint}") from None
                 skipped.append(bad)
