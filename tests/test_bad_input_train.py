@@ -119,6 +119,23 @@ def test_eval_allow_target_mismatch_runs_with_one_warning(toy_dir, other_target,
     assert (tmp_path / "ev" / "report.json").is_file()
 
 
+def test_eval_heads_without_provenance_get_one_note(toy_dir, tmp_path, run_cli):
+    """Heads of another toolkit (here: a vLLM export with draftsmith's provenance key removed)."""
+    from draftsmith.heads.medusa import export_medusa, load_medusa
+
+    heads = export_medusa(load_medusa(save_heads_of(toy_dir / "target", "medusa", tmp_path / "h")), tmp_path / "vllm", "vllm")
+    config = json.loads((heads / "config.json").read_text())
+    config.pop("draftsmith")
+    (heads / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(eval_args(toy_dir, "--medusa", heads, tmp_path / "ev"))
+    assert code == 0, err
+    (note,) = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert note == (
+        f"note: Medusa heads {str(heads)!r} carries no draftsmith provenance (no target fingerprint); "
+        "compared only hidden size, vocabulary: they agree"
+    )
+
+
 def test_the_provenance_rule(toy_dir):
     """Shapes must agree whatever the flag; no fingerprint (an imported head): one note saying what
     was compared; another fingerprint: an error, or a warning when allowed."""

@@ -282,7 +282,8 @@ class TrainingRun:
 
     def start(self) -> int:
         """Resume (latest or a given checkpoint) or warm-start when the recipe says so, refuse to
-        write over another run's checkpoints, record the recipe and the environment, open the
+        write over another run (its checkpoints or its records), create `out` (the first write of
+        the run: every input is checked before), record the recipe and the environment, open the
         trackers. Returns the step to continue from."""
         r, acc = self.recipe, self.accelerator
         current = recipe_dict(r)
