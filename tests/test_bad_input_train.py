@@ -218,7 +218,7 @@ def test_resume_past_a_truncated_checkpoint(toy_dir, toy_data, tmp_path, capsys)
 def test_a_nan_lr_is_refused(toy_dir, toy_data, tmp_path, capsys):  # case 22
     code, _, err, out = train_cli("eagle", toy_dir, toy_data, tmp_path, capsys, "lr=nan")
     line = one_error_line(err, "train/eagle.py")
-    assert code == 2 and "lr = nan must be a finite number" in line and str(tmp_path / "recipe.yaml") in line
+    assert code == 2 and line.endswith("error: command line: lr = nan must be a finite number")
     assert not out.exists()
 
 

@@ -178,8 +178,9 @@ def load_recipe(config_cls, path: str | Path | None, overrides: list[str] | dict
         required = [f.name for f in dataclasses.fields(config_cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         missing = [name for name in required if name not in checked]
         raise RecipeError(f"{where}: missing required key(s) {', '.join(missing)} ({err})") from None
-    except ValueError as err:
-        raise RecipeError(f"{where}: {err}") from None
+    except ValueError as err:  # checks name the key first ("lr = nan must ..."): say where it was set
+        source = "command line" if any(str(err).startswith(f"{key} = ") for key in extra) else where
+        raise RecipeError(f"{source}: {err}") from None
 
 
 def recipe_dict(config) -> dict:
