@@ -282,16 +282,22 @@ class DistillData:
         return self.dataset[index % len(self)]
 
     def token_counts(self) -> torch.Tensor:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         path = self.dir / TOKEN_COUNTS
         if not path.is_file():
             raise DataError(f"{str(path)!r} is missing: the data folder is incomplete")
-        with safe_open(str(path), framework="pt") as f:
-            stored = (f.metadata() or {}).get("data_hash")
-            if stored != self.data_hash:
-                raise DataError(f"{str(path)!r} was counted on data {stored}, the folder holds data {self.data_hash}")
-            return f.get_tensor("counts")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                stored = (f.metadata() or {}).get("data_hash")
+                counts = f.get_tensor("counts")
+        except (SafetensorError, OSError) as err:
+            raise DataError(
+                f"{str(path)!r} cannot be read ({err}): rerun the same `draftsmith generate` command, which rewrites it"
+            ) from None
+        if stored != self.data_hash:
+            raise DataError(f"{str(path)!r} was counted on data {stored}, the folder holds data {self.data_hash}")
+        return counts
 
     def verify(self) -> dict:
         """Everything the folder can be checked for: every shard file against its checksum, the

@@ -165,7 +165,7 @@ def check_finite_weights(model, target: str = "") -> None:
     for name, param in model.named_parameters():
         # A float32 sum is finite exactly when every element is (finite weights never add up to
         # 3e38); the element-wise test runs only to confirm a failure.
-        if param.is_floating_point() and not torch.isfinite(param.sum(dtype=torch.float32)):
+        if param.is_floating_point() and param.device.type != "meta" and not torch.isfinite(param.sum(dtype=torch.float32)):
             if not torch.isfinite(param).all():
                 bad.append(name)
     if bad:
@@ -452,7 +452,9 @@ def generate_dataset(
         if removed:
             _remove_started(out, made)
         if isinstance(err, NonFiniteLogits):
-            kept = "nothing was written" if removed else f"complete shards are kept in {str(out)!r}"
+            kept = "nothing was written" if removed else (
+                f"the complete shards are kept in {str(out)!r} (other settings need a new --out)"
+            )  # fmt: skip
             raise NonFiniteLogits(f"{err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}") from None
         raise
     finally:

@@ -76,10 +76,14 @@ def check_target(target: str) -> None:
         raise ModelLoadError(f"--target {target!r} does not exist: expected the target's folder (HF format, with config.json)")
     try:
         AutoConfig.from_pretrained(target)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as err:
         from huggingface_hub import constants
 
-        where = "in the local HF cache (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else "on the Hugging Face Hub from here"
+        if constants.HF_HUB_OFFLINE:
+            where = "in the local HF cache (HF_HUB_OFFLINE is set)"
+        else:  # gated, private or unreachable: the hub's own first line says which
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            where = f"loadable from the Hugging Face Hub ({reason})"
         raise ModelLoadError(
             f"--target {target!r} does not exist: no such folder, and no hub model of that name {where}; "
             "give the target's folder, or a hub id that is cached or reachable"

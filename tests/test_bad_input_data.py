@@ -122,6 +122,12 @@ def test_14_verify_data_recomputes_the_hash_and_old_folders_still_load(toy_data,
     assert len(DistillData(data_dir).dataset) == 6
     code, _, err = run_cli(["verify-data", data_dir])
     assert code == 2 and "rows hash to" in err and "summary.json says" in err
+    counts = data_dir / store.TOKEN_COUNTS  # the token counts are checked too
+    counts.write_bytes(counts.read_bytes()[:20])
+    code, _, err = run_cli(["inspect-data", data_dir])
+    assert code == 0, err
+    code, _, err = run_cli(["vocab-map", "--data", data_dir, "--draft-vocab-size", 8])
+    assert code == 2 and str(counts) in one_error(err) and "cannot be read" in err and "rerun" in err
     # A folder written before checksums: loads unchecked, said once per folder.
     old = tmp_path / "old"
     shutil.copytree(toy_data, old)
