@@ -223,7 +223,12 @@ def check_prompts_fit(source: Source, tokenizer, template: str | None, max_lengt
         shortest = len(ids) if shortest is None else min(shortest, len(ids))
     limit = f"--max-length {max_length}" if explicit else f"the target's max_position_embeddings ({max_length})"
     why = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
-    todo = f"raise --max-length past {shortest} or use shorter prompts" if shortest is not None else "check the source's rows"
+    if shortest is None:
+        todo = "check the source's rows"
+    elif explicit:
+        todo = f"raise --max-length past {shortest} or use shorter prompts"
+    else:
+        todo = "use shorter prompts (or a target with more positions)"
     raise store.DataError(
         f"no record of {source.name!r} gives a prompt that fits in {limit} ({why}"
         + (f"; the shortest prompt has {shortest} tokens" if shortest is not None else "")
@@ -455,7 +460,9 @@ def generate_dataset(
             kept = "nothing was written" if removed else (
                 f"the complete shards are kept in {str(out)!r} (other settings need a new --out)"
             )  # fmt: skip
-            raise NonFiniteLogits(f"{err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}") from None
+            raise NonFiniteLogits(
+                f"--target {target_path!r}: {err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}"
+            ) from None
         raise
     finally:
         if bar is not None:
