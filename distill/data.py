@@ -12,7 +12,12 @@ target ended its turn; "length": cut at --max-new-tokens, kept and flagged), `nu
 
 The data hash is a sha256 over the rows' `input_ids` and `loss_mask` in order: everything
 trained on this data (vocabulary maps, hidden-state caches, heads) records it, and a consumer
-given data with another hash refuses to go on.
+given data with another hash refuses to go on. Recomputing it reads every row, so it is done on
+request (`verify_data`, `draftsmith verify-data DIR`). What is checked on every load is cheaper:
+each shard's `draftsmith_shard.json` records the size and crc32 of every file of the shard when
+it is written, and loading a shard compares them first (~1 GB/s), so a flipped byte or a
+truncated file is an error naming the file, never rows that silently differ from the hash.
+Folders written before the checksums existed still load, unchecked (said once per folder).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -62,11 +69,10 @@ def remove_stale_temporaries(folder: Path) -> None:
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
-def write_shard(rows: list[dict], stats: dict, folder: Path) -> None:
-    """Save `rows` as a `datasets` folder at `folder`, atomically (temporary folder + rename)."""
-    from datasets import Dataset, Features, Sequence, Value
+def _features():
+    from datasets import Features, Sequence, Value
 
-    features = Features({
+    return Features({
         "input_ids": Sequence(Value("int32")),
         "loss_mask": Sequence(Value("int8")),
         "length": Value("int32"),
@@ -77,16 +83,71 @@ def write_shard(rows: list[dict], stats: dict, folder: Path) -> None:
         "record_index": Value("int64"),
         "sample_index": Value("int32"),
     })  # fmt: skip
+
+
+def write_shard(rows: list[dict], stats: dict, folder: Path) -> None:
+    """Save `rows` as a `datasets` folder at `folder`, atomically (temporary folder + rename),
+    with `stats` and the size and crc32 of every file in its `draftsmith_shard.json`."""
+    from datasets import Dataset
+
     columns = {name: [row[name] for row in rows] for name in COLUMNS}
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         with _quiet_datasets():  # one bar per small shard is noise beside the generation bar
-            Dataset.from_dict(columns, features=features).save_to_disk(str(tmp))
-        write_json_atomic(tmp / SHARD_STATS, stats)
+            Dataset.from_dict(columns, features=_features()).save_to_disk(str(tmp))
+        files = {p.name: _file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        write_json_atomic(tmp / SHARD_STATS, stats | {"files": files})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700: the data is as readable as any other folder
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_CHUNK = 16 << 20
+
+
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _file_record(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+
+
+def _regenerate_hint(folder: Path) -> str:
+    return (
+        f"delete {str(folder)!r} and rerun the same `draftsmith generate` command: it remakes this "
+        "shard (same seed, same rows) and keeps the others"
+    )
+
+
+def check_shard_files(folder: Path, stats: dict) -> bool:
+    """Compare the shard's files with the sizes and crc32s recorded when it was written.
+    Returns False for a shard written before checksums were recorded (nothing to compare)."""
+    files = stats.get("files")
+    if files is None:
+        return False
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise DataError(f"data shard file {str(path)!r} is missing: {_regenerate_hint(folder)}")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            state = "truncated" if size < want["bytes"] else "longer than written"
+            raise DataError(f"data shard file {str(path)!r} is {state} ({size} of {want['bytes']} bytes): {_regenerate_hint(folder)}")
+        crc = _crc32(path)
+        if crc != want["crc32"]:
+            raise DataError(
+                f"data shard file {str(path)!r} is corrupt (crc32 {crc}, {want['crc32']} when written): {_regenerate_hint(folder)}"
+            )
+    return True
 
 
 @contextlib.contextmanager
@@ -109,10 +170,32 @@ def complete_shards(data_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("shard-") and (p / SHARD_STATS).is_file())
 
 
-def load_shard(folder: Path):
-    from datasets import load_from_disk
+_UNCHECKED_NOTED: set[str] = set()
 
-    return load_from_disk(str(folder))
+
+def load_shard(folder: Path):
+    """One shard as a `datasets.Dataset`, its files checked against their checksums first."""
+    import pyarrow as pa
+    from datasets import Dataset, load_from_disk
+
+    folder = Path(folder)
+    stats = read_json(folder / SHARD_STATS, "shard statistics")
+    if not check_shard_files(folder, stats):
+        data_dir = str(folder.parent.parent)
+        if data_dir not in _UNCHECKED_NOTED:
+            _UNCHECKED_NOTED.add(data_dir)
+            print(
+                f"note: data folder {data_dir!r} was written without shard checksums (an older draftsmith): "
+                f"its shards load unchecked; `draftsmith verify-data {data_dir}` recomputes its data hash",
+                file=sys.stderr,
+            )
+    if stats.get("samples") == 0:  # every prompt of the shard was skipped: `datasets` saves no table
+        return Dataset.from_dict({name: [] for name in COLUMNS}, features=_features())
+    try:
+        with _quiet_datasets():
+            return load_from_disk(str(folder))
+    except (OSError, ValueError, IndexError, KeyError, pa.ArrowException) as err:
+        raise DataError(f"data shard {str(folder)!r} cannot be read ({type(err).__name__}: {err}): {_regenerate_hint(folder)}") from None
 
 
 def hash_rows(datasets_in_order) -> str:
@@ -199,19 +282,36 @@ class DistillData:
         return self.dataset[index % len(self)]
 
     def token_counts(self) -> torch.Tensor:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         path = self.dir / TOKEN_COUNTS
         if not path.is_file():
             raise DataError(f"{str(path)!r} is missing: the data folder is incomplete")
-        with safe_open(str(path), framework="pt") as f:
-            stored = (f.metadata() or {}).get("data_hash")
-            if stored != self.data_hash:
-                raise DataError(f"{str(path)!r} was counted on data {stored}, the folder holds data {self.data_hash}")
-            return f.get_tensor("counts")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                stored = (f.metadata() or {}).get("data_hash")
+                counts = f.get_tensor("counts")
+        except (SafetensorError, OSError) as err:
+            raise DataError(
+                f"{str(path)!r} cannot be read ({err}): rerun the same `draftsmith generate` command, which rewrites it"
+            ) from None
+        if stored != self.data_hash:
+            raise DataError(f"{str(path)!r} was counted on data {stored}, the folder holds data {self.data_hash}")
+        return counts
+
+    def verify(self) -> dict:
+        """Everything the folder can be checked for: every shard file against its checksum, the
+        data hash recomputed from the rows, the token counts' recorded hash. Returns a summary."""
+        with_checksums = sum("files" in read_json(p / SHARD_STATS, "shard statistics") for p in self._shards)
+        self.verify_hash()
+        self.token_counts()
+        return {"shards": len(self._shards), "with_checksums": with_checksums, "samples": len(self), "data_hash": self.data_hash}
 
     def verify_hash(self) -> None:
-        """Recompute the data hash from the rows (reads all shards)."""
+        """Recompute the data hash from the rows (reads all shards, their checksums checked)."""
         actual = hash_rows(load_shard(p) for p in self._shards)
         if actual != self.data_hash:
-            raise DataError(f"data folder {str(self.dir)!r}: rows hash to {actual}, summary says {self.data_hash}")
+            raise DataError(
+                f"data folder {str(self.dir)!r}: rows hash to {actual}, {SUMMARY} says {self.data_hash}: the data "
+                "changed after generation; regenerate it with the `draftsmith generate` command that made it"
+            )

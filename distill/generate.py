@@ -16,10 +16,19 @@ Work is split into shards of `shard_size` samples. A shard is generated with its
 re-run skips complete shards and ends with exactly the data an uninterrupted run makes.
 Answers cut by --max-new-tokens are kept with finish_reason "length" and counted; a cut turn
 ends its conversation (later turns would follow an answer the target never finished).
+
+Bad input is an error before anything is written: an --out that cannot be written (checked
+before the model is loaded), non-finite weights, a source none of whose prompts fits in
+max_length. Logits are watched while generating (NaN or inf at the lm_head is an error, never a
+dataset of token 0); a run that fails before its first shard is complete removes what it made.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,12 +117,123 @@ def _from_first_user_turn(messages: list[dict]) -> list[dict]:
     return [m for m in messages[:first] if m["role"] == "system"] + messages[first:]
 
 
+def _conversation(record: Record, sample_index: int, template: str | None) -> _Conversation:
+    if record.messages is None and template is None:
+        return _Conversation(record, sample_index, None, [0])
+    messages = list(record.messages) if record.messages is not None else [{"role": "user", "content": record.prompt}]
+    messages = _from_first_user_turn(messages)
+    return _Conversation(record, sample_index, messages, assistant_turns(messages))
+
+
 def _prompt_tokens(conv: _Conversation, tokenizer, template: str | None) -> tuple[list[int], list[int]]:
     if conv.messages is None:
         ids = tokenizer(conv.record.prompt).input_ids
         return ids, [0] * len(ids)
     turn = conv.turns[conv.num_turns]
     return conversation_tokens(tokenizer, template, conv.messages[:turn], add_generation_prompt=True)
+
+
+class NonFiniteLogits(store.DataError):
+    """The target computed NaN or inf logits: nothing it generates from them is data."""
+
+
+@contextlib.contextmanager
+def _watch_logits(model):
+    """Yield a device flag that turns False when a logit at the lm_head (the last position of
+    every forward) is NaN or inf. The raw logits are checked, before any warper sets -inf on
+    filtered tokens, and the flag is read once per batch, so decoding gains no extra sync."""
+    finite = torch.ones((), dtype=torch.bool, device=model.device)
+    head = model.get_output_embeddings()
+    if head is None:
+        yield finite
+        return
+
+    def check(module, args, output):
+        finite.logical_and_(torch.isfinite(output[..., -1, :]).all().to(finite.device))
+
+    handle = head.register_forward_hook(check)
+    try:
+        yield finite
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def check_finite_weights(model, target: str = "") -> None:
+    """Every floating-point parameter finite: a NaN in the target makes every answer token 0."""
+    bad = []
+    for name, param in model.named_parameters():
+        # A float32 sum is finite exactly when every element is (finite weights never add up to
+        # 3e38); the element-wise test runs only to confirm a failure.
+        if param.is_floating_point() and param.device.type != "meta" and not torch.isfinite(param.sum(dtype=torch.float32)):
+            if not torch.isfinite(param).all():
+                bad.append(name)
+    if bad:
+        dtype = str(model.dtype).removeprefix("torch.")
+        hint = "a bfloat16 checkpoint loaded as float16 overflows past 65504: try --dtype bfloat16" if dtype == "float16" else (
+            "the checkpoint is damaged (re-download or re-export it)"
+        )  # fmt: skip
+        raise store.DataError(
+            f"--target {target!r} has non-finite weights (NaN or inf in {bad[0]}"
+            + (f" and {len(bad) - 1} more tensors" if len(bad) > 1 else "")
+            + f", loaded as {dtype}): {hint}; nothing was written"
+        )
+
+
+def check_out_folder(out) -> None:
+    """--out is a new folder, an empty one or a draftsmith data folder (to resume), and can be
+    written: checked before any model is loaded (a probe folder is made in it and removed)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise store.DataError(f"--out {str(out)!r} exists and is not a folder; choose a folder path")
+    is_data = (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file()
+    if out.is_dir() and not is_data and any(out.iterdir()):
+        raise store.DataError(f"--out {str(out)!r} exists and is not a draftsmith data folder; choose a new folder")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise store.DataError(f"--out {str(out)!r} cannot be made: {str(existing)!r} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".draftsmith-write-check-", dir=existing))
+    except OSError as err:
+        raise store.DataError(
+            f"--out {str(out)!r} is not writable ({err.strerror} in {str(existing)!r}): choose a folder you can write to"
+        ) from None
+
+
+def check_prompts_fit(source: Source, tokenizer, template: str | None, max_length: int, explicit: bool) -> None:
+    """At least one record gives a first prompt that fits in max_length (the scan stops at the
+    first that does): a source that would make an empty dataset is an error, not a warning."""
+    skipped: dict[str, int] = {}
+    shortest = None
+    for record in source.records:
+        conv = _conversation(record, 0, template)
+        if not conv.turns:
+            skipped["no user turn"] = skipped.get("no user turn", 0) + 1
+            continue
+        try:
+            ids, _ = _prompt_tokens(conv, tokenizer, template)
+        except ChatTemplateError:
+            skipped["template error"] = skipped.get("template error", 0) + 1
+            continue
+        if len(ids) < max_length:
+            return
+        skipped["too long"] = skipped.get("too long", 0) + 1
+        shortest = len(ids) if shortest is None else min(shortest, len(ids))
+    limit = f"--max-length {max_length}" if explicit else f"the target's max_position_embeddings ({max_length})"
+    why = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+    if shortest is None:
+        todo = "check the source's rows"
+    elif explicit:
+        todo = f"raise --max-length past {shortest} or use shorter prompts"
+    else:
+        todo = "use shorter prompts (or a target with more positions)"
+    raise store.DataError(
+        f"no record of {source.name!r} gives a prompt that fits in {limit} ({why}"
+        + (f"; the shortest prompt has {shortest} tokens" if shortest is not None else "")
+        + f"): {todo}; nothing was written"
+    )
 
 
 @torch.inference_mode()
@@ -138,7 +258,15 @@ def _generate_batch(model, prompts: list[list[int]], budgets: list[int], setting
         eos_token_id=stop_ids or None,
         pad_token_id=pad_id,
     )
-    out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device), generation_config=config)
+    with _watch_logits(model) as finite:
+        try:
+            out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device), generation_config=config)
+        except RuntimeError:  # sampling from NaN probabilities fails inside torch.multinomial
+            if bool(finite):
+                raise
+            out = None
+    if not bool(finite):
+        raise NonFiniteLogits(f"the target's logits are NaN or inf (dtype {str(model.dtype).removeprefix('torch.')})")
     new = out[:, width:].tolist()
     stops = set(stop_ids)
     results = []
@@ -167,14 +295,7 @@ def _row(conv: _Conversation) -> dict:
 
 def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: str | None, settings: GenerateSettings, *, max_length: int, stop_ids: list[int], progress=None):
     """Generate one shard's samples; returns (rows in item order, shard statistics)."""
-    convs = []
-    for record, sample_index in items:
-        if record.messages is not None or template is not None:
-            messages = list(record.messages) if record.messages is not None else [{"role": "user", "content": record.prompt}]
-            messages = _from_first_user_turn(messages)
-            convs.append(_Conversation(record, sample_index, messages, assistant_turns(messages)))
-        else:
-            convs.append(_Conversation(record, sample_index, None, [0]))
+    convs = [_conversation(record, sample_index, template) for record, sample_index in items]
     skipped: dict[str, int] = {}
     examples: list[dict] = []
     dropped_turns = 0
@@ -283,6 +404,7 @@ def generate_dataset(
 ) -> dict:  # fmt: skip
     """Generate (or finish) the dataset in `out_dir`; returns the summary."""
     out = Path(out_dir)
+    check_out_folder(out)
     text_config = model.config.get_text_config()
     max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
     if template is None and source.format != "prompt":
@@ -293,18 +415,18 @@ def generate_dataset(
     if template is not None:
         first = source.records[0]
         check_template(tokenizer, template, list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}])
+    check_prompts_fit(source, tokenizer, template, max_length, explicit=settings.max_length is not None)
+    check_finite_weights(model, target_path)
     stop_ids = stop_token_ids(model, tokenizer, template)
     prov = provenance(model, tokenizer, target_path, source, template, template_spec, settings, max_length, stop_ids, dtype or model.dtype)
-    if out.exists() and not out.is_dir():
-        raise store.DataError(f"--out {str(out)!r} exists and is not a folder")
     if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
         _check_resumable(out, prov)
-    elif out.exists() and any(out.iterdir()):
-        raise store.DataError(f"--out {str(out)!r} exists and is not a draftsmith data folder; choose a new folder")
+    fresh = not (out / store.PROVENANCE).is_file()  # this call starts the folder
+    made = _first_missing(out)
     (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
     store.remove_stale_temporaries(out / store.SHARDS)
     store.remove_stale_temporaries(out)
-    if not (out / store.PROVENANCE).is_file():
+    if fresh:
         store.write_json_atomic(out / store.PROVENANCE, prov)
 
     items = [(record, s) for record in source.records for s in range(settings.num_samples)]
@@ -318,6 +440,7 @@ def generate_dataset(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo), desc="generate", unit="turn")
+    k = None
     try:
         for k in todo:
             chunk = items[k * settings.shard_size : (k + 1) * settings.shard_size]
@@ -327,10 +450,49 @@ def generate_dataset(
             stats["seconds"] = _synchronized_elapsed(model.device, start)
             stats["device"] = str(model.device)
             store.write_shard(rows, stats, out / store.SHARDS / store.shard_name(k))
+    except Exception as err:
+        # A first run that fails before any shard is complete leaves nothing (there is nothing
+        # to resume); an interrupted one (KeyboardInterrupt) keeps its folder to be resumed.
+        removed = fresh and not store.complete_shards(out)
+        if removed:
+            _remove_started(out, made)
+        if isinstance(err, NonFiniteLogits):
+            kept = "nothing was written" if removed else (
+                f"the complete shards are kept in {str(out)!r} (other settings need a new --out)"
+            )  # fmt: skip
+            raise NonFiniteLogits(
+                f"--target {target_path!r}: {err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}"
+            ) from None
+        raise
     finally:
         if bar is not None:
             bar.close()
     return finish(out, vocab_size=model.get_output_embeddings().weight.shape[0], num_shards=num_shards, log=log)
+
+
+def _overflow_hint(model) -> str:
+    dtype = model.dtype
+    if dtype == torch.float16:
+        return "float16 overflows past 65504: try --dtype bfloat16 or float32"
+    if dtype == torch.float32:
+        return "its weights are finite, so the forward itself breaks even in float32: check the target's checkpoint"
+    return f"its weights are finite, so the forward overflows in {str(dtype).removeprefix('torch.')}: try --dtype float32"
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what mkdir(parents=True) makes)."""
+    made = None
+    while not path.exists():
+        made, path = path, path.parent
+    return made
+
+
+def _remove_started(out: Path, made: Path | None) -> None:
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+    else:  # --out existed, empty: leave it empty
+        shutil.rmtree(out / store.SHARDS, ignore_errors=True)
+        (out / store.PROVENANCE).unlink(missing_ok=True)
 
 
 def _synchronized_elapsed(device, start: float) -> float:

@@ -35,12 +35,14 @@ class GenerateJob:
 def run_generate(job: GenerateJob) -> dict:
     """Self-distillation data: the target answers the prompts itself. Returns the summary."""
     from draftsmith.distill.chat import resolve_chat_template
-    from draftsmith.distill.generate import describe_summary, generate_dataset
+    from draftsmith.distill.generate import check_out_folder, describe_summary, generate_dataset
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
+    check_out_folder(job.out)  # before anything slow: a run must not die at its first write
     device = resolve_device(job.device)
     dtype = resolve_dtype(job.dtype, device)
+    check_target(job.target)
     tokenizer = load_tokenizer(job.target)
     if tokenizer is None:
         raise ModelLoadError(f"--target {job.target!r} has no tokenizer: generation needs one to read the prompts")
@@ -54,6 +56,38 @@ def run_generate(job: GenerateJob) -> dict:
     print(describe_summary(summary))
     print(f"\nwrote {job.out}/ ; look at a sample with: draftsmith inspect-data {job.out}")
     return summary
+
+
+def check_target(target: str) -> None:
+    """--target is a model folder (with config.json) or a hub id that can be loaded from here;
+    otherwise say which, instead of a failure further on (e.g. "has no tokenizer")."""
+    from transformers import AutoConfig
+
+    from draftsmith.heads.models import ModelLoadError, is_hub_id
+
+    path = Path(target).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"--target {target!r} is a file: expected the target's folder (HF format, with config.json)")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"--target {target!r} has no config.json: expected a folder written by save_pretrained")
+        return
+    if not is_hub_id(target):
+        raise ModelLoadError(f"--target {target!r} does not exist: expected the target's folder (HF format, with config.json)")
+    try:
+        AutoConfig.from_pretrained(target)
+    except (OSError, ValueError) as err:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            where = "in the local HF cache (HF_HUB_OFFLINE is set)"
+        else:  # gated, private or unreachable: the hub's own first line says which
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            where = f"loadable from the Hugging Face Hub ({reason})"
+        raise ModelLoadError(
+            f"--target {target!r} does not exist: no such folder, and no hub model of that name {where}; "
+            "give the target's folder, or a hub id that is cached or reachable"
+        ) from None
 
 
 _TRAINED = ("\033[1;32m", "\033[0m")  # bold green

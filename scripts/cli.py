@@ -11,15 +11,17 @@
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
     draftsmith inspect-data DIR [--index I]
+    draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N
     draftsmith cache-hidden --target DIR --data DIR --layers 2,mid,-3 --out DIR
 
-Every command that loads a model takes --device (default: CUDA when available) and --dtype.
+Every command that loads a model takes --device (default: CUDA when available) and --dtype
+(cache-hidden: --model-dtype, its --dtype is the stored one; build-target: --device only).
 Errors in the input print one line naming the file, key or value, and exit with status 2.
 
 One module per command group parses its flags and calls the library: eval_cli (eval, tune,
 check-lossless), demo_cli (make-toy, demo, build-target), publish_cli (export, push), data_cli
-(generate, inspect-data, vocab-map, cache-hidden).
+(generate, inspect-data, verify-data, vocab-map, cache-hidden).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens N] [--temperature T]
                         [--top-p P] [--num-samples N] [--batch-size B] [--chat-template auto|none|FILE]
     draftsmith inspect-data DIR [--index I]
+    draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N [--out FILE]
     draftsmith cache-hidden --target DIR --data DIR --layers 2,mid,-3 --dtype bf16 --out DIR [--max-disk 50GB]
 
@@ -42,6 +43,10 @@ def add_commands(sub) -> None:
     ins.add_argument("--index", type=int, default=0, help="row to show (negative counts from the end)")
     ins.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour trained spans (auto: when stdout is a terminal)")
     ins.set_defaults(func=cmd_inspect_data)
+
+    ver = sub.add_parser("verify-data", help="check a data folder: every shard file against its checksum, and the data hash recomputed")
+    ver.add_argument("data", help="folder written by `draftsmith generate`")
+    ver.set_defaults(func=cmd_verify_data)
 
     vm = sub.add_parser("vocab-map", help="EAGLE-3's reduced draft vocabulary (d2t/t2d) from the data's token frequencies")
     vm.add_argument("--data", required=True, help="folder written by `draftsmith generate`")
@@ -103,6 +108,21 @@ def cmd_inspect_data(args) -> int:
         print(inspect_sample(args.data, args.index, color))
     except DataError as err:
         raise UsageError(str(err)) from None
+    return 0
+
+
+def cmd_verify_data(args) -> int:
+    from draftsmith.distill.data import DataError, DistillData
+
+    try:
+        report = DistillData(args.data).verify()
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    unchecked = report["shards"] - report["with_checksums"]
+    files = f"{report['with_checksums']} with file checksums, all matching" + (
+        f"; {unchecked} written without checksums" if unchecked else ""
+    )  # fmt: skip
+    print(f"ok: {args.data}: {report['samples']} samples in {report['shards']} shard(s), {files}; data hash {report['data_hash']} recomputed and matches")
     return 0
 
 
