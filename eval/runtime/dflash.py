@@ -64,7 +64,9 @@ class DFlashDrafter(Drafter):
 
     def start(self, prompts, prefill, vocab_size) -> None:
         if vocab_size != self.head.config.vocab_size:
-            raise ValueError(f"DFlash head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}")
+            raise ValueError(
+                f"DFlash head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
+            )
         batch = len(prompts)
         self.kv = RaggedCache(DFlashCache(len(self.head.layers)), batch, self._param().device)
         self._real = [0] * batch
@@ -95,9 +97,9 @@ class DFlashDrafter(Drafter):
         for b, p in enumerate(pending):
             if fresh[b]:
                 context[b, lo[b] :] = p
-        cols = torch.arange(width, device=device)[None]
-        real = cols >= torch.tensor(lo, device=device)[:, None]  # [B, W]
-        ctx_pos = torch.where(real, torch.tensor(self._real, device=device)[:, None] + cols - torch.tensor(lo, device=device)[:, None], 0)
+        offset = torch.arange(width, device=device)[None] - torch.tensor(lo, device=device)[:, None]
+        real = offset >= 0  # [B, W]
+        ctx_pos = torch.where(real, torch.tensor(self._real, device=device)[:, None] + offset, 0)
         anchor = torch.tensor([len(c) - 1 for c in contexts], device=device)
         positions = torch.cat([ctx_pos, anchor[:, None] + torch.arange(Bs, device=device)[None]], dim=1)
         block = torch.full((batch, Bs), self.mask_token_id, dtype=torch.long, device=device)
@@ -105,8 +107,8 @@ class DFlashDrafter(Drafter):
         # Every slot sees its row's cached context, its new context columns and the whole block.
         seen = torch.cat([self.kv.valid, real, torch.ones(batch, Bs, dtype=torch.bool, device=device)], dim=1)
         allowed = seen[:, None, :].expand(batch, Bs, seen.shape[1])
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-        logits = head(block, context, positions=positions, attention_mask=mask, cache=self.kv.cache)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        logits = head(block, context, positions=positions, attention_mask=mask[:, None], cache=self.kv.cache)
         self.kv.commit(torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1).cpu())
         self._real = [r + n for r, n in zip(self._real, fresh)]
         self._pending = [[] for _ in range(batch)]
