@@ -485,17 +485,25 @@ def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
 
 
 def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
-    """A head saved by `save_dflash`, completed with `target`'s embeddings (and lm_head with the
-    full vocabulary) and checked against it (`check_target`)."""
+    """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
+    `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
     path, raw = read_config(path, "DFlash head", DFlashError)
-    if raw.get("model_type") != DFlashConfig.model_type:
-        raise DFlashError(f"{str(path / 'config.json')!r} has model_type {raw.get('model_type')!r}, expected {DFlashConfig.model_type!r}")
     if target is None:
         raise DFlashError("load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's")
-    try:
-        config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
-    except (TypeError, ValueError) as err:
-        raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+    if raw.get("speculators_model_type") is not None:
+        from draftsmith.heads.dflash_formats import config_from_speculators
+
+        config = config_from_speculators(path, raw)
+    elif raw.get("model_type") == DFlashConfig.model_type:
+        try:
+            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+        except (TypeError, ValueError) as err:
+            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+    else:
+        raise DFlashError(
+            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
+            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
+        )
     if not (path / WEIGHTS).is_file():
         raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
     try:

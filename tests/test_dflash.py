@@ -279,6 +279,20 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    # The speculators layout: the key set vLLM loads, and it loads back with identical outputs.
+    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--target", toy_dir / "target", "--out", tmp_path / "v"])
+    assert code == 0, err
+    exported = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert exported["speculators_model_type"] == "dflash" and exported["mask_token_id"] == config.mask_token_id
+    assert exported["aux_hidden_state_layer_ids"] == config.aux_layer_ids and exported["block_size"] == BLOCK
+    assert exported["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert set(load_file(str(tmp_path / "v" / "model.safetensors"))) == set(saved)
+    served = load_dflash(tmp_path / "v", target=target)
+    ids, context = torch.randint(3, VOCAB, (2, BLOCK)), torch.randn(2, 5, config.hidden_size)
+    args = dict(positions=torch.arange(5 + BLOCK)[None].expand(2, -1), attention_mask=torch.zeros(2, 1, BLOCK, 5 + BLOCK))
+    assert torch.equal(served(ids, context, **args), head(ids, context, **args))
+    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v2"])
+    assert code == 2 and "--target is needed" in err
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--dflash", toy_dir / "target", "--prompts",
                             toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
     assert code == 2 and "expected a DFlash head folder" in err
