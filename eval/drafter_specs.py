@@ -141,7 +141,8 @@ def dflash_names(values, taken=()) -> dict[str, str]:
 
 def _dflash_drafters(names: dict[str, str], target, device, dtype) -> dict:
     from draftsmith.eval.runtime.dflash import DFlashDrafter
-    from draftsmith.heads.dflash import DFlashError, load_dflash
+    from draftsmith.heads.dflash import DFlashError
+    from draftsmith.heads.dflash_formats import load_dflash
 
     drafters = {}
     for name, folder in names.items():

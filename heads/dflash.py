@@ -3,7 +3,7 @@
     head = DFlashHead.for_target(target, num_layers=1, block_size=8, mask_token_id=mid, vocab_map=vmap)
     ctx = head.project(torch.cat([hs[i] for i in head.config.aux_layer_ids], -1))  # [N, C, H]
     logits = head(block_ids, ctx, positions=pos, attention_mask=mask)             # [N, Q, draft_vocab]
-    save_dflash(head, "out/dflash")
+    save_dflash(head, "out/dflash")                   # draftsmith.heads.dflash_formats
     head = load_dflash("out/dflash", target=target)
 
 What one forward computes (DFlash, arXiv 2602.06036; the speculators `dflash` model type):
@@ -36,19 +36,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, repeat_kv, rotate_half
 
-from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
-
-WEIGHTS = "model.safetensors"
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
 
@@ -325,7 +319,7 @@ class DFlashHead(PreTrainedModel):
 
         tc = target.config.get_text_config()
         L, H = tc.num_hidden_layers, tc.hidden_size
-        lm_weight, embed_weight = _target_weights(target)
+        lm_weight, embed_weight = target_weights(target)
         V = lm_weight.shape[0]
         if lm_weight.shape[1] != H or tuple(embed_weight.shape) != (V, H):
             raise DFlashError(
@@ -428,7 +422,7 @@ class DFlashHead(PreTrainedModel):
 
         c, tc = self.config, target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
-        vocab = _target_weights(target)[0].shape[0]
+        vocab = target_weights(target)[0].shape[0]
         for what, ours, theirs in (
             ("hidden size", c.hidden_size, tc.hidden_size), ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
@@ -450,7 +444,7 @@ class DFlashHead(PreTrainedModel):
             )
 
 
-def _target_weights(target: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
+def target_weights(target: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
     out, emb = target.get_output_embeddings(), target.get_input_embeddings()
     if out is None or emb is None:
         raise DFlashError(f"target {type(target).__name__} lacks input or output embeddings")
@@ -465,70 +459,6 @@ def _rope_of(text_config) -> dict:
     rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
     rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
     return rope
-
-
-# ---------------------------------------------------------------------- on disk
-def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
-    """config.json + model.safetensors without the target's tensors (`frozen_keys`), written
-    atomically; a folder holding a draftsmith DFlash head is replaced (re-running a training)."""
-    frozen = set(head.frozen_keys())
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
-
-    def write(tmp: Path) -> None:
-        head.config.save_pretrained(tmp)
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-
-    return write_folder_atomic(
-        out_dir, write, overwrite=overwrite, error=DFlashError,
-        may_replace=lambda folder: has_model_type(folder, DFlashConfig.model_type),
-    )  # fmt: skip
-
-
-def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
-    """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
-    `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
-    path, raw = read_config(path, "DFlash head", DFlashError)
-    if target is None:
-        raise DFlashError("load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's")
-    if raw.get("speculators_model_type") is not None:
-        from draftsmith.heads.dflash_formats import config_from_speculators
-
-        config = config_from_speculators(path, raw)
-    elif raw.get("model_type") == DFlashConfig.model_type:
-        try:
-            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
-        except (TypeError, ValueError) as err:
-            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
-    else:
-        raise DFlashError(
-            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
-            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
-        )
-    if not (path / WEIGHTS).is_file():
-        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
-    try:
-        state = load_file(str(path / WEIGHTS))
-    except (OSError, SafetensorError) as err:
-        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
-    with torch.device("meta"):
-        head = DFlashHead(config)
-    head.check_target(target)
-    lm_weight, embed_weight = _target_weights(target)
-    frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
-    expected = set(head.state_dict()) - set(head.frozen_keys())
-    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or extra:
-        raise DFlashError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
-    state.update({k: frozen[k].detach().to("cpu") for k in head.frozen_keys()})
-    try:
-        head.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as err:
-        raise DFlashError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
-    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
-    device = device if device is not None else lm_weight.device
-    head = head.to(device=device, dtype=dtype if dtype is not None else state["fc.weight"].dtype)
-    head._freeze()
-    return head.eval()
 
 
 def describe(head: DFlashHead) -> str:

@@ -1,6 +1,9 @@
-"""DFlash heads for servers: the vLLM speculators `dflash` layout.
+"""DFlash heads on disk: draftsmith's layout (`save_dflash`), the vLLM speculators `dflash` layout
+(`export_dflash`), and `load_dflash` for both (told apart by config.json).
 
-    export_dflash(head, "out/dflash-vllm")          # vllm serve TARGET --speculative-config '{"model": "out/dflash-vllm", ...}'
+    save_dflash(head, "out/dflash")                 # config.json + weights, without the target's tensors
+    export_dflash(head, "out/dflash-vllm")          # vllm serve TARGET --speculative-config '{"model": ..., "method": "dflash"}'
+    head = load_dflash("out/dflash-vllm", target=target)
 
 What the speculators trainer writes for `speculators_model_type: dflash` (and vLLM reads):
 - config.json: `architectures: ["DFlashDraftModel"]`, `speculators_model_type`, `speculators_version`,
@@ -23,10 +26,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import save_file
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from draftsmith.heads.artifacts import write_folder_atomic
-from draftsmith.heads.dflash import WEIGHTS, DFlashError, DFlashHead
+from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, target_weights
+
+WEIGHTS = "model.safetensors"
 
 SPECULATORS_ARCHITECTURE = "DFlashDraftModel"
 SPECULATORS_VERSION = "0.9.0"
@@ -41,6 +50,67 @@ _PROVENANCE_FIELDS = (
     "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers", "target_architectures",
     "data_hash", "vocab_map_data_hash", "mask_token_source",
 )  # fmt: skip
+
+
+def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
+    """config.json + model.safetensors without the target's tensors (`frozen_keys`), written
+    atomically; a folder holding a draftsmith DFlash head is replaced (re-running a training)."""
+    frozen = set(head.frozen_keys())
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
+
+    def write(tmp: Path) -> None:
+        head.config.save_pretrained(tmp)
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+
+    return write_folder_atomic(
+        out_dir, write, overwrite=overwrite, error=DFlashError,
+        may_replace=lambda folder: has_model_type(folder, DFlashConfig.model_type),
+    )  # fmt: skip
+
+
+def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
+    """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
+    `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
+    path, raw = read_config(path, "DFlash head", DFlashError)
+    if target is None:
+        raise DFlashError("load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's")
+    if raw.get("speculators_model_type") is not None:
+        config = config_from_speculators(path, raw)
+    elif raw.get("model_type") == DFlashConfig.model_type:
+        try:
+            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+        except (TypeError, ValueError) as err:
+            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+    else:
+        raise DFlashError(
+            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
+            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
+        )
+    if not (path / WEIGHTS).is_file():
+        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
+    try:
+        state = load_file(str(path / WEIGHTS))
+    except (OSError, SafetensorError) as err:
+        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
+    with torch.device("meta"):
+        head = DFlashHead(config)
+    head.check_target(target)
+    lm_weight, embed_weight = target_weights(target)
+    frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
+    expected = set(head.state_dict()) - set(head.frozen_keys())
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise DFlashError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
+    state.update({k: frozen[k].detach().to("cpu") for k in head.frozen_keys()})
+    try:
+        head.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as err:
+        raise DFlashError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
+    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
+    device = device if device is not None else lm_weight.device
+    head = head.to(device=device, dtype=dtype if dtype is not None else state["fc.weight"].dtype)
+    head._freeze()
+    return head.eval()
 
 
 def required_keys(head: DFlashHead) -> set[str]:
@@ -122,8 +192,6 @@ def export_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path
 def config_from_speculators(path: Path, raw: dict):
     """The DFlashConfig of a speculators `dflash` folder (this exporter's, or the speculators
     trainer's with full attention and the anchor as bonus token)."""
-    from draftsmith.heads.dflash import DFlashConfig
-
     where = str(Path(path) / "config.json")
     if raw.get("speculators_model_type") != "dflash":
         raise DFlashError(f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'dflash' is supported")

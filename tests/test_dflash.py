@@ -19,7 +19,8 @@ from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime import generate, generate_batch
 from draftsmith.eval.runtime.dflash import DFlashDrafter
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token, load_dflash, save_dflash
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
+from draftsmith.heads.dflash_formats import load_dflash, save_dflash
 from draftsmith.train.dflash import (
     DFlashRecipe,
     anchor_block_mask,

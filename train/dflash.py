@@ -186,7 +186,8 @@ def _mask_token(recipe: DFlashRecipe, target, data, vocab_size: int) -> tuple[in
 
 def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
-    from draftsmith.heads.dflash import DFlashError, DFlashHead, describe, save_dflash
+    from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
+    from draftsmith.heads.dflash_formats import save_dflash
 
     run = TrainingRun(recipe, "dflash")
     device, out = run.device, Path(recipe.out)

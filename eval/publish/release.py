@@ -84,8 +84,7 @@ def _export_dflash(heads, out, format: str, target, *, overwrite: bool, device, 
     are the target's), which also checks that they belong together."""
     import torch
 
-    from draftsmith.heads.dflash import load_dflash
-    from draftsmith.heads.dflash_formats import export_dflash
+    from draftsmith.heads.dflash_formats import export_dflash, load_dflash
     from draftsmith.heads.models import load_causal_lm
 
     if format != "vllm":
