@@ -297,3 +297,18 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--dflash", toy_dir / "target", "--prompts",
                             toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
     assert code == 2 and "expected a DFlash head folder" in err
+
+
+def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
+    from draftsmith.distill.hidden_cache import CacheError
+
+    cache = tmp_path / "cache"
+    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last",
+                            "--dtype", "fp32", "--out", cache, "--no-progress", "--device", "cpu"])  # fmt: skip
+    assert code == 0, err
+    base = dict(target=str(toy_dir / "target"), data=str(toy_data), device="cpu", batch_size=2, max_length=128,
+                max_steps=2, warmup_steps=1, heldout_fraction=0.34, block_size=BLOCK, max_anchors=8, hidden_cache=str(cache))
+    summary = train(DFlashRecipe(out=str(tmp_path / "offline"), **base), progress=False)
+    assert summary["aux_layers"] == [1] and summary["steps"] == 2  # a 2-layer target: aux (1), teacher from `last`
+    with pytest.raises(CacheError, match="the trainer needs"):
+        train(DFlashRecipe(out=str(tmp_path / "o2"), aux_layers=[0], **base), progress=False)
