@@ -41,7 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, repeat_kv, rotate_half
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    repeat_kv,
+    rotate_half,
+)
 
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
@@ -117,13 +123,19 @@ class DFlashConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", False)
         draft_vocab_size = vocab_size if draft_vocab_size is None else int(draft_vocab_size)
         if not isinstance(block_size, int) or block_size < 2:
-            raise DFlashError(f"DFlashConfig: block_size={block_size!r}; expected an integer >= 2 (slot 0 is the anchor)")
+            raise DFlashError(
+                f"DFlashConfig: block_size={block_size!r}; expected an integer >= 2 (slot 0 is the anchor)"
+            )
         if mask_token_id is not None and not 0 <= int(mask_token_id) < vocab_size:
-            raise DFlashError(f"DFlashConfig: mask_token_id={mask_token_id} is outside the vocabulary 0..{vocab_size - 1}")
+            raise DFlashError(
+                f"DFlashConfig: mask_token_id={mask_token_id} is outside the vocabulary 0..{vocab_size - 1}"
+            )
         if mask_token_source is not None and mask_token_source not in MASK_SOURCES:
             raise DFlashError(f"DFlashConfig: mask_token_source={mask_token_source!r}; expected one of {MASK_SOURCES}")
         if not 1 <= draft_vocab_size <= vocab_size:
-            raise DFlashError(f"DFlashConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
+            raise DFlashError(
+                f"DFlashConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})"
+            )
         if num_hidden_layers < 1:
             raise DFlashError(f"DFlashConfig: num_hidden_layers={num_hidden_layers}; a head needs at least one layer")
         aux_layer_ids = [int(i) for i in (aux_layer_ids or [])]
@@ -222,7 +234,9 @@ class DFlashAttention(nn.Module):
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         if self.num_heads % self.num_kv_heads:
-            raise DFlashError(f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}")
+            raise DFlashError(
+                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
+            )
         H, bias = c.hidden_size, c.attention_bias
         self.q_proj = nn.Linear(H, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
@@ -335,7 +349,9 @@ class DFlashHead(PreTrainedModel):
             )
         if vocab_map is not None:
             if vocab_map.target_vocab_size != V:
-                raise DFlashError(f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}")
+                raise DFlashError(
+                    f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}"
+                )
             try:
                 check_consistent(vocab_map)
             except VocabMapError as err:
@@ -374,12 +390,13 @@ class DFlashHead(PreTrainedModel):
         expected = len(self.config.aux_layer_ids) * self.config.hidden_size
         if aux_hidden.shape[-1] != expected:
             raise DFlashError(
-                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, expected {len(self.config.aux_layer_ids)} "
+                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, "
+                f"expected {len(self.config.aux_layer_ids)} "
                 f"layers {self.config.aux_layer_ids} x hidden {self.config.hidden_size} = {expected}"
             )
         return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
 
-    def forward(self, block_ids, context, *, positions, attention_mask, cache: DFlashCache | None = None) -> torch.Tensor:
+    def forward(self, block_ids, context, *, positions, attention_mask, cache: DFlashCache | None = None):
         """Draft logits [N, Q, draft_vocab] of the Q block slots `block_ids [N, Q]` (blocks of
         `block_size`, possibly several packed per row), given C new context columns `context
         [N, C, H]` (`project`'s output, C may be 0). positions [N, C + Q]: the context's then the
@@ -390,7 +407,9 @@ class DFlashHead(PreTrainedModel):
         if context.dim() != 3 or context.shape[0] != N or context.shape[-1] != self.config.hidden_size:
             raise DFlashError(f"forward: context {list(context.shape)} must be [{N}, C, {self.config.hidden_size}]")
         if tuple(positions.shape) != (N, C + Q):
-            raise DFlashError(f"forward: positions {list(positions.shape)} must be [{N}, {C + Q}] (context, then block)")
+            raise DFlashError(
+                f"forward: positions {list(positions.shape)} must be [{N}, {C + Q}] (context, then block)"
+            )
         if attention_mask.dim() != 4 or tuple(attention_mask.shape[1:]) != (1, Q, S + C + Q):
             raise DFlashError(f"forward: attention_mask {list(attention_mask.shape)} must be [N, 1, {Q}, {S + C + Q}]")
         x = self.embed_tokens(block_ids)
@@ -435,10 +454,13 @@ class DFlashHead(PreTrainedModel):
                     f"but target {name!r} has {theirs}"
                 )
         if max(c.aux_layer_ids) > tc.num_hidden_layers:
-            raise DFlashError(f"DFlash head reads hidden states {c.aux_layer_ids}, target {name!r} has {tc.num_hidden_layers} layers")
+            raise DFlashError(
+                f"DFlash head reads hidden states {c.aux_layer_ids}, target {name!r} has {tc.num_hidden_layers} layers"
+            )
         if c.target_fingerprint and target_fingerprint(target) != c.target_fingerprint:
             warnings.warn(
-                f"DFlash head was trained on target fingerprint {c.target_fingerprint[:12]} but target {name!r} differs: "
+                f"DFlash head was trained on target fingerprint {c.target_fingerprint[:12]} "
+                f"but target {name!r} differs: "
                 "fine for a fine-tuned target, otherwise expect low acceptance",
                 stacklevel=2,
             )

@@ -2,7 +2,7 @@
 (`export_dflash`), and `load_dflash` for both (told apart by config.json).
 
     save_dflash(head, "out/dflash")                 # config.json + weights, without the target's tensors
-    export_dflash(head, "out/dflash-vllm")          # vllm serve TARGET --speculative-config '{"model": ..., "method": "dflash"}'
+    export_dflash(head, "out/dflash-vllm")          # for vllm serve TARGET --speculative-config ...
     head = load_dflash("out/dflash-vllm", target=target)
 
 What the speculators trainer writes for `speculators_model_type: dflash` (and vLLM reads):
@@ -73,7 +73,9 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
     path, raw = read_config(path, "DFlash head", DFlashError)
     if target is None:
-        raise DFlashError("load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's")
+        raise DFlashError(
+            "load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's"
+        )
     if raw.get("speculators_model_type") is not None:
         config = config_from_speculators(path, raw)
     elif raw.get("model_type") == DFlashConfig.model_type:
@@ -100,7 +102,9 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     expected = set(head.state_dict()) - set(head.frozen_keys())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
-        raise DFlashError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
+        raise DFlashError(
+            f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}"
+        )
     state.update({k: frozen[k].detach().to("cpu") for k in head.frozen_keys()})
     try:
         head.load_state_dict(state, strict=True, assign=True)
@@ -194,7 +198,9 @@ def config_from_speculators(path: Path, raw: dict):
     trainer's with full attention and the anchor as bonus token)."""
     where = str(Path(path) / "config.json")
     if raw.get("speculators_model_type") != "dflash":
-        raise DFlashError(f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'dflash' is supported")
+        raise DFlashError(
+            f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'dflash' is supported"
+        )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise DFlashError(f"{where} has no transformer_layer_config")
@@ -202,9 +208,13 @@ def config_from_speculators(path: Path, raw: dict):
         if raw.get(key, ok) != ok:
             raise DFlashError(f"{where}: {key}={raw[key]!r} is a variant draftsmith does not implement")
     if any(t != "full_attention" for t in layer.get("layer_types") or []):
-        raise DFlashError(f"{where}: sliding-window draft layers are not implemented (layer_types {layer['layer_types']})")
+        raise DFlashError(
+            f"{where}: sliding-window draft layers are not implemented (layer_types {layer['layer_types']})"
+        )
     if raw.get("target_hidden_size") not in (None, layer.get("hidden_size")):
-        raise DFlashError(f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
+        raise DFlashError(
+            f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size"
+        )
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     rope = layer.get("rope_parameters") or {
@@ -222,7 +232,8 @@ def config_from_speculators(path: Path, raw: dict):
             mask_token_id=raw["mask_token_id"], aux_layer_ids=raw["aux_hidden_state_layer_ids"],
             target_name_or_path=provenance.get("target_name_or_path") or verifier.get("name_or_path"),
             target_architectures=provenance.get("target_architectures") or verifier.get("architectures") or None,
-            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k not in ("target_name_or_path", "target_architectures")},
+            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k not in ("target_name_or_path",
+                                                                               "target_architectures")},
         )  # fmt: skip
     except KeyError as err:
         raise DFlashError(f"{where} lacks {err.args[0]!r}") from None

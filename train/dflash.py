@@ -60,7 +60,9 @@ class DFlashRecipe(RunRecipe):
         if self.num_layers < 1:
             raise ValueError(f"num_layers = {self.num_layers} must be >= 1")
         if self.block_size < 2:
-            raise ValueError(f"block_size = {self.block_size} must be >= 2 (slot 0 is the anchor, the rest are drafted)")
+            raise ValueError(
+                f"block_size = {self.block_size} must be >= 2 (slot 0 is the anchor, the rest are drafted)"
+            )
         if self.max_anchors < 1:
             raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1")
         if not self.decay_gamma > 0:
@@ -101,7 +103,8 @@ def anchor_block_mask(anchors, attention_mask, block_size: int) -> torch.Tensor:
     B, A = anchors.shape
     T = attention_mask.shape[1]
     slot_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, Q]
-    context = (torch.arange(T, device=anchors.device)[None, None] < slot_anchor[..., None]) & attention_mask.bool()[:, None]
+    before = torch.arange(T, device=anchors.device)[None, None] < slot_anchor[..., None]
+    context = before & attention_mask.bool()[:, None]
     block = torch.arange(A, device=anchors.device).repeat_interleave(block_size)
     own = (block[:, None] == block[None, :])[None].expand(B, -1, -1)
     return torch.cat([context, own], dim=-1)
@@ -125,7 +128,8 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
 
 def additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
     """A bool [B, Q, S] mask as the float additive [B, 1, Q, S] the head reads."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, vocab):
@@ -172,7 +176,9 @@ def _mask_token(recipe: DFlashRecipe, target, data, vocab_size: int) -> tuple[in
     from draftsmith.heads.models import load_tokenizer
 
     if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
-        raise RecipeError(f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}")
+        raise RecipeError(
+            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
+        )
     try:
         tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
     except Exception:  # a target without a tokenizer: the data's counts decide
@@ -215,15 +221,21 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
     aux = tuple(head.config.aux_layer_ids)
-    vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device)) if vocab_map is not None else None
-    cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L}))) if recipe.hidden_cache else None
+    vocab = None  # draft id -> target id with a reduced vocabulary
+    if vocab_map is not None:
+        vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
+    cache = None  # offline: the aux layers and `last` (the teacher)
+    if recipe.hidden_cache:
+        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
 
     def target_states(batch):
         """(aux states concatenated [B, T, n*H], teacher logits [B, T, V])."""
         if cache is not None:
             width = batch["input_ids"].shape[1]
-            stacks = [F.pad(cache[row]["hidden"][:, :width].float(), (0, 0, 0, width - min(width, cache[row]["hidden"].shape[1])))
-                      for row in batch["rows"]]  # fmt: skip
+            stacks = []
+            for row in batch["rows"]:
+                h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
+                stacks.append(F.pad(h, (0, 0, 0, width - h.shape[1])))
             states = torch.stack(stacks).to(device)  # [B, layers, T, H]
             index = {layer: i for i, layer in enumerate(cache.layers)}
             feats = torch.cat([states[:, index[i]] for i in aux], dim=-1)
@@ -242,7 +254,9 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
 
     def anchors_for(batch, seed: int):
         gen = torch.Generator().manual_seed(seed)
-        anchors, valid = sample_anchors(batch["loss_mask"], batch["attention_mask"], recipe.block_size, recipe.max_anchors, gen)
+        anchors, valid = sample_anchors(
+            batch["loss_mask"], batch["attention_mask"], recipe.block_size, recipe.max_anchors, gen
+        )
         return anchors.to(device), valid.to(device)
 
     def micro_step(step, micro):
@@ -291,7 +305,8 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     summary = {
         "steps": done.step, "block_size": recipe.block_size, "num_layers": recipe.num_layers, "aux_layers": list(aux),
         "mask_token_id": mask_id, "mask_token_source": mask_source, "eval": done.last_eval,
-        "draft_vocab_size": head.config.draft_vocab_size, "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
+        "draft_vocab_size": head.config.draft_vocab_size,
+        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
         "train_tokens_per_second": done.tokens_per_second,
     }  # fmt: skip
     with run.gathered(model):
