@@ -50,7 +50,9 @@ class DrafterSpecs:
     def check(self) -> None:
         """The combinations that make no sense, refused before anything is loaded."""
         if not self.drafts and not self.prompt_lookup and not self.medusa and not self.eagle and not self.dflash:
-            raise SpecError("give a drafter: --draft DIR, --medusa DIR, --eagle DIR, --dflash DIR and/or --prompt-lookup")
+            raise SpecError(
+                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup (or --dflash DIR)"
+            )
         if self.medusa_tree and not self.medusa:
             raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")
         if self.eagle_tree and not self.eagle:

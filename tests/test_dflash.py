@@ -312,3 +312,5 @@ def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
     assert summary["aux_layers"] == [1] and summary["steps"] == 2  # a 2-layer target: aux (1), teacher from `last`
     with pytest.raises(CacheError, match="the trainer needs"):
         train(DFlashRecipe(out=str(tmp_path / "o2"), aux_layers=[0], **base), progress=False)
+    with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
+        train(DFlashRecipe(out=str(tmp_path / "o3"), mask_token_id=VOCAB, **base), progress=False)

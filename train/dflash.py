@@ -171,7 +171,7 @@ class DFlashObjective(torch.nn.Module):
         return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, self.vocab)
 
 
-def _mask_token(recipe: DFlashRecipe, target, data, vocab_size: int) -> tuple[int, str]:
+def _mask_token(recipe: DFlashRecipe, data, vocab_size: int) -> tuple[int, str]:
     from draftsmith.heads.dflash import DFlashError, choose_mask_token
     from draftsmith.heads.models import load_tokenizer
 
@@ -179,10 +179,8 @@ def _mask_token(recipe: DFlashRecipe, target, data, vocab_size: int) -> tuple[in
         raise RecipeError(
             f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
         )
-    try:
-        tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
-    except Exception:  # a target without a tokenizer: the data's counts decide
-        tokenizer = None
+    # None when the target has no tokenizer: the data's counts decide
+    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
     used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
     try:
         return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
@@ -210,7 +208,7 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
             raise RecipeError(str(err)) from None
     elif recipe.draft_vocab_size:
         vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
-    mask_id, mask_source = _mask_token(recipe, target, data, V)
+    mask_id, mask_source = _mask_token(recipe, data, V)
     try:
         head = DFlashHead.for_target(
             target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id,
