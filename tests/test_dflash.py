@@ -234,7 +234,7 @@ def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
 def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
-    samples = 200 if batch_size == 1 else 400  # ~15 s and ~13 s on one busy core
+    samples = 150 if batch_size == 1 else 300  # ~12 s and ~7 s on a busy 2-core machine
     result = check_lossless(target, DFlashDrafter(head), prompts[0], num_draft_tokens=2, samples=samples,
                             progress=False, batch_size=batch_size)  # fmt: skip
     assert 0.05 < result.acceptance_rate < 0.95, result.describe()
