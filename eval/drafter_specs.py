@@ -37,6 +37,7 @@ class DrafterSpecs:
     tree_nodes: int = 16  # node budget of medusa_tree "auto": 17 tokens per verify stays cheap
     eagle: str | None = None  # folder of an EAGLE-1/EAGLE-3 head
     eagle_tree: str | None = None  # "DEPTH,TOP_K,TOTAL_TOKENS" of an EAGLE-2 dynamic tree
+    dflash: tuple[str, ...] = ()  # `[NAME=]DIR` of DFlash heads for this target
     lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
     typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
     typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
@@ -50,8 +51,10 @@ class DrafterSpecs:
 
     def check(self) -> None:
         """The combinations that make no sense, refused before anything is loaded."""
-        if not self.drafts and not self.prompt_lookup and not self.medusa and not self.eagle:
-            raise SpecError("give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup")
+        if not self.drafts and not self.prompt_lookup and not self.medusa and not self.eagle and not self.dflash:
+            raise SpecError(
+                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup (or --dflash DIR)"
+            )
         if self.medusa_tree and not self.medusa:
             raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")
         if self.eagle_tree and not self.eagle:
@@ -73,6 +76,7 @@ def load_drafters(specs: DrafterSpecs):
     tokenizer = load_tokenizer(specs.target)
     for folder in drafts.values():
         check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
+    dflash = dflash_names(specs.dflash, taken=set(drafts))
     target = load_causal_lm(specs.target, device=device, dtype=dtype, role="target")
     drafters = {}
     for name, folder in drafts.items():
@@ -85,6 +89,7 @@ def load_drafters(specs: DrafterSpecs):
         drafters.update(_medusa_drafters(specs, target, device, dtype))
     if specs.eagle:
         drafters.update(_eagle_drafters(specs, target, device, dtype))
+    drafters.update(_dflash_drafters(dflash, target, device, dtype, specs.allow_target_mismatch))
     return target, tokenizer, drafters, device, dtype
 
 
@@ -115,6 +120,43 @@ def draft_names(values) -> dict[str, str]:
             )
         out[name] = folder
     return out
+
+
+def dflash_names(values, taken=()) -> dict[str, str]:
+    """{method name: folder} of the --dflash flags (named as --draft's; one bare DIR is "dflash"),
+    each folder checked to hold a DFlash head before anything loads."""
+    from draftsmith.heads.dflash import DFlashConfig
+
+    out = {}
+    for name, folder in (draft_names(values) if values else {}).items():
+        name = "dflash" if name == "draft" else name
+        if name in out or name in taken or name in RESERVED_NAMES:
+            raise SpecError(f"--dflash: {name!r} names another method too; name the heads with --dflash NAME=DIR")
+        config = Path(folder) / "config.json"
+        try:
+            model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError):
+            model_type = None
+        if model_type != DFlashConfig.model_type:
+            raise SpecError(f"--dflash {folder}: expected a DFlash head folder (config.json with model_type {DFlashConfig.model_type!r})")
+        out[name] = folder
+    return out
+
+
+def _dflash_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
+    from draftsmith.eval.runtime.dflash import DFlashDrafter
+    from draftsmith.heads.dflash import DFlashError
+    from draftsmith.heads.dflash_formats import load_dflash
+
+    drafters = {}
+    for name, folder in names.items():
+        try:
+            head = load_dflash(folder, target=target, device=device, dtype=dtype)
+        except DFlashError as err:
+            raise SpecError(f"--dflash {folder}: {err}") from None
+        check_heads_target(f"DFlash head {folder!r}", head, target, allow_target_mismatch)
+        drafters[name] = DFlashDrafter(head, name=name)
+    return drafters
 
 
 def parse_eagle_tree(text: str) -> dict:

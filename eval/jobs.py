@@ -23,6 +23,7 @@ import torch
 from draftsmith.eval.drafter_specs import (
     DrafterSpecs,
     SpecError,
+    dflash_names,
     draft_names,
     eos_token_id,
     load_chain_drafter,
@@ -83,7 +84,7 @@ def run_eval(job: EvalJob) -> dict:
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
     heads = {k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}
-    report["drafts"] = {**draft_names(specs.drafts), **heads}
+    report["drafts"] = {**draft_names(specs.drafts), **heads, **dflash_names(specs.dflash)}
     report["prompts_file"] = str(job.prompts)
     report["draftsmith_version"] = package_version()
     report["torch_version"] = torch.__version__

@@ -12,11 +12,11 @@ from draftsmith.scripts._args import UsageError, positive_int
 
 
 def add_commands(sub) -> None:
-    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf)")
+    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; DFlash: vllm)")
     ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads, train/eagle.py OUT/head)")
     ex.add_argument("--format", required=True, help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf")
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
-    ex.add_argument("--target", help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy)")
+    ex.add_argument("--target", help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy) and for DFlash heads (they load with it)")
     ex.add_argument("--num-speculative-tokens", type=positive_int("--num-speculative-tokens"), default=3, help="EAGLE: K written into the vLLM/SGLang config")
     ex.add_argument("--overwrite", action="store_true")
     ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
@@ -39,6 +39,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_export(args) -> int:
+    from draftsmith.heads.dflash import DFlashError
     from draftsmith.heads.eagle import EagleError
     from draftsmith.heads.medusa import MedusaError
     from draftsmith.eval.publish import HubError
@@ -49,7 +50,7 @@ def cmd_export(args) -> int:
             args.heads, args.out, args.format, target=args.target, num_speculative_tokens=args.num_speculative_tokens,
             overwrite=args.overwrite, device=args.device, dtype=args.dtype,
         )  # fmt: skip
-    except (ReleaseError, HubError, EagleError, MedusaError) as err:
+    except (ReleaseError, HubError, EagleError, MedusaError, DFlashError) as err:
         raise UsageError(str(err)) from None
     return 0
 

@@ -23,6 +23,10 @@ def config_for(path: Path):
         from draftsmith.train.eagle import EagleRecipe
 
         return EagleRecipe, "train/eagle.py"
+    if name == "dflash":
+        from draftsmith.train.dflash import DFlashRecipe
+
+        return DFlashRecipe, "train/dflash.py"
     raise AssertionError(f"{path}: no method for this recipe name")
 
 

@@ -24,6 +24,7 @@ import torch
 
 from draftsmith.train.demo_card import cpu_decode_threads, stage_summary
 from draftsmith.train.demo_heads import BUDGETS, demo_data, demo_distilled_draft, demo_eagle, demo_medusa, heads_root, prepare_root
+from draftsmith.train.demo_heads import demo_dflash
 from draftsmith.train.demo_target import DemoTarget, DemoTargetError, ensure_demo_target, get_preset
 
 
@@ -71,6 +72,7 @@ class DemoContext:
     _medusa: object = None  # trained heads, shared by the chain and tree methods
     _heads_cache: tuple | None = None  # (budget, root, data): the self-distillation data, made once
     _eagle: object = None  # the trained EAGLE-3 head, shared by the chain and tree methods
+    _dflash_folder: Path | None = None  # the trained DFlash head, for the report
 
     def eagle_head(self):
         if self._eagle is None:
@@ -166,6 +168,16 @@ def _eagle_tree(ctx: DemoContext):
     return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree")
 
 
+def _dflash(ctx: DemoContext):
+    from draftsmith.eval.runtime.dflash import DFlashDrafter
+    from draftsmith.heads.dflash_formats import load_dflash
+
+    budget, root, data = ctx.distill_data()
+    folder = demo_dflash(ctx, budget, root, data, log=ctx.log)
+    ctx._dflash_folder = folder
+    return DFlashDrafter(load_dflash(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name="dflash")
+
+
 # Every drafter method of the toolkit, in report order (each trained with a small demo budget).
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
@@ -175,6 +187,7 @@ METHODS: list[DemoMethod] = [
     DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies", _medusa_tree),
     DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain", _eagle_chain),
     DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
+    DemoMethod("dflash", "DFlash block drafter (one forward drafts all K tokens) on the target's own answers", _dflash),
 ]
 
 TABLE_NOTE = """\
@@ -246,6 +259,8 @@ def run_demo(
         report["drafts"]["distilled-draft"] = str(heads_root(built) / "distilled-draft" / "draft")
     if ctx._eagle is not None:
         report["drafts"]["eagle3"] = str(heads_root(built) / "eagle3" / "head")
+    if ctx._dflash_folder is not None:
+        report["drafts"]["dflash"] = str(ctx._dflash_folder)
     report["prompts_file"] = str(built.heldout_prompts)
     report["demo"] = {
         "settings": asdict(settings),

@@ -6,7 +6,8 @@
      holds the same settings for the command-line route);
   3. the demo's small draft distilled on the same data with `train/draft.py`'s loop (KL + TV
      hybrid against the target's distributions; `recipes/demo/draft.yaml`);
-  4. an EAGLE-3 head trained with `train/eagle.py`'s loop (`recipes/demo/eagle3.yaml`).
+  4. an EAGLE-3 head trained with `train/eagle.py`'s loop (`recipes/demo/eagle3.yaml`);
+  5. a DFlash block drafter trained with `train/dflash.py`'s loop (`recipes/demo/dflash.yaml`).
 
 They live in `<cache>/demo-heads-<preset>/` with a stamp recording the target's fingerprint and
 the data budget; a stamp that does not match (another target build, another budget) means the
@@ -35,12 +36,13 @@ class HeadsBudget:
     draft_steps: int  # distillation of the small draft
     eagle_steps: int  # EAGLE-3 head
     eagle_draft_vocab: int | None  # reduced draft vocabulary (None = the target's)
+    dflash_steps: int  # DFlash block drafter (same data, same reduced vocabulary)
 
 
 BUDGETS = {
-    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024),
-    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048),
-    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None),
+    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024, dflash_steps=400),
+    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048, dflash_steps=1000),
+    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None, dflash_steps=10),
 }
 STAMP = "stamp.json"
 
@@ -185,3 +187,27 @@ def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> P
 
     announce = f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows"
     return _train_once(ctx, root, "eagle3", "head", recipe_for, train, announce, report, log)
+
+
+def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """A DFlash block drafter trained on the demo data: one block of K + 1 slots drafts the
+    demo's K tokens in one forward."""
+    from draftsmith.train.dflash import DFlashRecipe, train
+
+    layers = ctx.target.config.get_text_config().num_hidden_layers
+    block = ctx.settings.num_draft_tokens + 1
+
+    def recipe_for(out):
+        return DFlashRecipe(
+            target=str(ctx.built.target), data=str(data), out=out, num_layers=1, block_size=block,
+            aux_layers=list(range(1, layers))[-3:] or None, draft_vocab_size=budget.eagle_draft_vocab,
+            max_anchors=32, lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.dflash_steps,
+            eval_every=budget.dflash_steps, save_every=budget.dflash_steps + 1, **_device_dtype(ctx),
+        )  # fmt: skip
+
+    def report(summary):
+        ev = summary["eval"]
+        return ev and f"DFlash head: top-1 per slot {[round(a, 3) for a in ev['top1_per_slot']]}, simulated tau {ev['tau_simulated']:.2f}"
+
+    announce = f"DFlash: blocks of {block} slots ({block - 1} drafts per forward), {budget.dflash_steps} steps of 8 rows"
+    return _train_once(ctx, root, "dflash", "head", recipe_for, train, announce, report, log)

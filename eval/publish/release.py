@@ -45,6 +45,8 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
 
     device = resolve_device(device)
     dtype = None if dtype == "auto" else parse_dtype(dtype)
+    if _is_dflash(heads):
+        return _export_dflash(heads, out, format, target, overwrite=overwrite, device=device, dtype=dtype)
     if heads_kind(heads) == "eagle":
         from draftsmith.heads.eagle import EXPORT_FORMATS, export_eagle, load_eagle
 
@@ -67,6 +69,33 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
     written = export_medusa(medusa, out, format, overwrite=overwrite)
     c = medusa.config
     print(f"wrote {format} Medusa heads ({c.num_heads} heads x {c.num_layers} blocks) to {written}")
+    return written
+
+
+def _is_dflash(folder) -> bool:
+    from draftsmith.heads.artifacts import has_model_type
+    from draftsmith.heads.dflash import DFlashConfig
+
+    return has_model_type(Path(folder), DFlashConfig.model_type)
+
+
+def _export_dflash(heads, out, format: str, target, *, overwrite: bool, device, dtype) -> Path:
+    """A DFlash head in the speculators `dflash` layout; it loads with its target (the embeddings
+    are the target's), which also checks that they belong together."""
+    import torch
+
+    from draftsmith.heads.dflash_formats import export_dflash, load_dflash
+    from draftsmith.heads.models import load_causal_lm
+
+    if format != "vllm":
+        raise ReleaseError(f"--format {format!r}: DFlash heads export to vllm (the speculators dflash layout)")
+    if not target:
+        raise ReleaseError("--target is needed for a DFlash head: it loads with its target (the embeddings are not saved)")
+    model = load_causal_lm(target, device=device, dtype=dtype or torch.float32, role="target")
+    head = load_dflash(heads, target=model, device=device, dtype=dtype)
+    written = export_dflash(head, out, overwrite=overwrite)
+    c = head.config
+    print(f"wrote vllm DFlash head (block {c.block_size}, aux layers {list(c.aux_layer_ids)}, mask token {c.mask_token_id}) to {written}")
     return written
 
 

@@ -1,0 +1,140 @@
+"""The DFlash drafter for B rows: one head forward per call proposes up to block_size - 1 tokens.
+
+What a call computes (`head` = `draftsmith.heads.dflash.DFlashHead`). Row b's context holds n_b
+tokens; the target has fed the first n_b - 1 (its cache holds every token but the last), so
+their features c_0..c_{n_b-2} (`head.project` of the aux states the verifications returned) are
+known, and the last token is the anchor at position n_b - 1:
+    block_b = [anchor, mask, ..., mask] at positions n_b - 1, ..., n_b + B - 2
+    head(block_b | c_0..c_{n_b-2}) -> logits of slot k = the token at position n_b - 1 + k
+All B - 1 drafts come from one forward: slot k's q_k depends on the context only, never on the
+drafts before it.
+
+The head's cache (`eval/runtime/kv.py`'s `RaggedCache` over a `DFlashCache`) holds, per draft
+layer, the keys/values of each row's context features and nothing else: a call feeds the
+features that arrived since the last one (the verified positions: the fed last token and the
+accepted drafts; rejected drafts never had features) together with the block, keeps the
+context columns, and the block's columns are cut at once. A row's features are fed once.
+
+Lossless at any temperature: greedy takes each slot's argmax; sampling draws slot k from its
+own q_k = sampling.probs(logits_k) (the target's temperature, top-k, top-p) with the row's
+generator and hands q_k to the verifier as `probs`: speculative sampling only needs each draft
+drawn from the q it reports, given everything before it, which holds since x_k ~ q_k whatever
+x_1..x_{k-1} are. The cache is the growing store on every path (it is not a HF cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.eval.runtime.drafters import Drafter, Proposal
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.sampling import draw
+from draftsmith.eval.runtime.target import max_positions
+from draftsmith.heads.dflash import DFlashCache
+
+
+class DFlashDrafter(Drafter):
+    """DFlash drafting (a chain) over the target's hidden states `head.config.aux_layer_ids`."""
+
+    def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
+        self.head = head.eval()
+        self.name = name
+        self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
+        if not self.target_layers:
+            raise ValueError("head.config.aux_layer_ids is empty: the DFlash head must name the target layers it reads")
+        self.block_size = int(head.config.block_size)
+        self.mask_token_id = int(head.config.mask_token_id)
+        self.kv: RaggedCache | None = None
+        self._real: list[int] = []  # context columns in the cache per row (= the next context position)
+        self._pending: list[list[torch.Tensor]] = []  # per row, features [n, H] not yet fed
+
+    def max_positions(self) -> int | None:
+        return max_positions(self.head.config)
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return (min(num_tokens, self.block_size - 1),)
+
+    def _param(self) -> torch.Tensor:
+        return next(self.head.parameters())
+
+    def _features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        param = self._param()
+        aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
+        return self.head.project(aux)
+
+    def start(self, prompts, prefill, vocab_size) -> None:
+        if vocab_size != self.head.config.vocab_size:
+            raise ValueError(
+                f"DFlash head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
+            )
+        batch = len(prompts)
+        self.kv = RaggedCache(DFlashCache(len(self.head.layers)), batch, self._param().device)
+        self._real = [0] * batch
+        self._pending = [[] for _ in range(batch)]
+        if prefill:  # every prompt token but the last, right-aligned
+            features = self._features(prefill)
+            for b, prompt in enumerate(prompts):
+                n = len(prompt) - 1
+                if n:
+                    self._pending[b].append(features[b, features.shape[1] - n :])
+
+    @torch.inference_mode()
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        head, device, dtype = self.head, self._param().device, self._param().dtype
+        batch, Bs, H = len(contexts), self.block_size, head.config.hidden_size
+        pending = [torch.cat(p) if p else torch.zeros(0, H, device=device, dtype=dtype) for p in self._pending]
+        fresh = [p.shape[0] for p in pending]
+        for b, context in enumerate(contexts):
+            if self._real[b] + fresh[b] != len(context) - 1:
+                raise RuntimeError(
+                    f"DFlash drafter out of step: row {b} has features of {self._real[b] + fresh[b]} positions, "
+                    f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
+                )
+        # The new context columns, right-aligned (row b's real ones are [lo_b, W)), then the block.
+        width = max(fresh)
+        lo = [width - n for n in fresh]
+        context = torch.zeros(batch, width, H, device=device, dtype=dtype)
+        for b, p in enumerate(pending):
+            if fresh[b]:
+                context[b, lo[b] :] = p
+        offset = torch.arange(width, device=device)[None] - torch.tensor(lo, device=device)[:, None]
+        real = offset >= 0  # [B, W]
+        ctx_pos = torch.where(real, torch.tensor(self._real, device=device)[:, None] + offset, 0)
+        anchor = torch.tensor([len(c) - 1 for c in contexts], device=device)
+        positions = torch.cat([ctx_pos, anchor[:, None] + torch.arange(Bs, device=device)[None]], dim=1)
+        block = torch.full((batch, Bs), self.mask_token_id, dtype=torch.long, device=device)
+        block[:, 0] = torch.tensor([c[-1] for c in contexts], device=device)
+        # Every slot sees its row's cached context, its new context columns and the whole block.
+        seen = torch.cat([self.kv.valid, real, torch.ones(batch, Bs, dtype=torch.bool, device=device)], dim=1)
+        allowed = seen[:, None, :].expand(batch, Bs, seen.shape[1])
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        logits = head(block, context, positions=positions, attention_mask=mask[:, None], cache=self.kv.cache)
+        self.kv.commit(torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1).cpu())
+        self._real = [r + n for r, n in zip(self._real, fresh)]
+        self._pending = [[] for _ in range(batch)]
+        self.kv.compact_if_wasteful()
+
+        raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k
+        counts = [max(0, min(k, Bs - 1)) for k in num_tokens]
+        if sampling.greedy:
+            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw)
+        q = sampling.probs(raw)  # [B, Bs-1, V]: exactly what each slot is drawn from
+        # Slots past a row's budget take the argmax (never verified) and leave its generator alone.
+        tokens = torch.stack([
+            torch.stack([draw(q[b, i].to(g.device), g).reshape(()).to(device) if i < counts[b] else q[b, i].argmax()
+                         for i in range(Bs - 1)])
+            for b, g in enumerate(generators)
+        ])  # fmt: skip
+        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw)
+
+    def select(self, rows, kept) -> None:
+        self.kv.select(rows, kept)
+        self._real = [self._real[i] for i in kept]
+        self._pending = [self._pending[i] for i in kept]
+        self.kv.compact_if_wasteful()
+
+    def accepted(self, num_accepted, committed, hidden) -> None:
+        # The features of the verified positions: the fed last token and the n_b accepted drafts.
+        features = self._features(hidden)
+        for b, n in enumerate(num_accepted):
+            self._pending[b].append(features[b, : n + 1])

@@ -1,0 +1,494 @@
+"""DFlash heads: a block-diffusion drafter that proposes a whole block in one forward.
+
+    head = DFlashHead.for_target(target, num_layers=1, block_size=8, mask_token_id=mid, vocab_map=vmap)
+    ctx = head.project(torch.cat([hs[i] for i in head.config.aux_layer_ids], -1))  # [N, C, H]
+    logits = head(block_ids, ctx, positions=pos, attention_mask=mask)             # [N, Q, draft_vocab]
+    save_dflash(head, "out/dflash")                   # draftsmith.heads.dflash_formats
+    head = load_dflash("out/dflash", target=target)
+
+What one forward computes (DFlash, arXiv 2602.06036; the speculators `dflash` model type):
+- a block of `block_size` slots at positions p, p+1, ..., p+B-1: slot 0 holds the anchor (the
+  last committed token, at position p), slots 1..B-1 the mask token. Slot k's output predicts
+  the token at position p + k, so one forward drafts B - 1 tokens (the anchor is the bonus
+  token of the previous verification: speculators' `sample_from_anchor: false`);
+- the context: c_s = hidden_norm(fc(concat of the target's hidden states at `aux_layer_ids`)) for
+  the positions s < p (HF `output_hidden_states` ids: 0 = embeddings, L = after the final norm);
+- `num_hidden_layers` Qwen3-style decoder layers over the block's embeddings. In each layer the
+  queries are the block's slots (after input_layernorm), the keys/values are
+  [k/v_proj(c_s) for the context | k/v_proj(slots)], with per-head RMSNorm on q and k (Qwen3's
+  q_norm / k_norm) and RoPE at the positions. Inside a block attention is bidirectional; the
+  caller's mask says which context columns each block sees (all s < p). The context's keys do
+  not depend on the block, so a decoder caches them per layer (`DFlashCache`);
+- output: lm_head(norm(h)) over the draft vocabulary (a reduced one maps back with d2t/t2d,
+  `draftsmith.heads.vocab_map`).
+
+Target copies: `embed_tokens` is the target's (frozen, never saved); with the full vocabulary
+`lm_head` is the target's too (frozen, not saved), with a reduced vocabulary it starts from the
+target's rows of the draft tokens, trains, and is saved with d2t/t2d. So a head loads with its
+target: `load_dflash(path, target=...)`.
+
+The mask token: an id of the target's vocabulary whose (frozen) embedding marks "to be
+predicted". `mask_token_id` picks the recipe's id, else the tokenizer's mask token, else a
+reserved id nothing uses (`choose_mask_token`); the config records the id and where it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    repeat_kv,
+    rotate_half,
+)
+
+MASK_SOURCES = ("recipe", "tokenizer", "reserved")
+
+
+class DFlashError(ValueError):
+    """A DFlash head that cannot be built, loaded or used with a target; the message says why."""
+
+
+def default_aux_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """`count` target layers evenly spaced from 1 to L-3 (DFlash's released drafters read one per
+    draft layer this way, e.g. L=36, 5 -> 1, 9, 17, 25, 33); tiny targets use 1..L-1."""
+    L = num_target_layers
+    if L < 2:
+        return [0]
+    lo, hi = 1, (L - 3 if L - 3 > 1 else L - 1)
+    if count <= 1:
+        return [(lo + hi) // 2]
+    return sorted({round(lo + i * (hi - lo) / (count - 1)) for i in range(count)})
+
+
+def choose_mask_token(vocab_size: int, *, explicit: int | None = None, tokenizer=None, used=None) -> tuple[int, str]:
+    """(mask token id, where it came from): the explicit id, else the tokenizer's mask token, else
+    the highest id below `vocab_size` that nothing uses: not a token the tokenizer knows (padding
+    rows of the embedding matrix) or, failing that, not in `used` (ids of the training data)."""
+    if explicit is not None:
+        return int(explicit), "recipe"
+    mask = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
+    if mask is not None and 0 <= mask < vocab_size:
+        return int(mask), "tokenizer"
+    known = len(tokenizer) if tokenizer is not None else vocab_size
+    if known < vocab_size:  # rows past the tokenizer's vocabulary: never produced, never fed
+        return vocab_size - 1, "reserved"
+    used = set(int(t) for t in (used if used is not None else ()))
+    specials = set(getattr(tokenizer, "all_special_ids", None) or [])
+    for token in range(vocab_size - 1, -1, -1):
+        if token not in used and token not in specials:
+            return token, "reserved"
+    raise DFlashError(f"no unused token id below vocab_size={vocab_size} for the mask token: give mask_token_id")
+
+
+class DFlashConfig(PretrainedConfig):
+    model_type = "draftsmith_dflash"
+
+    def __init__(
+        self,
+        hidden_size: int = 4096,
+        intermediate_size: int = 14336,
+        num_hidden_layers: int = 1,  # draft decoder layers (the target's count is target_num_layers)
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,  # None = num_attention_heads
+        head_dim: int | None = None,  # None = hidden_size // num_attention_heads
+        rms_norm_eps: float = 1e-6,
+        rope_parameters: dict | None = None,  # the target's: positions rotate as in the target
+        max_position_embeddings: int = 8192,  # MUST equal the target's (servers size RoPE from it)
+        attention_bias: bool = False,
+        hidden_act: str = "silu",
+        vocab_size: int = 128256,  # the target's output vocabulary
+        draft_vocab_size: int | None = None,  # reduced vocabulary (None = vocab_size)
+        block_size: int = 8,  # slots per block: one forward drafts block_size - 1 tokens
+        mask_token_id: int | None = None,  # required by a head; see choose_mask_token
+        mask_token_source: str | None = None,  # recipe | tokenizer | reserved
+        aux_layer_ids: list[int] | None = None,  # HF hidden_states ids of the target
+        initializer_range: float = 0.02,
+        target_name_or_path: str | None = None,
+        target_revision: str | None = None,
+        target_fingerprint: str | None = None,
+        target_num_layers: int | None = None,
+        target_architectures: list[str] | None = None,
+        data_hash: str | None = None,
+        vocab_map_data_hash: str | None = None,
+        **kwargs,
+    ):
+        kwargs.setdefault("tie_word_embeddings", False)
+        draft_vocab_size = vocab_size if draft_vocab_size is None else int(draft_vocab_size)
+        if not isinstance(block_size, int) or block_size < 2:
+            raise DFlashError(
+                f"DFlashConfig: block_size={block_size!r}; expected an integer >= 2 (slot 0 is the anchor)"
+            )
+        if mask_token_id is not None and not 0 <= int(mask_token_id) < vocab_size:
+            raise DFlashError(
+                f"DFlashConfig: mask_token_id={mask_token_id} is outside the vocabulary 0..{vocab_size - 1}"
+            )
+        if mask_token_source is not None and mask_token_source not in MASK_SOURCES:
+            raise DFlashError(f"DFlashConfig: mask_token_source={mask_token_source!r}; expected one of {MASK_SOURCES}")
+        if not 1 <= draft_vocab_size <= vocab_size:
+            raise DFlashError(
+                f"DFlashConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})"
+            )
+        if num_hidden_layers < 1:
+            raise DFlashError(f"DFlashConfig: num_hidden_layers={num_hidden_layers}; a head needs at least one layer")
+        aux_layer_ids = [int(i) for i in (aux_layer_ids or [])]
+        if target_num_layers is not None and any(not 0 <= i <= target_num_layers for i in aux_layer_ids):
+            raise DFlashError(
+                f"DFlashConfig: aux_layer_ids {aux_layer_ids} are outside the target's hidden states "
+                f"0..{target_num_layers} (0 = embeddings, {target_num_layers} = last layer after the final norm)"
+            )
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_parameters = dict(rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.hidden_act = hidden_act
+        self.vocab_size = vocab_size
+        self.draft_vocab_size = draft_vocab_size
+        self.block_size = block_size
+        self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
+        self.mask_token_source = mask_token_source
+        self.aux_layer_ids = aux_layer_ids
+        self.initializer_range = initializer_range
+        self.target_name_or_path = target_name_or_path
+        self.target_revision = target_revision
+        self.target_fingerprint = target_fingerprint
+        self.target_num_layers = target_num_layers
+        self.target_architectures = list(target_architectures) if target_architectures else None
+        self.data_hash = data_hash
+        self.vocab_map_data_hash = vocab_map_data_hash
+        super().__init__(**kwargs)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size != self.vocab_size
+
+    def layer_config(self) -> LlamaConfig:
+        """The draft layers as a llama config (RoPE and the MLP are built from it)."""
+        return LlamaConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=copy.deepcopy(self.rope_parameters), attention_bias=self.attention_bias,
+            mlp_bias=False, tie_word_embeddings=False, initializer_range=self.initializer_range,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------- the context cache
+class DFlashLayerCache:
+    """One draft layer's keys/values [N, kv_heads, S, head_dim] (None while empty)."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.keys is not None
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
+class DFlashCache:
+    """Per draft layer, the keys/values of what a forward fed: context columns (kept) and the
+    block's slots (cut again by the owner). `layers` is what `eval.runtime.kv.RaggedCache` moves."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [DFlashLayerCache() for _ in range(num_layers)]
+
+    @property
+    def seq_len(self) -> int:
+        keys = self.layers[0].keys
+        return 0 if keys is None else keys.shape[-2]
+
+
+# ---------------------------------------------------------------------- the decoder layer
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    """Queries from the block, keys/values from [context | block] (module docstring)."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if self.num_heads % self.num_kv_heads:
+            raise DFlashError(
+                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
+            )
+        H, bias = c.hidden_size, c.attention_bias
+        self.q_proj = nn.Linear(H, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, H, bias=bias)
+        self.q_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
+
+    def forward(self, x, context, cos, sin, mask, cache: DFlashLayerCache | None) -> torch.Tensor:
+        N, Q, _ = x.shape
+        fed = torch.cat([context, x], dim=1)  # [N, C + Q, H]
+        q = self.q_norm(self.q_proj(x).view(N, Q, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(fed).view(N, fed.shape[1], self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(fed).view(N, fed.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, C + Q, hd]
+        q, k = _rotate(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rotate(k, cos, sin)  # keys cached after RoPE
+        if cache is not None:
+            k, v = cache.append(k, v)
+        groups = self.num_heads // self.num_kv_heads
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(N, Q, -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    """A Qwen3 decoder layer whose attention also reads the context (keys named as Qwen3's)."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        H = config.hidden_size
+        self.self_attn = DFlashAttention(config)
+        self.mlp = LlamaMLP(config.layer_config())
+        self.input_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+
+    def forward(self, x, context, cos, sin, mask, cache) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ---------------------------------------------------------------------- the head
+class DFlashHead(PreTrainedModel):
+    """A DFlash block drafter for one target (module docstring)."""
+
+    config_class = DFlashConfig
+    base_model_prefix = "dflash"
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        if config.mask_token_id is None:
+            raise DFlashError("DFlashConfig.mask_token_id is not set: a DFlash head needs a mask token id")
+        if not config.aux_layer_ids:
+            raise DFlashError("DFlashConfig.aux_layer_ids is empty: name the target hidden states the head reads")
+        H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        self.embed_tokens = nn.Embedding(V, H)
+        self.fc = nn.Linear(len(config.aux_layer_ids) * H, H, bias=False)
+        self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, Vd, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())  # non-persistent buffers
+        if config.reduced_vocab:
+            self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.int64), persistent=True)
+            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool), persistent=True)
+        self.post_init()
+        self._freeze()
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # `.to(bfloat16)` casts RoPE's inverse frequencies too; keep them fp32 as HF targets do.
+        inv = self.rotary_emb.inv_freq
+        if inv.dtype != torch.float32 and inv.device.type != "meta":
+            self.rotary_emb = LlamaRotaryEmbedding(self.config.layer_config()).to(inv.device)
+        return self
+
+    def _freeze(self) -> None:
+        self.embed_tokens.weight.requires_grad_(False)  # the target's embeddings
+        self.lm_head.weight.requires_grad_(self.config.reduced_vocab)  # full vocabulary: the target's head
+
+    def frozen_keys(self) -> tuple[str, ...]:
+        """The target's tensors: never saved, taken from the target on load."""
+        return ("embed_tokens.weight",) + (() if self.config.reduced_vocab else ("lm_head.weight",))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def for_target(
+        cls, target: PreTrainedModel, *, num_layers: int = 1, block_size: int = 8, mask_token_id: int,
+        mask_token_source: str | None = None, aux_layer_ids=None, vocab_map=None,
+        target_name_or_path: str | None = None, data_hash: str | None = None,
+    ) -> DFlashHead:  # fmt: skip
+        """A head shaped like the target's layers, on its device and dtype, with the target's
+        embeddings and lm_head (rows of the draft vocabulary) copied in."""
+        from draftsmith.heads.models import target_fingerprint
+        from draftsmith.heads.vocab_map import VocabMapError, check_consistent
+
+        tc = target.config.get_text_config()
+        L, H = tc.num_hidden_layers, tc.hidden_size
+        lm_weight, embed_weight = target_weights(target)
+        V = lm_weight.shape[0]
+        if lm_weight.shape[1] != H or tuple(embed_weight.shape) != (V, H):
+            raise DFlashError(
+                f"target's embeddings {tuple(embed_weight.shape)} and lm_head {tuple(lm_weight.shape)} do not both "
+                f"match [vocab, hidden_size={H}]"
+            )
+        aux = [int(i) for i in (aux_layer_ids if aux_layer_ids is not None else default_aux_layer_ids(L, num_layers))]
+        bad = [i for i in aux if not 0 <= i <= L]
+        if not aux or bad or len(set(aux)) != len(aux):
+            raise DFlashError(
+                f"aux_layer_ids {aux}: expected distinct HF hidden_states ids of the target, 0..{L} "
+                f"(0 = embeddings, {L} = last layer after the final norm)"
+            )
+        if vocab_map is not None:
+            if vocab_map.target_vocab_size != V:
+                raise DFlashError(
+                    f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}"
+                )
+            try:
+                check_consistent(vocab_map)
+            except VocabMapError as err:
+                raise DFlashError(f"vocab_map is inconsistent: {err}") from None
+        config = DFlashConfig(
+            hidden_size=H, intermediate_size=tc.intermediate_size, num_hidden_layers=num_layers,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=getattr(tc, "head_dim", None) or H // tc.num_attention_heads,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), rope_parameters=_rope_of(tc),
+            max_position_embeddings=tc.max_position_embeddings, hidden_act=getattr(tc, "hidden_act", "silu"),
+            vocab_size=V, draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else V,
+            block_size=block_size, mask_token_id=mask_token_id, mask_token_source=mask_token_source,
+            aux_layer_ids=aux, initializer_range=getattr(tc, "initializer_range", 0.02),
+            target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
+            target_revision=getattr(target.config, "_commit_hash", None), target_fingerprint=target_fingerprint(target),
+            target_num_layers=L,
+            target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
+            data_hash=data_hash, vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+        )  # fmt: skip
+        head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(embed_weight)
+            if vocab_map is not None:
+                head.lm_head.weight.copy_(lm_weight[vocab_map.target_ids().to(lm_weight.device)])
+                head.d2t.copy_(vocab_map.d2t)
+                head.t2d.copy_(vocab_map.t2d)
+            else:
+                head.lm_head.weight.copy_(lm_weight)
+        head._freeze()
+        return head
+
+    # ------------------------------------------------------------------ computation
+    def project(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """Context features: hidden_norm(fc(aux states concatenated [..., n_aux*H])) -> [..., H]."""
+        expected = len(self.config.aux_layer_ids) * self.config.hidden_size
+        if aux_hidden.shape[-1] != expected:
+            raise DFlashError(
+                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, "
+                f"expected {len(self.config.aux_layer_ids)} "
+                f"layers {self.config.aux_layer_ids} x hidden {self.config.hidden_size} = {expected}"
+            )
+        return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
+
+    def forward(self, block_ids, context, *, positions, attention_mask, cache: DFlashCache | None = None):
+        """Draft logits [N, Q, draft_vocab] of the Q block slots `block_ids [N, Q]` (blocks of
+        `block_size`, possibly several packed per row), given C new context columns `context
+        [N, C, H]` (`project`'s output, C may be 0). positions [N, C + Q]: the context's then the
+        slots'. attention_mask: float additive [N or 1, 1, Q, S + C + Q] over the S columns
+        already in `cache`, the context, then the slots (0 = attend, large negative = blocked)."""
+        N, Q = block_ids.shape
+        C, S = context.shape[1], 0 if cache is None else cache.seq_len
+        if context.dim() != 3 or context.shape[0] != N or context.shape[-1] != self.config.hidden_size:
+            raise DFlashError(f"forward: context {list(context.shape)} must be [{N}, C, {self.config.hidden_size}]")
+        if tuple(positions.shape) != (N, C + Q):
+            raise DFlashError(
+                f"forward: positions {list(positions.shape)} must be [{N}, {C + Q}] (context, then block)"
+            )
+        if attention_mask.dim() != 4 or tuple(attention_mask.shape[1:]) != (1, Q, S + C + Q):
+            raise DFlashError(f"forward: attention_mask {list(attention_mask.shape)} must be [N, 1, {Q}, {S + C + Q}]")
+        x = self.embed_tokens(block_ids)
+        context = context.to(x.dtype)
+        cos, sin = self.rotary_emb(x, positions)
+        mask = attention_mask.to(dtype=x.dtype, device=x.device)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, context, cos, sin, mask, None if cache is None else cache.layers[i])
+        return self.lm_head(self.norm(x))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft ids (target = draft + d2t[draft]); the identity for a full vocabulary."""
+        if not self.config.reduced_vocab:
+            return draft_ids
+        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
+        if not self.config.reduced_vocab:
+            return logits
+        ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t.to(logits.device)
+        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., ids] = logits
+        return out
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """DFlashError when the head cannot serve `target`; a warning when only the fingerprint differs."""
+        from draftsmith.heads.models import target_fingerprint
+
+        c, tc = self.config, target.config.get_text_config()
+        name = getattr(target.config, "_name_or_path", None) or type(target).__name__
+        vocab = target_weights(target)[0].shape[0]
+        for what, ours, theirs in (
+            ("hidden size", c.hidden_size, tc.hidden_size), ("vocab size", c.vocab_size, vocab),
+            ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
+            ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
+            ("rope_parameters", c.rope_parameters, _rope_of(tc)),
+        ):  # fmt: skip
+            if ours is not None and ours != theirs:
+                raise DFlashError(
+                    f"DFlash head has {what} {ours} (trained on {c.target_name_or_path or 'an unrecorded target'}) "
+                    f"but target {name!r} has {theirs}"
+                )
+        if max(c.aux_layer_ids) > tc.num_hidden_layers:
+            raise DFlashError(
+                f"DFlash head reads hidden states {c.aux_layer_ids}, target {name!r} has {tc.num_hidden_layers} layers"
+            )
+        if c.target_fingerprint and target_fingerprint(target) != c.target_fingerprint:
+            warnings.warn(
+                f"DFlash head was trained on target fingerprint {c.target_fingerprint[:12]} "
+                f"but target {name!r} differs: "
+                "fine for a fine-tuned target, otherwise expect low acceptance",
+                stacklevel=2,
+            )
+
+
+def target_weights(target: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    out, emb = target.get_output_embeddings(), target.get_input_embeddings()
+    if out is None or emb is None:
+        raise DFlashError(f"target {type(target).__name__} lacks input or output embeddings")
+    return out.weight, emb.weight
+
+
+def _rope_of(text_config) -> dict:
+    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
+    rope = getattr(text_config, "rope_parameters", None)
+    if rope:
+        return copy.deepcopy(dict(rope))
+    rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
+    rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
+    return rope
+
+
+def describe(head: DFlashHead) -> str:
+    c = head.config
+    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    return (
+        f"DFlash head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward), "
+        f"aux layers {c.aux_layer_ids}, mask token {c.mask_token_id} ({c.mask_token_source}), "
+        f"draft vocabulary {c.draft_vocab_size}/{c.vocab_size}, {trained / 1e6:.2f}M trained parameters"
+    )
+

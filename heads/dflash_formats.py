@@ -1,0 +1,239 @@
+"""DFlash heads on disk: draftsmith's layout (`save_dflash`), the vLLM speculators `dflash` layout
+(`export_dflash`), and `load_dflash` for both (told apart by config.json).
+
+    save_dflash(head, "out/dflash")                 # config.json + weights, without the target's tensors
+    export_dflash(head, "out/dflash-vllm")          # for vllm serve TARGET --speculative-config ...
+    head = load_dflash("out/dflash-vllm", target=target)
+
+What the speculators trainer writes for `speculators_model_type: dflash` (and vLLM reads):
+- config.json: `architectures: ["DFlashDraftModel"]`, `speculators_model_type`, `speculators_version`,
+  `block_size`, `aux_hidden_state_layer_ids`, `mask_token_id` (both required by vLLM), `draft_vocab_size`,
+  `target_hidden_size` (null = the draft's), `sliding_window_non_causal: false`, `sample_from_anchor: false`
+  (the anchor is the previous bonus token: block_size - 1 drafts), `transformer_layer_config` (a qwen3
+  config with `num_hidden_layers` = the draft layers, the target's vocabulary, positions and RoPE) and
+  `speculators_config` (the greedy proposal of block_size - 1 tokens, the verifier).
+- weights: `fc.weight`, `hidden_norm.weight`, `layers.{i}.*` (Qwen3 names, q_norm / k_norm included),
+  `norm.weight`; `lm_head.weight`, `d2t`, `t2d` only with a reduced vocabulary (the embeddings and a
+  full-vocabulary lm_head come from the verifier).
+Layer ids: vLLM hands the runner `aux_hidden_state_layer_ids` as its capture ids, the residual stream
+entering decoder layer i = HF `hidden_states[i]` (its DFlash model reads them shifted by one, vLLM PR
+#40727), so draftsmith's HF ids are written as they are; an id equal to L (after the final norm) cannot
+be captured by a server and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, target_weights
+
+WEIGHTS = "model.safetensors"
+
+SPECULATORS_ARCHITECTURE = "DFlashDraftModel"
+SPECULATORS_VERSION = "0.9.0"
+PROVENANCE_KEY = "draftsmith"
+LAYER_KEYS = (
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)  # fmt: skip
+_PROVENANCE_FIELDS = (
+    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers", "target_architectures",
+    "data_hash", "vocab_map_data_hash", "mask_token_source",
+)  # fmt: skip
+
+
+def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
+    """config.json + model.safetensors without the target's tensors (`frozen_keys`), written
+    atomically; a folder holding a draftsmith DFlash head is replaced (re-running a training)."""
+    frozen = set(head.frozen_keys())
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
+
+    def write(tmp: Path) -> None:
+        head.config.save_pretrained(tmp)
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+
+    return write_folder_atomic(
+        out_dir, write, overwrite=overwrite, error=DFlashError,
+        may_replace=lambda folder: has_model_type(folder, DFlashConfig.model_type),
+    )  # fmt: skip
+
+
+def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
+    """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
+    `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
+    path, raw = read_config(path, "DFlash head", DFlashError)
+    if target is None:
+        raise DFlashError(
+            "load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's"
+        )
+    if raw.get("speculators_model_type") is not None:
+        config = config_from_speculators(path, raw)
+    elif raw.get("model_type") == DFlashConfig.model_type:
+        try:
+            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+        except (TypeError, ValueError) as err:
+            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+    else:
+        raise DFlashError(
+            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
+            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
+        )
+    if not (path / WEIGHTS).is_file():
+        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
+    try:
+        state = load_file(str(path / WEIGHTS))
+    except (OSError, SafetensorError) as err:
+        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
+    with torch.device("meta"):
+        head = DFlashHead(config)
+    head.check_target(target)
+    lm_weight, embed_weight = target_weights(target)
+    frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
+    expected = set(head.state_dict()) - set(head.frozen_keys())
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise DFlashError(
+            f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}"
+        )
+    state.update({k: frozen[k].detach().to("cpu") for k in head.frozen_keys()})
+    try:
+        head.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as err:
+        raise DFlashError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
+    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
+    device = device if device is not None else lm_weight.device
+    head = head.to(device=device, dtype=dtype if dtype is not None else state["fc.weight"].dtype)
+    head._freeze()
+    return head.eval()
+
+
+def required_keys(head: DFlashHead) -> set[str]:
+    """The tensors a speculators `dflash` checkpoint of this head must hold, no more."""
+    c = head.config
+    keys = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    layer = list(LAYER_KEYS) + ([f"self_attn.{p}_proj.bias" for p in "qkvo"] if c.attention_bias else [])
+    keys |= {f"layers.{i}.{k}" for i in range(c.num_hidden_layers) for k in layer}
+    if c.reduced_vocab:
+        keys |= {"lm_head.weight", "d2t", "t2d"}
+    return keys
+
+
+def _layer_config(head: DFlashHead) -> dict:
+    c = head.config
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "hidden_act": c.hidden_act,
+        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": dict(c.rope_parameters), "rope_theta": c.rope_parameters.get("rope_theta"),
+        "attention_bias": c.attention_bias, "attention_dropout": 0.0, "tie_word_embeddings": False,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers,
+        "layer_types": ["full_attention"] * c.num_hidden_layers, "initializer_range": c.initializer_range,
+    }  # fmt: skip
+
+
+def speculators_config(head: DFlashHead) -> dict:
+    """config.json of the speculators `dflash` layout (module docstring)."""
+    c = head.config
+    return {
+        "architectures": [SPECULATORS_ARCHITECTURE],
+        "speculators_model_type": "dflash",
+        "speculators_version": SPECULATORS_VERSION,
+        "block_size": c.block_size,
+        "aux_hidden_state_layer_ids": list(c.aux_layer_ids),
+        "mask_token_id": c.mask_token_id,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": None,  # the draft is as wide as the target
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": _layer_config(head),
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": c.block_size - 1}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": c.target_name_or_path, "architectures": c.target_architectures or []},
+        },
+        PROVENANCE_KEY: {field: getattr(c, field) for field in _PROVENANCE_FIELDS},
+    }
+
+
+def export_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
+    """Write `head` in the speculators `dflash` layout; the weights are checked against the key set
+    vLLM loads before anything is written."""
+    c = head.config
+    if c.target_num_layers is not None and max(c.aux_layer_ids) >= c.target_num_layers:
+        raise DFlashError(
+            f"vllm export: aux layer ids {c.aux_layer_ids} include {c.target_num_layers} (after the final norm), "
+            "which a server cannot capture: train with aux_layers below the target's layer count"
+        )
+    frozen = set(head.frozen_keys())
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
+    required = required_keys(head)
+    missing, extra = sorted(required - set(state)), sorted(set(state) - required)
+    if missing or extra:
+        raise DFlashError(f"vllm export: missing {missing}, left over {extra}; nothing was written")
+    config = speculators_config(head)
+
+    def write(tmp: Path) -> None:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return write_folder_atomic(out_dir, write, overwrite=overwrite, error=DFlashError)
+
+
+def config_from_speculators(path: Path, raw: dict):
+    """The DFlashConfig of a speculators `dflash` folder (this exporter's, or the speculators
+    trainer's with full attention and the anchor as bonus token)."""
+    where = str(Path(path) / "config.json")
+    if raw.get("speculators_model_type") != "dflash":
+        raise DFlashError(
+            f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'dflash' is supported"
+        )
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DFlashError(f"{where} has no transformer_layer_config")
+    for key, ok in (("sample_from_anchor", False), ("projector_type", "dflash")):
+        if raw.get(key, ok) != ok:
+            raise DFlashError(f"{where}: {key}={raw[key]!r} is a variant draftsmith does not implement")
+    if any(t != "full_attention" for t in layer.get("layer_types") or []):
+        raise DFlashError(
+            f"{where}: sliding-window draft layers are not implemented (layer_types {layer['layer_types']})"
+        )
+    if raw.get("target_hidden_size") not in (None, layer.get("hidden_size")):
+        raise DFlashError(
+            f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size"
+        )
+    provenance = dict(raw.get(PROVENANCE_KEY) or {})
+    verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+    rope = layer.get("rope_parameters") or {
+        **(layer.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": layer.get("rope_theta", 10000.0)
+    }  # fmt: skip
+    try:
+        return DFlashConfig(
+            hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
+            num_hidden_layers=layer["num_hidden_layers"], num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads"), head_dim=layer.get("head_dim"),
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_parameters=rope,
+            max_position_embeddings=layer["max_position_embeddings"], attention_bias=bool(layer.get("attention_bias")),
+            hidden_act=layer.get("hidden_act", "silu"), vocab_size=layer["vocab_size"],
+            draft_vocab_size=raw.get("draft_vocab_size"), block_size=raw.get("block_size", 8),
+            mask_token_id=raw["mask_token_id"], aux_layer_ids=raw["aux_hidden_state_layer_ids"],
+            target_name_or_path=provenance.get("target_name_or_path") or verifier.get("name_or_path"),
+            target_architectures=provenance.get("target_architectures") or verifier.get("architectures") or None,
+            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k not in ("target_name_or_path",
+                                                                               "target_architectures")},
+        )  # fmt: skip
+    except KeyError as err:
+        raise DFlashError(f"{where} lacks {err.args[0]!r}") from None

@@ -1,0 +1,316 @@
+"""DFlash block drafters: the head, the anchored-block training, the drafter in the one decoder.
+
+The decoder tests use a head fitted in-process (a few dozen steps of `dflash_losses`) to the toy
+target's own greedy continuations of a few prompts, then decode those prompts: the head is right
+often enough that whole blocks are accepted, so identity and losslessness are tested where the
+verifier's every branch (accept, reject, bonus) runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.eval.lossless import check_lossless
+from draftsmith.eval.runtime import generate, generate_batch
+from draftsmith.eval.runtime.dflash import DFlashDrafter
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
+from draftsmith.heads.dflash_formats import load_dflash, save_dflash
+from draftsmith.train.dflash import (
+    DFlashRecipe,
+    anchor_block_mask,
+    block_inputs,
+    dflash_losses,
+    main,
+    sample_anchors,
+    slot_weights,
+    train,
+)
+from draftsmith.train.recipe import RecipeError, load_recipe
+from fixtures import VOCAB, tiny_model
+
+FAMILIES = ("llama", "qwen2", "mistral")
+BLOCK = 4
+
+
+def _fake_vocab_map(size: int):
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:size]] = 5
+    return build_vocab_map(counts, size, "d" * 64)
+
+
+# ------------------------------------------------------------------------- the head
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_and_parameter_counts(family, pairs):
+    target, _ = pairs(family)
+    c = target.config
+    H, V, Vd, layers = c.hidden_size, c.vocab_size, 64, 2
+    head = DFlashHead.for_target(target, num_layers=layers, block_size=BLOCK, mask_token_id=VOCAB - 1,
+                                 aux_layer_ids=[0, 2], vocab_map=_fake_vocab_map(Vd))  # fmt: skip
+    kv = c.num_key_value_heads * (H // c.num_attention_heads)
+    per_layer = 2 * H * H + 2 * H * kv + 3 * H * c.intermediate_size + 2 * H + 2 * (H // c.num_attention_heads)
+    trained = 2 * H * H + H + layers * per_layer + H + Vd * H  # fc, hidden_norm, layers, norm, reduced lm_head
+    assert sum(p.numel() for p in head.parameters() if p.requires_grad) == trained
+    assert not head.embed_tokens.weight.requires_grad and head.frozen_keys() == ("embed_tokens.weight",)
+    N, C, Q = 2, 5, 2 * BLOCK
+    states = target(torch.randint(3, VOCAB, (N, C)), output_hidden_states=True).hidden_states
+    context = head.project(torch.cat([states[0], states[2]], -1))
+    positions = torch.arange(C + Q)[None].expand(N, -1)
+    logits = head(torch.randint(3, VOCAB, (N, Q)), context, positions=positions, attention_mask=torch.zeros(N, 1, Q, C + Q))
+    assert logits.shape == (N, Q, Vd) and head.target_logits(logits).shape == (N, Q, V)
+    full = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=0, aux_layer_ids=[1])
+    assert full.frozen_keys() == ("embed_tokens.weight", "lm_head.weight") and not full.lm_head.weight.requires_grad
+    assert torch.equal(full.lm_head.weight, target.get_output_embeddings().weight)
+
+
+def test_bad_inputs_each_get_one_clear_error(pairs, tmp_path):
+    target, _ = pairs("llama")
+    with pytest.raises(DFlashError, match="block_size=1; expected an integer >= 2"):
+        DFlashHead.for_target(target, block_size=1, mask_token_id=5)
+    with pytest.raises(DFlashError, match=f"mask_token_id={VOCAB} is outside the vocabulary 0..{VOCAB - 1}"):
+        DFlashHead.for_target(target, block_size=BLOCK, mask_token_id=VOCAB)
+    with pytest.raises(DFlashError, match=r"aux_layer_ids \[1, 3\].*0\.\.2"):
+        DFlashHead.for_target(target, block_size=BLOCK, mask_token_id=5, aux_layer_ids=[1, 3])
+    with pytest.raises(ValueError, match="block_size = 1 must be >= 2"):
+        DFlashRecipe(target="t", data="d", out="o", block_size=1)
+    path = tmp_path / "r.yaml"
+    path.write_text("target: t\ndata: d\nout: o\nblock_sise: 4\n")
+    with pytest.raises(RecipeError, match="unknown key.*block_sise.*did you mean block_size"):
+        load_recipe(DFlashRecipe, path)
+    assert main(["--recipe", str(path), "--no-progress"]) == 2
+
+
+def test_mask_token_choice():
+    class Tok:
+        def __init__(self, n, mask=None):
+            self.n, self.mask_token_id, self.all_special_ids = n, mask, [0, 1, 2]
+
+        def __len__(self):
+            return self.n
+
+    assert choose_mask_token(100, explicit=7, tokenizer=Tok(100, mask=3)) == (7, "recipe")
+    assert choose_mask_token(100, tokenizer=Tok(100, mask=3)) == (3, "tokenizer")
+    assert choose_mask_token(100, tokenizer=Tok(90)) == (99, "reserved")  # a row past the tokenizer
+    assert choose_mask_token(100, tokenizer=Tok(100), used=[99, 98]) == (97, "reserved")
+
+
+# ------------------------------------------------------------------------- anchored blocks
+
+
+def _reference_mask(anchors, attention, block):
+    B, A = anchors.shape
+    T = attention.shape[1]
+    out = torch.zeros(B, A * block, T + A * block, dtype=torch.bool)
+    for b in range(B):
+        for a in range(A):
+            for k in range(block):
+                q = a * block + k
+                for s in range(T):
+                    out[b, q, s] = bool(attention[b, s]) and s < int(anchors[b, a])
+                for a2 in range(A):
+                    for k2 in range(block):
+                        out[b, q, T + a2 * block + k2] = a2 == a
+    return out
+
+
+def test_anchors_and_the_anchor_block_mask_match_a_reference():
+    gen = torch.Generator().manual_seed(3)
+    T = 13
+    attention = torch.ones(3, T, dtype=torch.long)
+    attention[1, 9:] = 0
+    loss_mask = torch.rand(3, T, generator=gen) < 0.7
+    anchors, valid = sample_anchors(loss_mask, attention, BLOCK, 5, gen)
+    for b in range(3):
+        picked = anchors[b][valid[b]].tolist()
+        allowed = [p for p in range(T) if loss_mask[b, p] and attention[b, p] and p + BLOCK <= int(attention[b].sum())]
+        assert picked == sorted(set(picked)) and set(picked) <= set(allowed) and len(picked) == min(5, len(allowed))
+    assert torch.equal(anchor_block_mask(anchors, attention, BLOCK), _reference_mask(anchors, attention, BLOCK))
+    ids = torch.arange(T)[None].expand(3, T) + 100
+    block_ids, positions = block_inputs(ids, anchors, BLOCK, 7)
+    assert block_ids[0, ::BLOCK].tolist() == (anchors[0] + 100).tolist()
+    assert (block_ids.view(3, -1, BLOCK)[..., 1:] == 7).all()
+    assert positions[0].tolist() == [p + k for p in anchors[0].tolist() for k in range(BLOCK)]
+    weights = slot_weights(BLOCK, 4.0)
+    assert weights[0] == 0 and torch.allclose(weights[1:], torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
+
+
+# ------------------------------------------------------------------------- the decoder
+
+
+@pytest.fixture(scope="module")
+def fitted(pairs):
+    """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
+    target, _ = pairs("llama")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in (4, 6, 4, 5, 4, 7, 4, 3)]
+    out = generate_batch(target, prompts, None, max_new_tokens=40)
+    width = max(len(p) + 40 for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (p, o) in enumerate(zip(prompts, out.tokens)):
+        row = torch.cat([p, torch.tensor(o)])
+        ids[b, : len(row)], attention[b, : len(row)], loss_mask[b, len(p) : len(row)] = row, 1, True
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    with torch.no_grad():
+        states = target(ids, attention_mask=attention, output_hidden_states=True)
+    torch.manual_seed(0)
+    head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2])
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32)
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    for step in range(20):
+        anchors, valid = sample_anchors(loss_mask, attention, BLOCK, 32, torch.Generator().manual_seed(step))
+        loss, _, _, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return target, head.eval(), prompts
+
+
+def test_greedy_equals_target_only_at_b1_and_b4(fitted):
+    target, head, prompts = fitted
+    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
+    accepted = 0
+    for p, reference in zip(prompts[:2], references):
+        out = generate(target, DFlashDrafter(head), p, max_new_tokens=24, num_draft_tokens=BLOCK - 1)
+        assert out.tokens == reference
+        accepted += sum(out.stats.accepted)
+    assert accepted >= 10, accepted  # blocks are accepted, so the cache moves are exercised
+    out = generate_batch(target, prompts[:4], DFlashDrafter(head), num_draft_tokens=BLOCK - 1, max_new_tokens=24)
+    assert out.tokens == references
+    # A budget below the block (K = 2): the drafter proposes only K of its B - 1 tokens.
+    out = generate_batch(target, prompts[:4], DFlashDrafter(head), num_draft_tokens=2, max_new_tokens=24)
+    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+
+
+class Checked(DFlashDrafter):
+    """Compares every proposal's logits with the head run from scratch on the row's whole context
+    (the target's features of every token but the last, from one full target forward)."""
+
+    def __init__(self, head, target):
+        super().__init__(head)
+        self.target, self.calls = target, 0
+
+    def propose(self, contexts, num_tokens, sampling, generators):
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        head = self.head
+        for b, context in enumerate(contexts):
+            n = len(context) - 1
+            states = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
+            feats = head.project(torch.cat([states[i][:, :n] for i in head.config.aux_layer_ids], -1))
+            block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
+            positions = torch.arange(n + BLOCK)[None]
+            logits = head(block, feats, positions=positions, attention_mask=torch.zeros(1, 1, BLOCK, n + BLOCK))
+            err = (logits[0, 1:].float() - proposal.logits[b]).abs().max().item()
+            assert err < 1e-4, (self.calls, b, err)
+        self.calls += 1
+        return proposal
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
+    """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
+    blocks: every proposal equals the head's from-scratch forward on that row's context."""
+    from draftsmith.eval.runtime.sampling import SamplingConfig
+
+    target, head, prompts = fitted
+    drafter = Checked(head, target)
+    rows = [prompts[0], prompts[1], prompts[2][:1]]
+    out = generate_batch(target, rows, drafter, num_draft_tokens=BLOCK - 1, max_new_tokens=16,
+                         sampling=SamplingConfig(temperature=temperature), eos_token_id=rows[1][0].item())  # fmt: skip
+    assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_sampled_decode_is_lossless(fitted, batch_size):
+    """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
+    target, head, prompts = fitted
+    samples = 150 if batch_size == 1 else 300  # ~12 s and ~7 s on a busy 2-core machine
+    result = check_lossless(target, DFlashDrafter(head), prompts[0], num_draft_tokens=2, samples=samples,
+                            progress=False, batch_size=batch_size)  # fmt: skip
+    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
+    assert result.passed, result.describe()
+
+
+# ------------------------------------------------------------------------- the trainer, end to end
+
+
+def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
+    out = tmp_path / "dflash"
+    recipe = DFlashRecipe(
+        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", batch_size=2, max_length=128,
+        max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34, lr=3e-3,
+        block_size=BLOCK, max_anchors=16, draft_vocab_size=64, log_every=1,
+    )  # fmt: skip
+    summary = train(recipe, progress=False)
+    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert len(summary["eval"]["top1_per_slot"]) == BLOCK - 1 and 1.0 <= summary["eval"]["tau_simulated"] <= BLOCK
+    assert summary["mask_token_source"] in ("tokenizer", "reserved")
+    saved = load_file(str(out / "head" / "model.safetensors"))
+    assert "embed_tokens.weight" not in saved and {"lm_head.weight", "d2t", "t2d"} <= set(saved)
+    config = DFlashConfig.from_pretrained(out / "head")
+    assert config.mask_token_id == summary["mask_token_id"] and config.block_size == BLOCK
+    with pytest.raises(DFlashError, match="has hidden size 48 .* but target .* has 32"):
+        load_dflash(out / "head", target=tiny_model("llama", hidden=32))
+    from draftsmith.heads.models import load_causal_lm
+
+    target = load_causal_lm(toy_dir / "target", device=torch.device("cpu"), dtype=torch.float32, role="target")
+    head = load_dflash(out / "head", target=target)
+    state = head.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    assert torch.equal(state["embed_tokens.weight"], target.get_input_embeddings().weight)
+    save_dflash(head, tmp_path / "again")
+    again = load_dflash(tmp_path / "again", target=target).state_dict()
+    assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
+    code, _, err = run_cli([
+        "eval", "--target", toy_dir / "target", "--dflash", out / "head", "--dflash", f"second={tmp_path / 'again'}",
+        "--prompts", toy_dir / "prompts.jsonl", "--limit", 2, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
+        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev",
+    ])  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    # The speculators layout: the key set vLLM loads, and it loads back with identical outputs.
+    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--target", toy_dir / "target", "--out", tmp_path / "v"])
+    assert code == 0, err
+    exported = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert exported["speculators_model_type"] == "dflash" and exported["mask_token_id"] == config.mask_token_id
+    assert exported["aux_hidden_state_layer_ids"] == config.aux_layer_ids and exported["block_size"] == BLOCK
+    assert exported["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert set(load_file(str(tmp_path / "v" / "model.safetensors"))) == set(saved)
+    served = load_dflash(tmp_path / "v", target=target)
+    ids, context = torch.randint(3, VOCAB, (2, BLOCK)), torch.randn(2, 5, config.hidden_size)
+    args = dict(positions=torch.arange(5 + BLOCK)[None].expand(2, -1), attention_mask=torch.zeros(2, 1, BLOCK, 5 + BLOCK))
+    assert torch.equal(served(ids, context, **args), head(ids, context, **args))
+    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v2"])
+    assert code == 2 and "--target is needed" in err
+    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--dflash", toy_dir / "target", "--prompts",
+                            toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
+    assert code == 2 and "expected a DFlash head folder" in err
+
+
+def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
+    from draftsmith.distill.hidden_cache import CacheError
+
+    cache = tmp_path / "cache"
+    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last",
+                            "--dtype", "fp32", "--out", cache, "--no-progress", "--device", "cpu"])  # fmt: skip
+    assert code == 0, err
+    base = dict(target=str(toy_dir / "target"), data=str(toy_data), device="cpu", batch_size=2, max_length=128,
+                max_steps=2, warmup_steps=1, heldout_fraction=0.34, block_size=BLOCK, max_anchors=8, hidden_cache=str(cache))
+    summary = train(DFlashRecipe(out=str(tmp_path / "offline"), **base), progress=False)
+    assert summary["aux_layers"] == [1] and summary["steps"] == 2  # a 2-layer target: aux (1), teacher from `last`
+    with pytest.raises(CacheError, match="the trainer needs"):
+        train(DFlashRecipe(out=str(tmp_path / "o2"), aux_layers=[0], **base), progress=False)
+    with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
+        train(DFlashRecipe(out=str(tmp_path / "o3"), mask_token_id=VOCAB, **base), progress=False)

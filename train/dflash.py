@@ -1,0 +1,329 @@
+"""Train DFlash block drafters on a frozen target's own generations.
+
+    accelerate launch train/dflash.py --recipe recipes/demo/dflash.yaml
+    accelerate launch train/dflash.py --recipe recipes/demo/dflash.yaml block_size=4 max_steps=100
+    python train/dflash.py --recipe recipes/demo/dflash.yaml          # one process, same loop
+
+One forward per batch trains many blocks at once (DFlash, arXiv 2602.06036):
+- anchors: per row, up to `max_anchors` positions p sampled uniformly among the trained
+  (loss-mask) tokens whose block p..p+B-1 fits in the row;
+- each anchor's block is [token_p, mask, ..., mask] at positions p..p+B-1; every block of a row
+  is packed after the row's T context columns in ONE forward with the anchor-block mask: a
+  block sees the context columns s < p of its row (the target's features, `head.project`) and
+  its own B slots (bidirectional), nothing else (`anchor_block_mask`);
+- slot k >= 1 predicts the token at p + k; its target is the target's distribution for that
+  token (the teacher logits at position p + k - 1, restricted to the draft vocabulary, positions
+  whose target argmax falls outside it masked); loss = soft cross-entropy weighted by
+  w_k = exp(-(k - 1) / decay_gamma) (early slots matter most: a chain stops at its first miss),
+  averaged over the trained slots; slot 0 (the anchor) is not trained;
+- online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
+  folder holding the aux layers and `last`); held-out per-slot top-1 accuracy and the blocks'
+  simulated greedy tau every `eval_every` steps; checkpoints and `resume=true` as the others.
+The result is `OUT/head/` (`save_dflash`, without the target's tensors), for `draftsmith eval --dflash`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.distill.losses import divergence
+from draftsmith.train.common import check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts, split_rows
+from draftsmith.train.common import to_device
+from draftsmith.train.loop import train_loop
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run_folder import cleaned_up_on_error
+
+
+@dataclass(kw_only=True)
+class DFlashRecipe(RunRecipe):
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and DFlash's."""
+
+    num_layers: int = 1  # draft decoder layers (DFlash's released drafters use a few, e.g. 5 on Qwen3-8B)
+    block_size: int = 8  # slots per block: one forward drafts block_size - 1 tokens (speculators' default)
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a reserved unused id
+    aux_layers: list | None = None  # HF hidden_states ids; default: one per draft layer, spread over 1..L-3
+    draft_vocab_size: int | None = None  # reduced vocabulary from the data (None = the target's)
+    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
+    max_anchors: int = 64  # blocks trained per row and step (more: more signal per target forward)
+    decay_gamma: float = 4.0  # slot k's weight exp(-(k-1)/gamma) (DFlash: gamma ~4 for 8-16 slots)
+    hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
+    lr: float = 6e-4  # the DFlash recipes' peak lr at 8B; tiny heads take ~1e-3
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers = {self.num_layers} must be >= 1")
+        if self.block_size < 2:
+            raise ValueError(
+                f"block_size = {self.block_size} must be >= 2 (slot 0 is the anchor, the rest are drafted)"
+            )
+        if self.max_anchors < 1:
+            raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1")
+        if not self.decay_gamma > 0:
+            raise ValueError(f"decay_gamma = {self.decay_gamma} must be > 0")
+        if self.draft_vocab_size is not None and self.vocab_map:
+            raise ValueError("give draft_vocab_size or vocab_map, not both")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
+
+
+# ---------------------------------------------------------------------- anchored blocks
+def sample_anchors(loss_mask, attention_mask, block_size: int, max_anchors: int, generator=None):
+    """(anchors [B, A] long, valid [B, A] bool): per row, up to `max_anchors` positions p drawn
+    uniformly without replacement among the trained tokens with p + block_size <= row length,
+    sorted; rows with fewer candidates are padded with invalid anchors (position 0)."""
+    loss_mask, attention_mask = loss_mask.cpu().bool(), attention_mask.cpu().bool()
+    B, T = loss_mask.shape
+    lengths = attention_mask.sum(1)
+    cols = torch.arange(T)[None]
+    ok = loss_mask & attention_mask & (cols + block_size <= lengths[:, None])
+    picks = []
+    for b in range(B):
+        candidates = ok[b].nonzero().flatten()
+        chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:max_anchors]]
+        picks.append(chosen.sort().values)
+    A = max(1, max(p.numel() for p in picks))
+    anchors = torch.zeros(B, A, dtype=torch.long)
+    valid = torch.zeros(B, A, dtype=torch.bool)
+    for b, p in enumerate(picks):
+        anchors[b, : p.numel()], valid[b, : p.numel()] = p, True
+    return anchors, valid
+
+
+def anchor_block_mask(anchors, attention_mask, block_size: int) -> torch.Tensor:
+    """Bool [B, A*Bs, T + A*Bs]: slot (a, k) of row b sees the row's real context columns
+    s < anchors[b, a] and the Bs slots of its own block; no other block, nothing at or after
+    its anchor (the block's own slots stand for those positions)."""
+    B, A = anchors.shape
+    T = attention_mask.shape[1]
+    slot_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, Q]
+    before = torch.arange(T, device=anchors.device)[None, None] < slot_anchor[..., None]
+    context = before & attention_mask.bool()[:, None]
+    block = torch.arange(A, device=anchors.device).repeat_interleave(block_size)
+    own = (block[:, None] == block[None, :])[None].expand(B, -1, -1)
+    return torch.cat([context, own], dim=-1)
+
+
+def block_inputs(input_ids, anchors, block_size: int, mask_token_id: int):
+    """(block ids [B, A*Bs]: the anchor's token then mask tokens; slot positions [B, A*Bs])."""
+    B, A = anchors.shape
+    offsets = torch.arange(block_size, device=anchors.device)
+    positions = (anchors[..., None] + offsets).reshape(B, A * block_size)
+    ids = torch.full((B, A, block_size), mask_token_id, dtype=torch.long, device=input_ids.device)
+    ids[..., 0] = input_ids.gather(1, anchors)
+    return ids.reshape(B, A * block_size), positions
+
+
+def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """[Bs]: 0 for the anchor slot, exp(-(k - 1) / gamma) for slot k >= 1."""
+    k = torch.arange(block_size, device=device, dtype=torch.float32)
+    return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
+
+
+def additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """A bool [B, Q, S] mask as the float additive [B, 1, Q, S] the head reads."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, vocab):
+    """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum)
+    of one packed forward. `feats`: the aux states concatenated [B, T, n*H]; `teacher`: the
+    target's logits [B, T, V]; anchors/valid from `sample_anchors` (on the batch's device)."""
+    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
+    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)
+    positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
+    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)
+    logits = head(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
+    logits = logits.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
+    target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
+    label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
+    targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
+    targets = targets.view(B, A, Bs - 1, -1)
+    if vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
+        label = label & head.t2d[targets.argmax(-1)]
+        targets = targets[..., vocab]
+    per_slot = divergence("soft_ce", logits.float(), targets.float(), label, reduction="none")
+    weights = slot_weights(Bs, recipe.decay_gamma, ids.device)[1:] * label
+    weight_sum = weights.sum()
+    loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
+    with torch.no_grad():
+        hits = (logits.argmax(-1) == targets.argmax(-1)) & label
+    return loss, hits, label, weight_sum
+
+
+class DFlashObjective(torch.nn.Module):
+    """The head and its loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
+
+    def __init__(self, head, recipe: DFlashRecipe, vocab):
+        super().__init__()
+        self.head, self.recipe, self.vocab = head, recipe, vocab
+
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, anchors, valid):
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, self.vocab)
+
+
+def _mask_token(recipe: DFlashRecipe, data, vocab_size: int) -> tuple[int, str]:
+    from draftsmith.heads.dflash import DFlashError, choose_mask_token
+    from draftsmith.heads.models import load_tokenizer
+
+    if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
+        raise RecipeError(
+            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
+        )
+    # None when the target has no tokenizer: the data's counts decide
+    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
+    used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
+    try:
+        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
+    except DFlashError as err:
+        raise RecipeError(str(err)) from None
+
+
+@cleaned_up_on_error
+def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
+    from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
+    from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
+    from draftsmith.heads.dflash_formats import save_dflash
+
+    run = TrainingRun(recipe, "dflash")
+    device, out = run.device, Path(recipe.out)
+    target, data = run.load_target_and_data()
+    L = target.config.get_text_config().num_hidden_layers
+    V = target.get_output_embeddings().weight.shape[0]
+    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+    # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
+    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 1, f"data {recipe.data!r}")
+
+    vocab_map = None
+    if recipe.vocab_map:
+        try:
+            vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=V)
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
+    elif recipe.draft_vocab_size:
+        vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+    mask_id, mask_source = _mask_token(recipe, data, V)
+    try:
+        head = DFlashHead.for_target(
+            target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id,
+            mask_token_source=mask_source, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
+            target_name_or_path=recipe.target, data_hash=data.data_hash,
+        ).to(device)  # fmt: skip
+    except DFlashError as err:
+        raise RecipeError(str(err)) from None
+    run.print(describe(head))
+    aux = tuple(head.config.aux_layer_ids)
+    vocab = None  # draft id -> target id with a reduced vocabulary
+    if vocab_map is not None:
+        vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
+    cache = None  # offline: the aux layers and `last` (the teacher)
+    if recipe.hidden_cache:
+        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
+
+    def target_states(batch):
+        """(aux states concatenated [B, T, n*H], teacher logits [B, T, V])."""
+        if cache is not None:
+            width = batch["input_ids"].shape[1]
+            stacks = []
+            for row in batch["rows"]:
+                h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
+                stacks.append(F.pad(h, (0, 0, 0, width - h.shape[1])))
+            states = torch.stack(stacks).to(device)  # [B, layers, T, H]
+            index = {layer: i for i, layer in enumerate(cache.layers)}
+            feats = torch.cat([states[:, index[i]] for i in aux], dim=-1)
+            return feats, target.get_output_embeddings()(states[:, index[L]].to(target.dtype)).float()
+        with torch.no_grad():
+            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+    model, optimizer, scheduler = run.prepare(DFlashObjective(head, recipe, vocab), optimizer)
+    head = run.accelerator.unwrap_model(model).head
+    step = run.start()
+    rank = run.accelerator.process_index
+
+    def anchors_for(batch, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        anchors, valid = sample_anchors(
+            batch["loss_mask"], batch["attention_mask"], recipe.block_size, recipe.max_anchors, gen
+        )
+        return anchors.to(device), valid.to(device)
+
+    def micro_step(step, micro):
+        rows = run.batch_rows(train_rows, step, micro)
+        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        feats, teacher = target_states(batch)
+        anchors, valid = anchors_for(batch, hash((recipe.seed, step, micro, rank)) % 2**31)
+        ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        loss, _, label, weight_sum = model(ids, attention, loss_mask, feats, teacher, anchors, valid)
+        (share,) = run.token_shares([weight_sum])
+        return loss * share, batch, {"trained_slots": label.sum().float()}
+
+    @torch.no_grad()
+    def evaluate():
+        """Per-slot top-1 of held-out blocks (fixed anchors) and their simulated greedy tau: a
+        block's chain ends at its first miss (context features are the target's, as in decoding)."""
+        hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
+        count_sums = torch.zeros_like(hit_sums)
+        tau_sum = tau_n = 0.0
+        for start in range(0, len(heldout_rows), recipe.batch_size):
+            rows = heldout_rows[start : start + recipe.batch_size]
+            batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+            feats, teacher = target_states(batch)
+            anchors, valid = anchors_for(batch, recipe.seed + start)
+            _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
+            hit_sums += hits.sum((0, 1)).double().cpu()
+            count_sums += label.sum((0, 1)).double().cpu()
+            # Slots past a row's trained tokens count as misses: the chain stops there.
+            tau = simulated_tau([hits[..., k].double() for k in range(hits.shape[-1])])
+            first = label[..., 0]
+            tau_sum += float(tau[first].sum())
+            tau_n += float(first.sum())
+        return {
+            "top1_per_slot": (hit_sums / count_sums.clamp(min=1)).tolist(),
+            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced
+            "blocks": tau_n,
+        }
+
+    def describe_eval(ev):
+        return f"top-1 per slot {[round(a, 3) for a in ev['top1_per_slot']]}, simulated tau {ev['tau_simulated']:.3f}"
+
+    done = train_loop(
+        run, model, optimizer, scheduler, step, micro_step, desc="dflash", progress=progress,
+        evaluate=evaluate if heldout_rows else None, describe=describe_eval,
+    )  # fmt: skip
+    summary = {
+        "steps": done.step, "block_size": recipe.block_size, "num_layers": recipe.num_layers, "aux_layers": list(aux),
+        "mask_token_id": mask_id, "mask_token_source": mask_source, "eval": done.last_eval,
+        "draft_vocab_size": head.config.draft_vocab_size,
+        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
+        "train_tokens_per_second": done.tokens_per_second,
+    }  # fmt: skip
+    with run.gathered(model):
+        if run.is_main:
+            save_dflash(head, out / "head", overwrite=True)
+    return run.finish(summary)
+
+
+def main(argv=None) -> int:
+    shown = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
+    return trainer_main("train/dflash.py", __doc__, DFlashRecipe, train, argv, result="head", shown=shown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
