@@ -71,10 +71,10 @@ def load_drafters(specs: DrafterSpecs):
     tokenizer = load_tokenizer(specs.target)
     for folder in drafts.values():
         check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
-    target = load_causal_lm(specs.target, device=device, dtype=dtype, role="target")
+    target = _checked(load_causal_lm(specs.target, device=device, dtype=dtype, role="target"), specs.target, "target")
     drafters = {}
     for name, folder in drafts.items():
-        draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
+        draft = _checked(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), folder, "draft")
         label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
         drafters[name] = DraftModelDrafter(draft, name=label)
     if specs.prompt_lookup:
@@ -84,6 +84,14 @@ def load_drafters(specs: DrafterSpecs):
     if specs.eagle:
         drafters.update(_eagle_drafters(specs, target, device, dtype))
     return target, tokenizer, drafters, device, dtype
+
+
+def _checked(model, folder, what: str):
+    """`model`, once its weights are known to be finite (else SpecError naming the tensor)."""
+    from draftsmith.heads.artifacts import check_finite_weights
+
+    check_finite_weights(model, folder, what, SpecError)
+    return model
 
 
 def draft_names(values) -> dict[str, str]:
@@ -147,19 +155,25 @@ def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[in
 
 
 def load_medusa_heads(folder, target, device, dtype):
+    """Medusa heads whose files are whole and whose weights are finite, else SpecError."""
+    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.medusa import MedusaError, load_medusa
 
+    check_safetensors(folder, "Medusa heads", SpecError)
     try:
-        return load_medusa(folder, target=target, device=device, dtype=dtype)
+        return _checked(load_medusa(folder, target=target, device=device, dtype=dtype), folder, "Medusa heads")
     except MedusaError as err:
         raise SpecError(str(err)) from None
 
 
 def load_eagle_head(folder, target, device, dtype):
+    """An EAGLE head whose files are whole and whose weights are finite, else SpecError."""
+    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.eagle import EagleError, load_eagle
 
+    check_safetensors(folder, "EAGLE head", SpecError)
     try:
-        return load_eagle(folder, target=target, device=device, dtype=dtype)
+        return _checked(load_eagle(folder, target=target, device=device, dtype=dtype), folder, "EAGLE head")
     except EagleError as err:
         raise SpecError(str(err)) from None
 
@@ -206,9 +220,9 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
     tokenizer = load_tokenizer(target_folder)
     if draft:
         check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
-    target = load_causal_lm(target_folder, device=device, dtype=dtype, role="target")
+    target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
     if draft:
-        model = load_causal_lm(draft, device=device, dtype=dtype, role="draft")
+        model = _checked(load_causal_lm(draft, device=device, dtype=dtype, role="draft"), draft, "draft")
         return target, tokenizer, DraftModelDrafter(model, name="draft"), draft, None
     if medusa:
         heads = load_medusa_heads(medusa, target, device, dtype)
