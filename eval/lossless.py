@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.eval.runtime import Drafter, generate_batch
 from draftsmith.eval.runtime.sampling import SamplingConfig
-from draftsmith.eval.stats import ChiSquare, chi_square_gof, pit_uniformity
+from draftsmith.eval.stats import ChiSquare, chi_square_gof, pit_uniformity, token_cdf
 
 MIN_SAMPLES = 100  # fewer decodes leave the chi-square test without power or validity
 
@@ -56,9 +56,11 @@ class LosslessResult:
             else "FAIL: the speculative output is NOT distributed as the target's"
         )
         k = self.num_draft_tokens
-        labels = ["first token:", "first two tokens:"] + ([f"token {k + 1} (bonus) | t1..t{k}:"] if self.bonus_token else [])
+        labels = ["first token:", "first two tokens:"]
+        labels += [f"token {k + 1} (bonus) | t1..t{k}:"] if self.bonus_token else []
         width = max(len(label) for label in labels) + 1
-        lines = [f"samples: {self.samples}  (share of drafted tokens accepted in these runs: {self.acceptance_rate:.2f})"]
+        rate = f"share of drafted tokens accepted in these runs: {self.acceptance_rate:.2f}"
+        lines = [f"samples: {self.samples}  ({rate})"]
         lines += [f"{label:<{width}} chi2 = {t.statistic:.1f}, dof = {t.dof}, p = {t.p_value:.4f}"
                   for label, t in zip(labels, self.tests)]  # fmt: skip
         lines.append(f"verdict ({'all' if self.bonus_token else 'both'} p >= {self.threshold:g}): {verdict}")
@@ -88,15 +90,18 @@ def exact_first_two(target, prompt: torch.Tensor, sampling: SamplingConfig, firs
 
 
 def bonus_token_test(target, prompt: torch.Tensor, sampling: SamplingConfig, samples: list[list[int]], k: int,
-                     seed: int = 0) -> ChiSquare:  # fmt: skip
+                     seed: int = 0, batch: int = 64) -> ChiSquare:  # fmt: skip
     """Token k + 1 of every sample against p(. | prompt, its own t1..tk): the bonus token of a call
-    that accepted all k drafts, else the next call's first token; both must follow p."""
-    prefixes = list(dict.fromkeys(tuple(tokens[:k]) for tokens in samples))
-    probs = next_token_probs(target, prompt, sampling, prefixes).cpu()
-    row = {prefix: i for i, prefix in enumerate(prefixes)}
-    rows = probs[[row[tuple(tokens[:k])] for tokens in samples]]
-    generator = torch.Generator().manual_seed(seed)  # the transform's own uniforms: a fixed seed, a repeatable p-value
-    return pit_uniformity([tokens[k] for tokens in samples], rows, generator=generator)
+    that accepted all k drafts, else the next call's first token; both must follow p. Batched,
+    keeping only F(t - 1) and p(t) per sample (never [samples, V] at once)."""
+    parts = []
+    for start in range(0, len(samples), batch):
+        chunk = samples[start : start + batch]
+        probs = next_token_probs(target, prompt, sampling, [tokens[:k] for tokens in chunk], batch)
+        parts.append(torch.stack(token_cdf([tokens[k] for tokens in chunk], probs)).cpu())
+    below, p_t = torch.cat(parts, dim=1)
+    generator = torch.Generator().manual_seed(seed)  # the transform's own uniforms: a repeatable p-value
+    return pit_uniformity(below, p_t, generator=generator)
 
 
 def check_lossless(
@@ -120,7 +125,9 @@ def check_lossless(
     if sampling.greedy:
         raise ValueError("check-lossless needs sampling: temperature must be > 0")
     if not isinstance(samples, int) or samples < MIN_SAMPLES:
-        raise ValueError(f"samples must be an integer >= {MIN_SAMPLES} for a meaningful chi-square test, got {samples!r}")
+        raise ValueError(
+            f"samples must be an integer >= {MIN_SAMPLES} for a meaningful chi-square test, got {samples!r}"
+        )
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold is a p-value: it must be in (0, 1), got {threshold!r}")
     if not isinstance(batch_size, int) or batch_size < 1:

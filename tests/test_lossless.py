@@ -12,7 +12,7 @@ from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime import DraftModelDrafter, Proposal
 from draftsmith.eval.runtime import loop as runtime_loop
 from draftsmith.eval.runtime.sampling import draw, verify_chain
-from draftsmith.eval.stats import pit_uniformity
+from draftsmith.eval.stats import pit_uniformity, token_cdf
 
 PROMPT = torch.tensor([1, 5, 77, 140])
 TOP_K = 20  # the warped case: top-k keeps q != softmax(raw logits)
@@ -99,12 +99,12 @@ def test_pit_uniformity_passes_exact_samples_and_fails_shifted_ones():
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(2 * torch.randn(600, 50, generator=g), -1)  # every sample its own context
     exact = torch.multinomial(probs, 1, generator=g).squeeze(-1)
-    assert pit_uniformity(exact, probs, generator=g).p_value > 1e-3
+    assert pit_uniformity(*token_cdf(exact, probs), generator=g).p_value > 1e-3
     shifted = torch.multinomial(probs.roll(1, dims=-1), 1, generator=g).squeeze(-1)  # the neighbour's law
-    assert pit_uniformity(shifted, probs, generator=g).p_value < 1e-3
+    assert pit_uniformity(*token_cdf(shifted, probs), generator=g).p_value < 1e-3
     zero = probs.clone()
     zero[0, exact[0]] = 0.0
-    assert pit_uniformity(exact, zero).p_value == 0.0  # an impossible token
+    assert pit_uniformity(*token_cdf(exact, zero)).p_value == 0.0  # an impossible token
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(samples=50), "samples"), (dict(samples=2.5), "samples"),
