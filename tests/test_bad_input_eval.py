@@ -63,7 +63,6 @@ def test_6_an_earlier_report_is_not_overwritten(toy_dir, tmp_path, run_cli):
     assert listing(tmp_path) == before
 
 
-@pytest.mark.slow
 def test_6_overwrite_replaces_the_report(toy_dir, tmp_path, run_cli):
     out = tmp_path / "eval"
     out.mkdir()
