@@ -45,7 +45,8 @@ def _kl(row: dict):
 ACCEPTANCE_NOTE = (
     "alpha: Leviathan's conditional acceptance, P(draft i accepted | drafts 1..i-1 accepted), pooled "
     "over draft positions (accepted / reached). acc. rate: the share of drafted tokens accepted "
-    "(accepted / proposed; drafts after a call's first rejection count as proposed, never reached)."
+    "(accepted / proposed; drafts after a call's first rejection count as proposed, never reached; for a tree, "
+    "proposed counts its nodes)."
 )
 KL_NOTE = (
     "OOV: target probability outside the draft's vocabulary (0 for a full-vocabulary draft). "

@@ -179,7 +179,7 @@ METHODS: list[DemoMethod] = [
 
 TABLE_NOTE = """\
 alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions.
-acc. rate: the share of drafted tokens the target accepted (accepted / proposed).
+acc. rate: the share of drafted tokens the target accepted (accepted / proposed; a tree proposes all its nodes).
 tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
 speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes);
   on a CPU a tiny draft costs about half a target step, so speculation may well lose there.
