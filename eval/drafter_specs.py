@@ -77,10 +77,10 @@ def load_drafters(specs: DrafterSpecs):
     for folder in drafts.values():
         check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
     dflash = dflash_names(specs.dflash, taken=set(drafts))
-    target = load_causal_lm(specs.target, device=device, dtype=dtype, role="target")
+    target = _checked(load_causal_lm(specs.target, device=device, dtype=dtype, role="target"), specs.target, "target")
     drafters = {}
     for name, folder in drafts.items():
-        draft = load_causal_lm(folder, device=device, dtype=dtype, role="draft")
+        draft = _checked(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), folder, "draft")
         label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
         drafters[name] = DraftModelDrafter(draft, name=label)
     if specs.prompt_lookup:
@@ -91,6 +91,14 @@ def load_drafters(specs: DrafterSpecs):
         drafters.update(_eagle_drafters(specs, target, device, dtype))
     drafters.update(_dflash_drafters(dflash, target, device, dtype, specs.allow_target_mismatch))
     return target, tokenizer, drafters, device, dtype
+
+
+def _checked(model, folder, what: str):
+    """`model`, once its weights are known to be finite (else SpecError naming the tensor)."""
+    from draftsmith.heads.artifacts import check_finite_weights
+
+    check_finite_weights(model, folder, what, SpecError)
+    return model
 
 
 def draft_names(values) -> dict[str, str]:
@@ -146,12 +154,14 @@ def dflash_names(values, taken=()) -> dict[str, str]:
 def _dflash_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
     from draftsmith.eval.runtime.dflash import DFlashDrafter
     from draftsmith.heads.dflash import DFlashError
+    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.dflash_formats import load_dflash
 
     drafters = {}
     for name, folder in names.items():
+        check_safetensors(folder, "DFlash head", SpecError)
         try:
-            head = load_dflash(folder, target=target, device=device, dtype=dtype)
+            head = _checked(load_dflash(folder, target=target, device=device, dtype=dtype), folder, "DFlash head")
         except DFlashError as err:
             raise SpecError(f"--dflash {folder}: {err}") from None
         check_heads_target(f"DFlash head {folder!r}", head, target, allow_target_mismatch)
@@ -191,11 +201,14 @@ def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[in
 
 
 def load_medusa_heads(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """Medusa heads that fit `target` (sizes) and were trained on it (`check_heads_target`)."""
+    """Medusa heads whose files are whole and whose weights are finite, that fit `target` (sizes)
+    and were trained on it (`check_heads_target`), else SpecError."""
+    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.medusa import MedusaError, load_medusa
 
+    check_safetensors(folder, "Medusa heads", SpecError)
     try:
-        heads = load_medusa(folder, target=target, device=device, dtype=dtype)
+        heads = _checked(load_medusa(folder, target=target, device=device, dtype=dtype), folder, "Medusa heads")
     except MedusaError as err:
         raise SpecError(str(err)) from None
     check_heads_target(f"Medusa heads {str(folder)!r}", heads, target, allow_target_mismatch)
@@ -203,11 +216,14 @@ def load_medusa_heads(folder, target, device, dtype, *, allow_target_mismatch: b
 
 
 def load_eagle_head(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """An EAGLE head that fits `target` (sizes, depth, RoPE) and was trained on it (`check_heads_target`)."""
+    """An EAGLE head whose files are whole and whose weights are finite, that fits `target` (sizes,
+    depth, RoPE) and was trained on it (`check_heads_target`), else SpecError."""
+    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.eagle import EagleError, load_eagle
 
+    check_safetensors(folder, "EAGLE head", SpecError)
     try:
-        head = load_eagle(folder, target=target, device=device, dtype=dtype)
+        head = _checked(load_eagle(folder, target=target, device=device, dtype=dtype), folder, "EAGLE head")
     except EagleError as err:
         raise SpecError(str(err)) from None
     check_heads_target(f"EAGLE head {str(folder)!r}", head, target, allow_target_mismatch)
@@ -273,9 +289,9 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
     tokenizer = load_tokenizer(target_folder)
     if draft:
         check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
-    target = load_causal_lm(target_folder, device=device, dtype=dtype, role="target")
+    target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
     if draft:
-        model = load_causal_lm(draft, device=device, dtype=dtype, role="draft")
+        model = _checked(load_causal_lm(draft, device=device, dtype=dtype, role="draft"), draft, "draft")
         return target, tokenizer, DraftModelDrafter(model, name="draft"), draft, None
     if medusa:
         heads = load_medusa_heads(medusa, target, device, dtype, allow_target_mismatch=allow_target_mismatch)

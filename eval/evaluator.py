@@ -3,11 +3,17 @@
 One evaluation =
   1. a warm-up decode per method (excluded from everything);
   2. an analysis pass per drafter with `measure_distances=True` (untimed): per-position
-     expected acceptance sum_x min(p, q), KL(p || q) and TV(p, q) on the decoded trajectories;
+     expected acceptance sum_x min(p, q), KL(p || q) and TV(p, q) on the decoded trajectories,
+     and, for drafts over a reduced vocabulary (where KL(p || q) is inf), the target mass outside
+     the draft vocabulary and the KL of p restricted to that vocabulary (`sampling.split_kl`);
   3. `repeats` timed passes; within a pass every prompt is decoded by every method in turn
      (interleaved, so machine-load noise hits all methods alike).
 Speedup is the ratio of tokens/s to target-only within each pass, then the median over passes.
 tau counts the bonus token: target-only decoding scores exactly 1.00.
+Two acceptance figures: `acceptance_rate` = accepted drafts / proposed drafts (the share of
+drafted tokens kept), and `alpha` = accepted / reached, Leviathan's conditional per-position
+acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions. The drafts
+proposed after the first rejection of a call are never reached: alpha >= acceptance_rate.
 """
 
 from __future__ import annotations
@@ -267,6 +273,7 @@ def _task_entry(task: str, prompts: int, stats: DecodeStats, tps: list[float], b
         "new_tokens": stats.new_tokens,
         "target_calls": stats.target_calls,
         "tau": stats.tau,
+        "acceptance_rate": stats.acceptance_rate if sum(stats.proposed) else None,
         "alpha": stats.alpha if sum(stats.reached) else None,
         "alpha_per_position": stats.alpha_per_position,
         "tokens_per_second": _median(tps),
@@ -322,6 +329,11 @@ def _acceptance(stats: DecodeStats, analysis: DecodeStats | None, target_step: f
             tv_per_position=analysis.tv_per_position,
             kl_mean=_weighted(analysis.kl_sum, analysis.kl_count),
             tv_mean=_weighted(analysis.tv_sum, analysis.kl_count),
+            # A reduced-vocabulary draft has kl_mean = inf; these two say why and by how much.
+            oov_mass_per_position=analysis.oov_per_position,
+            kl_draft_vocab_per_position=analysis.kl_vocab_per_position,
+            oov_mass_mean=_weighted(analysis.oov_sum, analysis.kl_count),
+            kl_draft_vocab_mean=_weighted(analysis.kl_vocab_sum, analysis.kl_count),
             expected_alpha=_weighted(analysis.accept_prob_sum, analysis.distance_count),
         )
     return out

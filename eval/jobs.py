@@ -13,7 +13,9 @@ speculative sampling matches the target). Bad input raises SpecError (or the loa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +32,7 @@ from draftsmith.eval.drafter_specs import (
     load_drafters,
 )
 from draftsmith.eval.evaluator import EvalSettings
+from draftsmith.eval.lossless import MIN_SAMPLES
 
 
 def package_version() -> str:
@@ -49,11 +52,60 @@ def git_revision() -> str | None:
         return None
 
 
-def _out_folder(out) -> Path | None:
+REPORT_FILES = ("report.json", "report.md", "serving.json", "serving.md", "serving.html")  # what `eval` writes
+
+
+def _out_folder(out, files: tuple[str, ...] = (), overwrite: bool = True) -> Path | None:
+    """The --out folder, checked before anything is loaded: it (or the nearest folder above it that
+    exists) takes a file, and, without `overwrite`, holds none of `files` (an earlier run's
+    results). Nothing is created: a later error leaves the file system as it was."""
     out = Path(out) if out else None
-    if out is not None and out.exists() and not out.is_dir():
+    if out is None:
+        return None
+    if out.exists() and not out.is_dir():
         raise SpecError(f"--out {str(out)!r} exists and is not a folder")
+    earlier = [name for name in files if (out / name).exists()]
+    if earlier and not overwrite:
+        raise SpecError(
+            f"--out {str(out)!r} already holds {', '.join(earlier)} from an earlier run: "
+            "choose a new folder or pass --overwrite to replace them"
+        )
+    base = out
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise SpecError(f"--out {str(out)!r}: {str(base)!r} is a file, not a folder: choose another --out")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".draftsmith-probe-", dir=base)
+    except OSError as err:
+        raise SpecError(
+            f"--out {str(out)!r} is not writable ({str(base)!r}: {err.strerror or err}): choose another --out"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
     return out
+
+
+def check_prompt_lengths(prompts, new_tokens: int, limits: dict[str, int | None], where: str) -> None:
+    """SpecError when a prompt plus `new_tokens` reaches past a model's positions: `limits` maps
+    each model ("the target 'DIR'") to its max_position_embeddings (None: no limit)."""
+    longest = max(range(len(prompts)), key=lambda i: prompts[i].numel())
+    need = prompts[longest].numel() + new_tokens
+    for what, limit in limits.items():
+        if limit is not None and need > limit:
+            raise SpecError(
+                f"{where}: prompt {longest + 1} has {prompts[longest].numel()} tokens; with {new_tokens} new tokens "
+                f"it needs {need} positions, more than {what} has (max_position_embeddings={limit}): shorten the "
+                "prompt, or lower --max-new-tokens"
+            )
+
+
+def _position_limits(specs: DrafterSpecs, target, drafters) -> dict[str, int | None]:
+    from draftsmith.eval.runtime.target import max_positions
+
+    limits = {f"the target {specs.target!r}": max_positions(target.config)}
+    limits.update({f"the drafter {name!r}": d.max_positions() for name, d in drafters.items()})
+    return limits
 
 
 # --------------------------------------------------------------------------- eval
@@ -69,6 +121,7 @@ class EvalJob:
     task_key: str = "task"  # field of a prompt row that names its task, for per-task tables
     sweep: object = None  # eval.sweep.SweepSettings: also the serving-scale sweep
     progress: bool = True
+    overwrite: bool = False  # replace an earlier run's report in `out` (else refused)
 
 
 def run_eval(job: EvalJob) -> dict:
@@ -76,9 +129,11 @@ def run_eval(job: EvalJob) -> dict:
     from draftsmith.eval.evaluator import describe_target, evaluate, load_prompt_file
     from draftsmith.eval.report import header, position_table, summary_table, write_report
 
-    out = _out_folder(job.out)
+    out = _out_folder(job.out, REPORT_FILES, overwrite=job.overwrite)
     target, tokenizer, drafters, device, dtype = load_drafters(job.specs)
     prompts, tasks = load_prompt_file(job.prompts, tokenizer, limit=job.limit, task_key=job.task_key)
+    new_tokens = job.settings.max_new_tokens
+    check_prompt_lengths(prompts, new_tokens, _position_limits(job.specs, target, drafters), f"--prompts {job.prompts}")
     eos = eos_token_id(target, tokenizer)
     report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
     specs = job.specs
@@ -243,7 +298,7 @@ def _write_tuning(
 ) -> None:
     """tuning.json and one speedup-vs-setting figure per tuning."""
     from draftsmith.eval.plots import plot_speedup_vs_k
-    from draftsmith.eval.report import write_atomic
+    from draftsmith.eval.report import dumps_strict, write_atomic
 
     record = {
         "drafter": {"folder": str(folder), "name": drafter.name},
@@ -259,7 +314,7 @@ def _write_tuning(
         "measured_speedup": speedup,
         "measured_over_predicted": None if check is None else check.ratio,
     }
-    write_atomic(out / "tuning.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(out / "tuning.json", dumps_strict(record))
     figures = []
     k = setting["num_speculative_tokens"]
     for name, t in tunings.items():
@@ -281,7 +336,7 @@ class LosslessJob:
     temperature: float = 1.0  # the check needs sampling
     top_k: int = 0
     top_p: float = 1.0
-    samples: int = 2000  # decodes (>= 100; more = more power)
+    samples: int = 2000  # decodes (>= MIN_SAMPLES; more = more power)
     threshold: float = 1e-3  # fail when a p-value is below this
     seed: int = 0
     progress: bool = True
@@ -289,18 +344,34 @@ class LosslessJob:
     static_cache: bool = False  # the preallocated-cache path ...
     compile: bool | str = False  # ... and its compiled steps
 
+    def check(self) -> None:
+        """The settings that make the test meaningless, refused before anything is loaded."""
+        if not isinstance(self.samples, int) or self.samples < MIN_SAMPLES:
+            raise SpecError(
+                f"--samples must be an integer >= {MIN_SAMPLES} (fewer make the chi-square test meaningless), "
+                f"got {self.samples!r}"
+            )
+        if not 0.0 < self.threshold < 1.0:
+            raise SpecError(
+                f"--threshold is the p-value below which the check fails: it must be in (0, 1), e.g. 0.001, "
+                f"got {self.threshold:g}"
+            )
+
 
 def run_check_lossless(job: LosslessJob) -> bool:
     """The chi-square check for every drafter of `job.specs`; True when all of them pass."""
     from draftsmith.eval.lossless import check_lossless
     from draftsmith.heads.models import ModelLoadError
 
+    job.check()
     target, tokenizer, drafters, _, _ = load_drafters(job.specs)
     if tokenizer is None:
         raise ModelLoadError(f"--target {job.specs.target!r} has no tokenizer to encode --prompt")
     prompt = torch.tensor(tokenizer(job.prompt).input_ids, dtype=torch.long)
     if prompt.numel() == 0:
         raise SpecError("--prompt tokenizes to nothing")
+    limits = _position_limits(job.specs, target, drafters)
+    check_prompt_lengths([prompt], job.num_draft_tokens + 1, limits, "--prompt")  # one call: K drafts + the bonus
     passed = True
     for name, drafter in drafters.items():
         path = "compiled" if job.compile else "static cache" if job.static_cache else "default"

@@ -37,21 +37,38 @@ def method_name(row: dict) -> str:
 
 def _kl(row: dict):
     """KL column: for a lossy method, the estimated KL(emitted || target) per token, which is
-    what matters there; otherwise the target-vs-draft KL of the analysis pass."""
-    return row.get("lossy_kl_per_token") if row.get("lossy") else row.get("kl_mean")
+    what matters there; otherwise the target-vs-draft KL on the draft's vocabulary (the full KL
+    for a full-vocabulary draft; finite for a reduced one, whose full KL is inf)."""
+    return row.get("lossy_kl_per_token") if row.get("lossy") else row.get("kl_draft_vocab_mean")
+
+
+ACCEPTANCE_NOTE = (
+    "alpha: Leviathan's conditional acceptance, P(draft i accepted | drafts 1..i-1 accepted), pooled "
+    "over draft positions (accepted / reached). acc. rate: the share of drafted tokens accepted "
+    "(accepted / proposed; drafts after a call's first rejection count as proposed, never reached; for a tree, "
+    "proposed counts its nodes)."
+)
+KL_NOTE = (
+    "OOV: target probability outside the draft's vocabulary (0 for a full-vocabulary draft). "
+    "KL: KL(target || draft) on the draft's vocabulary (the target restricted to it and "
+    "renormalised); report.json keeps the full KL as kl_mean (null when infinite)."
+)
 
 
 def summary_table(report: dict) -> str:
     """One Markdown row per method: what a user compares first."""
     lines = [
-        "| method | alpha | tau | tok/s | speedup | predicted | TTFT ms | latency p50 s | p90 s | KL | TV |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | alpha | acc. rate | tau | tok/s | speedup | predicted | TTFT ms | latency p50 s | p90 s "
+        "| OOV | KL | TV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["methods"]:
         lines.append(
-            "| {method} | {alpha} | {tau} | {tps} | {speedup} | {pred} | {ttft} | {p50} | {p90} | {kl} | {tv} |".format(
+            "| {method} | {alpha} | {rate} | {tau} | {tps} | {speedup} | {pred} | {ttft} | {p50} | {p90} | {oov} "
+            "| {kl} | {tv} |".format(
                 method=method_name(row),
                 alpha=_num(row.get("alpha")),
+                rate=_num(row.get("acceptance_rate")),
                 tau=_num(row["tau"]),
                 tps=_num(row["tokens_per_second"], 1),
                 speedup=_num(row["speedup"], 2, "x"),
@@ -59,6 +76,7 @@ def summary_table(report: dict) -> str:
                 ttft=_num(row["ttft_ms_p50"], 1),
                 p50=_num(row["latency_s_p50"], 3),
                 p90=_num(row["latency_s_p90"], 3),
+                oov=_num(row.get("oov_mass_mean"), 3),
                 kl=_num(_kl(row), 3),
                 tv=_num(row.get("tv_mean"), 3),
             )
@@ -69,8 +87,9 @@ def summary_table(report: dict) -> str:
 def position_table(report: dict) -> str:
     """Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV."""
     lines = [
-        "| method | measured alpha_i | expected alpha_i = E[sum min(p,q)] | KL(p||q)_i | TV_i |",
-        "|---|---|---|---|---|",
+        "| method | measured alpha_i | expected alpha_i = E[sum min(p,q)] | OOV_i | KL(p||q) on draft vocab_i "
+        "| TV_i |",
+        "|---|---|---|---|---|---|",
     ]
     for row in report["methods"]:
         if "alpha_per_position" not in row:
@@ -78,7 +97,8 @@ def position_table(report: dict) -> str:
         lines.append(
             f"| {method_name(row)} | {_positions(row['alpha_per_position'])} | "
             f"{_positions(row.get('expected_alpha_per_position'))} | "
-            f"{_positions(row.get('kl_per_position'), 3)} | {_positions(row.get('tv_per_position'), 3)} |"
+            f"{_positions(row.get('oov_mass_per_position'), 3)} | "
+            f"{_positions(row.get('kl_draft_vocab_per_position'), 3)} | {_positions(row.get('tv_per_position'), 3)} |"
         )
     return "\n".join(lines)
 
@@ -135,7 +155,9 @@ def render_markdown(report: dict) -> str:
         "",
         summary_table(report),
         "",
-        "alpha: conditional acceptance pooled over draft positions. KL / TV: target vs draft, "
+        ACCEPTANCE_NOTE,
+        "",
+        KL_NOTE + " OOV / KL / TV: target vs draft, "
         "raw (T=1) distributions on the decoded trajectories (- for drafters without a "
         "distribution, such as prompt lookup). Rows marked LOSSY use Medusa's typical acceptance: "
         "their KL is the estimated KL(emitted || target) per token, sum of -log p(x) over the "
@@ -157,21 +179,40 @@ def render_markdown(report: dict) -> str:
     return "\n".join(parts)
 
 
+def strict_json(value):
+    """`value` with every non-finite float (NaN, inf) replaced by None: JSON has no such numbers
+    (`json.dumps` would write the non-standard `NaN` / `Infinity`), so they are written as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def dumps_strict(value) -> str:
+    """Strict JSON text of `value` (non-finite numbers as null), indented, ending in a newline."""
+    return json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n"
+
+
 def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """report.json (strict JSON: a non-finite number is null) and report.md in `out_dir`."""
     out_dir = Path(out_dir)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    write_atomic(json_path, json.dumps(report, indent=2, allow_nan=True) + "\n")
+    write_atomic(json_path, dumps_strict(report))
     write_atomic(md_path, render_markdown(report))
     return json_path, md_path
 
 
 def compact_table(report: dict) -> str:
-    """The demo's table: method, alpha, tau, speedup, KL (Markdown)."""
-    lines = ["| method | alpha | tau | speedup | KL |", "|---|---|---|---|---|"]
+    """The demo's table: method, alpha, acceptance rate, tau, speedup, OOV, KL (Markdown)."""
+    lines = ["| method | alpha | acc. rate | tau | speedup | OOV | KL |", "|---|---|---|---|---|---|---|"]
     for row in report["methods"]:
         lines.append(
-            f"| {method_name(row)} | {_num(row.get('alpha'))} | {_num(row['tau'])} | "
-            f"{_num(row['speedup'], 2, 'x')} | {_num(_kl(row), 3)} |"
+            f"| {method_name(row)} | {_num(row.get('alpha'))} | {_num(row.get('acceptance_rate'))} | "
+            f"{_num(row['tau'])} | {_num(row['speedup'], 2, 'x')} | {_num(row.get('oov_mass_mean'), 3)} | "
+            f"{_num(_kl(row), 3)} |"
         )
     return "\n".join(lines)
 

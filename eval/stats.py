@@ -61,6 +61,31 @@ def chi_square_gof(counts, probs, min_expected: float = 5.0) -> ChiSquare:
     return ChiSquare(statistic=statistic, dof=dof, p_value=chi2_sf(statistic, dof), bins=len(obs))
 
 
+def token_cdf(tokens, probs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F(t - 1), p(t)) per row, float64, for observed `tokens` [N] of the distributions `probs`
+    [N, V] (rows renormalised; F the CDF over token ids): the inputs of `pit_uniformity`."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=probs.device).flatten()
+    probs = probs.double()
+    probs = probs / probs.sum(-1, keepdim=True)
+    p_t = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    return probs.cumsum(-1).gather(-1, tokens[:, None]).squeeze(-1) - p_t, p_t
+
+
+def pit_uniformity(below, p_t, bins: int = 20, generator: torch.Generator | None = None) -> ChiSquare:
+    """Do observed tokens follow their own exact distributions, one context per observation?
+    The randomised probability integral transform: with F a row's CDF over token ids,
+    u = F(t - 1) + U * p(t), U ~ Uniform(0, 1), is exactly Uniform(0, 1) when t ~ p. Pearson's
+    test of the u in `bins` equal bins then checks all rows at once, however few share a context
+    (a per-context histogram would have ~1 sample per cell). `below`, `p_t`: from `token_cdf`.
+    A token of probability zero is an impossible event: p-value 0."""
+    below, p_t = torch.as_tensor(below, dtype=torch.float64), torch.as_tensor(p_t, dtype=torch.float64)
+    if bool((p_t <= 0).any()):
+        return ChiSquare(statistic=math.inf, dof=bins - 1, p_value=0.0, bins=bins)
+    u = below + torch.rand(p_t.numel(), generator=generator, dtype=torch.float64) * p_t
+    counts = torch.bincount((u * bins).floor().long().clamp(0, bins - 1), minlength=bins)
+    return chi_square_gof(counts, torch.full((bins,), 1.0 / bins, dtype=torch.float64))
+
+
 def percentile(values, q: float) -> float:
     """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
     vals = sorted(values)

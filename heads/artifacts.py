@@ -88,3 +88,41 @@ def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
         return path, json.loads(config_file.read_text(encoding="utf-8"))
     except ValueError as err:
         raise error(f"{str(config_file)!r} is not valid JSON: {err}") from None
+
+
+def check_safetensors(path, what: str, error=ValueError) -> None:
+    """Every `*.safetensors` file of the folder `path` (or the file itself) is whole: its header
+    parses and the file is as long as the tensors the header lists. Cheap (reads the headers
+    only), and it names the file, where a truncated download otherwise ends in a raw loader error."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path] if path.is_file() else []
+    for file in files:
+        size = file.stat().st_size
+        file_name = f"the {what} file {str(file)!r}"
+        hint = "copy or download it again"
+        with file.open("rb") as fh:
+            head = fh.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 2 or 8 + length > size:
+                raise error(f"{file_name} is truncated or corrupt ({size} bytes, too few for its header): {hint}")
+            try:
+                header = json.loads(fh.read(length))
+                end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+            except (ValueError, TypeError, KeyError, IndexError):
+                raise error(f"{file_name} is corrupt (no valid safetensors header): {hint}") from None
+        if 8 + length + end > size:
+            raise error(f"{file_name} is truncated ({size} bytes; its header lists {8 + length + end}): {hint}")
+
+
+def check_finite_weights(module, where, what: str, error=ValueError) -> None:
+    """Every parameter of `module` is finite: NaN or inf weights decode garbage (alpha
+    0, a NaN KL) without failing, so they are refused with the first bad tensor's name."""
+    import torch
+
+    for name, tensor in module.named_parameters():
+        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise error(
+                f"{what} {str(where)!r}: weight {name!r} holds {bad} NaN/inf of {tensor.numel()} values; "
+                "the checkpoint is corrupt (train or export it again)"
+            )

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from draftsmith.heads.artifacts import check_safetensors
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
@@ -68,6 +70,8 @@ def load_causal_lm(path: str | Path, *, device: torch.device, dtype: torch.dtype
     """An unmodified HF causal LM in eval mode. Python shipped with a hub model runs only with
     `trust_remote_code=True` (off by default: a recipe must ask for it)."""
     path = _check_folder(path, role)
+    if isinstance(path, Path):
+        check_safetensors(path, role, ModelLoadError)  # a truncated file names itself, not a loader traceback
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -86,7 +90,14 @@ def load_tokenizer(path: str | Path, role: str = "model", trust_remote_code: boo
 
 
 def output_vocab_size(path: str | Path, role: str) -> int:
-    config = AutoConfig.from_pretrained(_check_folder(path, role))
+    path = _check_folder(path, role)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"{role} {str(path)!r} is neither a local folder nor a model on the Hugging Face Hub (or in the local "
+            f"HF cache): check the path ({str(err).splitlines()[0]})"
+        ) from None
     return config.get_text_config().vocab_size
 
 

@@ -76,6 +76,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
     ev.add_argument("--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)")
+    ev.add_argument("--overwrite", action="store_true", help="replace the report of an earlier run in --out (else refused)")
     sv = ev.add_argument_group("serving scale (serving.json, serving.md, serving.html and figures)")
     sv.add_argument("--batch-sizes", type=BATCH_SIZES, help="also measure batched decoding at these batch sizes, e.g. 1,2,4,8,16,32")
     sv.add_argument("--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size")
@@ -111,7 +112,7 @@ def add_commands(sub) -> None:
     ck.add_argument("--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0)
     ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
     ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
-    ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this")
+    ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this (in (0, 1))")
     ck.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, help="decode B copies of the prompt per call (the batched path; every row is one sample)")
     ck.add_argument("--static-cache", action="store_true", help="check the preallocated-cache path")
     ck.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="check the compiled path (implies --static-cache)")
@@ -172,7 +173,7 @@ def cmd_eval(args) -> int:
     )  # fmt: skip
     job = EvalJob(
         _specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit, task_key=args.task_key,
-        sweep=_sweep_settings(args), progress=not args.no_progress,
+        sweep=_sweep_settings(args), progress=not args.no_progress, overwrite=args.overwrite,
     )  # fmt: skip
     try:
         run_eval(job)

@@ -155,7 +155,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     out = tmp_path / "demo"
     code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"])
     assert code == 0
-    assert "| method | alpha | tau | speedup | KL |" in stdout and "counting the bonus token" in stdout
+    assert "| method | alpha | acc. rate | tau | speedup | OOV | KL |" in stdout and "counting the bonus token" in stdout
     report = json.loads((out / "report.json").read_text())
     assert [r["method"] for r in report["methods"]] == [
         "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree", "eagle3-chain", "eagle3-tree",

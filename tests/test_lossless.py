@@ -1,7 +1,7 @@
 """`check_lossless` (the `draftsmith check-lossless` instrument) on every path of the decoder:
 the batched loop and the preallocated/compiled caches pass the real decoder and catch planted
 bugs (an always-accept rule; q taken from the raw logits while the draft samples from warped
-ones, at T = 1 with top-k)."""
+ones, at T = 1 with top-k; a bonus token drawn from the last draft's distribution at K = 3)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime import DraftModelDrafter, Proposal
 from draftsmith.eval.runtime import loop as runtime_loop
-from draftsmith.eval.runtime.sampling import draw
+from draftsmith.eval.runtime.sampling import draw, verify_chain
+from draftsmith.eval.stats import pit_uniformity, token_cdf
 
 PROMPT = torch.tensor([1, 5, 77, 140])
 TOP_K = 20  # the warped case: top-k keeps q != softmax(raw logits)
@@ -31,6 +32,14 @@ def _always_accept(p, draft_tokens, q, generator=None):
     batch, k = draft_tokens.shape
     accepted = torch.full((batch,), k, dtype=torch.long, device=p.device)
     return accepted, draw(p[:, k], generator)
+
+
+def _bonus_off_by_one(p, draft_tokens, q, generator=None):
+    """A broken bonus: when all K drafts are accepted, it is drawn from p_K-1 (the last draft's
+    distribution) instead of p_K. Tokens 1..K are untouched: only the bonus test can see it."""
+    accepted, nxt = verify_chain(p, draft_tokens, q, generator)
+    k = draft_tokens.shape[1]
+    return accepted, torch.where(accepted == k, draw(p[:, k - 1], generator), nxt)
 
 
 def _check(target, drafter, samples=1600, **path):
@@ -73,8 +82,34 @@ def test_the_compiled_path_passes_and_catches_raw_q(pairs):
     assert not bad.passed, bad.describe()
 
 
+def test_the_bonus_token_is_tested_at_k_3_and_an_off_by_one_bonus_is_caught(pairs, monkeypatch):
+    target, _ = pairs("llama")
+    self_draft = DraftModelDrafter(target)  # q = p: every draft accepted, every token 4 is a bonus
+    options = dict(num_draft_tokens=3, temperature=1.0, top_k=TOP_K, samples=400, batch_size=16, progress=False)
+    good = check_lossless(target, self_draft, PROMPT, **options)
+    assert good.acceptance_rate == 1.0 and good.bonus_token is not None and good.passed, good.describe()
+    assert "token 4 (bonus) | t1..t3:" in good.describe()
+    monkeypatch.setattr(runtime_loop, "verify_chain", _bonus_off_by_one)
+    bad = check_lossless(target, self_draft, PROMPT, **options)
+    assert min(bad.first_token.p_value, bad.first_two_tokens.p_value) >= bad.threshold  # blind to it
+    assert bad.bonus_token.p_value < bad.threshold and not bad.passed, bad.describe()
+
+
+def test_pit_uniformity_passes_exact_samples_and_fails_shifted_ones():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(2 * torch.randn(600, 50, generator=g), -1)  # every sample its own context
+    exact = torch.multinomial(probs, 1, generator=g).squeeze(-1)
+    assert pit_uniformity(*token_cdf(exact, probs), generator=g).p_value > 1e-3
+    shifted = torch.multinomial(probs.roll(1, dims=-1), 1, generator=g).squeeze(-1)  # the neighbour's law
+    assert pit_uniformity(*token_cdf(shifted, probs), generator=g).p_value < 1e-3
+    zero = probs.clone()
+    zero[0, exact[0]] = 0.0
+    assert pit_uniformity(*token_cdf(exact, zero)).p_value == 0.0  # an impossible token
+
+
 @pytest.mark.parametrize("kwargs, match", [(dict(samples=50), "samples"), (dict(samples=2.5), "samples"),
-                                           (dict(batch_size=0), "batch_size")])  # fmt: skip
+                                           (dict(batch_size=0), "batch_size"), (dict(threshold=0.0), "threshold"),
+                                           (dict(threshold=2.0), "threshold")])  # fmt: skip
 def test_bad_settings_are_refused(kwargs, match, pairs):
     target, draft = pairs("llama")
     with pytest.raises(ValueError, match=match):

@@ -9,7 +9,7 @@
      they need it; the small draft is trained with the target, as in the classic baseline;
      Medusa heads on the target's own answers, `draftsmith.train.demo_heads`, cached);
   3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
-  4. print one table (method, alpha, tau, speedup, KL) and write report.json, report.md and
+  4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) and write report.json, report.md and
      acceptance.png (acceptance by draft position) to the output folder.
 """
 
@@ -191,11 +191,13 @@ METHODS: list[DemoMethod] = [
 ]
 
 TABLE_NOTE = """\
-alpha: share of drafted tokens the target accepted (pooled over draft positions).
+alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions.
+acc. rate: the share of drafted tokens the target accepted (accepted / proposed; a tree proposes all its nodes).
 tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
 speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes);
   on a CPU a tiny draft costs about half a target step, so speculation may well lose there.
-KL: KL(target || draft) of the raw distributions along the decoded text (- : no distribution).
+OOV: target probability outside the draft's vocabulary (EAGLE-3's reduced vocabulary; else 0).
+KL: KL(target || draft) on the draft's vocabulary, raw distributions along the decoded text (- : none).
 Every row decodes exactly what the target alone would produce (lossless)."""
 
 

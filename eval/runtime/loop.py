@@ -37,6 +37,7 @@ from draftsmith.eval.runtime.sampling import (
     SamplingConfig,
     acceptance_probability,
     kl_divergence,
+    split_kl,
     total_variation,
     verify_chain,
     verify_chain_greedy,
@@ -420,12 +421,16 @@ def _add_distances(stats: DecodeStats, logits, call: _Call, b: int, path, sampli
     kl = tv = None
     if proposal.logits is not None:
         p_raw = torch.softmax(logits[:reached], -1)
-        q_raw = torch.softmax(proposal.logits[b, :reached].to(logits.device).float(), -1)
+        q_logits = proposal.logits[b, :reached].to(logits.device).float()
+        q_raw = torch.softmax(q_logits, -1)
         kl, tv = kl_divergence(p_raw, q_raw).tolist(), total_variation(p_raw, q_raw).tolist()
+        oov, kl_vocab = (x.tolist() for x in split_kl(p_raw, q_logits))
     for i, e in enumerate(expected.tolist()):
         stats.accept_prob_sum[i] += e
         stats.distance_count[i] += 1
         if kl is not None:
             stats.kl_sum[i] += kl[i]
             stats.tv_sum[i] += tv[i]
+            stats.oov_sum[i] += oov[i]
+            stats.kl_vocab_sum[i] += kl_vocab[i]
             stats.kl_count[i] += 1

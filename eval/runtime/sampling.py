@@ -166,5 +166,19 @@ def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return terms.sum(-1)
 
 
+def split_kl(p: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, KL(p_V || q)) over the last axis, V = the draft's vocabulary (finite q logits):
+    m = sum_{x not in V} p(x), the target mass the draft cannot propose, and the KL of p restricted
+    to V and renormalised, p_V = p 1[V] / (1 - m). A full-vocabulary draft has m = 0 and the full
+    KL; a reduced one (EAGLE-3's draft vocabulary) gets a finite KL where KL(p || q) is inf."""
+    p = p.float()
+    vocab = torch.isfinite(q_logits)
+    m = torch.where(vocab, torch.zeros_like(p), p).sum(-1)
+    p_v = torch.where(vocab, p, torch.zeros_like(p)) / (1 - m).clamp(min=1e-12)[..., None]
+    log_q = torch.log_softmax(q_logits.float(), -1)
+    terms = torch.where(p_v > 0, p_v * (torch.log(p_v) - log_q), torch.zeros_like(p_v))
+    return m, terms.sum(-1)
+
+
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * (p.float() - q.float()).abs().sum(-1)

@@ -16,7 +16,8 @@ class DecodeStats:
     `reached[i]` / `accepted_at[i]`: how often draft position i+1 was verified on the true
     trajectory (every earlier draft accepted) / accepted there.
     Distances (only with `measure_distances=True`), per position, on reached positions:
-    sums of KL(p || q) and TV(p, q) of the raw (T=1) distributions and of the exact
+    sums of KL(p || q), TV(p, q), the target mass outside the draft's vocabulary and the KL on
+    that vocabulary (`sampling.split_kl`) of the raw (T=1) distributions and of the exact
     acceptance probability sum_x min(p, q) of the sampling distributions.
 
     Trees: `proposed[j]` counts nodes, `accepted[j]` the accepted path's length; position i is
@@ -47,6 +48,8 @@ class DecodeStats:
     accept_prob_sum: list[float] = field(default_factory=list)
     distance_count: list[int] = field(default_factory=list)
     kl_count: list[int] = field(default_factory=list)  # positions with draft distributions
+    oov_sum: list[float] = field(default_factory=list)  # target mass outside the draft vocabulary
+    kl_vocab_sum: list[float] = field(default_factory=list)  # KL on the draft vocabulary (split_kl)
     lossy: bool = False
     lossy_kl_sum: float = 0.0
 
@@ -55,7 +58,7 @@ class DecodeStats:
         for name in ("reached", "accepted_at", "distance_count", "kl_count"):
             if not getattr(self, name):
                 setattr(self, name, [0] * k)
-        for name in ("kl_sum", "tv_sum", "accept_prob_sum"):
+        for name in ("kl_sum", "tv_sum", "accept_prob_sum", "oov_sum", "kl_vocab_sum"):
             if not getattr(self, name):
                 setattr(self, name, [0.0] * k)
 
@@ -114,6 +117,14 @@ class DecodeStats:
     @property
     def kl_per_position(self):
         return self._mean(self.kl_sum, self.kl_count)
+
+    @property
+    def oov_per_position(self):
+        return self._mean(self.oov_sum, self.kl_count)
+
+    @property
+    def kl_vocab_per_position(self):
+        return self._mean(self.kl_vocab_sum, self.kl_count)
 
     @property
     def tv_per_position(self):
