@@ -8,7 +8,6 @@ metadata block is what the Hub parses.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -25,6 +24,7 @@ from draftsmith.eval.publish.artifacts import (
     resolve_report,
     serving_tokens,
 )
+from draftsmith.eval.publish.serve import sglang_command, vllm_command
 
 TEMPLATE = "card.md.j2"
 FORMAT_NAMES = {
@@ -103,24 +103,6 @@ def table(rows: list[tuple[str, object]]) -> str:
     lines = ["| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in rows if value is not None]
     return "\n".join(lines)
-
-
-def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None) -> str:
-    spec = {"method": method, "model": draft, "num_speculative_tokens": k}
-    if revision:
-        spec["revision"] = revision  # the draft's branch (vLLM's SpeculativeConfig.revision)
-    rev = f" --revision {target_revision}" if target_revision else ""
-    return f"vllm serve {target}{rev} --speculative-config '{json.dumps(spec)}'"
-
-
-def sglang_command(target: str, algorithm: str, draft: str, k: int, revision: str | None = None) -> str:
-    # A chain (top-k 1): K draft steps, K + 1 tokens verified per call, as draftsmith measures.
-    rev = f" --speculative-draft-model-revision {revision}" if revision else ""
-    return (
-        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} "
-        f"--speculative-draft-model-path {draft}{rev} --speculative-num-steps {k} --speculative-eagle-topk 1 "
-        f"--speculative-num-draft-tokens {k + 1}"
-    )
 
 
 def _fmt(value, digits: int = 3) -> str:
