@@ -63,8 +63,8 @@ def cmd_push(args) -> int:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")
     if args.out and not args.dry_run:
         raise UsageError("--out applies to --dry-run (a push stages in a temporary folder): add --dry-run")
-    options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model, "revision": args.revision,
-               "license": args.license}
+    options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model,
+               "revision": args.revision, "license": args.license}
     try:
         push_run(
             args.run, args.repo_id, dry_run_out=args.out, private=args.private, endpoint=args.endpoint,

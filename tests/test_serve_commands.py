@@ -63,9 +63,8 @@ def test_export_eagle3_prints_commands_for_the_folder_written(tmp_path, run_cli,
     assert json.loads((Path(flags["--speculative-draft-model-path"]) / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle3"
     ]
-    assert (flags["--speculative-algorithm"], flags["--speculative-num-steps"], flags["--speculative-num-draft-tokens"]) == (
-        "EAGLE3", "2", "3"
-    )  # fmt: skip
+    assert flags["--speculative-algorithm"] == "EAGLE3"
+    assert (flags["--speculative-num-steps"], flags["--speculative-num-draft-tokens"]) == ("2", "3")  # K, K + 1
     assert flags["--model-path"] == served
 
 

@@ -294,7 +294,9 @@ def _drafter_rows(artifact: Artifact, report: dict) -> list[dict]:
     drafts = report.get("drafts") or {}
     names = set(drafts) - {"medusa", "eagle"} if drafts else None
     reserved = ("target-only", "prompt-lookup", "medusa-", "eagle-")
-    return [r for r in report["methods"] if (r["method"] in names if names is not None else not r["method"].startswith(reserved))]
+    if names is not None:
+        return [r for r in report["methods"] if r["method"] in names]
+    return [r for r in report["methods"] if not r["method"].startswith(reserved)]
 
 
 def _eval_results(artifact: Artifact, report: dict) -> list:

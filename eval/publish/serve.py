@@ -175,9 +175,8 @@ def _medusa(folder: Path, config: dict, served, revision, setting: dict, given) 
         converted = folder.with_name(f"{folder.name}-vllm")
         shared = own.get("share_lm_head")
         target_flag = f" --target {shlex.quote(str(served))}" if shared else ""
-        out.vllm.append(
-            f"draftsmith export {shlex.quote(str(folder))} --format vllm --out {shlex.quote(str(converted))}{target_flag}"
-        )
+        out.vllm.append(f"draftsmith export {shlex.quote(str(folder))} --format vllm "
+                        f"--out {shlex.quote(str(converted))}{target_flag}")
         out.vllm.append(vllm_command(served, revision, "medusa", converted, k))
     out.notes.append("SGLang has no Medusa drafter")
     if setting.get("tree"):
