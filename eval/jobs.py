@@ -268,6 +268,9 @@ def run_tune(job: TuneJob) -> dict:
         except ValueError as err:
             raise SpecError(f"--write: {err}") from None
         print(f"recorded {json.dumps({key: setting[key] for key in setting if key != 'tree'})} in {recorded}")
+        from draftsmith.eval.publish.serve import serving_commands
+
+        print(serving_commands(folder, target=job.target).text())  # what serves the recorded setting
     return {"setting": setting, "folder": str(folder), "recorded": recorded}
 
 

@@ -1,1 +1,19 @@
-"""What is trained: Medusa heads, EAGLE heads, draft-model builders, and their formats."""
+"""What is trained: Medusa heads, EAGLE heads, draft-model builders, and their formats.
+
+Importing the package registers the heads with transformers' auto classes, so a folder that
+`save_medusa` / `save_eagle` (the draftsmith layout) wrote loads without draftsmith's loaders:
+
+    import draftsmith.heads
+    from transformers import AutoConfig, AutoModel
+    heads = AutoModel.from_pretrained("runs/demo-medusa/heads")   # a MedusaHeads
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from draftsmith.heads.eagle.model import EagleConfig, EagleHead
+from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+
+# exist_ok: a second registration of the same classes (a reloaded module) is not an error.
+for _config, _model in ((MedusaConfig, MedusaHeads), (EagleConfig, EagleHead)):
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)

@@ -7,6 +7,7 @@
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
     draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith train medusa|eagle|draft --recipe NAME|FILE [key=value ...] [--accelerate-config NAME --num-processes N]
     draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
@@ -20,8 +21,8 @@ Every command that loads a model takes --device (default: CUDA when available) a
 Errors in the input print one line naming the file, key or value, and exit with status 2.
 
 One module per command group parses its flags and calls the library: eval_cli (eval, tune,
-check-lossless), demo_cli (make-toy, demo, build-target), publish_cli (export, push), data_cli
-(generate, inspect-data, verify-data, vocab-map, cache-hidden).
+check-lossless), demo_cli (make-toy, demo, build-target), train_cli (train), publish_cli (export, push),
+data_cli (generate, inspect-data, verify-data, vocab-map, cache-hidden).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.scripts import data_cli, demo_cli, eval_cli, publish_cli
+from draftsmith.scripts import data_cli, demo_cli, eval_cli, publish_cli, train_cli
 from draftsmith.scripts._args import UsageError
 
-GROUPS = (eval_cli, demo_cli, publish_cli, data_cli)  # the order of `draftsmith --help`
+GROUPS = (eval_cli, demo_cli, train_cli, publish_cli, data_cli)  # the order of `draftsmith --help`
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ def add_commands(sub) -> None:
     pu.add_argument("--revision", help="branch to push to, created from main when missing (default: main)")
     pu.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
     pu.add_argument("--base-model", help="the target's Hub id (ORG/NAME) when the run loaded it from a local folder")
+    pu.add_argument("--license", help="the target's license as a Hub license id (default: read from the target's model card when it is on this machine)")
     pu.add_argument("--commit-message", help="message of the Hub commit (default: the method and its steps)")
     pu.add_argument("--dry-run", action="store_true", help="write what would be pushed to --out and push nothing")
     pu.add_argument("--out", help="with --dry-run: the folder to write (must not exist or be empty, or hold an earlier dry run)")
@@ -63,7 +64,8 @@ def cmd_push(args) -> int:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")
     if args.out and not args.dry_run:
         raise UsageError("--out applies to --dry-run (a push stages in a temporary folder): add --dry-run")
-    options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model, "revision": args.revision}
+    options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model,
+               "revision": args.revision, "license": args.license}
     try:
         push_run(
             args.run, args.repo_id, dry_run_out=args.out, private=args.private, endpoint=args.endpoint,

@@ -433,6 +433,50 @@ def test_model_card_parses_and_explains_an_eagle1_head(runs):
     assert check_repo_id("toy-org/Name_1.0") == "toy-org/Name_1.0"
 
 
+
+def test_card_metadata_carries_license_datasets_and_the_evaluation(runs, toy_dir, tmp_path):
+    """The YAML front matter: the target's license read off its own model card, the prompts' Hub
+    dataset, and the `draftsmith eval` results of this drafter as model-index."""
+    from huggingface_hub import ModelCard
+
+    run = _copy_run(runs, "medusa", tmp_path)
+    target = Path(shutil.copytree(toy_dir / "target", tmp_path / "target"))
+    (target / "README.md").write_text("---\nlicense: other\nlicense_name: toy-license\nlicense_link: LICENSE\n---\n# toy\n")
+    config = json.loads((run / "heads" / "config.json").read_text())
+    config["target_name_or_path"] = str(target)
+    (run / "heads" / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "data"  # the data's provenance names a Hub dataset as its prompt source
+    data.mkdir()
+    recipe = json.loads((run / "recipe.json").read_text())
+    provenance = json.loads((Path(recipe["data"]) / "provenance.json").read_text())
+    provenance["source"]["name"] = "toy-org/prompts"
+    (data / "provenance.json").write_text(json.dumps(provenance))
+    shutil.copy(Path(recipe["data"]) / "summary.json", data / "summary.json")
+    (run / "recipe.json").write_text(json.dumps({**recipe, "data": str(data)}))
+
+    card = ModelCard(model_card(run, repo_id="toy-org/medusa", format=None))
+    meta = card.data.to_dict()
+    assert (meta["license"], meta["license_name"], meta["license_link"]) == ("other", "toy-license", "LICENSE")
+    assert meta["datasets"] == ["toy-org/prompts"]
+    report = json.loads((run / "eval" / "report.json").read_text())
+    rows = {r["method"]: r for r in report["methods"]}
+    (index,) = meta["model-index"]
+    assert index["name"] == "medusa"
+    results = {r["task"]["name"]: r for r in index["results"]}
+    assert set(results) == {f"speculative decoding ({m})" for m in rows if m.startswith("medusa-")}
+    chain = results["speculative decoding (medusa-chain)"]
+    assert chain["dataset"] == {"name": "prompts.jsonl", "type": "json"}
+    metrics = {m["type"]: m for m in chain["metrics"]}
+    assert metrics["mean_accepted_length"]["value"] == pytest.approx(rows["medusa-chain"]["tau"], abs=1e-4)
+    assert metrics["acceptance_rate"]["value"] == pytest.approx(rows["medusa-chain"]["alpha"], abs=1e-4)
+    assert metrics["speedup"]["value"] == pytest.approx(rows["medusa-chain"]["speedup"], abs=1e-4)
+    assert metrics["mean_accepted_length"]["config"] == f"K={report['settings']['num_draft_tokens']}, temperature=0.00"
+    assert "| license | `other` |" in card.text
+    # --license wins over the target's card; an unevaluated run has no model-index
+    card = ModelCard(model_card(runs / "eagle1", repo_id="toy-org/e1", format=None, license="apache-2.0"))
+    assert card.data.license == "apache-2.0" and card.data.eval_results is None
+    assert "license" not in ModelCard(model_card(runs / "eagle1", repo_id="toy-org/e1", format=None)).data.to_dict()
+
 # ---------------------------------------------------------------------- the command
 def test_cli_dry_run_push_and_errors(runs, hub, tmp_path, run_cli):
     code, out, err = run_cli(["push", runs / "eagle3", "--repo-id", "toy-org/e3", "--dry-run", "--out", tmp_path / "staged"])

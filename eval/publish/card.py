@@ -8,8 +8,7 @@ metadata block is what the Hub parses.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -25,6 +24,7 @@ from draftsmith.eval.publish.artifacts import (
     resolve_report,
     serving_tokens,
 )
+from draftsmith.eval.publish.serve import sglang_command, vllm_command
 
 TEMPLATE = "card.md.j2"
 FORMAT_NAMES = {
@@ -55,24 +55,30 @@ _METHOD_HYPERPARAMETERS = {  # on top of the kind's
 }  # fmt: skip
 
 
-def model_card(run_dir, *, repo_id, format, eval_report=None, base_model=None, revision=None) -> str:
-    """README.md for the Hub: YAML front matter (base_model, library_name, tags) and the card.
+def model_card(run_dir, *, repo_id, format, eval_report=None, base_model=None, revision=None, license=None) -> str:
+    """README.md for the Hub: YAML front matter (base_model, license, datasets, library_name, tags,
+    and the evaluation as model-index) and the card.
 
     `eval_report`: a `draftsmith eval` report.json (path or dict); by default the run's
-    OUT/eval/report.json or OUT/report.json when there is one."""
+    OUT/eval/report.json or OUT/report.json when there is one. `license`: the target's license
+    (a Hub license id), when the target's own model card is not on this machine to read it from."""
     check_repo_id(repo_id)
     artifact = find_artifact(run_dir)
     report = resolve_report(artifact, eval_report)
     fmt = resolve_format(artifact, format)
-    return render_card(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+    return render_card(
+        artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision, license=license
+    )
 
 
 def render_card(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
-                revision: str | None = None) -> str:  # fmt: skip
+                revision: str | None = None, license: str | None = None) -> str:  # fmt: skip
     """The card of `artifact` pushed as `fmt` to `repo_id` (at branch `revision`)."""
     from huggingface_hub import ModelCard
 
-    values = card_values(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+    values = card_values(
+        artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision, license=license
+    )
     return str(ModelCard(_template().render(values)))
 
 
@@ -103,24 +109,6 @@ def table(rows: list[tuple[str, object]]) -> str:
     lines = ["| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in rows if value is not None]
     return "\n".join(lines)
-
-
-def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None) -> str:
-    spec = {"method": method, "model": draft, "num_speculative_tokens": k}
-    if revision:
-        spec["revision"] = revision  # the draft's branch (vLLM's SpeculativeConfig.revision)
-    rev = f" --revision {target_revision}" if target_revision else ""
-    return f"vllm serve {target}{rev} --speculative-config '{json.dumps(spec)}'"
-
-
-def sglang_command(target: str, algorithm: str, draft: str, k: int, revision: str | None = None) -> str:
-    # A chain (top-k 1): K draft steps, K + 1 tokens verified per call, as draftsmith measures.
-    rev = f" --speculative-draft-model-revision {revision}" if revision else ""
-    return (
-        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} "
-        f"--speculative-draft-model-path {draft}{rev} --speculative-num-steps {k} --speculative-eagle-topk 1 "
-        f"--speculative-num-draft-tokens {k + 1}"
-    )
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -156,26 +144,34 @@ class _Target:
     revision: str | None
     fingerprint: str | None
     details: dict
+    license: dict = field(default_factory=dict)  # license (+ license_name, license_link) of the target's card
 
 
 def card_values(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
-                revision: str | None) -> dict:  # fmt: skip
+                revision: str | None, license: str | None = None) -> dict:  # fmt: skip
     """Everything card.md.j2 reads, as plain values and table rows."""
     from huggingface_hub import ModelCardData
 
     folder, provenance, summary = _data(artifact)
     target = _target(artifact, provenance, base_model)
+    target.license = {"license": license} if license else _target_license(target)
     k = serving_tokens(artifact, report)
     kind, c, p, r = artifact.kind, artifact.config, artifact.provenance, artifact.recipe
     tags = ["draftsmith", "speculative-decoding"]
     methods = {"medusa": ["medusa", artifact.method.replace("medusa", "medusa-")], "eagle": ["eagle", artifact.method]}
     tags += methods.get(kind, ["draft-model"])
     tags += {"vllm": ["vllm"], "sglang": ["sglang"], "medusa": ["tgi"]}.get(fmt, [])
+    results = _eval_results(artifact, report) if report is not None else []
+    source = ((provenance.get("source") or {}).get("name")) or ""
     metadata = ModelCardData(
         base_model=target.hub_id,
+        **target.license,  # the target's terms bind a model trained on its outputs
+        datasets=[source] if _looks_like_hub_id(source) else None,  # the prompts' Hub dataset
         library_name="transformers" if kind == "draft" else "draftsmith",
         pipeline_tag="text-generation" if kind == "draft" else None,
         tags=tags,
+        model_name=repo_id.split("/")[-1] if results else None,  # model-index needs a name
+        eval_results=results or None,
     )
     local = repo_id.split("/")[-1]
     rev = f" --revision {revision}" if revision else ""
@@ -266,10 +262,66 @@ def _target_rows(target: _Target) -> list[tuple[str, object]]:
         ("trained against", _code(target.name) if target.hub_id and target.name != target.hub_id else None),
         ("revision", _code(target.revision) or "not recorded (the files the run loaded)"),
         ("fingerprint", _code(target.fingerprint) or "not recorded"),
+        ("license", _code(target.license.get("license")) or "not found (push with --license ID: the target's license)"),
         ("architecture", _fmt(d.get("architectures")) if d.get("architectures") else None),
         ("layers / hidden / vocabulary", shape),
         ("dtype", d.get("dtype")),
     ]
+
+
+def _target_license(target: _Target) -> dict:
+    """license, license_name, license_link from the target's own model card (README.md front
+    matter): in its local folder, or in the Hugging Face cache for a Hub id. Never downloads."""
+    from huggingface_hub import metadata_load, try_to_load_from_cache
+
+    readme = Path(str(target.name)).expanduser() / "README.md" if target.name else None
+    if (readme is None or not readme.is_file()) and target.hub_id:
+        cached = try_to_load_from_cache(target.hub_id, "README.md", revision=target.revision)
+        readme = Path(cached) if isinstance(cached, str) else None
+    if readme is None or not readme.is_file():
+        return {}
+    try:
+        meta = metadata_load(readme) or {}
+    except (OSError, ValueError):  # a card without valid front matter: no license to carry
+        return {}
+    return {key: str(meta[key]) for key in ("license", "license_name", "license_link") if meta.get(key)}
+
+
+def _drafter_rows(artifact: Artifact, report: dict) -> list[dict]:
+    """The report's rows that decoded with this drafter (not target-only, prompt lookup or others)."""
+    if artifact.kind in ("medusa", "eagle"):
+        return [r for r in report["methods"] if r["method"].startswith(f"{artifact.kind}-")]
+    drafts = report.get("drafts") or {}
+    names = set(drafts) - {"medusa", "eagle"} if drafts else None
+    reserved = ("target-only", "prompt-lookup", "medusa-", "eagle-")
+    if names is not None:
+        return [r for r in report["methods"] if r["method"] in names]
+    return [r for r in report["methods"] if not r["method"].startswith(reserved)]
+
+
+def _eval_results(artifact: Artifact, report: dict) -> list:
+    """model-index entries (huggingface_hub EvalResult): per decoding method of this drafter, tau
+    (counting the bonus token), alpha and the speedup over target-only, on the eval's prompts."""
+    from huggingface_hub import EvalResult
+
+    s = report["settings"]
+    prompts = Path(report["prompts_file"]).name if report.get("prompts_file") else "prompts"
+    setting = f"K={s['num_draft_tokens']}, temperature={_fmt(s.get('temperature'), 2)}"
+    metrics = (
+        ("tau", "mean_accepted_length", "tau (tokens per target call, counts the bonus token)"),
+        ("alpha", "acceptance_rate", "alpha (accepted share of drafted tokens)"),
+        ("speedup", "speedup", "speedup over target-only decoding"),
+    )
+    results = []
+    for row in _drafter_rows(artifact, report):
+        for key, kind, name in metrics:
+            if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool):
+                results.append(EvalResult(
+                    task_type="text-generation", task_name=f"speculative decoding ({row['method']})",
+                    dataset_type="json", dataset_name=prompts, metric_type=kind, metric_name=name,
+                    metric_value=round(float(row[key]), 4), metric_config=setting,
+                ))  # fmt: skip
+    return results
 
 
 def _data_rows(artifact: Artifact, folder: Path | None, provenance: dict, summary: dict) -> list[tuple[str, object]]:

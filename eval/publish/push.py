@@ -14,7 +14,7 @@ from draftsmith.eval.publish.stage import stage_run
 
 def push(
     run_dir, repo_id, *, private=False, token=None, endpoint=None, revision=None, commit_message=None, format=None,
-    eval_report=None, base_model=None,
+    eval_report=None, base_model=None, license=None,
 ) -> str:  # fmt: skip
     """Stage `run_dir` (see `stage_run`) and upload it to the Hub model repo `repo_id`; return its URL.
 
@@ -35,7 +35,7 @@ def push(
     try:
         folder = stage_run(
             run_dir, tmp / "stage", format=format, eval_report=eval_report, repo_id=repo_id, base_model=base_model,
-            revision=revision, _secrets=(token,),
+            revision=revision, license=license, _secrets=(token,),
         )  # fmt: skip
         if commit_message is None:
             artifact = find_artifact(run_dir)

@@ -41,6 +41,7 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
     `dtype` "auto" keeps the weights as trained."""
     import torch
 
+    from draftsmith.eval.publish.serve import serving_commands
     from draftsmith.heads.models import load_causal_lm, parse_dtype, resolve_device
 
     device = resolve_device(device)
@@ -59,6 +60,7 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
             f"wrote {format} {c.version} head (aux layers {list(c.aux_layer_ids)}, "
             f"draft vocabulary {c.draft_vocab_size}) to {written}"
         )
+        print(serving_commands(written).text())
         return written
     from draftsmith.heads.medusa import EXPORT_FORMATS, export_medusa, load_medusa
 
@@ -69,6 +71,7 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
     written = export_medusa(medusa, out, format, overwrite=overwrite)
     c = medusa.config
     print(f"wrote {format} Medusa heads ({c.num_heads} heads x {c.num_layers} blocks) to {written}")
+    print(serving_commands(written).text())
     return written
 
 

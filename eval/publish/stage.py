@@ -35,13 +35,15 @@ TOKENIZER_FILES = (
 
 
 def stage_run(
-    run_dir, staging_dir, *, format=None, eval_report=None, repo_id=None, base_model=None, revision=None, _secrets=()
+    run_dir, staging_dir, *, format=None, eval_report=None, repo_id=None, base_model=None, revision=None, license=None,
+    _secrets=(),
 ) -> Path:
     """Write what would be pushed for `run_dir` into `staging_dir` (built aside, then renamed).
 
     `staging_dir` must not exist or be empty, or hold an earlier staging (replaced). `repo_id`
     (and `revision`, the branch) name the repository in the card's commands (`ORG/NAME` when
-    not given). `base_model` is the target's Hub id when the run loaded it from a local folder."""
+    not given). `base_model` is the target's Hub id when the run loaded it from a local folder;
+    `license` the target's license when its model card is not on this machine."""
     artifact = find_artifact(run_dir)
     fmt = resolve_format(artifact, format)
     check_no_pickle(artifact.path)
@@ -51,7 +53,9 @@ def stage_run(
     k = serving_tokens(artifact, report)
     secrets = tuple(s for s in _secrets if s)
     repo_id = repo_id or "ORG/NAME"
-    card = render_card(artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision)
+    card = render_card(
+        artifact, repo_id=repo_id, fmt=fmt, report=report, base_model=base_model, revision=revision, license=license
+    )
 
     def write(tmp: Path) -> None:
         _write_weights(artifact, fmt, k, tmp)

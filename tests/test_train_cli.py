@@ -1,0 +1,100 @@
+"""`draftsmith train <method> --recipe NAME|FILE [key=value ...]`: shipped recipes found by name
+(package data), overrides checked like recipe keys, and the same from a non-editable install run
+outside the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from draftsmith.train.recipe import RecipeError
+from draftsmith.train.recipe_files import accelerate_config, find_recipe, recipes_root, shipped_recipes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def toy_overrides(toy_dir, toy_data, out) -> list[str]:
+    return [
+        f"target={toy_dir / 'target'}", f"data={toy_data}", f"out={out}", "device=cpu", "num_heads=2", "max_steps=2",
+        "batch_size=2", "max_length=64", "warmup_steps=1", "eval_every=2", "save_every=100", "heldout_fraction=0.34",
+    ]  # fmt: skip
+
+
+def test_every_recipe_in_the_folder_is_shipped_by_name():
+    on_disk = sorted(str(p.relative_to(REPO / "recipes").with_suffix("")) for p in (REPO / "recipes").glob("*/*.yaml"))
+    assert shipped_recipes() == [name for name in on_disk if not name.startswith("accelerate/")]
+    assert find_recipe("demo/medusa") == recipes_root() / "demo" / "medusa.yaml"
+    assert find_recipe("llama3/eagle3.yaml").is_file()
+    with pytest.raises(RecipeError, match=r"recipe 'demo/medusaa' is neither a file .* \(did you mean demo/medusa\?\)"):
+        find_recipe("demo/medusaa")
+
+
+def test_a_shipped_deepspeed_config_finds_its_json_outside_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # recipes/accelerate/ds_zero2.json is not here
+    config = yaml.safe_load(accelerate_config("zero2").read_text())
+    json_file = Path(config["deepspeed_config"]["deepspeed_config_file"])
+    assert json_file.is_absolute() and json.loads(json_file.read_text())["zero_optimization"]["stage"] == 2
+    assert accelerate_config("ddp") == recipes_root() / "accelerate" / "ddp.yaml"  # nothing to resolve
+    monkeypatch.chdir(REPO)
+    assert accelerate_config("zero2") == recipes_root() / "accelerate" / "zero2.yaml"  # a checkout: as it is
+    with pytest.raises(RecipeError, match="did you mean zero2"):
+        accelerate_config("zero22")
+
+
+def test_train_with_a_recipe_name_and_overrides(toy_dir, toy_data, tmp_path, run_cli):
+    out = tmp_path / "medusa"
+    args = ["train", "medusa", "--recipe", "demo/medusa", "--no-progress", *toy_overrides(toy_dir, toy_data, out)]
+    code, stdout, err = run_cli(args)
+    assert code == 0, err
+    assert (out / "heads" / "config.json").is_file() and f"heads written to {out / 'heads'}" in stdout
+    assert json.loads((out / "recipe.json").read_text())["max_steps"] == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--recipe", "demo/medusa", "max_step=2"], "unknown key(s) max_step (did you mean max_steps?)"),
+        (["--recipe", "demo/medusa", "max_steps=many"], "max_steps = 'many' should be int"),
+        (["--recipe", "demo/medusaa"], "--recipe: recipe 'demo/medusaa' is neither a file nor a shipped recipe"),
+        (["--recipe", "demo/medusa", "--accelerate-config", "zero22"], "--accelerate-config: accelerate config 'zero22'"),
+    ],
+)
+def test_bad_train_input_is_one_line_and_exit_2(args, message, run_cli, tmp_path):
+    code, _, err = run_cli(["train", "medusa", *args, f"out={tmp_path / 'o'}"])
+    assert code == 2 and message in err and err.startswith("draftsmith train: error:"), err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow  # builds the package and trains from it in a fresh interpreter: ~1.5 minutes on 2 busy cores
+def test_train_from_a_non_editable_install_outside_the_checkout(toy_dir, toy_data, tmp_path):
+    source = tmp_path / "source"  # the build writes build/ and *.egg-info beside the sources: not in the checkout
+    skip = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "runs", "__pycache__", ".venv")
+    shutil.copytree(REPO, source, ignore=skip)
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site)]
+    build = subprocess.run([*pip, str(source)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    shutil.rmtree(source)  # nothing may be read from a checkout from here on
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    code = (
+        "import sys\n"
+        "import draftsmith.train, draftsmith.recipes\n"
+        "print('from', draftsmith.train.__file__, draftsmith.recipes.__file__)\n"
+        "from draftsmith.scripts.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    args = ["train", "medusa", "--recipe", "demo/medusa", "--no-progress", *toy_overrides(toy_dir, toy_data, work / "run")]
+    run = subprocess.run([sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    where = next(line for line in run.stdout.splitlines() if line.startswith("from "))
+    installed = [str(site / "draftsmith" / package / "__init__.py") for package in ("train", "recipes")]
+    assert where.split()[1:] == installed  # the installed copy, not the checkout
+    assert (work / "run" / "heads" / "config.json").is_file()
