@@ -6,6 +6,9 @@ Importing the package registers the heads with transformers' auto classes, so a 
     import draftsmith.heads
     from transformers import AutoConfig, AutoModel
     heads = AutoModel.from_pretrained("runs/demo-medusa/heads")   # a MedusaHeads
+
+A DFlash head is not registered: its embeddings (and full-vocabulary lm_head) are the target's and
+are not saved, so it loads only with its target (`heads.dflash_formats.load_dflash`).
 """
 
 from transformers import AutoConfig, AutoModel

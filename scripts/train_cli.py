@@ -20,6 +20,7 @@ TRAINERS = {
     "medusa": ("draftsmith.train.medusa", "MedusaRecipe"),
     "eagle": ("draftsmith.train.eagle", "EagleRecipe"),
     "draft": ("draftsmith.train.draft", "DraftRecipe"),
+    "dflash": ("draftsmith.train.dflash", "DFlashRecipe"),
 }
 
 
