@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.distill.endpoint import EndpointSettings
 from draftsmith.distill.generate import GenerateSettings
 
 
@@ -30,12 +31,13 @@ class GenerateJob:
     device: str = "auto"
     dtype: str = "auto"
     progress: bool = True
+    endpoint: EndpointSettings | None = None  # a serving engine answers; the target gives tokenizer and fingerprint
 
 
 def run_generate(job: GenerateJob) -> dict:
     """Self-distillation data: the target answers the prompts itself. Returns the summary."""
     from draftsmith.distill.chat import resolve_chat_template
-    from draftsmith.distill.generate import describe_summary, generate_dataset
+    from draftsmith.distill.generate import describe_summary, generate_dataset, stop_token_ids
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
@@ -46,11 +48,23 @@ def run_generate(job: GenerateJob) -> dict:
         raise ModelLoadError(f"--target {job.target!r} has no tokenizer: generation needs one to read the prompts")
     source = load_source(job.prompts, split=job.split, limit=job.limit)
     template = resolve_chat_template(job.chat_template, tokenizer)
-    model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
-    summary = generate_dataset(
-        model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
-        target_path=job.target, dtype=dtype, progress=job.progress,
-    )  # fmt: skip
+    client = None
+    if job.endpoint is not None:  # before the model load: a down endpoint or another model fails at once
+        from draftsmith.distill.endpoint import EndpointBackend, EndpointClient
+
+        client = EndpointClient(job.endpoint)
+    try:
+        model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
+        backend = None
+        if client is not None:
+            backend = EndpointBackend(client, tokenizer, template, job.settings, stop_token_ids(model, tokenizer, template))
+        summary = generate_dataset(
+            model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
+            target_path=job.target, dtype=dtype, progress=job.progress, backend=backend,
+        )  # fmt: skip
+    finally:
+        if client is not None:
+            client.close()
     print(describe_summary(summary))
     print(f"\nwrote {job.out}/ ; look at a sample with: draftsmith inspect-data {job.out}")
     return summary
