@@ -39,6 +39,7 @@ Bearer token; neither the key nor the headers are ever written (provenance recor
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
@@ -77,7 +78,8 @@ class EndpointSettings:
             raise ValueError("--endpoint: give at least one URL, e.g. http://localhost:8000")
         checks = {
             "concurrency": self.concurrency >= 1, "timeout": self.timeout > 0, "retries": self.retries >= 0,
-            "backoff": self.backoff >= 0, "send": self.send in SEND_MODES, "reasoning": self.reasoning in REASONING_MODES,
+            "backoff": self.backoff >= 0, "send": self.send in SEND_MODES,
+            "reasoning": self.reasoning in REASONING_MODES,
         }  # fmt: skip
         for name, ok in checks.items():
             if not ok:
@@ -108,7 +110,9 @@ class EndpointClient:
         if settings.api_key_env:
             key = os.environ.get(settings.api_key_env)
             if not key:
-                raise EndpointError(f"--api-key-env {settings.api_key_env}: the environment variable is not set or empty")
+                raise EndpointError(
+                    f"--api-key-env {settings.api_key_env}: the environment variable is not set or empty"
+                )
             headers["Authorization"] = f"Bearer {key}"
         self._http = httpx.Client(
             headers=headers, timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
@@ -130,7 +134,9 @@ class EndpointClient:
             try:
                 r = self._http.get(f"{url}/v1/models", timeout=min(10.0, self.settings.timeout))
             except httpx.HTTPError as err:
-                raise EndpointError(f"endpoint {url} is down or unreachable ({_short(err)}); start the server or fix --endpoint") from None
+                raise EndpointError(
+                    f"endpoint {url} is down or unreachable ({_short(err)}); start the server or fix --endpoint"
+                ) from None
             if r.status_code in (401, 403):
                 raise EndpointError(f"endpoint {url} refused the API key (HTTP {r.status_code}); check --api-key-env")
             if r.status_code >= 400:
@@ -138,7 +144,9 @@ class EndpointClient:
             try:
                 served[url] = [m["id"] for m in r.json()["data"]]
             except (ValueError, KeyError, TypeError):
-                raise EndpointError(f"endpoint {url}/v1/models is not an OpenAI-compatible model list: {r.text[:120]!r}") from None
+                raise EndpointError(
+                    f"endpoint {url}/v1/models is not an OpenAI-compatible model list: {r.text[:120]!r}"
+                ) from None
         want = self.settings.served_model
         for url, ids in served.items():
             if want is not None and want not in ids:
@@ -148,7 +156,9 @@ class EndpointClient:
         if want is None:
             models = {ids[0] for ids in served.values()}
             if len(models) > 1:
-                raise EndpointError(f"the endpoints serve different models ({served}); give --served-model, or one kind of server")
+                raise EndpointError(
+                    f"the endpoints serve different models ({served}); give --served-model, or one kind of server"
+                )
             want = models.pop()
         return want
 
@@ -165,20 +175,39 @@ class EndpointClient:
         for attempt in range(tries):
             url = self.settings.urls[(first + attempt) % len(self.settings.urls)]
             try:
-                r = self._http.post(url + path, json=body)
-            except httpx.HTTPError as err:
+                status, answer, detail = self._send(url + path, body)
+            except (httpx.HTTPError, ValueError) as err:  # ValueError: a body cut off mid-JSON
                 last = f"{url}: {_short(err)}"
             else:
-                if r.status_code < 400:
-                    return r.json()
-                if r.status_code not in (408, 429) and r.status_code < 500:
-                    raise EndpointError(f"endpoint {url}{path} refused the request: HTTP {r.status_code}: {_detail(r)}")
-                last = f"{url}: HTTP {r.status_code}: {_detail(r)}"
+                if status < 400:
+                    return answer
+                if status not in (408, 429) and status < 500:
+                    raise EndpointError(f"endpoint {url}{path} refused the request: HTTP {status}: {detail}")
+                last = f"{url}: HTTP {status}: {detail}"
             if attempt + 1 < tries:
                 time.sleep(self.settings.backoff * 2**attempt)
         raise EndpointError(
-            f"endpoint request {path} failed {tries} time(s), last {last}; complete shards are kept, rerun the same command to resume"
+            f"endpoint request {path} failed {tries} time(s), last {last}; "
+            "complete shards are kept, rerun the same command to resume"
         )
+
+    def _send(self, url: str, body: dict) -> tuple[int, dict | None, str]:
+        """(status, answer, error detail); a streamed answer is {"chunks": [the SSE events]}."""
+        if not body.get("stream"):
+            r = self._http.post(url, json=body)
+            return (r.status_code, r.json(), "") if r.status_code < 400 else (r.status_code, None, _detail(r))
+        with self._http.stream("POST", url, json=body) as r:
+            if r.status_code >= 400 or r.headers.get("content-type", "").startswith("application/json"):
+                r.read()
+                return (r.status_code, r.json(), "") if r.status_code < 400 else (r.status_code, None, _detail(r))
+            chunks = []
+            for line in r.iter_lines():
+                data = line[len("data:") :].strip() if line.startswith("data:") else ""
+                if data == "[DONE]":
+                    break
+                if data:
+                    chunks.append(json.loads(data))
+            return r.status_code, {"chunks": chunks}, ""
 
     def accepts(self, path: str, body: dict) -> dict | None:
         """The answer to a probe request, or None when the server refuses it (4xx)."""
@@ -193,7 +222,8 @@ class EndpointClient:
 class EndpointBackend:
     """`generate_shard`'s backend for an endpoint: TurnRequests in, Answers out, concurrently."""
 
-    def __init__(self, client: EndpointClient, tokenizer, template: str | None, settings: GenerateSettings, stop_ids: list[int]):
+    def __init__(self, client: EndpointClient, tokenizer, template: str | None, settings: GenerateSettings,
+                 stop_ids: list[int]):  # fmt: skip
         self.client, self.tokenizer, self.template, self.settings = client, tokenizer, template, settings
         self.stop_ids = set(stop_ids)
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (min(stop_ids) if stop_ids else None)
@@ -212,7 +242,10 @@ class EndpointBackend:
         base = {"max_tokens": 1, "temperature": 0.0}
         takes_ids = s.send != "text" and c.accepts("/v1/completions", base | {"prompt": hello}) is not None
         if s.send == "ids" and not takes_ids:
-            raise EndpointError(f"endpoint {s.urls[0]} does not take token ids as a /v1/completions prompt (--send ids); use --send text")
+            raise EndpointError(
+                f"endpoint {s.urls[0]} does not take token ids as a /v1/completions prompt (--send ids); "
+                "use --send text"
+            )
         self.send = "ids" if takes_ids else "text"
         prompt = hello if takes_ids else "Hello"
         self.extra: dict = {}
@@ -224,10 +257,17 @@ class EndpointBackend:
             answer = c.accepts("/v1/completions", base | {"prompt": prompt, "logprobs": 1})
             tokens = ((_choice(answer).get("logprobs") or {}).get("tokens") or []) if answer else []
             self.token_ids = "logprobs" if tokens and all(_TOKEN_ID.match(str(t)) for t in tokens) else None
-        if stop_ids and c.accepts("/v1/completions", base | {"prompt": prompt, "stop_token_ids": list(stop_ids)}) is not None:
+        stops = {"prompt": prompt, "stop_token_ids": list(stop_ids)}
+        if stop_ids and c.accepts("/v1/completions", base | stops) is not None:
             self.extra["stop_token_ids"] = list(stop_ids)  # servers stop on their own EOS otherwise
         if self.settings.top_k:
             self.extra["top_k"] = self.settings.top_k  # not OpenAI's: a server that refuses it says so
+        # Without the server's ids, stream: each event holds the text of one token (or of the few
+        # that make a whole character), so retokenizing event by event keeps the target's own
+        # splits where retokenizing the whole text would merge them.
+        self.stream = self.token_ids is None
+        if self.stream:
+            self.extra |= {"stream": True, "stream_options": {"include_usage": True}}
 
     def provenance(self) -> dict:
         """Provenance keys: "generator" (what made the answers: a rerun must match it to resume)
@@ -236,7 +276,7 @@ class EndpointBackend:
             "backend": "endpoint",
             "served_model": self.client.model,
             "prompts_sent_as": self.send,
-            "token_ids_from": self.token_ids or "retokenized text",
+            "token_ids_from": self.token_ids or "retokenized streamed text",
             "reasoning": self.client.settings.reasoning,
             "api_key_env": self.client.settings.api_key_env,  # the variable's name; the key is never written
         }
@@ -258,7 +298,8 @@ class EndpointBackend:
 
     def _answer(self, req: TurnRequest) -> Answer:
         s = self.settings
-        body = {"max_tokens": req.budget, "temperature": s.temperature, "top_p": s.top_p, "seed": request_seed(s.seed, req.key)}
+        seed = request_seed(s.seed, req.key)
+        body = {"max_tokens": req.budget, "temperature": s.temperature, "top_p": s.top_p, "seed": seed}
         chat = self.send == "text" and req.messages is not None
         if chat:
             body["messages"] = req.messages
@@ -269,7 +310,8 @@ class EndpointBackend:
             if self.token_ids == "logprobs":
                 body["logprobs"] = 1
         out = self.client.post("/v1/chat/completions" if chat else "/v1/completions", body | self.extra)
-        choice = _choice(out)
+        choice, pieces = _assemble(out["chunks"], chat) if "chunks" in out else (_choice(out), None)
+        usage = next((c["usage"] for c in reversed(out.get("chunks", [out])) if c.get("usage")), None)
         if choice.get("finish_reason") in ("abort", "error"):
             raise EndpointError(f"endpoint aborted request {req.key} (finish_reason {choice['finish_reason']!r})")
         if chat:
@@ -285,22 +327,26 @@ class EndpointBackend:
             if reasoning == "refuse":
                 return Answer([], "stop", refused="reasoning_refused")
             if reasoning == "strip":
-                text, ids = (text[inline.end() :] if inline else text), None
+                text, ids, pieces = (text[inline.end() :] if inline else text), None, None
             elif apart and ids is None:
                 raise EndpointError(
                     "the endpoint returns the reasoning in a separate field and no token ids, so the thinking tokens "
                     "cannot be recovered exactly; serve without a reasoning parser, or use --reasoning strip|refuse"
                 )
         end = self.chat_end if req.messages is not None else self.text_end
-        answer = _normalise(ids, text, choice.get("finish_reason"), req.budget, self.stop_ids, end, self.tokenizer)
-        counted = (out.get("usage") or {}).get("completion_tokens")
+        retokenized = self._retokenize(pieces if pieces is not None else [text])
+        answer = _normalise(ids, retokenized, choice.get("finish_reason"), req.budget, self.stop_ids, end)
+        counted = (usage or {}).get("completion_tokens")
         if answer.token_source == "retokenized" and not (apart or inline) and counted is not None:
             # The server generated another number of tokens than its text retokenizes to: the
             # text does not hold the target's ids (e.g. byte tokens that are no whole character).
-            in_text = len(self.tokenizer(text, add_special_tokens=False).input_ids)
-            if counted != in_text + (answer.finish_reason == "stop"):
-                return Answer(answer.ids, answer.finish_reason, "retokenized_inexact")
-        return answer
+            if counted != len(retokenized) + (answer.finish_reason == "stop"):
+                answer = Answer(answer.ids, answer.finish_reason, "retokenized_inexact")
+        # Throughput counts what the server generated (its usage), not the retokenized length.
+        return Answer(answer.ids, answer.finish_reason, answer.token_source, generated=counted)
+
+    def _retokenize(self, pieces: list[str]) -> list[int]:
+        return [t for piece in pieces for t in self.tokenizer(piece, add_special_tokens=False).input_ids]
 
     def _server_ids(self, choice: dict, chat: bool) -> list[int] | None:
         if isinstance(choice.get("token_ids"), list):
@@ -312,12 +358,12 @@ class EndpointBackend:
         return None
 
 
-def _normalise(ids, text, finish, budget, stop_ids, end, tokenizer) -> Answer:
+def _normalise(ids, retokenized, finish, budget, stop_ids, end) -> Answer:
     """The answer as local generation writes it: through the first stop token ("stop"), or cut
     at the budget ("length"). A server's text never holds the stop token: it is appended."""
     source = "server"
     if ids is None:
-        ids, source = tokenizer(text, add_special_tokens=False).input_ids, "retokenized"
+        ids, source = retokenized, "retokenized"
     ids = list(ids)[:budget]
     stop = next((i for i, t in enumerate(ids) if t in stop_ids), None)
     if stop is not None:
@@ -325,6 +371,26 @@ def _normalise(ids, text, finish, budget, stop_ids, end, tokenizer) -> Answer:
     if finish == "length" or end is None or len(ids) >= budget:
         return Answer(ids, "length", source)
     return Answer(ids + [end], "stop", source)
+
+
+def _assemble(chunks: list[dict], chat: bool) -> tuple[dict, list[str]]:
+    """A streamed answer as one choice, and its text event by event."""
+    pieces, reasoning, finish = [], [], None
+    for chunk in chunks:
+        if chunk.get("error"):
+            raise EndpointError(f"the endpoint failed mid-answer: {str(chunk['error'])[:200]}")
+        for choice in chunk.get("choices") or []:
+            delta = (choice.get("delta") or {}) if chat else choice
+            piece = delta.get("content") if chat else delta.get("text")
+            if piece:
+                pieces.append(piece)
+            if chat and (delta.get("reasoning_content") or delta.get("reasoning")):
+                reasoning.append(delta.get("reasoning_content") or delta.get("reasoning"))
+            finish = choice.get("finish_reason") or finish
+    text = "".join(pieces)
+    if chat:
+        return {"message": {"content": text, "reasoning_content": "".join(reasoning) or None}, "finish_reason": finish}, pieces
+    return {"text": text, "finish_reason": finish}, pieces
 
 
 def _choice(answer: dict | None) -> dict:

@@ -46,7 +46,7 @@ def check_endpoint(job: EndpointCheckJob) -> dict:
     from draftsmith.heads.models import resolve_device, resolve_dtype
 
     out = Path(job.out)
-    settings = GenerateSettings(max_new_tokens=job.max_new_tokens, batch_size=job.batch_size, shard_size=max(job.limit, 1))
+    settings = GenerateSettings(max_new_tokens=job.max_new_tokens, batch_size=job.batch_size, shard_size=job.limit)
     common = dict(target=job.target, prompts=job.prompts, settings=settings, limit=job.limit,
                   chat_template=job.chat_template, device=job.device, dtype=job.dtype, progress=False)  # fmt: skip
     local = run_generate(GenerateJob(out=str(out / "local"), **common))
@@ -69,7 +69,7 @@ def check_endpoint(job: EndpointCheckJob) -> dict:
         "endpoint_tokens_per_second": remote["generated_tokens_per_second"],
         "local_batch_size": job.batch_size,
         "endpoint_concurrency": job.concurrency,
-        "server": "transformers serve" + (" --continuous-batching" if job.continuous_batching else "") if not job.endpoints else list(job.endpoints),
+        "server": list(job.endpoints) or "transformers serve" + (" --continuous-batching" * job.continuous_batching),
     }  # fmt: skip
     write_json_atomic(out / "report.json", report)
     return report
@@ -101,7 +101,8 @@ def compare_data(local_dir, endpoint_dir) -> dict:
             )
             kind = "same_text_other_ids" if same_text else "different_answer"
             if len(examples) < 5:
-                first = next((i for i, (s, t) in enumerate(zip(x["input_ids"], y["input_ids"])) if s != t), min(len(x["input_ids"]), len(y["input_ids"])))
+                pairs = zip(x["input_ids"], y["input_ids"])
+                first = next((i for i, (s, t) in enumerate(pairs) if s != t), min(x["length"], y["length"]))
                 examples.append({"record_index": key[0], "kind": kind, "first_difference_at": first, "prompt_length": p,
                                  "finish": [x["finish_reason"], y["finish_reason"]]})  # fmt: skip
         kinds[kind] += 1
@@ -128,7 +129,8 @@ def describe_check(report: dict) -> str:
         f"different answer    {k['different_answer']}",
         f"missing on one side {k['missing']}",
         f"by token source     {json.dumps(report['by_token_source'])}",
-        f"throughput          local batch {report['local_batch_size']}: {report['local_tokens_per_second']:.0f} tokens/s; "
-        f"endpoint ({report['server']}) at concurrency {report['endpoint_concurrency']}: {report['endpoint_tokens_per_second']:.0f} tokens/s",
+        f"throughput          local batch {report['local_batch_size']}: "
+        f"{report['local_tokens_per_second']:.0f} tokens/s; endpoint ({report['server']}) at concurrency "
+        f"{report['endpoint_concurrency']}: {report['endpoint_tokens_per_second']:.0f} tokens/s",
     ]
     return "\n".join(lines)

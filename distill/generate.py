@@ -83,6 +83,7 @@ class Answer:
     finish_reason: str  # "stop" | "length"
     token_source: str = "local"  # "local" | "server" (ids the server returned) | "retokenized" (its text)
     refused: str | None = None  # a reason to drop the sample (counted in `skipped`)
+    generated: int | None = None  # tokens the backend generated, when its count is not len(ids) (a server's usage)
 
 
 @dataclass
@@ -266,7 +267,7 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
                 answer, reason = result.ids, result.finish_reason
                 conv.prompt_ids, conv.prompt_mask, conv.answer_ids, conv.finish_reason = ids, mask, answer, reason
                 conv.token_source = result.token_source
-                generated += len(answer)
+                generated += len(answer) if result.generated is None else result.generated
                 prompt_tokens += len(ids)
                 if conv.messages is not None:
                     turn = conv.turns[conv.num_turns]

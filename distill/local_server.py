@@ -4,6 +4,8 @@
     with serve_transformers("runs/toy/target", device="cpu", dtype="float32") as server:
         print(server.url)        # http://127.0.0.1:PORT, /v1/models answers
         server.kill()            # SIGKILL, as a crashed server
+    servers = [launch_transformers_serve(t) for t in targets]   # started together, loading in parallel
+    for s in servers: s.wait_ready()
 
 `transformers serve PATH` loads the folder at start and lists it under the id PATH (the string
 as given) at /v1/models; it takes `--host`, `--port`, `--device` and `--dtype`. It stops only on
@@ -42,12 +44,41 @@ class LocalServer:
     model_id: str
     process: subprocess.Popen
     log: Path
+    _folder: tempfile.TemporaryDirectory
+
+    def wait_ready(self, timeout: float = 300.0) -> LocalServer:
+        """Until /v1/models answers; ServerStartError when the process exits or time runs out."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"transformers serve exited with {self.process.returncode}: {_tail(self.log)}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"transformers serve did not answer /v1/models in {timeout:.0f} s: {_tail(self.log)}"
+                )
+            time.sleep(0.5)
 
     def kill(self) -> None:
         """SIGKILL (no graceful shutdown: requests in flight die with it)."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._folder.cleanup()
 
 
 def _overlay(target: Path, stop_token_ids: list[int], into: Path) -> Path:
@@ -62,53 +93,37 @@ def _overlay(target: Path, stop_token_ids: list[int], into: Path) -> Path:
     return into
 
 
-@contextlib.contextmanager
-def serve_transformers(target, *, device: str = "cpu", dtype: str = "float32", port: int | None = None,
-                       stop_token_ids: list[int] | None = None, continuous_batching: bool = False,
-                       startup_timeout: float = 300.0):  # fmt: skip
-    """Start `transformers serve TARGET` on 127.0.0.1 and wait until /v1/models lists it; yields
-    a LocalServer and ends the process on exit. `stop_token_ids`: served through an overlay
+def launch_transformers_serve(
+    target, *, device: str = "cpu", dtype: str = "float32", port: int | None = None,
+    stop_token_ids: list[int] | None = None, continuous_batching: bool = False,
+) -> LocalServer:  # fmt: skip
+    """Start `transformers serve TARGET` on 127.0.0.1 and return at once (`wait_ready` waits):
+    servers started together load in parallel. `stop_token_ids`: served through an overlay
     whose generation config stops on them (see the module docstring). `continuous_batching`:
     batch concurrent requests (paged attention); without it the server answers one at a time."""
-    import httpx
-
     target = Path(target).resolve()
-    with tempfile.TemporaryDirectory(prefix="draftsmith-serve-") as tmp:
-        folder = target
-        if stop_token_ids:
-            folder = _overlay(target, stop_token_ids, Path(tmp) / target.name)
-        port = port or free_port()
-        log = Path(tmp) / "server.log"
-        command = [
-            sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
-            "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
-        ] + (["--continuous-batching"] if continuous_batching else [])  # fmt: skip
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
-        with log.open("wb") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-        server = LocalServer(f"http://127.0.0.1:{port}", str(folder), process, log)
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if process.poll() is not None:
-                    raise ServerStartError(f"transformers serve exited with {process.returncode}: {_tail(log)}")
-                try:
-                    if httpx.get(f"{server.url}/v1/models", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartError(f"transformers serve did not answer /v1/models in {startup_timeout:.0f} s: {_tail(log)}")
-                time.sleep(0.5)
-            yield server
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+    tmp = tempfile.TemporaryDirectory(prefix="draftsmith-serve-")
+    folder = _overlay(target, stop_token_ids, Path(tmp.name) / target.name) if stop_token_ids else target
+    port = port or free_port()
+    log = Path(tmp.name) / "server.log"
+    command = [
+        sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
+        "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
+    ] + (["--continuous-batching"] if continuous_batching else [])  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return LocalServer(f"http://127.0.0.1:{port}", str(folder), process, log, tmp)
+
+
+@contextlib.contextmanager
+def serve_transformers(target, *, startup_timeout: float = 300.0, **options):
+    """`launch_transformers_serve(target, **options)`, ready; stopped on exit."""
+    server = launch_transformers_serve(target, **options)
+    try:
+        yield server.wait_ready(startup_timeout)
+    finally:
+        server.stop()
 
 
 def _tail(log: Path) -> str:

@@ -15,7 +15,7 @@ from draftsmith.distill import data as store
 from draftsmith.distill.data import DistillData
 from draftsmith.distill.endpoint import EndpointBackend, EndpointError, EndpointSettings, _normalise
 from draftsmith.distill.generate import GenerateSettings, TurnRequest
-from draftsmith.distill.local_server import free_port, serve_transformers
+from draftsmith.distill.local_server import free_port, launch_transformers_serve
 from draftsmith.heads.models import load_tokenizer
 
 SECRET = "sk-draftsmith-test-3b9f0c1e"
@@ -102,10 +102,24 @@ def test_reasoning_apart_without_token_ids_cannot_be_kept(tok):
         backend_for(Recorded([answer], takes=()), tok)([request([1], [{"role": "user", "content": "Hi"}])])
 
 
-def test_normalise_cuts_at_the_first_stop_and_flags_length(tok):
-    assert _normalise([3, 2, 4], "", "stop", 8, {2}, 2, tok).ids == [3, 2]
-    cut = _normalise([3, 4, 5], "", "length", 2, {2}, 2, tok)
+def test_normalise_cuts_at_the_first_stop_and_flags_length():
+    assert _normalise([3, 2, 4], [], "stop", 8, {2}, 2).ids == [3, 2]
+    cut = _normalise([3, 4, 5], [], "length", 2, {2}, 2)
     assert (cut.ids, cut.finish_reason) == ([3, 4], "length")
+
+
+def test_streamed_text_is_retokenized_event_by_event(tok):
+    # A target that wrote "    " as four one-space tokens: the whole text retokenizes to fewer.
+    space = tok(" ", add_special_tokens=False).input_ids
+    events = [{"choices": [{"text": " ", "finish_reason": None}]} for _ in range(4)]
+    events.append({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 4}})
+    client = Recorded([{"chunks": events}], takes=())
+    backend = backend_for(client, tok)
+    assert backend.stream and client.bodies == []
+    [answer] = backend([request([1], budget=4)])
+    assert len(space) == 1 and len(tok("    ", add_special_tokens=False).input_ids) < 4
+    assert (answer.ids, answer.finish_reason, answer.token_source, answer.generated) == (space * 4, "length", "retokenized", 4)
+    assert client.bodies[0][1]["stream"] is True
 
 
 def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_path, monkeypatch):
@@ -127,15 +141,22 @@ def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_pat
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A toy target whose generation config names its EOS (as real checkpoints do: the server
-    stops only there), served by `transformers serve` for the module."""
+    stops only there), served by `transformers serve` for the module, with a second server of
+    it that a test kills (both start together: they load in parallel)."""
     from fixtures import write_toy
 
     root = tmp_path_factory.mktemp("served")
     paths = write_toy(root)
     config_file = paths["target"] / "generation_config.json"
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token_id": 2}))
-    with serve_transformers(paths["target"], device="cpu", dtype="float32") as server:
-        yield paths, server
+    servers = [launch_transformers_serve(paths["target"], device="cpu", dtype="float32") for _ in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield paths, servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def generate_args(paths, out, *extra):
@@ -147,7 +168,7 @@ def generate_args(paths, out, *extra):
 
 @pytest.mark.slow
 def test_generation_through_the_server_matches_local_prompts_and_text(served, run_cli, tmp_path, monkeypatch):
-    paths, server = served
+    paths, server, _ = served
     monkeypatch.setenv("DRAFTSMITH_TEST_KEY", SECRET)
     for prompts, template in ((paths["prompts"], "none"), (paths["chats"], "auto")):
         common = ["--prompts", prompts, "--limit", 4, "--chat-template", template, "--shard-size", 2]
@@ -188,7 +209,7 @@ def test_generation_through_the_server_matches_local_prompts_and_text(served, ru
 
 @pytest.mark.slow
 def test_wrong_model_is_one_line_naming_the_endpoint(served, run_cli, tmp_path):
-    paths, server = served
+    paths, server, _ = served
     code, _, err = run_cli(generate_args(paths, tmp_path / "d", "--prompts", paths["prompts"], "--endpoint", server.url, "--served-model", "org/other"))
     assert code == 2 and f"endpoint {server.url} serves ['{paths['target'].resolve()}'], not 'org/other' (--served-model)" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
@@ -198,28 +219,27 @@ def test_wrong_model_is_one_line_naming_the_endpoint(served, run_cli, tmp_path):
 def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path):
     from draftsmith.distill.jobs import GenerateJob, run_generate
 
-    paths, server = served
+    paths, server, doomed = served
     settings = GenerateSettings(max_new_tokens=40, shard_size=2)
     job = dict(target=str(paths["target"]), prompts=str(paths["prompts"]), settings=settings, limit=12,
                chat_template="none", device="cpu", progress=False)  # fmt: skip
     out = tmp_path / "resumed"
     failure = []
-    with serve_transformers(paths["target"], device="cpu", dtype="float32") as doomed:
-        endpoint = EndpointSettings(urls=(doomed.url,), concurrency=1, retries=1, backoff=0.05)
+    endpoint = EndpointSettings(urls=(doomed.url,), concurrency=1, retries=1, backoff=0.05)
 
-        def run():
-            try:
-                run_generate(GenerateJob(out=str(out), endpoint=endpoint, **job))
-            except EndpointError as err:
-                failure.append(str(err))
+    def run():
+        try:
+            run_generate(GenerateJob(out=str(out), endpoint=endpoint, **job))
+        except EndpointError as err:
+            failure.append(str(err))
 
-        worker = threading.Thread(target=run)
-        worker.start()
-        deadline = time.monotonic() + 120
-        while not (out / store.SHARDS / store.shard_name(0)).is_dir() and time.monotonic() < deadline and worker.is_alive():
-            time.sleep(0.02)
-        doomed.kill()
-        worker.join(timeout=120)
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not (out / store.SHARDS / store.shard_name(0)).is_dir() and time.monotonic() < deadline and worker.is_alive():
+        time.sleep(0.02)
+    doomed.kill()
+    worker.join(timeout=120)
     assert failure and doomed.url in failure[0] and "rerun the same command to resume" in failure[0]
     done = len(store.complete_shards(out))
     assert 1 <= done < 6 and not (out / store.SUMMARY).exists()
