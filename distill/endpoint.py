@@ -16,10 +16,13 @@ server only answers. How a turn travels:
     template), raw prompts to /v1/completions as text.
 `--send auto` picks "ids" when the server takes them (one probe request).
 The answer's ids are the server's own where it returns them (vLLM's `return_token_ids`, or
-logprob tokens written as "token_id:N"); otherwise its text is retokenized with the target's
-tokenizer, which may split a word differently from how the target generated it. Each row
-records which (`token_source`: "server", "retokenized", or "retokenized_inexact" when the
-server's usage counts another number of generated tokens than the retokenized text holds).
+logprob tokens written as "token_id:N"); otherwise the answer is streamed and its text is
+retokenized with the target's tokenizer event by event (an event holds one token's text, or the
+few tokens of one character), which keeps the target's own splits where retokenizing the whole
+text would merge them. Each row records which (`token_source`: "server", "retokenized", or
+"retokenized_inexact" when the server's usage counts another number of generated tokens than
+the retokenization holds: e.g. byte tokens that are not a whole UTF-8 character come back as
+U+FFFD).
 
 A turn the server ends (finish_reason other than "length") ends with the stop token: the
 server's ids include it, or it is appended (the chat template's end-of-turn token, else EOS:

@@ -57,7 +57,8 @@ def run_generate(job: GenerateJob) -> dict:
         model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
         backend = None
         if client is not None:
-            backend = EndpointBackend(client, tokenizer, template, job.settings, stop_token_ids(model, tokenizer, template))
+            stops = stop_token_ids(model, tokenizer, template)
+            backend = EndpointBackend(client, tokenizer, template, job.settings, stops)
         summary = generate_dataset(
             model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
             target_path=job.target, dtype=dtype, progress=job.progress, backend=backend,
@@ -117,13 +118,14 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
         f"hash      {data.data_hash}",
         f"target    {target['name_or_path']} (fingerprint {target['fingerprint'][:12]}, {target['dtype']})",
         f"source    {prov['source']['name']} ({prov['source']['format']}, {prov['source']['records']} records)",
+        *([f"endpoint  {prov['generator']['served_model']} at {', '.join(prov['endpoints'])}"] * ("generator" in prov)),
         f"template  {template['spec']}" + (f" (sha256 {template['hash'][:12]})" if template["used"] else " (not used: raw prompts)"),
         f"sampling  T = {s['temperature']:g}, top_p = {s['top_p']:g}, top_k = {s['top_k']}, seed {s['seed']}, "
         f"max_new_tokens {s['max_new_tokens']}, max_length {s['max_length']}, {s['num_samples']} sample(s) per prompt",
         "",
         f"sample {index % len(data)}: record {row['record_index']}, sample {row['sample_index']}, {row['length']} tokens "
         f"({row['prompt_length']} before the last answer), {row['num_trained']} trained, {row['num_turns']} turn(s) generated, "
-        f"finish: {row['finish_reason']}",
+        f"finish: {row['finish_reason']}, ids: {row.get('token_source', 'local')}",
         f"legend: {legend}",
         "-" * 72,
         render_sample(tokenizer, list(row["input_ids"]), list(row["loss_mask"]), color),

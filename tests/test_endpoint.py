@@ -198,8 +198,8 @@ def test_generation_through_the_server_matches_local_prompts_and_text(served, ru
             mine = tok.decode(x["input_ids"][p:], skip_special_tokens=True)
             theirs = tok.decode(y["input_ids"][q:], skip_special_tokens=True)
             assert mine.startswith(theirs.rstrip("\ufffd")), (mine, theirs)
-            if y["token_source"] == "retokenized" and y["finish_reason"] == "stop":
-                assert mine == theirs and x["finish_reason"] == "stop"
+            if y["token_source"] == "retokenized":  # as many tokens as the server counted: its own ids
+                assert y["input_ids"][q:] == x["input_ids"][p:] and y["finish_reason"] == x["finish_reason"]
         assert same_prompt >= 3
         assert remote.summary["token_sources"] and sum(remote.summary["token_sources"].values()) == 4
         remote.verify_hash()
