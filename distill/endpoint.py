@@ -339,6 +339,13 @@ class EndpointBackend:
         end = self.chat_end if req.messages is not None else self.text_end
         retokenized = self._retokenize(pieces if pieces is not None else [text])
         answer = _normalise(ids, retokenized, choice.get("finish_reason"), req.budget, self.stop_ids, end)
+        seen = (usage or {}).get("prompt_tokens")
+        if seen is not None and seen != len(req.prompt_ids):
+            raise EndpointError(
+                f"the endpoint read request {req.key} (record, sample, turn) as {seen} prompt tokens, the target's "
+                f"tokenizer and chat template as {len(req.prompt_ids)}: the server renders prompts differently from "
+                "--target; serve the same tokenizer and template, or use --send ids (vLLM, SGLang)"
+            )
         counted = (usage or {}).get("completion_tokens")
         if answer.token_source == "retokenized" and not (apart or inline) and counted is not None:
             # The server generated another number of tokens than its text retokenizes to: the
@@ -347,6 +354,10 @@ class EndpointBackend:
                 answer = Answer(answer.ids, answer.finish_reason, "retokenized_inexact")
         # Throughput counts what the server generated (its usage), not the retokenized length.
         return Answer(answer.ids, answer.finish_reason, answer.token_source, generated=counted)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
 
     def _retokenize(self, pieces: list[str]) -> list[int]:
         return [t for piece in pieces for t in self.tokenizer(piece, add_special_tokens=False).input_ids]

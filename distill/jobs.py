@@ -48,14 +48,13 @@ def run_generate(job: GenerateJob) -> dict:
         raise ModelLoadError(f"--target {job.target!r} has no tokenizer: generation needs one to read the prompts")
     source = load_source(job.prompts, split=job.split, limit=job.limit)
     template = resolve_chat_template(job.chat_template, tokenizer)
-    client = None
+    client = backend = None
     if job.endpoint is not None:  # before the model load: a down endpoint or another model fails at once
         from draftsmith.distill.endpoint import EndpointBackend, EndpointClient
 
         client = EndpointClient(job.endpoint)
     try:
         model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
-        backend = None
         if client is not None:
             stops = stop_token_ids(model, tokenizer, template)
             backend = EndpointBackend(client, tokenizer, template, job.settings, stops)
@@ -65,7 +64,7 @@ def run_generate(job: GenerateJob) -> dict:
         )  # fmt: skip
     finally:
         if client is not None:
-            client.close()
+            (backend or client).close()
     print(describe_summary(summary))
     print(f"\nwrote {job.out}/ ; look at a sample with: draftsmith inspect-data {job.out}")
     return summary

@@ -102,6 +102,12 @@ def test_reasoning_apart_without_token_ids_cannot_be_kept(tok):
         backend_for(Recorded([answer], takes=()), tok)([request([1], [{"role": "user", "content": "Hi"}])])
 
 
+def test_a_server_that_renders_the_prompt_otherwise_is_refused(tok):
+    answer = {"choices": [{"text": "x", "finish_reason": "stop"}], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    with pytest.raises(EndpointError, match="as 9 prompt tokens, the target's tokenizer and chat template as 3"):
+        backend_for(Recorded([answer], takes=()), tok)([request([1, 5, 6])])
+
+
 def test_normalise_cuts_at_the_first_stop_and_flags_length():
     assert _normalise([3, 2, 4], [], "stop", 8, {2}, 2).ids == [3, 2]
     cut = _normalise([3, 4, 5], [], "length", 2, {2}, 2)
