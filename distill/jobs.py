@@ -117,7 +117,7 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
         f"hash      {data.data_hash}",
         f"target    {target['name_or_path']} (fingerprint {target['fingerprint'][:12]}, {target['dtype']})",
         f"source    {prov['source']['name']} ({prov['source']['format']}, {prov['source']['records']} records)",
-        *([f"endpoint  {prov['generator']['served_model']} at {', '.join(prov['endpoints'])}"] * ("generator" in prov)),
+        *[f"endpoint  {g['served_model']} at {', '.join(prov['endpoints'])}" for g in [prov.get("generator")] if g],
         f"template  {template['spec']}" + (f" (sha256 {template['hash'][:12]})" if template["used"] else " (not used: raw prompts)"),
         f"sampling  T = {s['temperature']:g}, top_p = {s['top_p']:g}, top_k = {s['top_k']}, seed {s['seed']}, "
         f"max_new_tokens {s['max_new_tokens']}, max_length {s['max_length']}, {s['num_samples']} sample(s) per prompt",
