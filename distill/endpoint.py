@@ -63,6 +63,10 @@ class EndpointError(ValueError):
     """An endpoint that cannot be used (down, another model, a refused request); one line naming it."""
 
 
+class RequestRefused(EndpointError):
+    """The server answered 4xx: the request itself is wrong for it (retrying cannot help)."""
+
+
 @dataclass(frozen=True)
 class EndpointSettings:
     urls: tuple[str, ...]  # base URLs ("http://host:8000" or ".../v1"); requests are spread over them
@@ -185,7 +189,7 @@ class EndpointClient:
                 if status < 400:
                     return answer
                 if status not in (408, 429) and status < 500:
-                    raise EndpointError(f"endpoint {url}{path} refused the request: HTTP {status}: {detail}")
+                    raise RequestRefused(f"endpoint {url}{path} refused the request: HTTP {status}: {detail}")
                 last = f"{url}: HTTP {status}: {detail}"
             if attempt + 1 < tries:
                 time.sleep(self.settings.backoff * 2**attempt)
@@ -216,10 +220,8 @@ class EndpointClient:
         """The answer to a probe request, or None when the server refuses it (4xx)."""
         try:
             return self.post(path, body, retry=False)
-        except EndpointError as err:
-            if "refused the request" in str(err):
-                return None
-            raise
+        except RequestRefused:
+            return None
 
 
 class EndpointBackend:
@@ -239,7 +241,7 @@ class EndpointBackend:
     # --- what the server can do ------------------------------------------------------------------
 
     def _probe(self, stop_ids: list[int]) -> None:
-        """Three one-token requests: ids as prompt, token ids in the answer, stop token ids."""
+        """One-token requests: ids as a prompt? token ids in the answer (two ways)? stop token ids?"""
         s, c = self.client.settings, self.client
         hello = self.tokenizer("Hello", add_special_tokens=False).input_ids or [0]
         base = {"max_tokens": 1, "temperature": 0.0}
