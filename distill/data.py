@@ -8,7 +8,9 @@
 Every row holds `input_ids`, `loss_mask` (1 = a token the drafter learns to predict: the
 target's own answer), `length`, `num_trained`, `prompt_length`, `finish_reason` ("stop": the
 target ended its turn; "length": cut at --max-new-tokens, kept and flagged), `num_turns`,
-`record_index` and `sample_index` (row of the source, and which of --num-samples).
+`record_index` and `sample_index` (row of the source, and which of --num-samples), and
+`token_source` (where the last answer's ids came from: "local" generation, a "server" that
+returned them, or its text "retokenized" with the target's tokenizer).
 
 The data hash is a sha256 over the rows' `input_ids` and `loss_mask` in order: everything
 trained on this data (vocabulary maps, hidden-state caches, heads) records it, and a consumer
@@ -44,7 +46,7 @@ SHARDS = "shards"
 SHARD_STATS = "draftsmith_shard.json"  # per-shard statistics, inside the shard folder
 COLUMNS = (
     "input_ids", "loss_mask", "length", "num_trained", "prompt_length",
-    "finish_reason", "num_turns", "record_index", "sample_index",
+    "finish_reason", "num_turns", "record_index", "sample_index", "token_source",
 )  # fmt: skip
 
 
@@ -82,6 +84,7 @@ def _features():
         "num_turns": Value("int32"),
         "record_index": Value("int64"),
         "sample_index": Value("int32"),
+        "token_source": Value("string"),
     })  # fmt: skip
 
 

@@ -21,6 +21,11 @@ Bad input is an error before anything is written: an --out that cannot be writte
 before the model is loaded), non-finite weights, a source none of whose prompts fits in
 max_length. Logits are watched while generating (NaN or inf at the lm_head is an error, never a
 dataset of token 0); a run that fails before its first shard is complete removes what it made.
+
+The answers come from a backend: by default the loaded target (`_generate_batch`); with
+`backend=` any callable taking `TurnRequest`s and returning `Answer`s, e.g. a serving engine
+(`distill/endpoint.py`). Prompts, masks, shards and the summary are the same either way; each row
+records where its answer's token ids came from (`token_source`).
 """
 
 from __future__ import annotations
@@ -70,6 +75,26 @@ class GenerateSettings:
             raise ValueError("num_samples > 1 with temperature 0 would repeat the same greedy answer; set temperature > 0")
 
 
+@dataclass(frozen=True)
+class TurnRequest:
+    """One answer to generate, as a backend sees it."""
+
+    prompt_ids: list[int]  # the prompt as local generation tokenizes it (chat template or raw text)
+    messages: list[dict] | None  # the conversation before the turn (None for raw-text prompts)
+    prompt: str | None  # the raw prompt text (None for conversations)
+    budget: int  # max new tokens of this turn
+    key: tuple[int, int, int]  # (record index, sample index, turn): seeds a server-side sampler
+
+
+@dataclass(frozen=True)
+class Answer:
+    ids: list[int]  # through the stop token when the turn ended
+    finish_reason: str  # "stop" | "length"
+    token_source: str = "local"  # "local" | "server" (ids the server returned) | "retokenized" (its text)
+    refused: str | None = None  # a reason to drop the sample (counted in `skipped`)
+    generated: int | None = None  # tokens the backend generated, when its count is not len(ids) (a server's usage)
+
+
 @dataclass
 class _Conversation:
     """One sample in the making: the messages so far and the turns still to generate."""
@@ -84,6 +109,7 @@ class _Conversation:
     finish_reason: str | None = None
     num_turns: int = 0
     skipped: str | None = None
+    token_source: str = "local"  # of the last answer (earlier turns are re-rendered through the template)
 
 
 def stop_token_ids(model, tokenizer, template: str | None) -> list[int]:
@@ -96,15 +122,22 @@ def stop_token_ids(model, tokenizer, template: str | None) -> list[int]:
     ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
-    if template is not None:
-        try:
-            tokens, mask = conversation_tokens(tokenizer, template, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
-            trained = [t for t, m in zip(tokens, mask) if m]
-            if trained and trained[-1] in special_token_ids(tokenizer):
-                ids.append(trained[-1])
-        except ChatTemplateError:
-            pass  # a template that cannot render this exchange is reported when it is first used
+    end = end_of_turn_token(tokenizer, template)
+    if end is not None:
+        ids.append(end)
     return sorted(set(ids))
+
+
+def end_of_turn_token(tokenizer, template: str | None) -> int | None:
+    """The special token the chat template writes after an assistant's content, or None."""
+    if template is None:
+        return None
+    try:
+        tokens, mask = conversation_tokens(tokenizer, template, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+    except ChatTemplateError:
+        return None  # a template that cannot render this exchange is reported when it is first used
+    trained = [t for t, m in zip(tokens, mask) if m]
+    return trained[-1] if trained and trained[-1] in special_token_ids(tokenizer) else None
 
 
 def _from_first_user_turn(messages: list[dict]) -> list[dict]:
@@ -290,11 +323,14 @@ def _row(conv: _Conversation) -> dict:
         "num_turns": conv.num_turns,
         "record_index": conv.record.index,
         "sample_index": conv.sample_index,
+        "token_source": conv.token_source,
     }
 
 
-def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: str | None, settings: GenerateSettings, *, max_length: int, stop_ids: list[int], progress=None):
-    """Generate one shard's samples; returns (rows in item order, shard statistics)."""
+def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: str | None, settings: GenerateSettings, *, max_length: int, stop_ids: list[int], progress=None, backend=None):
+    """Generate one shard's samples; returns (rows in item order, shard statistics). `backend`
+    (TurnRequests -> Answers) answers instead of `model`; it is given each round whole, and
+    bounds its own concurrency."""
     convs = [_conversation(record, sample_index, template) for record, sample_index in items]
     skipped: dict[str, int] = {}
     examples: list[dict] = []
@@ -337,13 +373,22 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
             ready.append((conv, ids, mask))
         # Similar lengths side by side: less padding, and the order is still deterministic.
         ready.sort(key=lambda r: len(r[1]))
-        for start in range(0, len(ready), settings.batch_size):
-            batch = ready[start : start + settings.batch_size]
+        step = settings.batch_size if backend is None else max(1, len(ready))
+        for start in range(0, len(ready), step):
+            batch = ready[start : start + step]
             budgets = [min(settings.max_new_tokens, max_length - len(ids)) for _, ids, _ in batch]
-            results = _generate_batch(model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id)
-            for (conv, ids, mask), (answer, reason) in zip(batch, results):
+            if backend is None:
+                results = [Answer(a, r) for a, r in _generate_batch(model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id)]
+            else:
+                results = backend([_turn_request(conv, ids, budget) for (conv, ids, _), budget in zip(batch, budgets)])
+            for (conv, ids, mask), result in zip(batch, results):
+                if result.refused is not None:
+                    skip(conv, result.refused, f"turn {conv.num_turns}: the answer was refused ({result.refused})")
+                    continue
+                answer, reason = result.ids, result.finish_reason
                 conv.prompt_ids, conv.prompt_mask, conv.answer_ids, conv.finish_reason = ids, mask, answer, reason
-                generated += len(answer)
+                conv.token_source = result.token_source
+                generated += len(answer) if result.generated is None else result.generated
                 prompt_tokens += len(ids)
                 if conv.messages is not None:
                     turn = conv.turns[conv.num_turns]
@@ -369,6 +414,13 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
     return rows, stats
 
 
+def _turn_request(conv: _Conversation, ids: list[int], budget: int) -> TurnRequest:
+    key = (conv.record.index, conv.sample_index, conv.num_turns)
+    if conv.messages is None:
+        return TurnRequest(ids, None, conv.record.prompt, budget, key)
+    return TurnRequest(ids, [dict(m) for m in conv.messages[: conv.turns[conv.num_turns]]], None, budget, key)
+
+
 def provenance(model, tokenizer, target_path, source: Source, template: str | None, template_spec: str, settings: GenerateSettings, max_length: int, stop_ids: list[int], dtype) -> dict:
     from draftsmith.heads.models import describe_model, tokenizer_fingerprint
 
@@ -385,7 +437,7 @@ def provenance(model, tokenizer, target_path, source: Source, template: str | No
 
 
 # Keys that must agree for a re-run to resume into an existing folder.
-_RESUME_KEYS = ("target", "tokenizer_hash", "chat_template", "source", "settings", "stop_token_ids")
+_RESUME_KEYS = ("target", "tokenizer_hash", "chat_template", "source", "settings", "stop_token_ids", "generator")
 
 
 def _check_resumable(out: Path, prov: dict) -> None:
@@ -401,8 +453,10 @@ def _check_resumable(out: Path, prov: dict) -> None:
 def generate_dataset(
     model, tokenizer, source: Source, out_dir, settings: GenerateSettings, *, template: str | None,
     template_spec: str = "auto", target_path: str = "", dtype=None, progress: bool = True, log=print,
+    backend=None,
 ) -> dict:  # fmt: skip
-    """Generate (or finish) the dataset in `out_dir`; returns the summary."""
+    """Generate (or finish) the dataset in `out_dir`; returns the summary. With `backend` (an
+    `EndpointBackend`) a server answers; `model` is the local target the data is made for."""
     out = Path(out_dir)
     check_out_folder(out)
     text_config = model.config.get_text_config()
@@ -419,6 +473,8 @@ def generate_dataset(
     check_finite_weights(model, target_path)
     stop_ids = stop_token_ids(model, tokenizer, template)
     prov = provenance(model, tokenizer, target_path, source, template, template_spec, settings, max_length, stop_ids, dtype or model.dtype)
+    if backend is not None:
+        prov |= backend.provenance()
     if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
         _check_resumable(out, prov)
     fresh = not (out / store.PROVENANCE).is_file()  # this call starts the folder
@@ -446,9 +502,9 @@ def generate_dataset(
             chunk = items[k * settings.shard_size : (k + 1) * settings.shard_size]
             torch.manual_seed(settings.seed * 1_000_003 + k)  # each shard its own stream: resumable
             start = time.perf_counter()
-            rows, stats = generate_shard(model, tokenizer, chunk, template, settings, max_length=max_length, stop_ids=stop_ids, progress=bar)
+            rows, stats = generate_shard(model, tokenizer, chunk, template, settings, max_length=max_length, stop_ids=stop_ids, progress=bar, backend=backend)
             stats["seconds"] = _synchronized_elapsed(model.device, start)
-            stats["device"] = str(model.device)
+            stats["device"] = str(model.device) if backend is None else backend.describe()
             store.write_shard(rows, stats, out / store.SHARDS / store.shard_name(k))
     except Exception as err:
         # A first run that fails before any shard is complete leaves nothing (there is nothing
@@ -517,6 +573,10 @@ def finish(out: Path, *, vocab_size: int, num_shards: int, log=print) -> dict:
         for reason, n in s["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     generated = sum(s["generated_tokens"] for s in shard_stats)
+    sources: dict[str, int] = {}
+    for p in parts:
+        for name in p["token_source"] if "token_source" in p.column_names else ["local"] * len(p):
+            sources[name] = sources.get(name, 0) + 1
     seconds = sum(s["seconds"] for s in shard_stats)
     data_hash = store.hash_rows(parts)
     counts = store.count_trained_tokens(parts, vocab_size)
@@ -537,6 +597,7 @@ def finish(out: Path, *, vocab_size: int, num_shards: int, log=print) -> dict:
         "generation_seconds": seconds,
         "generated_tokens_per_second": generated / seconds if seconds else None,
         "distinct_trained_tokens": int((counts > 0).sum()),
+        "token_sources": sources,
     }
     store.write_json_atomic(out / store.SUMMARY, summary)
     if samples == 0:

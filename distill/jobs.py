@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.distill.endpoint import EndpointSettings
 from draftsmith.distill.generate import GenerateSettings
 
 
@@ -30,12 +31,13 @@ class GenerateJob:
     device: str = "auto"
     dtype: str = "auto"
     progress: bool = True
+    endpoint: EndpointSettings | None = None  # a serving engine answers; the target gives tokenizer and fingerprint
 
 
 def run_generate(job: GenerateJob) -> dict:
     """Self-distillation data: the target answers the prompts itself. Returns the summary."""
     from draftsmith.distill.chat import resolve_chat_template
-    from draftsmith.distill.generate import check_out_folder, describe_summary, generate_dataset
+    from draftsmith.distill.generate import check_out_folder, describe_summary, generate_dataset, stop_token_ids
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
@@ -48,11 +50,23 @@ def run_generate(job: GenerateJob) -> dict:
         raise ModelLoadError(f"--target {job.target!r} has no tokenizer: generation needs one to read the prompts")
     source = load_source(job.prompts, split=job.split, limit=job.limit)
     template = resolve_chat_template(job.chat_template, tokenizer)
-    model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
-    summary = generate_dataset(
-        model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
-        target_path=job.target, dtype=dtype, progress=job.progress,
-    )  # fmt: skip
+    client = backend = None
+    if job.endpoint is not None:  # before the model load: a down endpoint or another model fails at once
+        from draftsmith.distill.endpoint import EndpointBackend, EndpointClient
+
+        client = EndpointClient(job.endpoint)
+    try:
+        model = load_causal_lm(job.target, device=device, dtype=dtype, role="target")
+        if client is not None:
+            stops = stop_token_ids(model, tokenizer, template)
+            backend = EndpointBackend(client, tokenizer, template, job.settings, stops)
+        summary = generate_dataset(
+            model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
+            target_path=job.target, dtype=dtype, progress=job.progress, backend=backend,
+        )  # fmt: skip
+    finally:
+        if client is not None:
+            (backend or client).close()
     print(describe_summary(summary))
     print(f"\nwrote {job.out}/ ; look at a sample with: draftsmith inspect-data {job.out}")
     return summary
@@ -137,13 +151,14 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
         f"hash      {data.data_hash}",
         f"target    {target['name_or_path']} (fingerprint {target['fingerprint'][:12]}, {target['dtype']})",
         f"source    {prov['source']['name']} ({prov['source']['format']}, {prov['source']['records']} records)",
+        *[f"endpoint  {g['served_model']} at {', '.join(prov['endpoints'])}" for g in [prov.get("generator")] if g],
         f"template  {template['spec']}" + (f" (sha256 {template['hash'][:12]})" if template["used"] else " (not used: raw prompts)"),
         f"sampling  T = {s['temperature']:g}, top_p = {s['top_p']:g}, top_k = {s['top_k']}, seed {s['seed']}, "
         f"max_new_tokens {s['max_new_tokens']}, max_length {s['max_length']}, {s['num_samples']} sample(s) per prompt",
         "",
         f"sample {index % len(data)}: record {row['record_index']}, sample {row['sample_index']}, {row['length']} tokens "
         f"({row['prompt_length']} before the last answer), {row['num_trained']} trained, {row['num_turns']} turn(s) generated, "
-        f"finish: {row['finish_reason']}",
+        f"finish: {row['finish_reason']}, ids: {row.get('token_source', 'local')}",
         f"legend: {legend}",
         "-" * 72,
         render_sample(tokenizer, list(row["input_ids"]), list(row["loss_mask"]), color),

@@ -2,6 +2,7 @@
 
     draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens N] [--temperature T]
                         [--top-p P] [--num-samples N] [--batch-size B] [--chat-template auto|none|FILE]
+                        [--endpoint URL ... [--api-key-env VAR] [--concurrency 8]]   (a serving engine answers)
     draftsmith inspect-data DIR [--index I]
     draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N [--out FILE]
@@ -34,6 +35,7 @@ def add_commands(sub) -> None:
     gen.add_argument("--shard-size", type=positive_int("--shard-size"), default=256, help="samples per shard (the unit of resumption)")
     gen.add_argument("--chat-template", default="auto", help="auto (the tokenizer's, if any), none (raw prompts), or a Jinja FILE")
     gen.add_argument("--seed", type=int, default=0)
+    _add_endpoint_args(gen)
     add_device_args(gen)
     add_no_progress(gen)
     gen.set_defaults(func=cmd_generate)
@@ -70,9 +72,34 @@ def add_commands(sub) -> None:
     ch.set_defaults(func=cmd_cache_hidden)
 
 
+def _add_endpoint_args(gen) -> None:
+    ep = gen.add_argument_group("serving engine (OpenAI-compatible: vLLM, SGLang, TGI, transformers serve)")
+    ep.add_argument("--endpoint", action="append", metavar="URL", help="answer with this server instead of loading the target (repeat to spread requests)")
+    ep.add_argument("--served-model", help="model id to request (default: the one model the endpoints list at /v1/models)")
+    ep.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key (the key is never written)")
+    ep.add_argument("--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight over all endpoints")
+    ep.add_argument("--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0)
+    ep.add_argument("--retries", type=int_at_least("--retries", 0), default=4, help="tries after the first, each on the next endpoint, with backoff")
+    ep.add_argument("--send", choices=("auto", "ids", "text"), default="auto", help="prompts as token ids to /v1/completions, or as text/messages (auto: ids when the server takes them)")
+    ep.add_argument("--reasoning", choices=("keep", "strip", "refuse"), default="keep", help="a <think> block or reasoning_content: train on it, drop it, or drop the sample")
+
+
+def _endpoint_settings(args):
+    from draftsmith.distill.endpoint import EndpointSettings
+
+    if not args.endpoint:
+        return None
+    return EndpointSettings(
+        urls=tuple(args.endpoint), served_model=args.served_model, api_key_env=args.api_key_env,
+        concurrency=args.concurrency, timeout=args.request_timeout, retries=args.retries, send=args.send,
+        reasoning=args.reasoning,
+    )  # fmt: skip
+
+
 def cmd_generate(args) -> int:
     from draftsmith.distill.chat import ChatTemplateError
     from draftsmith.distill.data import DataError
+    from draftsmith.distill.endpoint import EndpointError
     from draftsmith.distill.generate import GenerateSettings
     from draftsmith.distill.jobs import GenerateJob, run_generate
     from draftsmith.distill.sources import SourceError
@@ -83,15 +110,17 @@ def cmd_generate(args) -> int:
             num_samples=args.num_samples, batch_size=args.batch_size, shard_size=args.shard_size,
             max_length=args.max_length, seed=args.seed,
         )  # fmt: skip
+        endpoint = _endpoint_settings(args)
     except ValueError as err:
         raise UsageError(str(err)) from None
     job = GenerateJob(
         target=args.target, prompts=args.prompts, out=args.out, settings=settings, split=args.split, limit=args.limit,
         chat_template=args.chat_template, device=args.device, dtype=args.dtype, progress=not args.no_progress,
+        endpoint=endpoint,
     )  # fmt: skip
     try:
         run_generate(job)
-    except (SourceError, ChatTemplateError, DataError) as err:
+    except (SourceError, ChatTemplateError, DataError, EndpointError) as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt:
         print(f"draftsmith generate: interrupted; complete shards are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
