@@ -31,9 +31,7 @@ records where its answer's token ids came from (`token_source`).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill import data as store
+from draftsmith.heads.artifacts import check_finite_weights, check_writable_folder
 from draftsmith.distill.chat import ChatTemplateError, check_template, conversation_tokens, special_token_ids, template_hash
 from draftsmith.distill.sources import Record, Source, assistant_turns
 
@@ -191,28 +190,6 @@ def _watch_logits(model):
         handle.remove()
 
 
-@torch.no_grad()
-def check_finite_weights(model, target: str = "") -> None:
-    """Every floating-point parameter finite: a NaN in the target makes every answer token 0."""
-    bad = []
-    for name, param in model.named_parameters():
-        # A float32 sum is finite exactly when every element is (finite weights never add up to
-        # 3e38); the element-wise test runs only to confirm a failure.
-        if param.is_floating_point() and param.device.type != "meta" and not torch.isfinite(param.sum(dtype=torch.float32)):
-            if not torch.isfinite(param).all():
-                bad.append(name)
-    if bad:
-        dtype = str(model.dtype).removeprefix("torch.")
-        hint = "a bfloat16 checkpoint loaded as float16 overflows past 65504: try --dtype bfloat16" if dtype == "float16" else (
-            "the checkpoint is damaged (re-download or re-export it)"
-        )  # fmt: skip
-        raise store.DataError(
-            f"--target {target!r} has non-finite weights (NaN or inf in {bad[0]}"
-            + (f" and {len(bad) - 1} more tensors" if len(bad) > 1 else "")
-            + f", loaded as {dtype}): {hint}; nothing was written"
-        )
-
-
 def check_out_folder(out) -> None:
     """--out is a new folder, an empty one or a draftsmith data folder (to resume), and can be
     written: checked before any model is loaded (a probe folder is made in it and removed)."""
@@ -222,17 +199,7 @@ def check_out_folder(out) -> None:
     is_data = (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file()
     if out.is_dir() and not is_data and any(out.iterdir()):
         raise store.DataError(f"--out {str(out)!r} exists and is not a draftsmith data folder; choose a new folder")
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise store.DataError(f"--out {str(out)!r} cannot be made: {str(existing)!r} is a file, not a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".draftsmith-write-check-", dir=existing))
-    except OSError as err:
-        raise store.DataError(
-            f"--out {str(out)!r} is not writable ({err.strerror} in {str(existing)!r}): choose a folder you can write to"
-        ) from None
+    check_writable_folder(out, "--out", store.DataError)
 
 
 def check_prompts_fit(source: Source, tokenizer, template: str | None, max_length: int, explicit: bool) -> None:
@@ -470,7 +437,10 @@ def generate_dataset(
         first = source.records[0]
         check_template(tokenizer, template, list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}])
     check_prompts_fit(source, tokenizer, template, max_length, explicit=settings.max_length is not None)
-    check_finite_weights(model, target_path)
+    try:
+        check_finite_weights(model, target_path, "--target", store.DataError)
+    except store.DataError as err:
+        raise store.DataError(f"{err}; nothing was written") from None
     stop_ids = stop_token_ids(model, tokenizer, template)
     prov = provenance(model, tokenizer, target_path, source, template, template_spec, settings, max_length, stop_ids, dtype or model.dtype)
     if backend is not None:

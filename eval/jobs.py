@@ -13,9 +13,7 @@ speculative sampling matches the target). Bad input raises SpecError (or the loa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import tempfile
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +31,7 @@ from draftsmith.eval.drafter_specs import (
 )
 from draftsmith.eval.evaluator import EvalSettings
 from draftsmith.eval.lossless import MIN_SAMPLES
+from draftsmith.heads.artifacts import check_writable_folder
 
 
 def package_version() -> str:
@@ -70,20 +69,7 @@ def _out_folder(out, files: tuple[str, ...] = (), overwrite: bool = True) -> Pat
             f"--out {str(out)!r} already holds {', '.join(earlier)} from an earlier run: "
             "choose a new folder or pass --overwrite to replace them"
         )
-    base = out
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        raise SpecError(f"--out {str(out)!r}: {str(base)!r} is a file, not a folder: choose another --out")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".draftsmith-probe-", dir=base)
-    except OSError as err:
-        raise SpecError(
-            f"--out {str(out)!r} is not writable ({str(base)!r}: {err.strerror or err}): choose another --out"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
-    return out
+    return check_writable_folder(out, "--out", SpecError)
 
 
 def check_prompt_lengths(prompts, new_tokens: int, limits: dict[str, int | None], where: str) -> None:

@@ -156,7 +156,7 @@ def test_21_unwritable_out_is_checked_before_the_model_loads(toy_dir, tmp_path, 
         locked.mkdir(mode=0o555)
         if os.access(locked, os.W_OK):  # root writes anywhere: no permission to take away
             pytest.skip("a read-only folder is writable for this user")
-        out, blocker = locked / "d", "is not writable (Permission denied"
+        out, blocker = locked / "d", "is not writable ("
     code, _, err = run_cli(generate_args(toy_dir / "target", out, toy_dir / "prompts.jsonl"))
     assert code == 2
     err = one_error(err)

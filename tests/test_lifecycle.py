@@ -131,12 +131,12 @@ def test_output_folder_that_cannot_be_written(toy_dir, toy_data, tmp_path, capsy
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     code, _ = run("medusa", toy_dir, toy_data, tmp_path, "x", out=str(blocker / "run"))
-    assert code == 2 and "is not a writable folder" in capsys.readouterr().err
+    assert code == 2 and "is a file, not a folder" in capsys.readouterr().err
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
         code, _ = run("medusa", toy_dir, toy_data, tmp_path, "y", out=str(locked / "run"))
-        assert code == 2 and "is not a writable folder" in capsys.readouterr().err
+        assert code == 2 and "is not writable" in capsys.readouterr().err
 
 
 def test_missing_recipe_and_typo(tmp_path, capsys):

@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
+from draftsmith.heads.artifacts import check_writable_folder
 from draftsmith.train.recipe import RecipeError
 
 # What a run writes into `out` from its start: a folder holding one of them holds a run.
@@ -40,13 +40,7 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 def check_out_writable(out: Path) -> None:
     """That `out` is (or can be made) a writable folder, checked without creating it."""
-    existing = Path(out)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RecipeError(f"out {str(out)!r} is not a writable folder: {str(existing)!r} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RecipeError(f"out {str(out)!r} is not a writable folder: {str(existing)!r} is not writable (permission denied)")
+    check_writable_folder(out, "out", RecipeError)
 
 
 def refuse_earlier_run(out: Path) -> None:
