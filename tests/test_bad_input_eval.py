@@ -215,13 +215,13 @@ def test_20_unwritable_out_is_refused_before_loading(toy_dir, tmp_path, run_cli,
 
 def test_20_a_refused_write_is_reported_before_loading(toy_dir, tmp_path, run_cli, monkeypatch):
     """As root the folder above cannot be made read-only: the probe's refusal is simulated."""
-    from draftsmith.eval import jobs
+    from draftsmith.heads import artifacts
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     _no_loading(monkeypatch)
-    monkeypatch.setattr(jobs.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(artifacts.tempfile, "mkstemp", denied)
     code, _, err = run_cli(eval_args(toy_dir, tmp_path / "runs" / "eval"))
     line = one_line(err)
     assert code == 2 and f"is not writable ('{tmp_path}': Permission denied)" in line
