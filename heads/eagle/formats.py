@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -318,6 +319,15 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     fc = state.get("fc.weight")
     if fc is None or "embed_tokens.weight" not in state:
         raise EagleError(f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)")
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise EagleError(f"{str(path)!r}: the draft has {layer['num_hidden_layers']} decoder layers; draftsmith's EAGLE-3 head has one")
+    if "sliding_attention" in (layer.get("layer_types") or []) and layer.get("sliding_window"):
+        # speculators' trainer default: the draft attends to the last `sliding_window` tokens only.
+        warnings.warn(
+            f"{str(path)!r}: the draft layer was trained with sliding-window attention over {layer['sliding_window']} "
+            "tokens; draftsmith's head attends to the whole context (the same up to that length; decoding stays lossless)",
+            stacklevel=3,
+        )
     H = layer.get("hidden_size", fc.shape[0])
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
