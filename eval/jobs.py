@@ -24,6 +24,7 @@ from draftsmith.eval.drafter_specs import (
     DrafterSpecs,
     SpecError,
     draft_names,
+    eagle_names,
     eos_token_id,
     load_chain_drafter,
     load_drafters,
@@ -82,8 +83,8 @@ def run_eval(job: EvalJob) -> dict:
     report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
-    heads = {k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}
-    report["drafts"] = {**draft_names(specs.drafts), **heads}
+    heads = {"medusa": specs.medusa} if specs.medusa else {}
+    report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle)}
     report["prompts_file"] = str(job.prompts)
     report["draftsmith_version"] = package_version()
     report["torch_version"] = torch.__version__

@@ -110,6 +110,17 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     assert code == 0, err
     a, b = load_eagle(head), load_eagle(tmp_path / "hf")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    # Several heads side by side, each named: the same weights measure the same.
+    code, _, err = run_cli([
+        "eval", "--target", toy_dir / "target", "--eagle", f"ours={head}", "--eagle", f"copy={tmp_path / 'hf'}",
+        "--prompts", toy_dir / "prompts.jsonl", "--limit", 1, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
+        "--device", "cpu", "-k", 3, "--no-distances", "--out", tmp_path / "ev2",
+    ])  # fmt: skip
+    assert code == 0, err
+    rows = {r["method"]: r for r in json.loads((tmp_path / "ev2" / "report.json").read_text())["methods"]}
+    assert {"ours-chain", "copy-chain"} <= set(rows) and rows["ours-chain"]["alpha"] == rows["copy-chain"]["alpha"]
+    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", f"medusa={head}", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
+    assert code == 2 and "another method's name" in err
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--prompt-lookup", "--eagle-tree", "2,2,4", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
     assert code == 2 and "give --eagle DIR" in err
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", head, "--eagle-tree", "2,2", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
