@@ -6,10 +6,11 @@ Both directions, every variant flag speculators writes:
   EAGLE-3 config, has exactly the keys and shapes of a model speculators builds from it, loads
   with `from_pretrained` into finite weights, and speculators' forward gives draftsmith's logits
   at both training-time-test steps.
-- speculators -> draftsmith: a checkpoint built by speculators' trainer entry point
-  (`Eagle3DraftModel.from_training_args`, the model `speculators train` starts from; a full CPU
-  training run is not attempted here) and saved with `save_pretrained` loads with `load_eagle`,
-  gives speculators' logits, and decodes losslessly (greedy = target-only greedy).
+- speculators -> draftsmith: a checkpoint written by a real `speculators train` run on CPU (four
+  steps on the toy target's own continuations; the trainer's defaults: norm_before_fc,
+  norm_output, norm_before_residual, bf16), and one per variant built by its model class
+  (`Eagle3DraftModel.from_training_args`) and saved with `save_pretrained`, load with
+  `load_eagle`, give speculators' logits and decode losslessly (greedy = target-only greedy).
 
 The venv is built once per speculators/torch version under the temp dir (about 1.5 GB; several
 minutes the first time) or at $DRAFTSMITH_SPECULATORS_VENV. A failed install FAILS the test.
@@ -35,7 +36,7 @@ from draftsmith.eval.runtime import generate
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.heads.eagle import EagleCache, EagleHead, export_eagle, load_eagle
 from draftsmith.train.eagle import shifted, ttt_mask
-from fixtures import tiny_model
+from fixtures import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +107,7 @@ def judged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("speculators")
     target = tiny_model("llama", layers=L)
     target.save_pretrained(tmp / "target")  # the verifier path speculators reads configs and weights from
+    tiny_tokenizer().save_pretrained(tmp / "target")  # its trainer loads the verifier's tokenizer
     H = target.config.hidden_size
     gen = torch.Generator().manual_seed(0)
     inputs = {"hidden_states": torch.randn(1, T, 3 * H, generator=gen), "input_ids": torch.randint(3, 320, (1, T), generator=gen)}
@@ -124,6 +126,9 @@ def judged(tmp_path_factory):
         build_flags = json.dumps({"target_layer_ids": [1, 2, 3], **vocab, **flags})  # its default needs L >= 7
         jobs.append({"build": [str(tmp / f"built-{name}"), str(tmp / "target"), build_flags,
                                str(tmp / "inputs.safetensors"), str(tmp / f"built-{name}.logits")]})  # fmt: skip
+    trained = tmp / "trained"
+    jobs.append({"train": [str(tmp / "train-data"), str(trained), str(tmp / "target")]})
+    jobs.append({"check": [str(trained / "checkpoint_best"), str(tmp / "inputs.safetensors"), str(tmp / "trained.logits")]})
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     reports = json.loads(_run([python, JUDGE, tmp / "jobs.json"], "the speculators judge", timeout=900).splitlines()[-1])
     return {"tmp": tmp, "target": target.eval(), "inputs": inputs, "heads": heads, "reports": reports}
@@ -144,6 +149,29 @@ def test_draftsmith_exports_are_what_speculators_builds_and_computes(judged, nam
         torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
 
 
+def lossless(head, target) -> None:
+    prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
+    reference = generate(target, None, prompt, max_new_tokens=24).tokens
+    for tree in (None, {"depth": 3, "top_k": 3, "total_tokens": 8}):
+        out = generate(target, EagleDrafter(head, tree=tree), prompt, max_new_tokens=24, num_draft_tokens=3)
+        assert out.tokens == reference, tree
+
+
+def test_a_speculators_train_run_loads_computes_the_same_and_decodes_losslessly(judged):
+    report = judged["reports"][-1]  # speculators' own judgement of its checkpoint
+    assert (report["missing"], report["unexpected"], report["not_finite"]) == ([], [], [])
+    folder = judged["tmp"] / "trained" / "checkpoint_best"
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048"):
+        head = load_eagle(folder, target=judged["target"], dtype=torch.float32)
+    c = head.config
+    assert (c.norm_before_fc, c.norm_output, c.norm_before_residual, c.fc_norm) == (True, True, True, False)
+    assert report["flags"] == {**{k: getattr(c, k) for k in report["flags"] if k != "target_hidden_size"}, "target_hidden_size": None}
+    theirs, ours = load_file(str(judged["tmp"] / "trained.logits")), draftsmith_logits(head, judged["inputs"])
+    for step in ("step0", "step1"):
+        torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=step)
+    lossless(load_eagle(folder, target=judged["target"]), judged["target"])  # as saved: bf16 head, fp32 target
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_speculators_checkpoints_load_compute_the_same_and_decode_losslessly(judged, name):
     folder, target = judged["tmp"] / f"built-{name}", judged["target"]
@@ -158,8 +186,4 @@ def test_speculators_checkpoints_load_compute_the_same_and_decode_losslessly(jud
     ours = draftsmith_logits(head, judged["inputs"])
     for step in ("step0", "step1"):
         torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
-    prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
-    reference = generate(target, None, prompt, max_new_tokens=24).tokens
-    for tree in (None, {"depth": 3, "top_k": 3, "total_tokens": 8}):
-        out = generate(target, EagleDrafter(head, tree=tree), prompt, max_new_tokens=24, num_draft_tokens=3)
-        assert out.tokens == reference, (name, tree)
+    lossless(head, target)
