@@ -517,3 +517,15 @@ def test_bad_speculators_configs_name_the_flag(targets, tmp_path, edit, named):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(EagleError, match=named):
         load_eagle(out)
+
+
+def test_a_sliding_window_draft_loads_with_a_warning(targets, tmp_path):
+    head = trained(make(targets()))
+    out = export_eagle(head, tmp_path / "vllm", "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=2048)  # speculators' default
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048 tokens"):
+        back = load_eagle(out)
+    for a, b in zip(outputs(back), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
