@@ -13,6 +13,13 @@ models) calls `divergence`; what each kind is for in speculative decoding:
               Medusa/EAGLE code logs.
 - kl_tv       (1 - w) KL(p || q) + w TV: TV alone has small gradients far from the optimum
               and trains poorly from scratch; the KL term supplies them.
+- nla         -log alpha, alpha = sum min(p, q) (LK losses, Samarin et al. 2026): its gradient
+              is TV's divided by alpha, so it is large exactly where TV's is too small (a cold
+              start) and tends to TV's as alpha -> 1. Computed as -logsumexp(min(log p, log q)):
+              no underflow to log 0 however far apart p and q are.
+- lk_hybrid   lambda KL(p || q) + (1 - lambda) TV with lambda = exp(-eta stopgrad(alpha)) per
+              token (LK's adaptive hybrid, eta = 3): KL's gradient while the draft is far
+              (alpha ~ 0, lambda ~ 1), TV's, i.e. acceptance itself, once it is close.
 
 Conventions:
 - `student`, `teacher`: logits [..., V] of the same shape, or `Projected(hidden, weight, bias)`
@@ -42,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tv", "soft_ce", "kl_tv")
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tv", "soft_ce", "kl_tv", "nla", "lk_hybrid")
 REDUCTIONS = ("mean", "sum", "none")
 # A finite stand-in for -inf where a max or a log-mixture would otherwise be -inf - (-inf) = NaN.
 _FMIN = torch.finfo(torch.float32).min
@@ -74,14 +81,16 @@ class Projected:
 
 
 def divergence(kind: str, student, teacher, mask=None, *, temperature: float = 1.0,
-               beta: float = 0.5, tv_weight: float = 0.5, chunk_size: int | None = None,
-               vocab_chunk_size: int | None = None, reduction: str = "mean") -> torch.Tensor:
+               beta: float = 0.5, tv_weight: float = 0.5, eta: float = 3.0,
+               chunk_size: int | None = None, vocab_chunk_size: int | None = None,
+               reduction: str = "mean") -> torch.Tensor:
     """Divergence `kind` (one of DIVERGENCES) between teacher p and student q, per token, reduced.
 
     jsd uses the GKD/TRL convention: m = beta p + (1 - beta) q,
     jsd = beta KL(p || m) + (1 - beta) KL(q || m). It vanishes at beta = 0 and 1, so those ends
     are defined as its limits jsd/beta -> KL(p || q) (beta -> 0) and jsd/(1 - beta) -> KL(q || p)
-    (beta -> 1): beta = 0 is forward KL, beta = 1 reverse KL.
+    (beta -> 1): beta = 0 is forward KL, beta = 1 reverse KL. `eta` is lk_hybrid's: the larger,
+    the sooner (in alpha) the loss turns from KL to TV (LK's best setting: 3).
     """
     if kind not in DIVERGENCES:
         raise ValueError(f"kind={kind!r} is not a divergence; valid names: {', '.join(DIVERGENCES)}")
@@ -90,6 +99,8 @@ def divergence(kind: str, student, teacher, mask=None, *, temperature: float = 1
     for name, value in (("beta", beta), ("tv_weight", tv_weight)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if not (math.isfinite(eta) and eta >= 0):
+        raise ValueError(f"eta must be a finite number >= 0, got {eta}")
     shape = _shape(student, "student")
     if _shape(teacher, "teacher") != shape:
         raise ValueError(f"student and teacher shapes differ: {tuple(shape)} vs {tuple(teacher.shape)}")
@@ -102,14 +113,15 @@ def divergence(kind: str, student, teacher, mask=None, *, temperature: float = 1
         if not sliced:
             lq = torch.log_softmax(_logits(s, rows, 0, V, temperature), -1)
             lp = torch.log_softmax(_logits(t, rows, 0, V, temperature), -1)
-            return _terms(kind, lp, lq, beta, tv_weight)
+            return _finish(kind, _terms(kind, lp, lq, beta, tv_weight), eta)
         # Two passes over the slices: the log-normalizers first, then the summands with
         # log q = z_s - lse_q and log p = z_t - lse_p, each slice checkpointed on its own.
         bounds = _bounds(V, vocab_chunk_size)
         lse_q = _streamed_logsumexp(s, rows, bounds, temperature, grad)
         lse_p = _streamed_logsumexp(t, rows, bounds, temperature, False)
-        return sum(_call(grad, _slice_terms, kind, s, t, rows, lo, hi, temperature, lse_q, lse_p,
-                         beta, tv_weight) for lo, hi in bounds)
+        parts = [_call(grad, _slice_terms, kind, s, t, rows, lo, hi, temperature, lse_q, lse_p,
+                       beta, tv_weight) for lo, hi in bounds]
+        return _finish(kind, _merge(kind, parts), eta)
 
     values = _over_chunks(rows_fn, shape[:-1].numel(), idx, chunk_size, grad and not sliced)
     return _reduce(values, idx, shape[:-1], reduction)
@@ -187,10 +199,16 @@ def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tens
 
 
 # ---------------------------------------------------------------------------------------------
-# The summands. lp, lq are log p, log q on one vocabulary slice; each returns the sum over it.
+# The summands. lp, lq are log p, log q on one vocabulary slice; each returns the sum over it
+# (nla: log of the sum; lk_hybrid: the sums of its two terms, [N, 2]). Slices combine by
+# `_merge`, and `_finish` turns the whole vocabulary's sums into the per-token loss.
 
 def _terms(kind, lp, lq, beta, tv_weight):
+    if kind == "nla":  # log alpha = log sum exp(min(log p, log q)); clamp: all -inf gives no NaN
+        return torch.logsumexp(torch.minimum(lp, lq).clamp(min=_FMIN), -1)
     p, q = lp.exp(), lq.exp()
+    if kind == "lk_hybrid":
+        return torch.stack([_xlogratio(p, lp, lq), torch.minimum(p, q).sum(-1)], -1)  # KL, alpha
     if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
         return _xlogratio(p, lp, lq)
     if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
@@ -207,6 +225,21 @@ def _terms(kind, lp, lq, beta, tv_weight):
     if kind == "tv":
         return tv
     return (1 - tv_weight) * _xlogratio(p, lp, lq) + tv_weight * tv  # kl_tv
+
+
+def _merge(kind, parts):
+    """The whole vocabulary's sums from the slices' (log alpha adds in log space)."""
+    return torch.logsumexp(torch.stack(parts), 0) if kind == "nla" else sum(parts)
+
+
+def _finish(kind, sums, eta):
+    if kind == "nla":
+        return -sums
+    if kind == "lk_hybrid":
+        kl, alpha = sums.unbind(-1)
+        lam = torch.exp(-eta * alpha.detach())  # the mix follows alpha but is not trained through it
+        return lam * kl + (1 - lam) * (1 - alpha)  # TV = 1 - alpha
+    return sums
 
 
 def _xlogratio(x, lx, ly):

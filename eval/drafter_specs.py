@@ -35,7 +35,7 @@ class DrafterSpecs:
     medusa: str | None = None  # folder of Medusa heads
     medusa_tree: str | None = None  # "auto" (from the heads' measured accuracies) or a JSON list of paths
     tree_nodes: int = 16  # node budget of medusa_tree "auto": 17 tokens per verify stays cheap
-    eagle: str | None = None  # folder of an EAGLE-1/EAGLE-3 head
+    eagle: str | tuple[str, ...] | None = None  # `[NAME=]DIR` of EAGLE-1/EAGLE-3 heads (one or several)
     eagle_tree: str | None = None  # "DEPTH,TOP_K,TOTAL_TOKENS" of an EAGLE-2 dynamic tree
     dflash: tuple[str, ...] = ()  # `[NAME=]DIR` of DFlash heads for this target
     lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
@@ -61,6 +61,11 @@ class DrafterSpecs:
             raise SpecError("--eagle-tree applies to EAGLE heads: give --eagle DIR")
         if self.lossy and not (self.medusa or self.eagle):
             raise SpecError("--lossy applies to Medusa and EAGLE heads: give --medusa DIR or --eagle DIR")
+        eagles = [name for name in eagle_names(self.eagle) if name != "eagle"]
+        taken = set(RESERVED_NAMES) | set(draft_names(self.drafts))
+        for name in eagles:
+            if {f"{name}-chain", f"{name}-tree"} & taken:
+                raise SpecError(f"--eagle {name}=DIR: its rows {name}-chain/{name}-tree take another method's name; pick another NAME")
 
 
 def load_drafters(specs: DrafterSpecs):
@@ -101,10 +106,10 @@ def _checked(model, folder, what: str):
     return model
 
 
-def draft_names(values) -> dict[str, str]:
-    """{method name: folder} of the --draft flags. `NAME=DIR` names a draft; a bare DIR is
-    "draft" when it is the only one, else its folder name, with the parent folder's name in
-    front when two folders share a name (demo-target-cpu/draft, distilled-draft/draft)."""
+def draft_names(values, *, flag: str = "--draft", single: str = "draft") -> dict[str, str]:
+    """{method name: folder} of the --draft (or --eagle) flags. `NAME=DIR` names a draft; a bare
+    DIR is `single` when it is the only one, else its folder name, with the parent folder's name
+    in front when two folders share a name (demo-target-cpu/draft, distilled-draft/draft)."""
     specs = []
     for value in values or []:
         name, sep, folder = str(value).partition("=")
@@ -113,7 +118,7 @@ def draft_names(values) -> dict[str, str]:
         else:
             specs.append((None, str(Path(value).expanduser())))
     if len(specs) == 1 and specs[0][0] is None:
-        return {"draft": specs[0][1]}
+        return {single: specs[0][1]}
     bare = [Path(f).expanduser() for n, f in specs if n is None]
     out: dict[str, str] = {}
     for name, folder in specs:
@@ -123,8 +128,8 @@ def draft_names(values) -> dict[str, str]:
             name = f"{path.parent.name}/{path.name}" if shared else path.name
         if name in out or name in RESERVED_NAMES:
             raise SpecError(
-                f"--draft: two drafts (or a draft and another method) are both named {name!r}; "
-                "name them with --draft NAME=DIR"
+                f"{flag}: two drafters (or one and another method) are both named {name!r}; "
+                f"name them with {flag} NAME=DIR"
             )
         out[name] = folder
     return out
@@ -247,15 +252,25 @@ def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) ->
         print(note, file=sys.stderr)
 
 
+def eagle_names(value) -> dict[str, str]:
+    """{row prefix: folder} of the --eagle flags: one bare DIR is "eagle" (rows eagle-chain,
+    eagle-tree); `NAME=DIR` gives rows NAME-chain and NAME-tree (heads of other toolkits beside
+    draftsmith's, measured by the same decoder)."""
+    values = (value,) if isinstance(value, str) else tuple(value or ())
+    return draft_names(values, flag="--eagle", single="eagle") if values else {}
+
+
 def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    head = load_eagle_head(specs.eagle, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
     options = {"typical": specs.typical}
-    drafters = {"eagle-chain": EagleDrafter(head, name="eagle-chain", **options)}
-    if specs.eagle_tree:
-        tree = parse_eagle_tree(specs.eagle_tree)
-        drafters["eagle-tree"] = EagleDrafter(head, tree=tree, name="eagle-tree", **options)
+    tree = parse_eagle_tree(specs.eagle_tree) if specs.eagle_tree else None
+    drafters = {}
+    for prefix, folder in eagle_names(specs.eagle).items():
+        head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
+        drafters[f"{prefix}-chain"] = EagleDrafter(head, name=f"{prefix}-chain", **options)
+        if tree is not None:
+            drafters[f"{prefix}-tree"] = EagleDrafter(head, tree=tree, name=f"{prefix}-tree", **options)
     return drafters
 
 

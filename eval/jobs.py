@@ -25,6 +25,7 @@ from draftsmith.eval.drafter_specs import (
     SpecError,
     dflash_names,
     draft_names,
+    eagle_names,
     eos_token_id,
     load_chain_drafter,
     load_drafters,
@@ -124,8 +125,8 @@ def run_eval(job: EvalJob) -> dict:
     report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
-    heads = {k: v for k, v in (("medusa", specs.medusa), ("eagle", specs.eagle)) if v}
-    report["drafts"] = {**draft_names(specs.drafts), **heads, **dflash_names(specs.dflash)}
+    heads = {"medusa": specs.medusa} if specs.medusa else {}
+    report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle), **dflash_names(specs.dflash)}
     report["prompts_file"] = str(job.prompts)
     report["draftsmith_version"] = package_version()
     report["torch_version"] = torch.__version__

@@ -1,6 +1,6 @@
 """The measuring commands of `draftsmith`: what a drafter is worth against its target.
 
-    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle DIR | --dflash [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
+    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle [NAME=]DIR ... | --dflash [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
     draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE [--k-max 8] [--write]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
 
@@ -48,7 +48,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
     p.add_argument("--medusa-tree", help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]")
     p.add_argument("--tree-nodes", type=positive_int("--tree-nodes"), default=D.tree_nodes, help="node budget of --medusa-tree auto")
-    p.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout)")
+    p.add_argument("--eagle", action="append", metavar="[NAME=]DIR", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout); repeat for several (rows NAME-chain, NAME-tree)")
     p.add_argument("--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16")
     p.add_argument("--dflash", action="append", metavar="[NAME=]DIR", help="folder of a DFlash block drafter for this target; repeat for several (named NAME, else after the folder)")
     p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
@@ -124,7 +124,7 @@ def _specs(args):
 
     return DrafterSpecs(
         target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup, max_ngram=args.max_ngram,
-        medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=args.eagle,
+        medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=tuple(args.eagle or ()),
         eagle_tree=args.eagle_tree, lossy=args.lossy, typical_epsilon=args.typical_epsilon,
         typical_delta=args.typical_delta, dflash=tuple(args.dflash or ()),
         allow_target_mismatch=args.allow_target_mismatch, device=args.device, dtype=args.dtype,

@@ -415,3 +415,117 @@ def test_unknown_format_and_bad_folders(targets, tmp_path):
     (tmp_path / "junk" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(EagleError, match="not an EAGLE head config"):
         load_eagle(tmp_path / "junk")
+
+
+# ---------------------------------------------------------------------- EAGLE-3 variants (speculators' flags)
+def test_variant_parameters_and_what_trains(targets):
+    target = targets()
+    plain = make(target)
+    n_plain = sum(p.numel() for p in plain.parameters() if p.requires_grad)
+    e31 = make(target, fc_norm=True, norm_output=True)
+    assert [n for n, _ in e31.named_parameters() if n.startswith("fc_norm")] == [f"fc_norm.{i}.weight" for i in range(3)]
+    assert sum(p.numel() for p in e31.parameters() if p.requires_grad) == n_plain + 3 * H
+    gpt_oss = make(target, norm_before_fc=True, embed_requires_grad=True)
+    assert tuple(gpt_oss.input_norm.weight.shape) == (3 * H,) and gpt_oss.embed_tokens.weight.requires_grad
+    assert sum(p.numel() for p in gpt_oss.parameters() if p.requires_grad) == n_plain + 3 * H + V * H
+    with pytest.raises(EagleError, match="exclusive"):
+        make(target, norm_before_fc=True, fc_norm=True)
+    with pytest.raises(EagleError, match="EAGLE-3 options"):
+        make(target, "eagle1", norm_output=True)
+    with pytest.raises(EagleError, match="unknown option.*fc_norms"):
+        make(target, fc_norms=True)
+    with pytest.raises(EagleError, match="fc_norm='yes'; expected true or false"):
+        eagle.EagleConfig(fc_norm="yes")
+
+
+def test_variant_forward_is_what_each_flag_means(targets):
+    target = targets()
+    plain = trained(make(target))
+    ids, _, pos = inputs(plain)
+    aux = torch.randn(2, 6, 3 * H, generator=torch.Generator().manual_seed(4))
+    for flags in ({"fc_norm": True}, {"norm_before_fc": True}, {"norm_output": True}):
+        head = make(target, **flags)
+        missing, _ = head.load_state_dict(plain.state_dict(), strict=False)
+        assert missing == [k for k in head.state_dict() if "norm" in k and k not in plain.state_dict()]
+        with torch.no_grad():
+            for name, p in head.named_parameters():  # the new norms' gains off 1 as well
+                if name.startswith(("fc_norm", "input_norm")):
+                    p.mul_(1.0 + 0.5 * torch.arange(p.shape[0]) / p.shape[0])
+            feature = head.project(aux)
+            if "fc_norm" in flags:  # one RMSNorm per aux state, then the concat
+                parts = [norm(part) for norm, part in zip(head.fc_norm, aux.chunk(3, dim=-1))]
+                torch.testing.assert_close(feature, head.fc(torch.cat(parts, -1)))
+            elif "norm_before_fc" in flags:
+                torch.testing.assert_close(feature, head.fc(head.input_norm(aux)))
+            out, logits = head(ids, feature, position_ids=pos)
+            head.config.norm_output = False  # the same weights without the flag
+            raw, plain_logits = head(ids, feature, position_ids=pos)
+        torch.testing.assert_close(logits, plain_logits, rtol=0, atol=0)  # the logits never change
+        torch.testing.assert_close(out, head.norm(raw) if "norm_output" in flags else raw, rtol=0, atol=0)
+
+
+def test_eagle31_vllm_export_round_trip_and_sglang_refusal(targets, tmp_path):
+    target = targets()
+    head = trained(make(target, fc_norm=True, norm_output=True, embed_requires_grad=True))
+    out = export_eagle(head, tmp_path / "vllm", "vllm")
+    keys = set(load_file(str(out / "model.safetensors")))
+    assert keys == set(VLLM_KEYS) | {"d2t", "t2d"} | {f"fc_norm.{i}.weight" for i in range(3)}
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["fc_norm"], cfg["norm_output"], cfg["embed_requires_grad"], cfg["norm_before_fc"]) == (True, True, True, False)
+    back = load_eagle(out, target=target)
+    assert (back.config.fc_norm, back.config.norm_output) == (True, True) and back.embed_tokens.weight.requires_grad
+    for a, b in zip(outputs(back), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(EagleError, match="fc_norm/norm_output.*--format vllm"):
+        export_eagle(head, tmp_path / "sglang", "sglang")
+    gpt_oss = trained(make(target, norm_before_fc=True))
+    out = export_eagle(gpt_oss, tmp_path / "gpt-oss", "vllm")
+    assert "input_norm.weight" in load_file(str(out / "model.safetensors"))
+    for a, b in zip(outputs(load_eagle(out)), outputs(gpt_oss)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_draft_narrower_than_its_target(targets, tmp_path):
+    target = targets()
+    layer = make(target).config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures"):
+        layer.pop(key, None)
+    config = eagle.EagleConfig(**{**layer, "hidden_size": 32, "head_dim": 8, "target_hidden_size": H, "draft_vocab_size": V})
+    head = trained(EagleHead(config))
+    assert tuple(head.fc.weight.shape) == (32, 3 * H) and tuple(head.embed_tokens.weight.shape) == (V, 32)
+    head.check_target(target)  # fc reads the target's width: the hidden sizes that must match do
+    back = load_eagle(export_eagle(head, tmp_path / "vllm", "vllm"))
+    assert back.config.target_hidden_size == H
+    ids, _, pos = inputs(head)
+    feature = torch.randn(2, 6, 3 * H)
+    with torch.no_grad():
+        for a, b in zip(back(ids, back.project(feature), position_ids=pos), head(ids, head.project(feature), position_ids=pos)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"fc_norm": "yes"}, "fc_norm='yes'"),
+    ({"fc_norm": True, "norm_before_fc": True}, "exclusive"),
+    ({"transformer_layer_config": {"num_hidden_layers": 2}}, "2 decoder layers"),
+    ({"target_hidden_size": 0}, "target_hidden_size=0"),
+])  # fmt: skip
+def test_bad_speculators_configs_name_the_flag(targets, tmp_path, edit, named):
+    out = export_eagle(make(targets()), tmp_path / "vllm", "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    for key, value in edit.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EagleError, match=named):
+        load_eagle(out)
+
+
+def test_a_sliding_window_draft_loads_with_a_warning(targets, tmp_path):
+    head = trained(make(targets()))
+    out = export_eagle(head, tmp_path / "vllm", "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=2048)  # speculators' default
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048 tokens"):
+        back = load_eagle(out)
+    for a, b in zip(outputs(back), outputs(head)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -133,6 +133,46 @@ def test_soft_ce_and_kl_tv_are_their_compositions():
     assert divergence("kl_tv", s, t, tv_weight=0.0) == forward_kl(s, t)
 
 
+def test_nla_and_lk_hybrid_by_hand():
+    # Two tokens written out: p = (0.7, 0.2, 0.1), q = (0.4, 0.4, 0.2), so alpha = sum min(p, q)
+    # = 0.4 + 0.2 + 0.1 = 0.7 and TV = 0.3; KL(p || q) = sum p log(p / q).
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.25, 0.25]])
+    q = torch.tensor([[0.4, 0.4, 0.2], [0.5, 0.25, 0.25]])
+    t, s = p.log() + 1.0, q.log() - 2.0  # logits up to a constant
+    alpha = torch.tensor([0.7, 1.0])
+    kl_pq = torch.tensor([0.7 * math.log(0.7 / 0.4) + 0.2 * math.log(0.5) + 0.1 * math.log(0.5), 0.0])
+    torch.testing.assert_close(divergence("nla", s, t, reduction="none"), -alpha.log())
+    lam = torch.exp(-3.0 * alpha)  # eta = 3: lambda = exp(-2.1) = 0.122 on the first token
+    expected = lam * kl_pq + (1 - lam) * (1 - alpha)
+    torch.testing.assert_close(divergence("lk_hybrid", s, t, reduction="none"), expected)
+    torch.testing.assert_close(divergence("lk_hybrid", s, t, eta=0.0, reduction="none"), kl_pq)  # lambda = 1
+    # Far apart (alpha ~ e^-40, below float32's p but not its log): nla stays finite and exact.
+    far_s, far_t = torch.tensor([[40.0, 0.0]]), torch.tensor([[0.0, 40.0]])
+    torch.testing.assert_close(divergence("nla", far_s, far_t), torch.tensor(40.0 - math.log(2.0)), atol=1e-4, rtol=0)
+
+
+def test_nla_and_lk_hybrid_gradients():
+    s, t = make(70, scale=2.0).requires_grad_(), make(71, scale=2.0)
+    alpha = torch.minimum(F.softmax(s, -1), F.softmax(t, -1)).sum(-1).detach()
+    def rows(kind):
+        return divergence(kind, s, t, reduction="none")
+
+    # -log alpha: d/ds = d TV/ds / alpha, row by row (TV = 1 - alpha).
+    (g_nla,) = grad_of(divergence("nla", s, t, reduction="sum"), s)
+    (g_tv,) = grad_of((rows("tv") / alpha).sum(), s)
+    torch.testing.assert_close(g_nla, g_tv)
+    # The hybrid's weight is not differentiated: its gradient is lambda dKL + (1 - lambda) dTV.
+    lam = torch.exp(-3.0 * alpha)
+    (g_lk,) = grad_of(divergence("lk_hybrid", s, t, reduction="sum"), s)
+    (g_mix,) = grad_of((lam * rows("forward_kl") + (1 - lam) * rows("tv")).sum(), s)
+    torch.testing.assert_close(g_lk, g_mix)
+    # Direction: a small step against each gradient raises acceptance on every row.
+    for g in (g_nla, g_lk):
+        stepped = (s - 0.05 * g).detach()
+        after = torch.minimum(F.softmax(stepped, -1), F.softmax(t, -1)).sum(-1)
+        assert bool((after > alpha).all()), (after - alpha)
+
+
 def test_teacher_gets_no_gradient():
     s, t = make(14).requires_grad_(), make(15).requires_grad_()
     for kind in DIVERGENCES:
@@ -302,6 +342,7 @@ def test_bf16_inputs_are_computed_in_fp32(kind):
     (dict(beta=-0.1), "beta"),
     (dict(beta=1.5), "beta"),
     (dict(tv_weight=2.0), "tv_weight"),
+    (dict(eta=-1.0), "eta"),
     (dict(reduction="avg"), "reduction"),
     (dict(chunk_size=0), "chunk_size"),
     (dict(vocab_chunk_size=-4), "vocab_chunk_size"),

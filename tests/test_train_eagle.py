@@ -42,6 +42,10 @@ def test_bad_recipes(tmp_path):
     path.write_text("target: t\ndata: d\nout: o\nttt_step: 3\n")
     with pytest.raises(RecipeError, match="unknown key.*ttt_step.*valid keys.*ttt_steps"):
         load_recipe(EagleRecipe, path)
+    with pytest.raises(ValueError, match="loss = 'kl': expected one of .*soft_ce.*nla, lk_hybrid"):
+        EagleRecipe(**base, loss="kl")
+    with pytest.raises(ValueError, match="fc_norm / norm_output are eagle3 options"):
+        EagleRecipe(**base, version="eagle1", norm_output=True)
 
 
 @pytest.mark.parametrize("version, extra", [("eagle3", {"draft_vocab_size": 64, "ttt_steps": 3}), ("eagle1", {})])
@@ -55,6 +59,25 @@ def test_training_lowers_the_loss_and_saves_a_loadable_head(toy_dir, toy_data, t
     assert 1.0 <= summary["eval"]["tau_simulated"] <= 4.0
     if version == "eagle3":
         assert head.config.draft_vocab_size == 64 and summary["vocab_coverage"] > 0.5
+
+
+def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp_path):
+    from draftsmith.eval.runtime import generate
+    from draftsmith.eval.runtime.eagle import EagleDrafter
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "e31"
+    extra = dict(draft_vocab_size=64, ttt_steps=2, fc_norm=True, norm_output=True, loss="lk_hybrid", log_every=1)
+    train(recipe(toy_dir, toy_data, out, **extra), progress=False)
+    values = losses(out)
+    assert len(values) == 12 and all(v == v for v in values) and sum(values[-3:]) / 3 < sum(values[:3]) / 3
+    head = load_eagle(out / "head")
+    assert (head.config.fc_norm, head.config.norm_output) == (True, True)
+    assert not torch.equal(head.fc_norm[0].weight, torch.ones_like(head.fc_norm[0].weight))  # the new norms trained
+    target = AutoModelForCausalLM.from_pretrained(toy_dir / "target").eval()
+    prompt = torch.arange(3, 15)
+    reference = generate(target, None, prompt, max_new_tokens=12).tokens
+    assert generate(target, EagleDrafter(head), prompt, max_new_tokens=12, num_draft_tokens=3).tokens == reference
 
 
 def test_offline_cache_and_mismatches(toy_dir, toy_data, tmp_path, run_cli):
@@ -87,6 +110,17 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     assert code == 0, err
     a, b = load_eagle(head), load_eagle(tmp_path / "hf")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    # Several heads side by side, each named: the same weights measure the same.
+    code, _, err = run_cli([
+        "eval", "--target", toy_dir / "target", "--eagle", f"ours={head}", "--eagle", f"copy={tmp_path / 'hf'}",
+        "--prompts", toy_dir / "prompts.jsonl", "--limit", 1, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
+        "--device", "cpu", "-k", 3, "--no-distances", "--out", tmp_path / "ev2",
+    ])  # fmt: skip
+    assert code == 0, err
+    rows = {r["method"]: r for r in json.loads((tmp_path / "ev2" / "report.json").read_text())["methods"]}
+    assert {"ours-chain", "copy-chain"} <= set(rows) and rows["ours-chain"]["alpha"] == rows["copy-chain"]["alpha"]
+    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", f"medusa={head}", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
+    assert code == 2 and "another method's name" in err
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--prompt-lookup", "--eagle-tree", "2,2,4", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
     assert code == 2 and "give --eagle DIR" in err
     code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", head, "--eagle-tree", "2,2", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])

@@ -15,10 +15,11 @@ predicts token t+2 (its output g_t is the next step's feature when drafting furt
   default (2, L//2, L-3)); training-time test: the head is unrolled `ttt_steps` times, step j
   feeding its own output of step j-1 as the feature (tokens stay the data's), attending to the
   step-0 keys of positions <= t and to its own earlier steps at t; loss = sum_j ttt_decay^j
-  soft CE against the target's distribution restricted to the draft vocabulary (positions
-  whose target argmax falls outside it are masked). The reduced draft vocabulary comes from
+  `loss` (default soft CE; nla / lk_hybrid are the LK losses) against the target's
+  distribution restricted to the draft vocabulary (positions whose target argmax falls
+  outside it are masked). The reduced draft vocabulary comes from
   the data's trained-token counts (`draft_vocab_size`) or a `vocab_map` file built from the
-  same data (a map of other data is refused).
+  same data (a map of other data is refused). EAGLE-3.1: `fc_norm=true norm_output=true`.
 - online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
   folder holding the aux layers and `last`); held-out per-step top-1 accuracy and simulated
   chain tau every `eval_every` steps; checkpoints and `resume=true` as for Medusa.
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.acceptance import simulated_tau
-from draftsmith.distill.losses import divergence, smooth_l1
+from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.common import check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts, split_rows
 from draftsmith.train.common import to_device
 from draftsmith.train.loop import train_loop
@@ -53,6 +54,9 @@ class EagleRecipe(RunRecipe):
     aux_layers: list | None = None  # eagle3: HF hidden_states ids; default (2, L//2, L-3)
     draft_vocab_size: int | None = None  # eagle3: reduced vocabulary from the data (None = full)
     vocab_map: str | None = None  # eagle3: a `draftsmith vocab-map` file of this data instead
+    fc_norm: bool = False  # eagle3 (EAGLE-3.1): an RMSNorm per aux layer before fc, each on its own scale
+    norm_output: bool = False  # eagle3 (EAGLE-3.1): each TTT step reads norm(out), steadier over depths
+    loss: str = "soft_ce"  # divergence to the target per draft step: any of DIVERGENCES (LK: nla, lk_hybrid)
     ttt_steps: int = 7  # eagle3 training-time test unroll (EAGLE-3: 7)
     ttt_decay: float = 0.8  # weight of step j: decay^j
     eval_depth: int = 4  # held-out accuracy is measured this many draft steps deep (any ttt_steps)
@@ -71,6 +75,10 @@ class EagleRecipe(RunRecipe):
             raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ValueError(f"draft_vocab_size = {self.draft_vocab_size} must be >= 1 (or unset for the full vocabulary)")
+        if self.version == "eagle1" and (self.fc_norm or self.norm_output):
+            raise ValueError("fc_norm / norm_output are eagle3 options (EAGLE-3.1)")
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
         for name in ("ttt_steps", "eval_depth"):
@@ -145,7 +153,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
         if vocab is not None:
             in_vocab = head.t2d[target_logits.argmax(-1)]
             label_mask = label_mask & in_vocab
-        loss = divergence("soft_ce", logits.float(), restricted.float(), label_mask)
+        loss = divergence(recipe.loss, logits.float(), restricted.float(), label_mask)
         if recipe.version == "eagle1":
             feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
             loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(out.float(), feats[:, 1:].float(), feature_mask)
@@ -208,6 +216,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         head = EagleHead.for_target(
             target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
             target_name_or_path=recipe.target, data_hash=data.data_hash,
+            fc_norm=recipe.fc_norm, norm_output=recipe.norm_output,
         ).to(device)  # fmt: skip
     except EagleError as err:
         raise RecipeError(str(err)) from None

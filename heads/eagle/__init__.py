@@ -1,4 +1,5 @@
-"""EAGLE heads (EAGLE-1 and EAGLE-3): the model (`model.py`) and its layouts on disk (`formats.py`)."""
+"""EAGLE heads (EAGLE-1, EAGLE-3 and its variants, EAGLE-3.1 among them): the model (`model.py`)
+and its layouts on disk (`formats.py`)."""
 
 from draftsmith.heads.eagle.formats import (
     EXPORT_FORMATS,
@@ -22,6 +23,7 @@ from draftsmith.heads.eagle.model import (
     EagleDecoderLayer,
     EagleError,
     EagleHead,
+    VARIANT_FLAGS,
     VERSIONS,
     default_aux_layer_ids,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "SGLANG_KEYS",
     "SPECULATORS_ARCHITECTURE",
     "SPECULATORS_VERSION",
+    "VARIANT_FLAGS",
     "VERSIONS",
     "VLLM_KEYS",
     "VOCAB_MAP_KEYS",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
-from draftsmith.heads.eagle.model import EagleConfig, EagleError, EagleHead
+from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
 WEIGHTS = "model.safetensors"
@@ -58,6 +59,10 @@ VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both
 def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
     base = VLLM_KEYS if fmt == "vllm" else SGLANG_KEYS
     keys = set(base)
+    if config.norm_before_fc:  # speculators' names (sglang refuses these variants earlier)
+        keys.add("input_norm.weight")
+    if config.fc_norm:
+        keys |= {f"fc_norm.{i}.weight" for i in range(config.num_aux)}
     if config.attention_bias:  # vLLM builds q/k/v/o with bias=attention_bias (SGLang refuses it earlier)
         prefix = "layers.0." if fmt == "vllm" else "midlayer."
         keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
@@ -117,12 +122,8 @@ def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
         "draft_vocab_size": c.draft_vocab_size,
         "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
         # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
-        "norm_before_residual": bool(c.norm_before_residual),
-        "norm_before_fc": False,  # no input_norm over the concatenated aux states
-        "norm_output": False,
-        "fc_norm": False,
-        "embed_requires_grad": False,
-        "target_hidden_size": None,  # null = the draft's hidden size (same as the target's)
+        **{flag: bool(getattr(c, flag)) for flag in VARIANT_FLAGS},
+        "target_hidden_size": c.target_hidden_size,  # null = the draft's hidden size (same as the target's)
         "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config_dict(c),
         "speculators_config": {
@@ -173,8 +174,12 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
             f"export to {fmt!r}: aux layer id {max(c.aux_layer_ids)} is the target's post-norm output; servers capture "
             f"only layer inputs (ids 0..{L - 1})"
         )
-    if fmt == "sglang" and (c.attention_bias or c.norm_before_residual):
-        raise EagleError("export to 'sglang': SGLang's Eagle3 layer has no attention bias and no norm_before_residual variant")
+    unsupported = [flag for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if getattr(c, flag)]
+    if fmt == "sglang" and (c.attention_bias or unsupported or c.target_hidden_size not in (None, c.hidden_size)):
+        raise EagleError(
+            f"export to 'sglang': SGLang's Eagle3 layer has no attention bias, no {'/'.join(unsupported) or 'norm'} "
+            "variant and no draft narrower than its target; export this head with --format vllm"
+        )
 
 
 # ---------------------------------------------------------------------- writing
@@ -281,18 +286,19 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
 def _load_vllm(path: Path, raw: dict) -> EagleHead:
     if raw.get("speculators_model_type") != "eagle3":
         raise EagleError(f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'eagle3' is supported")
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if raw.get(flag):
-            raise EagleError(f"{str(path)!r}: {flag}=true is a speculators variant draftsmith does not implement")
-    if raw.get("target_hidden_size") not in (None, (raw.get("transformer_layer_config") or {}).get("hidden_size")):
-        raise EagleError(f"{str(path)!r}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise EagleError(f"{str(path)!r}: config.json has no transformer_layer_config")
+    # The variant flags as speculators writes them (absent = off); vLLM reads a missing
+    # norm_before_residual as True (speculators' own default is False), so that one follows vLLM.
+    variant = {flag: raw.get(flag, False) for flag in VARIANT_FLAGS}
+    variant["norm_before_residual"] = raw.get("norm_before_residual", True)
+    for flag, value in variant.items():
+        if not isinstance(value, bool):
+            raise EagleError(f"{str(path / 'config.json')!r}: {flag}={value!r}; expected true or false")
+    variant["target_hidden_size"] = raw.get("target_hidden_size")
     state = _read_weights(path / WEIGHTS)
-    # vLLM reads a missing norm_before_residual as True (speculators' own default is False).
-    return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"),
-                       bool(raw.get("norm_before_residual", True)), raw.get("draft_vocab_size"))  # fmt: skip
+    return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"), variant, raw.get("draft_vocab_size"))
 
 
 def _load_sglang(path: Path, raw: dict) -> EagleHead:
@@ -304,14 +310,24 @@ def _load_sglang(path: Path, raw: dict) -> EagleHead:
     for key, tensor in _read_weights(path / WEIGHTS).items():
         key = key.removeprefix("model.")
         state["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = tensor
-    return _from_state(path, raw, raw, state, ids, False, raw.get("draft_vocab_size"))
+    variant = {"target_hidden_size": raw.get("target_hidden_size")}
+    return _from_state(path, raw, raw, state, ids, variant, raw.get("draft_vocab_size"))
 
 
-def _from_state(path, raw, layer: dict, state, aux_ids, norm_before_residual, draft_vocab) -> EagleHead:
+def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_vocab) -> EagleHead:
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     fc = state.get("fc.weight")
     if fc is None or "embed_tokens.weight" not in state:
         raise EagleError(f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)")
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise EagleError(f"{str(path)!r}: the draft has {layer['num_hidden_layers']} decoder layers; draftsmith's EAGLE-3 head has one")
+    if "sliding_attention" in (layer.get("layer_types") or []) and layer.get("sliding_window"):
+        # speculators' trainer default: the draft attends to the last `sliding_window` tokens only.
+        warnings.warn(
+            f"{str(path)!r}: the draft layer was trained with sliding-window attention over {layer['sliding_window']} "
+            "tokens; draftsmith's head attends to the whole context (the same up to that length; decoding stays lossless)",
+            stacklevel=3,
+        )
     H = layer.get("hidden_size", fc.shape[0])
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
@@ -339,11 +355,13 @@ def _from_state(path, raw, layer: dict, state, aux_ids, norm_before_residual, dr
             vocab_size=V,
             draft_vocab_size=draft_vocab or state["lm_head.weight"].shape[0],
             aux_layer_ids=list(aux_ids),
-            norm_before_residual=norm_before_residual,
+            **variant,
             **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k != "aux_layer_ids"},
         )
     except KeyError as err:
         raise EagleError(f"{str(path / 'config.json')!r} lacks {err.args[0]!r}") from None
+    except EagleError as err:
+        raise EagleError(f"{str(path / 'config.json')!r}: {err}") from None
     if config.target_name_or_path is None:
         verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
         config.target_name_or_path = verifier.get("name_or_path")

@@ -20,6 +20,13 @@ Both versions read, at position t, the embedding of token t+1 and a feature of p
   residual stream is h itself (vLLM/speculators `norm_before_residual: false`). Logits come from
   lm_head(norm(out)) over a reduced draft vocabulary; `out` (before the norm) is what the next
   draft step reads as `hidden`.
+- EAGLE-3 variants (speculators' config flags, all off by default, each a real option here):
+  `norm_before_fc` one RMSNorm over the concatenated aux states before fc (`input_norm`);
+  `fc_norm` (EAGLE-3.1) one RMSNorm per aux state before the concat (`fc_norm.{i}`), exclusive
+  with norm_before_fc; `norm_output` (EAGLE-3.1) the next step reads norm(out) instead of out
+  (the logits are lm_head(norm(out)) either way); `norm_before_residual` residual =
+  hidden_norm(h); `embed_requires_grad` the embeddings train; `target_hidden_size` the width of
+  the target's states that fc reads (None = hidden_size: the draft is as wide as the target).
 
 Auxiliary layer ids are HF `output_hidden_states` indices: i = the INPUT of decoder layer i
 (0 = the embedding output), L = the last layer's output after the final norm. Default for
@@ -58,6 +65,9 @@ from transformers.models.llama.modeling_llama import (
 
 
 VERSIONS = ("eagle1", "eagle3")
+# EagleConfig's switches of the EAGLE-3 layer as speculators' config spells them (module docstring);
+# target_hidden_size is not one: a head built for a target is always as wide as the target.
+VARIANT_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
 
 
 class EagleError(ValueError):
@@ -95,6 +105,11 @@ class EagleConfig(PretrainedConfig):
         draft_vocab_size: int | None = None,  # eagle3: reduced vocabulary; None = vocab_size
         aux_layer_ids: list[int] | None = None,  # HF hidden_states indices; see default_aux_layer_ids
         norm_before_residual: bool = False,  # speculators variant: residual = hidden_norm(h); draftsmith trains False
+        norm_before_fc: bool = False,  # eagle3: RMSNorm over the concatenated aux states before fc (`input_norm`)
+        fc_norm: bool = False,  # eagle3 (EAGLE-3.1): an RMSNorm per aux state before the concat (`fc_norm.{i}`)
+        norm_output: bool = False,  # eagle3 (EAGLE-3.1): feed norm(out) back, steadier magnitudes over depths
+        embed_requires_grad: bool = False,  # the embeddings train too (default: the target's, frozen)
+        target_hidden_size: int | None = None,  # eagle3: width of the target's aux states; None = hidden_size
         initializer_range: float = 0.02,
         target_name_or_path: str | None = None,
         target_revision: str | None = None,
@@ -119,6 +134,16 @@ class EagleConfig(PretrainedConfig):
             )
         if not 1 <= draft_vocab_size <= vocab_size:
             raise EagleError(f"EagleConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
+        variants = {"norm_before_fc": norm_before_fc, "fc_norm": fc_norm, "norm_output": norm_output}
+        for name, value in {**variants, "norm_before_residual": norm_before_residual, "embed_requires_grad": embed_requires_grad}.items():
+            if not isinstance(value, bool):
+                raise EagleError(f"EagleConfig: {name}={value!r}; expected true or false")
+        if version == "eagle1" and (any(variants.values()) or target_hidden_size is not None):
+            raise EagleError(f"EagleConfig: {', '.join(variants)} and target_hidden_size are EAGLE-3 options (version eagle1)")
+        if norm_before_fc and fc_norm:
+            raise EagleError("EagleConfig: norm_before_fc and fc_norm are exclusive: one norm over the concat or one per aux state")
+        if target_hidden_size is not None and not (isinstance(target_hidden_size, int) and target_hidden_size > 0):
+            raise EagleError(f"EagleConfig: target_hidden_size={target_hidden_size!r}; expected a positive int or null")
         if aux_layer_ids is None:
             L = target_num_layers
             aux_layer_ids = ([L] if version == "eagle1" else default_aux_layer_ids(L)) if L is not None else []
@@ -137,6 +162,8 @@ class EagleConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
         self.norm_before_residual = norm_before_residual
+        self.norm_before_fc, self.fc_norm, self.norm_output = norm_before_fc, fc_norm, norm_output
+        self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
         self.initializer_range = initializer_range
         self.target_name_or_path = target_name_or_path
         self.target_revision = target_revision
@@ -150,6 +177,11 @@ class EagleConfig(PretrainedConfig):
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids)
+
+    @property
+    def aux_hidden_size(self) -> int:
+        """Width of one target hidden state as fc reads it (the target's hidden size)."""
+        return self.target_hidden_size or self.hidden_size
 
     def layer_config(self) -> LlamaConfig:
         """The decoder layer as a 1-layer llama config (RoPE and MLP are built from it; the vLLM
@@ -287,7 +319,12 @@ class EagleHead(PreTrainedModel):
         self.eagle3 = config.version == "eagle3"
         self.embed_tokens = nn.Embedding(V, H)
         if self.eagle3:
-            self.fc = nn.Linear(config.num_aux * H, H, bias=False)
+            n, Ht, eps = config.num_aux, config.aux_hidden_size, config.rms_norm_eps
+            if config.norm_before_fc:
+                self.input_norm = LlamaRMSNorm(n * Ht, eps=eps)
+            if config.fc_norm:
+                self.fc_norm = nn.ModuleList([LlamaRMSNorm(Ht, eps=eps) for _ in range(n)])
+            self.fc = nn.Linear(n * Ht, H, bias=False)
         else:
             self.fc = nn.Linear(2 * H, H, bias=True)
         self.layers = nn.ModuleList([EagleDecoderLayer(config)])
@@ -311,9 +348,9 @@ class EagleHead(PreTrainedModel):
         return self
 
     def _freeze(self) -> None:
-        # Target copies never train: EAGLE's embeddings are the target's, and EAGLE-1's lm_head is
-        # the target's (its loss targets are that head's outputs).
-        self.embed_tokens.weight.requires_grad_(False)
+        # Target copies never train: EAGLE's embeddings are the target's (unless embed_requires_grad),
+        # and EAGLE-1's lm_head is the target's (its loss targets are that head's outputs).
+        self.embed_tokens.weight.requires_grad_(self.config.embed_requires_grad)
         if not self.eagle3:
             self.lm_head.weight.requires_grad_(False)
 
@@ -328,14 +365,19 @@ class EagleHead(PreTrainedModel):
         vocab_map=None,
         target_name_or_path: str | None = None,
         data_hash: str | None = None,
+        **variant,
     ) -> EagleHead:
         """A head shaped like `target`'s decoder layers, on its device and dtype: embeddings copied
-        (frozen), lm_head copied (EAGLE-1: frozen; EAGLE-3: the rows of the draft vocabulary)."""
+        (frozen), lm_head copied (EAGLE-1: frozen; EAGLE-3: the rows of the draft vocabulary).
+        `variant`: EAGLE-3 flags of `EagleConfig` (VARIANT_FLAGS, e.g. fc_norm=True, norm_output=True)."""
         from draftsmith.heads.vocab_map import VocabMapError, check_consistent
         from draftsmith.heads.models import target_fingerprint
 
         if version not in VERSIONS:
             raise EagleError(f"version {version!r}: expected one of {', '.join(map(repr, VERSIONS))}")
+        unknown = sorted(set(variant) - set(VARIANT_FLAGS))
+        if unknown:
+            raise EagleError(f"for_target: unknown option(s) {unknown}; variant flags are {', '.join(VARIANT_FLAGS)}")
         tc = target.config.get_text_config()
         L, H = tc.num_hidden_layers, tc.hidden_size
         lm_weight, embed_weight = _output_weight(target), _input_weight(target)
@@ -392,6 +434,7 @@ class EagleHead(PreTrainedModel):
             target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
             data_hash=data_hash,
             vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+            **variant,
         )
         head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
         with torch.no_grad():
@@ -412,13 +455,19 @@ class EagleHead(PreTrainedModel):
         EAGLE-1: the identity (its fc reads the embedding too, inside `forward`)."""
         if not self.eagle3:
             return aux_hidden
-        expected = self.config.num_aux * self.config.hidden_size
+        c = self.config
+        expected = c.num_aux * c.aux_hidden_size
         if aux_hidden.shape[-1] != expected:
             raise EagleError(
-                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, expected {self.config.num_aux} "
-                f"layers {self.config.aux_layer_ids} x hidden {self.config.hidden_size} = {expected}"
+                f"project: the aux hidden states are {aux_hidden.shape[-1]} wide, expected {c.num_aux} "
+                f"layers {c.aux_layer_ids} x hidden {c.aux_hidden_size} = {expected}"
             )
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        x = aux_hidden.to(self.fc.weight.dtype)
+        if c.norm_before_fc:
+            x = self.input_norm(x)
+        if c.fc_norm:  # each layer's state on its own scale: deep layers' norms grow with depth
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(c.num_aux, dim=-1))], dim=-1)
+        return self.fc(x)
 
     def forward(
         self,
@@ -458,8 +507,11 @@ class EagleHead(PreTrainedModel):
         x = hidden if self.eagle3 else self.fc(torch.cat([embeds, hidden], dim=-1))
         cos, sin = self.rotary_emb(x, position_ids)
         out = self.layers[0](embeds, x, cos, sin, mask, cache)
-        logits = self.lm_head(self.norm(out) if self.eagle3 else out)
-        return out, logits
+        if not self.eagle3:
+            return out, self.lm_head(out)
+        normed = self.norm(out)
+        # EAGLE-3.1 norm_output: the next step reads the post-norm state (the logits are the same).
+        return (normed if self.config.norm_output else out), self.lm_head(normed)
 
     @staticmethod
     def _mask(mask, B, T, past, dtype, device) -> torch.Tensor:
@@ -498,7 +550,7 @@ class EagleHead(PreTrainedModel):
         trained_on = c.target_name_or_path or "an unrecorded target"
         vocab = _output_weight(target).shape[0]
         checks = [
-            ("hidden size", c.hidden_size, tc.hidden_size),
+            ("hidden size", c.aux_hidden_size, tc.hidden_size),
             ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
             ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),

@@ -1,0 +1,156 @@
+"""The speculators side of tests/test_speculators_interop.py, run by the interpreter of a venv
+that holds speculators 0.9.0 (never by draftsmith's, which does not install it).
+
+    python speculators_judge.py JOBS.json   # [{"check": [DIR, INPUTS, OUT]}, {"build": [...]}, {"train": [...]}]
+
+One process runs every job (importing speculators costs most of a minute on a busy machine).
+`check DIR INPUTS OUT`: a checkpoint judged by speculators; `build DIR VERIFIER FLAGS INPUTS
+OUT`: a checkpoint built by speculators' model class; `train DATA OUT VERIFIER`: a real
+`speculators train` run on CPU (its own data layout written from the verifier's greedy
+continuations, four steps, its defaults otherwise).
+
+`check`: the config must parse as speculators' registered EAGLE-3 config; the weights' keys and
+shapes must equal those of a model freshly built from it (less what speculators never saves);
+`from_pretrained` must load them (speculators fills the embeddings and lm_head with NaN until
+loaded, so finite weights mean every tensor arrived). `build`: the model the speculators trainer
+starts from (the layer config of `speculators.train.cli`, `Eagle3DraftModel.from_training_args`
+with the variant FLAGS, a JSON object, a reduced vocabulary, the verifier's embeddings and
+lm_head), its trainable tensors moved off their init, saved with `save_pretrained`. `check`
+and `build` then run speculators' own forward on INPUTS
+(`hidden_states` [1, T, n*H], `input_ids` [1, T]) for two training-time-test steps and write
+the draft logits of each step to OUT (`step0`, `step1`); the list of JSON reports (one per job)
+goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from speculators import SpeculatorModel, SpeculatorModelConfig
+from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+from speculators.train.cli import create_transformer_layer_config
+
+ATTENTION = "sdpa"  # the flex-attention default needs a GPU compiler; sdpa is the same maths
+
+
+def _logits(model, inputs_file: str, out_file: str) -> None:
+    inputs = load_file(inputs_file)
+    captured = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out.detach().clone()))
+    with torch.no_grad():
+        model.eval()(
+            hidden_states=inputs["hidden_states"], input_ids=inputs["input_ids"],
+            document_ids=torch.zeros_like(inputs["input_ids"]), ttt_steps=2,
+        )  # fmt: skip
+    hook.remove()
+    save_file({f"step{i}": t.contiguous() for i, t in enumerate(captured)}, out_file)
+
+
+def check(folder: str, inputs_file: str, out_file: str) -> dict:
+    """Also for speculators' own checkpoints: loaded in float32 whatever they were saved in."""
+    config = SpeculatorModelConfig.from_pretrained(folder)
+    config.transformer_layer_config._attn_implementation = ATTENTION
+    fresh = SpeculatorModel.registered_model_class_from_config(config)(config)
+    never_saved = set(fresh._keys_to_ignore_on_save or [])
+    expected = {k: list(v.shape) for k, v in fresh.state_dict().items() if k not in never_saved}
+    written = {k: list(v.shape) for k, v in load_file(f"{folder}/model.safetensors").items()}
+    model = Eagle3DraftModel.from_pretrained(folder, config=config, dtype=torch.float32)
+    finite = {k: bool(torch.isfinite(v.float()).all()) for k, v in model.state_dict().items()}
+    _logits(model, inputs_file, out_file)
+    return {
+        "config_class": type(config).__name__,
+        "model_class": type(model).__name__,
+        "missing": sorted(set(expected) - set(written)),
+        "unexpected": sorted(set(written) - set(expected)),
+        "shape_mismatches": sorted(k for k in set(expected) & set(written) if expected[k] != written[k]),
+        "not_finite": sorted(k for k, ok in finite.items() if not ok),
+        "flags": {k: getattr(config, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual",
+                                                   "embed_requires_grad", "target_hidden_size")},
+    }  # fmt: skip
+
+
+def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: str) -> dict:
+    flags = json.loads(flags)
+    # The trainer's own draft layer config: one llama layer shaped from the verifier, its defaults
+    # (sliding-window attention over 2048 tokens, which a 12-token test never reaches).
+    layer_config = create_transformer_layer_config(
+        verifier, num_layers=1, draft_arch="llama", hidden_act=None, sliding_window=2048, full_attention_indices=[]
+    )
+    V = layer_config.vocab_size
+    draft_vocab = flags.pop("draft_vocab_size", V)
+    target_ids = torch.arange(0, V, max(V // draft_vocab, 1))[:draft_vocab]  # a spread-out draft vocabulary
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[target_ids] = True
+    d2t = target_ids - torch.arange(draft_vocab)
+    model = Eagle3DraftModel.from_training_args(
+        layer_config, t2d=t2d, d2t=d2t, draft_vocab_size=draft_vocab, ttt_steps=3,
+        verifier_name_or_path=verifier, draft_attn_impl=ATTENTION, **{"norm_before_residual": False, **flags},
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # off the init (norms at 1, small weights), so that loading is tested
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in name else 0.05))
+    model.save_pretrained(folder)
+    _logits(model, inputs_file, out_file)
+    assert isinstance(model.config, Eagle3SpeculatorConfig)
+    return {"saved": sorted(load_file(f"{folder}/model.safetensors"))}
+
+
+def train(data: str, out: str, verifier: str) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    import speculators.train.checkpointer
+    import speculators.train.trainer
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    # speculators' data layout: a datasets folder (input_ids, loss_mask, seq_len) and, per row,
+    # hidden_states/hs_{i}.safetensors with the aux layers' states and the last layer's output
+    # BEFORE the final norm, [T, 4, H], and the token ids.
+    target = AutoModelForCausalLM.from_pretrained(verifier).eval()
+    (Path(data) / "hidden_states").mkdir(parents=True)
+    rows, gen = {"input_ids": [], "loss_mask": [], "seq_len": []}, torch.Generator().manual_seed(0)
+    for i in range(8):
+        prompt = torch.randint(3, target.config.vocab_size, (1, 6), generator=gen)
+        ids = target.generate(prompt, max_new_tokens=26, do_sample=False)[0]
+        last = {}
+        def keep(_module, _args, out):
+            last["x"] = out[0] if isinstance(out, tuple) else out
+
+        hook = target.model.layers[-1].register_forward_hook(keep)
+        with torch.no_grad():
+            states = target(ids[None], output_hidden_states=True).hidden_states
+        hook.remove()
+        stacked = torch.stack([states[k][0] for k in (1, 2, 3)] + [last["x"][0]], dim=1)
+        save_file({"hidden_states": stacked.contiguous(), "token_ids": ids}, f"{data}/hidden_states/hs_{i}.safetensors")
+        rows["input_ids"].append(ids.tolist())
+        rows["loss_mask"].append([0] * 6 + [1] * (len(ids) - 6))  # the continuation is trained
+        rows["seq_len"].append(len(ids))
+    dataset = Dataset.from_dict(rows)
+    dataset.set_format("torch")
+    dataset.save_to_disk(data)
+    # On CPU: the trainer asks for a local GPU rank and device and synchronizes the accelerator.
+    speculators.train.trainer.get_local_rank = lambda: "cpu"
+    speculators.train.checkpointer.get_current_device = lambda: "cpu"
+    torch.accelerator.synchronize = lambda *args, **kwargs: None
+    main(TrainConfig.resolve([
+        "--verifier-name-or-path", verifier, "--data-path", data, "--speculator-type", "eagle3", "--save-path", out,
+        "--target-layer-ids", "1", "2", "3", "--draft-attn-impl", ATTENTION, "--loss-implementation", "eager",
+        "--epochs", "1", "--max-steps", "4", "--num-workers", "0", "--hidden-states-dtype", "float32",
+        "--total-seq-len", "64", "--on-missing", "raise",
+    ]))  # fmt: skip
+    return {"checkpoints": sorted(p.name for p in Path(out).iterdir())}
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], encoding="utf-8") as f:
+        jobs = json.load(f)
+    commands = {"check": check, "build": build, "train": train}
+    print(json.dumps([commands[name](*args) for job in jobs for name, args in job.items()]))

@@ -1,0 +1,189 @@
+"""EAGLE-3 / EAGLE-3.1 interop with the real speculators 0.9.0, in its own venv (speculators pins
+transformers <= 5.19 and cannot share draftsmith's environment).
+
+Both directions, every variant flag speculators writes:
+- draftsmith -> speculators: each `export_eagle(.., "vllm")` parses as speculators' registered
+  EAGLE-3 config, has exactly the keys and shapes of a model speculators builds from it, loads
+  with `from_pretrained` into finite weights, and speculators' forward gives draftsmith's logits
+  at both training-time-test steps.
+- speculators -> draftsmith: a checkpoint written by a real `speculators train` run on CPU (four
+  steps on the toy target's own continuations; the trainer's defaults: norm_before_fc,
+  norm_output, norm_before_residual, bf16), and one per variant built by its model class
+  (`Eagle3DraftModel.from_training_args`) and saved with `save_pretrained`, load with
+  `load_eagle`, give speculators' logits and decode losslessly (greedy = target-only greedy).
+
+The venv is built once per speculators/torch version under the temp dir (about 1.5 GB; several
+minutes the first time) or at $DRAFTSMITH_SPECULATORS_VENV. A failed install FAILS the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.eval.runtime import generate
+from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.heads.eagle import EagleCache, EagleHead, export_eagle, load_eagle
+from draftsmith.train.eagle import shifted, ttt_mask
+from fixtures import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+SPECULATORS, TORCH = "0.9.0", "2.13.0"
+JUDGE = Path(__file__).with_name("speculators_judge.py")
+L, VD, T = 4, 64, 12  # target layers, draft vocabulary, tokens per forward
+# The variants, as speculators' config flags: EAGLE-3 as trained by default, EAGLE-3.1, gpt-oss style.
+VARIANTS = {
+    "eagle3": {},
+    "eagle3.1": {"fc_norm": True, "norm_output": True},
+    "norm_before_fc": {"norm_before_fc": True, "embed_requires_grad": True, "norm_before_residual": True},
+}
+# speculators' requirements it needs to import and run its model (torchvision/torchaudio: unused).
+NOT_NEEDED = {"torch", "torchvision", "torchaudio"}
+READ_REQUIREMENTS = """
+import importlib.metadata as m
+for r in m.requires("speculators") or []:
+    if "extra ==" not in r:
+        print(r.split(";")[0].strip())
+"""
+
+
+def _run(cmd, what: str, timeout: int = 1800) -> str:
+    try:
+        done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what}: still running after {timeout} s")
+    if done.returncode:
+        pytest.fail(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def speculators_python() -> Path:
+    """The interpreter of a venv with speculators 0.9.0 and CPU torch (built when missing)."""
+    default = Path(tempfile.gettempdir()) / f"draftsmith-speculators-{SPECULATORS}-torch-{TORCH}"
+    root = Path(os.environ.get("DRAFTSMITH_SPECULATORS_VENV") or default)
+    python = root / "bin" / "python"
+    if (root / "ready").is_file():
+        return python
+    shutil.rmtree(root, ignore_errors=True)  # a half-built venv from an interrupted run
+    _run([sys.executable, "-m", "venv", root], "creating the speculators venv")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _run([*pip, "--no-deps", f"speculators=={SPECULATORS}"], f"pip install speculators=={SPECULATORS}")
+    wanted = [r for r in _run([python, "-c", READ_REQUIREMENTS], "reading speculators' metadata").split("\n") if r]
+    wanted = [r for r in wanted if re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() not in NOT_NEEDED]
+    _run([*pip, f"torch=={TORCH}", *wanted], f"pip install torch=={TORCH} {' '.join(wanted)}")
+    (root / "ready").write_text(f"speculators=={SPECULATORS} torch=={TORCH}\n")
+    return python
+
+
+def draftsmith_logits(head: EagleHead, inputs: dict) -> dict:
+    """The head's logits at training-time-test steps 0 and 1, as speculators' forward lays them out
+    (step 1 reads step 0's output and the next tokens; positions one on: RoPE is relative)."""
+    ids, n = inputs["input_ids"], inputs["input_ids"].shape[1]
+    positions = torch.arange(n)[None]
+    cache = EagleCache()
+    with torch.no_grad():
+        out, step0 = head(ids, head.project(inputs["hidden_states"]), position_ids=positions, cache=cache)
+        mask = ttt_mask(n, 1, ids.device, head.dtype)
+        _, step1 = head(shifted(ids, 1), out, position_ids=positions + 1, cache=cache, attention_mask=mask)
+    return {"step0": step0, "step1": step1}
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """Every export and every speculators-built checkpoint, judged in ONE speculators process."""
+    python = speculators_python()
+    tmp = tmp_path_factory.mktemp("speculators")
+    target = tiny_model("llama", layers=L)
+    target.save_pretrained(tmp / "target")  # the verifier path speculators reads configs and weights from
+    tiny_tokenizer().save_pretrained(tmp / "target")  # its trainer loads the verifier's tokenizer
+    H = target.config.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    inputs = {"hidden_states": torch.randn(1, T, 3 * H, generator=gen), "input_ids": torch.randint(3, 320, (1, T), generator=gen)}
+    save_file(inputs, str(tmp / "inputs.safetensors"))
+    vmap = build_vocab_map(torch.arange(320).flip(0) * (torch.arange(320) % 3 != 0), VD, "data-hash")
+    heads, jobs = {}, []
+    for name, flags in VARIANTS.items():
+        head = EagleHead.for_target(target, vocab_map=vmap, target_name_or_path=str(tmp / "target"), **flags)
+        with torch.no_grad():  # off the init (norms at 1), so that a dropped or misread tensor shows
+            for p_name, p in head.named_parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in p_name else 0.05))
+        heads[name] = head.eval()
+        export_eagle(head, tmp / f"export-{name}", "vllm")
+        jobs.append({"check": [str(tmp / f"export-{name}"), str(tmp / "inputs.safetensors"), str(tmp / f"export-{name}.logits")]})
+        vocab = {"draft_vocab_size": VD} if name != "eagle3" else {}  # speculators' default: the full vocabulary
+        build_flags = json.dumps({"target_layer_ids": [1, 2, 3], **vocab, **flags})  # its default needs L >= 7
+        jobs.append({"build": [str(tmp / f"built-{name}"), str(tmp / "target"), build_flags,
+                               str(tmp / "inputs.safetensors"), str(tmp / f"built-{name}.logits")]})  # fmt: skip
+    trained = tmp / "trained"
+    jobs.append({"train": [str(tmp / "train-data"), str(trained), str(tmp / "target")]})
+    jobs.append({"check": [str(trained / "checkpoint_best"), str(tmp / "inputs.safetensors"), str(tmp / "trained.logits")]})
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    reports = json.loads(_run([python, JUDGE, tmp / "jobs.json"], "the speculators judge", timeout=900).splitlines()[-1])
+    return {"tmp": tmp, "target": target.eval(), "inputs": inputs, "heads": heads, "reports": reports}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_draftsmith_exports_are_what_speculators_builds_and_computes(judged, name):
+    report = judged["reports"][2 * list(VARIANTS).index(name)]
+    assert report["config_class"] == "Eagle3SpeculatorConfig" and report["model_class"] == "Eagle3DraftModel"
+    assert (report["missing"], report["unexpected"], report["shape_mismatches"]) == ([], [], [])
+    assert report["not_finite"] == []
+    expected_flags = {"norm_before_fc": False, "fc_norm": False, "norm_output": False, "norm_before_residual": False,
+                      "embed_requires_grad": False, "target_hidden_size": None, **VARIANTS[name]}  # fmt: skip
+    assert report["flags"] == expected_flags
+    theirs = load_file(str(judged["tmp"] / f"export-{name}.logits"))
+    ours = draftsmith_logits(judged["heads"][name], judged["inputs"])
+    for step in ("step0", "step1"):
+        torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
+
+
+def lossless(head, target) -> None:
+    prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
+    reference = generate(target, None, prompt, max_new_tokens=24).tokens
+    for tree in (None, {"depth": 3, "top_k": 3, "total_tokens": 8}):
+        out = generate(target, EagleDrafter(head, tree=tree), prompt, max_new_tokens=24, num_draft_tokens=3)
+        assert out.tokens == reference, tree
+
+
+def test_a_speculators_train_run_loads_computes_the_same_and_decodes_losslessly(judged):
+    report = judged["reports"][-1]  # speculators' own judgement of its checkpoint
+    assert (report["missing"], report["unexpected"], report["not_finite"]) == ([], [], [])
+    folder = judged["tmp"] / "trained" / "checkpoint_best"
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048"):
+        head = load_eagle(folder, target=judged["target"], dtype=torch.float32)
+    c = head.config
+    assert (c.norm_before_fc, c.norm_output, c.norm_before_residual, c.fc_norm) == (True, True, True, False)
+    assert report["flags"] == {**{k: getattr(c, k) for k in report["flags"] if k != "target_hidden_size"}, "target_hidden_size": None}
+    theirs, ours = load_file(str(judged["tmp"] / "trained.logits")), draftsmith_logits(head, judged["inputs"])
+    for step in ("step0", "step1"):
+        torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=step)
+    lossless(load_eagle(folder, target=judged["target"]), judged["target"])  # as saved: bf16 head, fp32 target
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_speculators_checkpoints_load_compute_the_same_and_decode_losslessly(judged, name):
+    folder, target = judged["tmp"] / f"built-{name}", judged["target"]
+    assert "embed_tokens.weight" in judged["reports"][2 * list(VARIANTS).index(name) + 1]["saved"]
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048"):  # the trainer's default layer
+        head = load_eagle(folder, target=target)
+    for flag, value in VARIANTS[name].items():
+        assert getattr(head.config, flag) == value, flag
+    assert head.config.draft_vocab_size == (VD if name != "eagle3" else 320)
+    assert head.embed_tokens.weight.requires_grad == VARIANTS[name].get("embed_requires_grad", False)
+    theirs = load_file(str(judged["tmp"] / f"built-{name}.logits"))
+    ours = draftsmith_logits(head, judged["inputs"])
+    for step in ("step0", "step1"):
+        torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
+    lossless(head, target)
