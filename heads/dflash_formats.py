@@ -33,7 +33,8 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, target_weights
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
+from draftsmith.heads.layers import target_weights
 
 WEIGHTS = "model.safetensors"
 
@@ -97,7 +98,7 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     with torch.device("meta"):
         head = DFlashHead(config)
     head.check_target(target)
-    lm_weight, embed_weight = target_weights(target)
+    lm_weight, embed_weight = target_weights(target, DFlashError)
     frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
     expected = set(head.state_dict()) - set(head.frozen_keys())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
