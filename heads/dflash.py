@@ -49,6 +49,7 @@ from draftsmith.heads.layers import (
     keep_rope_fp32,
     llama_layer_config,
     qkvo_projections,
+    record_target,
     rope_of,
     target_shape,
     target_weights,
@@ -167,13 +168,10 @@ class DFlashConfig(PretrainedConfig):
         self.mask_token_source = mask_token_source
         self.aux_layer_ids = aux_layer_ids
         self.initializer_range = initializer_range
-        self.target_name_or_path = target_name_or_path
-        self.target_revision = target_revision
-        self.target_fingerprint = target_fingerprint
-        self.target_num_layers = target_num_layers
-        self.target_architectures = list(target_architectures) if target_architectures else None
-        self.data_hash = data_hash
-        self.vocab_map_data_hash = vocab_map_data_hash
+        record_target(
+            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+            data_hash, vocab_map_data_hash,
+        )  # fmt: skip
         super().__init__(**kwargs)
 
     @property

@@ -52,6 +52,21 @@ def keep_rope_fp32(head: PreTrainedModel) -> None:
         head.rotary_emb = LlamaRotaryEmbedding(head.config.layer_config()).to(inv.device)
 
 
+def record_target(
+    config, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+    data_hash, vocab_map_data_hash,
+) -> None:  # fmt: skip
+    """A head config's provenance: the target it was built for (name, revision, fingerprint, depth,
+    architectures), the training data's hash and the one the draft vocabulary was counted on."""
+    config.target_name_or_path = target_name_or_path
+    config.target_revision = target_revision
+    config.target_fingerprint = target_fingerprint
+    config.target_num_layers = target_num_layers
+    config.target_architectures = list(target_architectures) if target_architectures else None
+    config.data_hash = data_hash
+    config.vocab_map_data_hash = vocab_map_data_hash
+
+
 # ---------------------------------------------------------------------- attention
 def qkvo_projections(config, in_features: int, error: type[Exception]) -> tuple[nn.Linear, ...]:
     """q/k/v/o projections of a GQA attention whose q/k/v read `in_features`."""

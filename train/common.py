@@ -173,3 +173,16 @@ def heldout_batches(data, rows: list[int], batch_size: int, max_length: int, pad
     """(offset, collated batch on `device`) of the held-out rows, `batch_size` at a time."""
     for start in range(0, len(rows), batch_size):
         yield start, to_device(collate_rows(data, rows[start : start + batch_size], max_length, pad_id), device)
+
+
+def training_rows(recipe, data, first: int) -> tuple[list[int], list[int]]:
+    """(training rows, held-out rows) of the recipe's data, checked to train something: at least one
+    training row, and `max_length` reaching a trained token at position >= `first` (the first a
+    draft of this method can be trained on)."""
+    from draftsmith.train.recipe import RecipeError
+
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, first, f"data {recipe.data!r}")
+    return train_rows, heldout_rows

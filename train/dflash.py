@@ -32,8 +32,8 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
-from draftsmith.train.common import cached_states, check_trains_tokens, collate_rows, draft_vocab_map, heldout_batches
-from draftsmith.train.common import open_hidden_cache, read_answer_starts, split_rows, to_device
+from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -200,11 +200,8 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     L = target.config.get_text_config().num_hidden_layers
     V = target.get_output_embeddings().weight.shape[0]
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 1, f"data {recipe.data!r}")
+    train_rows, heldout_rows = training_rows(recipe, data, first=1)
 
     vocab_map = draft_vocab_map(recipe, data, V)
     mask_id, mask_source = _mask_token(recipe, data, V)

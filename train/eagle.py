@@ -37,8 +37,8 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
-from draftsmith.train.common import cached_states, check_trains_tokens, collate_rows, draft_vocab_map, heldout_batches
-from draftsmith.train.common import open_hidden_cache, read_answer_starts, split_rows, to_device
+from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -189,11 +189,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     target, data = run.load_target_and_data()
     L = target.config.get_text_config().num_hidden_layers
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
     # step 0 at position t drafts token t+2: position 2 is the first the head is trained on
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 2, f"data {recipe.data!r}")
+    train_rows, heldout_rows = training_rows(recipe, data, first=2)
 
     vocab_map = None
     V = target.get_output_embeddings().weight.shape[0]

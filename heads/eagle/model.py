@@ -62,6 +62,7 @@ from draftsmith.heads.layers import (
     keep_rope_fp32,
     llama_layer_config,
     qkvo_projections,
+    record_target,
     rope_of,
     target_shape,
     target_weights,
@@ -169,13 +170,10 @@ class EagleConfig(PretrainedConfig):
         self.norm_before_fc, self.fc_norm, self.norm_output = norm_before_fc, fc_norm, norm_output
         self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
         self.initializer_range = initializer_range
-        self.target_name_or_path = target_name_or_path
-        self.target_revision = target_revision
-        self.target_fingerprint = target_fingerprint
-        self.target_num_layers = target_num_layers
-        self.target_architectures = list(target_architectures) if target_architectures else None
-        self.data_hash = data_hash
-        self.vocab_map_data_hash = vocab_map_data_hash
+        record_target(
+            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+            data_hash, vocab_map_data_hash,
+        )  # fmt: skip
         super().__init__(**kwargs)
 
     @property
