@@ -41,19 +41,9 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from draftsmith.heads.layers import (
-    attend,
-    check_target_weights,
-    check_vocab_map,
-    copy_target_weights,
-    keep_rope_fp32,
-    llama_layer_config,
-    qkvo_projections,
-    record_target,
-    rope_of,
-    target_shape,
-    target_weights,
-)
+from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
+from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
+from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
 
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
@@ -372,16 +362,13 @@ class DFlashHead(PreTrainedModel):
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for a full vocabulary."""
         if not self.config.reduced_vocab:
             return draft_ids
-        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+        return draft_to_target_ids(draft_ids, self.d2t)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
         if not self.config.reduced_vocab:
             return logits
-        ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t.to(logits.device)
-        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        out[..., ids] = logits
-        return out
+        return draft_to_target_logits(logits, self.d2t, self.config.vocab_size)
 
     def check_target(self, target: PreTrainedModel) -> None:
         """DFlashError when the head cannot serve `target`; a warning when only the fingerprint differs."""

@@ -3,7 +3,7 @@ target's shapes, with the target's embeddings (and lm_head rows) copied in.
 
     rope = rope_of(target.config.get_text_config())       # the target's RoPE, transformers-5 spelling
     lm_weight, embed_weight = target_weights(target, EagleError)
-    config = EagleConfig(**target_shape(target, vocab_map, ...), version="eagle3")
+    config = EagleConfig(**target_shape(target, lm_weight.shape[0], vocab_map, name, data_hash), version="eagle3")
     copy_target_weights(head, embed_weight, lm_weight, vocab_map)
 
 Each function takes the caller's error class, so a user sees EagleError or DFlashError as before.
@@ -159,3 +159,17 @@ def copy_target_weights(head, embed_weight, lm_weight, vocab_map) -> None:
             head.t2d.copy_(vocab_map.t2d)
         else:
             head.lm_head.weight.copy_(lm_weight)
+
+
+# ---------------------------------------------------------------------- a reduced draft vocabulary
+def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """Target ids of draft ids: target = draft + d2t[draft] (`heads.vocab_map`)."""
+    return draft_ids + d2t.to(draft_ids.device)[draft_ids]
+
+
+def draft_to_target_logits(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits [..., Vd] placed into the target vocabulary [..., vocab_size], -inf elsewhere."""
+    ids = torch.arange(d2t.shape[0], device=logits.device) + d2t.to(logits.device)
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    out[..., ids] = logits
+    return out

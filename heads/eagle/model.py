@@ -54,19 +54,9 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from draftsmith.heads.layers import (
-    attend,
-    check_target_weights,
-    check_vocab_map,
-    copy_target_weights,
-    keep_rope_fp32,
-    llama_layer_config,
-    qkvo_projections,
-    record_target,
-    rope_of,
-    target_shape,
-    target_weights,
-)
+from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
+from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
+from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
 
 
 VERSIONS = ("eagle1", "eagle3")
@@ -463,17 +453,14 @@ class EagleHead(PreTrainedModel):
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for EAGLE-1."""
         if not self.eagle3:
             return draft_ids
-        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+        return draft_to_target_ids(draft_ids, self.d2t)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
         V, Vd = self.config.vocab_size, self.config.draft_vocab_size
         if not self.eagle3 or (Vd == V and not bool(self.d2t.any())):
             return logits
-        ids = torch.arange(Vd, device=logits.device) + self.d2t.to(logits.device)
-        out = logits.new_full((*logits.shape[:-1], V), float("-inf"))
-        out[..., ids] = logits
-        return out
+        return draft_to_target_logits(logits, self.d2t, V)
 
     def check_target(self, target: PreTrainedModel) -> None:
         """EagleError when the head cannot serve `target` (sizes, depth, positions, RoPE). Whether it
