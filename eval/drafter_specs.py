@@ -159,17 +159,14 @@ def dflash_names(values, taken=()) -> dict[str, str]:
 def _dflash_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
     from draftsmith.eval.runtime.dflash import DFlashDrafter
     from draftsmith.heads.dflash import DFlashError
-    from draftsmith.heads.artifacts import check_safetensors
     from draftsmith.heads.dflash_formats import load_dflash
 
     drafters = {}
     for name, folder in names.items():
-        check_safetensors(folder, "DFlash head", SpecError)
-        try:
-            head = _checked(load_dflash(folder, target=target, device=device, dtype=dtype), folder, "DFlash head")
-        except DFlashError as err:
-            raise SpecError(f"--dflash {folder}: {err}") from None
-        check_heads_target(f"DFlash head {folder!r}", head, target, allow_target_mismatch)
+        head = _load_checked(
+            "DFlash head", load_dflash, DFlashError, folder, target, device, dtype, allow_target_mismatch,
+            context=f"--dflash {folder}: ",
+        )  # fmt: skip
         drafters[name] = DFlashDrafter(head, name=name)
     return drafters
 
@@ -206,33 +203,32 @@ def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[in
 
 
 def load_medusa_heads(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """Medusa heads whose files are whole and whose weights are finite, that fit `target` (sizes)
-    and were trained on it (`check_heads_target`), else SpecError."""
-    from draftsmith.heads.artifacts import check_safetensors
+    """Medusa heads that fit `target` (sizes) and were trained on it (`_load_checked`)."""
     from draftsmith.heads.medusa import MedusaError, load_medusa
 
-    check_safetensors(folder, "Medusa heads", SpecError)
-    try:
-        heads = _checked(load_medusa(folder, target=target, device=device, dtype=dtype), folder, "Medusa heads")
-    except MedusaError as err:
-        raise SpecError(str(err)) from None
-    check_heads_target(f"Medusa heads {str(folder)!r}", heads, target, allow_target_mismatch)
-    return heads
+    return _load_checked("Medusa heads", load_medusa, MedusaError, folder, target, device, dtype, allow_target_mismatch)
 
 
 def load_eagle_head(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """An EAGLE head whose files are whole and whose weights are finite, that fits `target` (sizes,
-    depth, RoPE) and was trained on it (`check_heads_target`), else SpecError."""
-    from draftsmith.heads.artifacts import check_safetensors
+    """An EAGLE head that fits `target` (sizes, depth, RoPE) and was trained on it (`_load_checked`)."""
     from draftsmith.heads.eagle import EagleError, load_eagle
 
-    check_safetensors(folder, "EAGLE head", SpecError)
+    return _load_checked("EAGLE head", load_eagle, EagleError, folder, target, device, dtype, allow_target_mismatch)
+
+
+def _load_checked(what: str, load, error, folder, target, device, dtype, allow_target_mismatch, *, context=""):
+    """`load(folder, target=, device=, dtype=)`'s heads, once their files are whole, their weights
+    finite, and they fit `target` and were trained on it (`check_heads_target`); else SpecError
+    (`error` of `load` too, its message after `context`)."""
+    from draftsmith.heads.artifacts import check_safetensors
+
+    check_safetensors(folder, what, SpecError)
     try:
-        head = _checked(load_eagle(folder, target=target, device=device, dtype=dtype), folder, "EAGLE head")
-    except EagleError as err:
-        raise SpecError(str(err)) from None
-    check_heads_target(f"EAGLE head {str(folder)!r}", head, target, allow_target_mismatch)
-    return head
+        heads = _checked(load(folder, target=target, device=device, dtype=dtype), folder, what)
+    except error as err:
+        raise SpecError(f"{context}{err}") from None
+    check_heads_target(f"{what} {str(folder)!r}", heads, target, allow_target_mismatch)
+    return heads
 
 
 def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) -> None:

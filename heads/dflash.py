@@ -34,20 +34,16 @@ reserved id nothing uses (`choose_mask_token`); the config records the id and wh
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
-from transformers.models.llama.modeling_llama import (
-    LlamaMLP,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    repeat_kv,
-    rotate_half,
-)
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+
+from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
+from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
+from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
 
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
@@ -162,13 +158,10 @@ class DFlashConfig(PretrainedConfig):
         self.mask_token_source = mask_token_source
         self.aux_layer_ids = aux_layer_ids
         self.initializer_range = initializer_range
-        self.target_name_or_path = target_name_or_path
-        self.target_revision = target_revision
-        self.target_fingerprint = target_fingerprint
-        self.target_num_layers = target_num_layers
-        self.target_architectures = list(target_architectures) if target_architectures else None
-        self.data_hash = data_hash
-        self.vocab_map_data_hash = vocab_map_data_hash
+        record_target(
+            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+            data_hash, vocab_map_data_hash,
+        )  # fmt: skip
         super().__init__(**kwargs)
 
     @property
@@ -177,14 +170,7 @@ class DFlashConfig(PretrainedConfig):
 
     def layer_config(self) -> LlamaConfig:
         """The draft layers as a llama config (RoPE and the MLP are built from it)."""
-        return LlamaConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, hidden_act=self.hidden_act,
-            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
-            rope_parameters=copy.deepcopy(self.rope_parameters), attention_bias=self.attention_bias,
-            mlp_bias=False, tie_word_embeddings=False, initializer_range=self.initializer_range,
-        )  # fmt: skip
+        return llama_layer_config(self, self.num_hidden_layers)
 
 
 # ---------------------------------------------------------------------- the context cache
@@ -233,15 +219,7 @@ class DFlashAttention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if self.num_heads % self.num_kv_heads:
-            raise DFlashError(
-                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
-            )
-        H, bias = c.hidden_size, c.attention_bias
-        self.q_proj = nn.Linear(H, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, H, bias=bias)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(c, c.hidden_size, DFlashError)
         self.q_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
         self.k_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
 
@@ -253,11 +231,7 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(fed).view(N, fed.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, C + Q, hd]
         q, k = _rotate(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rotate(k, cos, sin)  # keys cached after RoPE
-        if cache is not None:
-            k, v = cache.append(k, v)
-        groups = self.num_heads // self.num_kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(N, Q, -1))
+        return self.o_proj(attend(q, k, v, mask, cache))
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -305,10 +279,7 @@ class DFlashHead(PreTrainedModel):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        # `.to(bfloat16)` casts RoPE's inverse frequencies too; keep them fp32 as HF targets do.
-        inv = self.rotary_emb.inv_freq
-        if inv.dtype != torch.float32 and inv.device.type != "meta":
-            self.rotary_emb = LlamaRotaryEmbedding(self.config.layer_config()).to(inv.device)
+        keep_rope_fp32(self)
         return self
 
     def _freeze(self) -> None:
@@ -328,18 +299,11 @@ class DFlashHead(PreTrainedModel):
     ) -> DFlashHead:  # fmt: skip
         """A head shaped like the target's layers, on its device and dtype, with the target's
         embeddings and lm_head (rows of the draft vocabulary) copied in."""
-        from draftsmith.heads.models import target_fingerprint
-        from draftsmith.heads.vocab_map import VocabMapError, check_consistent
-
         tc = target.config.get_text_config()
-        L, H = tc.num_hidden_layers, tc.hidden_size
-        lm_weight, embed_weight = target_weights(target)
+        L = tc.num_hidden_layers
+        lm_weight, embed_weight = target_weights(target, DFlashError)
+        check_target_weights(lm_weight, embed_weight, tc.hidden_size, DFlashError)
         V = lm_weight.shape[0]
-        if lm_weight.shape[1] != H or tuple(embed_weight.shape) != (V, H):
-            raise DFlashError(
-                f"target's embeddings {tuple(embed_weight.shape)} and lm_head {tuple(lm_weight.shape)} do not both "
-                f"match [vocab, hidden_size={H}]"
-            )
         aux = [int(i) for i in (aux_layer_ids if aux_layer_ids is not None else default_aux_layer_ids(L, num_layers))]
         bad = [i for i in aux if not 0 <= i <= L]
         if not aux or bad or len(set(aux)) != len(aux):
@@ -348,39 +312,13 @@ class DFlashHead(PreTrainedModel):
                 f"(0 = embeddings, {L} = last layer after the final norm)"
             )
         if vocab_map is not None:
-            if vocab_map.target_vocab_size != V:
-                raise DFlashError(
-                    f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}"
-                )
-            try:
-                check_consistent(vocab_map)
-            except VocabMapError as err:
-                raise DFlashError(f"vocab_map is inconsistent: {err}") from None
+            check_vocab_map(vocab_map, V, DFlashError)
         config = DFlashConfig(
-            hidden_size=H, intermediate_size=tc.intermediate_size, num_hidden_layers=num_layers,
-            num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-            head_dim=getattr(tc, "head_dim", None) or H // tc.num_attention_heads,
-            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), rope_parameters=_rope_of(tc),
-            max_position_embeddings=tc.max_position_embeddings, hidden_act=getattr(tc, "hidden_act", "silu"),
-            vocab_size=V, draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else V,
-            block_size=block_size, mask_token_id=mask_token_id, mask_token_source=mask_token_source,
-            aux_layer_ids=aux, initializer_range=getattr(tc, "initializer_range", 0.02),
-            target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
-            target_revision=getattr(target.config, "_commit_hash", None), target_fingerprint=target_fingerprint(target),
-            target_num_layers=L,
-            target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
-            data_hash=data_hash, vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+            **target_shape(target, V, vocab_map, target_name_or_path, data_hash), num_hidden_layers=num_layers,
+            block_size=block_size, mask_token_id=mask_token_id, mask_token_source=mask_token_source, aux_layer_ids=aux,
         )  # fmt: skip
         head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
-        with torch.no_grad():
-            head.embed_tokens.weight.copy_(embed_weight)
-            if vocab_map is not None:
-                head.lm_head.weight.copy_(lm_weight[vocab_map.target_ids().to(lm_weight.device)])
-                head.d2t.copy_(vocab_map.d2t)
-                head.t2d.copy_(vocab_map.t2d)
-            else:
-                head.lm_head.weight.copy_(lm_weight)
+        copy_target_weights(head, embed_weight, lm_weight, vocab_map)
         head._freeze()
         return head
 
@@ -424,16 +362,13 @@ class DFlashHead(PreTrainedModel):
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for a full vocabulary."""
         if not self.config.reduced_vocab:
             return draft_ids
-        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+        return draft_to_target_ids(draft_ids, self.d2t)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
         if not self.config.reduced_vocab:
             return logits
-        ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t.to(logits.device)
-        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        out[..., ids] = logits
-        return out
+        return draft_to_target_logits(logits, self.d2t, self.config.vocab_size)
 
     def check_target(self, target: PreTrainedModel) -> None:
         """DFlashError when the head cannot serve `target`; a warning when only the fingerprint differs."""
@@ -441,12 +376,12 @@ class DFlashHead(PreTrainedModel):
 
         c, tc = self.config, target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
-        vocab = target_weights(target)[0].shape[0]
+        vocab = target_weights(target, DFlashError)[0].shape[0]
         for what, ours, theirs in (
             ("hidden size", c.hidden_size, tc.hidden_size), ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
             ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
-            ("rope_parameters", c.rope_parameters, _rope_of(tc)),
+            ("rope_parameters", c.rope_parameters, rope_of(tc)),
         ):  # fmt: skip
             if ours is not None and ours != theirs:
                 raise DFlashError(
@@ -464,23 +399,6 @@ class DFlashHead(PreTrainedModel):
                 "fine for a fine-tuned target, otherwise expect low acceptance",
                 stacklevel=2,
             )
-
-
-def target_weights(target: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    out, emb = target.get_output_embeddings(), target.get_input_embeddings()
-    if out is None or emb is None:
-        raise DFlashError(f"target {type(target).__name__} lacks input or output embeddings")
-    return out.weight, emb.weight
-
-
-def _rope_of(text_config) -> dict:
-    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
-    rope = getattr(text_config, "rope_parameters", None)
-    if rope:
-        return copy.deepcopy(dict(rope))
-    rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
-    rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
-    return rope
 
 
 def describe(head: DFlashHead) -> str:

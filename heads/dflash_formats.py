@@ -33,7 +33,9 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, target_weights
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
+from draftsmith.heads.layers import target_weights
+from draftsmith.heads.speculators import speculators_block, speculators_header
 
 WEIGHTS = "model.safetensors"
 
@@ -97,7 +99,7 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     with torch.device("meta"):
         head = DFlashHead(config)
     head.check_target(target)
-    lm_weight, embed_weight = target_weights(target)
+    lm_weight, embed_weight = target_weights(target, DFlashError)
     frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
     expected = set(head.state_dict()) - set(head.frozen_keys())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
@@ -147,9 +149,7 @@ def speculators_config(head: DFlashHead) -> dict:
     """config.json of the speculators `dflash` layout (module docstring)."""
     c = head.config
     return {
-        "architectures": [SPECULATORS_ARCHITECTURE],
-        "speculators_model_type": "dflash",
-        "speculators_version": SPECULATORS_VERSION,
+        **speculators_header(SPECULATORS_ARCHITECTURE, "dflash", SPECULATORS_VERSION),
         "block_size": c.block_size,
         "aux_hidden_state_layer_ids": list(c.aux_layer_ids),
         "mask_token_id": c.mask_token_id,
@@ -159,12 +159,7 @@ def speculators_config(head: DFlashHead) -> dict:
         "sample_from_anchor": False,
         "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config(head),
-        "speculators_config": {
-            "algorithm": "dflash",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": c.block_size - 1}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": c.target_name_or_path, "architectures": c.target_architectures or []},
-        },
+        "speculators_config": speculators_block("dflash", {"speculative_tokens": c.block_size - 1}, c),
         PROVENANCE_KEY: {field: getattr(c, field) for field in _PROVENANCE_FIELDS},
     }
 

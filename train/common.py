@@ -140,3 +140,49 @@ def collate_rows(data, rows: list[int], max_length: int, pad_id: int) -> dict:
         attention[r, :n] = 1
         mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
+
+
+def draft_vocab_map(recipe, data, vocab_size: int):
+    """The recipe's reduced draft vocabulary: `recipe.vocab_map` loaded (checked against this data
+    and target), else counted on the data for `recipe.draft_vocab_size`; None = the full vocabulary."""
+    from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
+    from draftsmith.train.recipe import RecipeError
+
+    if recipe.vocab_map:
+        try:
+            return load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=vocab_size)
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
+    if recipe.draft_vocab_size:
+        return build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+    return None
+
+
+def cached_states(cache, batch: dict, device) -> tuple[torch.Tensor, dict[int, int]]:
+    """The offline cache's hidden states of the batch's rows, right-padded to its width
+    [B, layers, T, H] (fp32), and the index of each cached HF layer id along `layers`."""
+    width = batch["input_ids"].shape[1]
+    stacks = []
+    for row in batch["rows"]:
+        h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
+        stacks.append(torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1])))
+    return torch.stack(stacks).to(device), {layer: i for i, layer in enumerate(cache.layers)}
+
+
+def heldout_batches(data, rows: list[int], batch_size: int, max_length: int, pad_id: int, device):
+    """(offset, collated batch on `device`) of the held-out rows, `batch_size` at a time."""
+    for start in range(0, len(rows), batch_size):
+        yield start, to_device(collate_rows(data, rows[start : start + batch_size], max_length, pad_id), device)
+
+
+def training_rows(recipe, data, first: int) -> tuple[list[int], list[int]]:
+    """(training rows, held-out rows) of the recipe's data, checked to train something: at least one
+    training row, and `max_length` reaching a trained token at position >= `first` (the first a
+    draft of this method can be trained on)."""
+    from draftsmith.train.recipe import RecipeError
+
+    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
+    if not train_rows:
+        raise RecipeError(f"{recipe.data} has no training rows")
+    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, first, f"data {recipe.data!r}")
+    return train_rows, heldout_rows

@@ -126,8 +126,24 @@ def _train_once(ctx, root: Path, name: str, artifact: str, recipe_for, train, an
     return final / artifact
 
 
-def _device_dtype(ctx) -> dict:
-    return {"device": ctx.device.type, "dtype": "float32" if ctx.device.type == "cpu" else "auto"}
+def _run_fields(ctx, data: Path, out, max_length: int, steps: int) -> dict:
+    """The recipe fields every demo training shares: the demo target and data, `steps` steps with
+    one evaluation at the end and no intermediate checkpoint, fp32 on CPU."""
+    return {
+        "target": str(ctx.built.target), "data": str(data), "out": out, "max_length": max_length,
+        "max_steps": steps, "eval_every": steps, "save_every": steps + 1,
+        "device": ctx.device.type, "dtype": "float32" if ctx.device.type == "cpu" else "auto",
+    }  # fmt: skip
+
+
+def _top1_report(what: str, key: str):
+    """The summary line of a head trainer's held-out evaluation: `what` per entry of `key`, tau."""
+
+    def report(summary):
+        ev = summary["eval"]
+        return ev and f"{what} {[round(a, 3) for a in ev[key]]}, simulated tau {ev['tau_simulated']:.2f}"
+
+    return report
 
 
 def demo_medusa(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
@@ -136,15 +152,11 @@ def demo_medusa(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> 
 
     def recipe_for(out):
         return MedusaRecipe(
-            target=str(ctx.built.target), data=str(data), out=out, num_heads=budget.num_heads,
-            max_steps=budget.medusa_steps, batch_size=budget.medusa_batch, max_length=budget.max_length,
-            eval_every=budget.medusa_steps, save_every=budget.medusa_steps + 1, **_device_dtype(ctx),
+            **_run_fields(ctx, data, out, budget.max_length, budget.medusa_steps),
+            num_heads=budget.num_heads, batch_size=budget.medusa_batch,
         )  # fmt: skip
 
-    def report(summary):
-        ev = summary["eval"]
-        return ev and f"Medusa heads: top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.2f}"
-
+    report = _top1_report("Medusa heads: top-1 per head", "top1")
     announce = f"Medusa-1: {budget.num_heads} heads, {budget.medusa_steps} steps of {budget.medusa_batch} rows"
     return _train_once(ctx, root, "medusa", "heads", recipe_for, train, announce, report, log)
 
@@ -155,10 +167,9 @@ def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=p
 
     def recipe_for(out):
         return DraftRecipe(
-            target=str(ctx.built.target), out=out, data=str(data), draft_init="checkpoint", draft_path=str(ctx.built.draft),
-            loss="kl_tv", lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.draft_steps,
-            eval_every=budget.draft_steps, save_every=budget.draft_steps + 1, num_draft_tokens=ctx.settings.num_draft_tokens,
-            **_device_dtype(ctx),
+            **_run_fields(ctx, data, out, budget.max_length, budget.draft_steps),
+            draft_init="checkpoint", draft_path=str(ctx.built.draft), loss="kl_tv", lr=1e-3, batch_size=8,
+            num_draft_tokens=ctx.settings.num_draft_tokens,
         )  # fmt: skip
 
     def report(summary):
@@ -175,15 +186,11 @@ def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> P
 
     def recipe_for(out):
         return EagleRecipe(
-            target=str(ctx.built.target), data=str(data), out=out, version="eagle3",
+            **_run_fields(ctx, data, out, budget.max_length, budget.eagle_steps), version="eagle3",
             draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
-            max_length=budget.max_length, max_steps=budget.eagle_steps, eval_every=budget.eagle_steps,
-            save_every=budget.eagle_steps + 1, **_device_dtype(ctx),
         )  # fmt: skip
 
-    def report(summary):
-        ev = summary["eval"]
-        return ev and f"EAGLE-3 head: top-1 per draft step {[round(a, 3) for a in ev['top1_per_step']]}, simulated tau {ev['tau_simulated']:.2f}"
+    report = _top1_report("EAGLE-3 head: top-1 per draft step", "top1_per_step")
 
     announce = f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows"
     return _train_once(ctx, root, "eagle3", "head", recipe_for, train, announce, report, log)
@@ -199,15 +206,12 @@ def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> 
 
     def recipe_for(out):
         return DFlashRecipe(
-            target=str(ctx.built.target), data=str(data), out=out, num_layers=1, block_size=block,
+            **_run_fields(ctx, data, out, budget.max_length, budget.dflash_steps), num_layers=1, block_size=block,
             aux_layers=list(range(1, layers))[-3:] or None, draft_vocab_size=budget.eagle_draft_vocab,
-            max_anchors=32, lr=1e-3, batch_size=8, max_length=budget.max_length, max_steps=budget.dflash_steps,
-            eval_every=budget.dflash_steps, save_every=budget.dflash_steps + 1, **_device_dtype(ctx),
+            max_anchors=32, lr=1e-3, batch_size=8,
         )  # fmt: skip
 
-    def report(summary):
-        ev = summary["eval"]
-        return ev and f"DFlash head: top-1 per slot {[round(a, 3) for a in ev['top1_per_slot']]}, simulated tau {ev['tau_simulated']:.2f}"
+    report = _top1_report("DFlash head: top-1 per slot", "top1_per_slot")
 
     announce = f"DFlash: blocks of {block} slots ({block - 1} drafts per forward), {budget.dflash_steps} steps of 8 rows"
     return _train_once(ctx, root, "dflash", "head", recipe_for, train, announce, report, log)

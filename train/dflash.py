@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
-from draftsmith.train.common import check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts, split_rows
-from draftsmith.train.common import to_device
+from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -192,7 +191,6 @@ def _mask_token(recipe: DFlashRecipe, data, vocab_size: int) -> tuple[int, str]:
 
 @cleaned_up_on_error
 def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
     from draftsmith.heads.dflash_formats import save_dflash
 
@@ -202,20 +200,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     L = target.config.get_text_config().num_hidden_layers
     V = target.get_output_embeddings().weight.shape[0]
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 1, f"data {recipe.data!r}")
+    train_rows, heldout_rows = training_rows(recipe, data, first=1)
 
-    vocab_map = None
-    if recipe.vocab_map:
-        try:
-            vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=V)
-        except ValueError as err:
-            raise RecipeError(str(err)) from None
-    elif recipe.draft_vocab_size:
-        vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+    vocab_map = draft_vocab_map(recipe, data, V)
     mask_id, mask_source = _mask_token(recipe, data, V)
     try:
         head = DFlashHead.for_target(
@@ -237,13 +225,7 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     def target_states(batch):
         """(aux states concatenated [B, T, n*H], teacher logits [B, T, V])."""
         if cache is not None:
-            width = batch["input_ids"].shape[1]
-            stacks = []
-            for row in batch["rows"]:
-                h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
-                stacks.append(F.pad(h, (0, 0, 0, width - h.shape[1])))
-            states = torch.stack(stacks).to(device)  # [B, layers, T, H]
-            index = {layer: i for i, layer in enumerate(cache.layers)}
+            states, index = cached_states(cache, batch, device)  # [B, layers, T, H]
             feats = torch.cat([states[:, index[i]] for i in aux], dim=-1)
             return feats, target.get_output_embeddings()(states[:, index[L]].to(target.dtype)).float()
         with torch.no_grad():
@@ -281,9 +263,7 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
         count_sums = torch.zeros_like(hit_sums)
         tau_sum = tau_n = 0.0
-        for start in range(0, len(heldout_rows), recipe.batch_size):
-            rows = heldout_rows[start : start + recipe.batch_size]
-            batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
             anchors, valid = anchors_for(batch, recipe.seed + start)
             _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)

@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
-from draftsmith.train.common import check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts, split_rows
-from draftsmith.train.common import to_device
+from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -183,7 +182,6 @@ class EagleObjective(torch.nn.Module):
 
 @cleaned_up_on_error
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
 
     run = TrainingRun(recipe, "eagle")
@@ -191,11 +189,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     target, data = run.load_target_and_data()
     L = target.config.get_text_config().num_hidden_layers
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
     # step 0 at position t drafts token t+2: position 2 is the first the head is trained on
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 2, f"data {recipe.data!r}")
+    train_rows, heldout_rows = training_rows(recipe, data, first=2)
 
     vocab_map = None
     V = target.get_output_embeddings().weight.shape[0]
@@ -205,13 +200,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
             f"give at most {V}, or leave it unset for the full vocabulary"
         )
     if recipe.version == "eagle3":
-        if recipe.vocab_map:
-            try:
-                vocab_map = load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=V)
-            except ValueError as err:
-                raise RecipeError(str(err)) from None
-        elif recipe.draft_vocab_size:
-            vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+        vocab_map = draft_vocab_map(recipe, data, V)
     try:
         head = EagleHead.for_target(
             target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
@@ -232,14 +221,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     def target_states(batch):
         """(features, teacher logits): eagle1 the post-norm last state, eagle3 the aux states concatenated."""
         if cache is not None:
-            width = batch["input_ids"].shape[1]
-            stacks = []
-            for row in batch["rows"]:
-                h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
-                pad = width - h.shape[1]
-                stacks.append(F.pad(h, (0, 0, 0, pad)))
-            states = torch.stack(stacks).to(device)  # [B, layers, T, H]
-            index = {layer: i for i, layer in enumerate(cache.layers)}
+            states, index = cached_states(cache, batch, device)  # [B, layers, T, H]
             last = states[:, index[L]]
             feats = last if recipe.version == "eagle1" else torch.cat([states[:, index[i]] for i in aux], dim=-1)
             return feats, target.get_output_embeddings()(last.to(target.dtype)).float()
@@ -272,9 +254,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         tokens, the head's own features fed back): a position's chain ends at its first miss."""
         hit_sums = None
         tau_sum = tau_n = 0.0
-        for start in range(0, len(heldout_rows), recipe.batch_size):
-            rows = heldout_rows[start : start + recipe.batch_size]
-            batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]

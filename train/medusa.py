@@ -37,8 +37,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, check_trains_tokens, collate_rows, open_hidden_cache, read_answer_starts
-from draftsmith.train.common import split_rows, sync, to_device
+from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, sync, to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -222,11 +221,8 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     run = TrainingRun(recipe, "medusa")
     device, out = run.device, Path(recipe.out)
     target, data = run.load_target_and_data()
-    train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
-    if not train_rows:
-        raise RecipeError(f"{recipe.data} has no training rows")
     # head 0 at position t predicts token t+2: position 2 is the first a head is trained on
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, 2, f"data {recipe.data!r}")
+    train_rows, heldout_rows = training_rows(recipe, data, first=2)
     text_config = target.config.get_text_config()
     # Offline Medusa-1 reads the post-norm last state (HF hidden_states id = number of layers).
     last = (text_config.num_hidden_layers,)

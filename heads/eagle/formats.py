@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
+from draftsmith.heads.speculators import speculators_block, speculators_header
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
 WEIGHTS = "model.safetensors"
@@ -115,10 +116,9 @@ def _layer_config_dict(config: EagleConfig) -> dict:
 
 def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
     c = head.config
+    proposal = {"speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
     return {
-        "architectures": [SPECULATORS_ARCHITECTURE],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
+        **speculators_header(SPECULATORS_ARCHITECTURE, "eagle3", SPECULATORS_VERSION),
         "draft_vocab_size": c.draft_vocab_size,
         "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
         # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
@@ -126,14 +126,7 @@ def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
         "target_hidden_size": c.target_hidden_size,  # null = the draft's hidden size (same as the target's)
         "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config_dict(c),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": c.target_name_or_path, "architectures": c.target_architectures or []},
-        },
+        "speculators_config": speculators_block("eagle3", proposal, c),
         "torch_dtype": _dtype_name(head),
         PROVENANCE_KEY: _provenance(c),
     }

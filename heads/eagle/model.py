@@ -49,19 +49,14 @@ Layouts (`load_eagle` tells them apart by config.json):
 
 from __future__ import annotations
 
-import copy
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
-from transformers.models.llama.modeling_llama import (
-    LlamaMLP,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    repeat_kv,
-)
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
+from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
+from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
 
 
 VERSIONS = ("eagle1", "eagle3")
@@ -165,13 +160,10 @@ class EagleConfig(PretrainedConfig):
         self.norm_before_fc, self.fc_norm, self.norm_output = norm_before_fc, fc_norm, norm_output
         self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
         self.initializer_range = initializer_range
-        self.target_name_or_path = target_name_or_path
-        self.target_revision = target_revision
-        self.target_fingerprint = target_fingerprint
-        self.target_num_layers = target_num_layers
-        self.target_architectures = list(target_architectures) if target_architectures else None
-        self.data_hash = data_hash
-        self.vocab_map_data_hash = vocab_map_data_hash
+        record_target(
+            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+            data_hash, vocab_map_data_hash,
+        )  # fmt: skip
         super().__init__(**kwargs)
 
     @property
@@ -186,23 +178,7 @@ class EagleConfig(PretrainedConfig):
     def layer_config(self) -> LlamaConfig:
         """The decoder layer as a 1-layer llama config (RoPE and MLP are built from it; the vLLM
         export writes it as `transformer_layer_config`). vocab_size is the TARGET's."""
-        return LlamaConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=1,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            hidden_act=self.hidden_act,
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters=copy.deepcopy(self.rope_parameters),
-            attention_bias=self.attention_bias,
-            mlp_bias=False,
-            tie_word_embeddings=False,
-            initializer_range=self.initializer_range,
-        )
+        return llama_layer_config(self, 1)
 
 
 # ---------------------------------------------------------------------- the draft's KV cache
@@ -259,12 +235,7 @@ class EagleAttention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if self.num_heads % self.num_kv_heads:
-            raise EagleError(f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}")
-        self.q_proj = nn.Linear(in_features, c.num_attention_heads * c.head_dim, bias=c.attention_bias)
-        self.k_proj = nn.Linear(in_features, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
-        self.v_proj = nn.Linear(in_features, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(c, in_features, EagleError)
 
     def forward(self, x, cos, sin, mask, cache: EagleCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -272,11 +243,7 @@ class EagleAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # keys are cached after RoPE, as in HF
-        if cache is not None:
-            k, v = cache.append(k, v)
-        groups = self.num_heads // self.num_kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(attend(q, k, v, mask, cache))
 
 
 class EagleDecoderLayer(nn.Module):
@@ -340,11 +307,7 @@ class EagleHead(PreTrainedModel):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        # `.to(bfloat16)` would cast RoPE's inverse frequencies too; HF targets loaded in bf16 keep
-        # them in fp32 (from_pretrained recomputes them), so do the same or positions drift.
-        inv = self.rotary_emb.inv_freq
-        if inv.dtype != torch.float32 and inv.device.type != "meta":
-            self.rotary_emb = LlamaRotaryEmbedding(self.config.layer_config()).to(inv.device)
+        keep_rope_fp32(self)
         return self
 
     def _freeze(self) -> None:
@@ -370,23 +333,16 @@ class EagleHead(PreTrainedModel):
         """A head shaped like `target`'s decoder layers, on its device and dtype: embeddings copied
         (frozen), lm_head copied (EAGLE-1: frozen; EAGLE-3: the rows of the draft vocabulary).
         `variant`: EAGLE-3 flags of `EagleConfig` (VARIANT_FLAGS, e.g. fc_norm=True, norm_output=True)."""
-        from draftsmith.heads.vocab_map import VocabMapError, check_consistent
-        from draftsmith.heads.models import target_fingerprint
-
         if version not in VERSIONS:
             raise EagleError(f"version {version!r}: expected one of {', '.join(map(repr, VERSIONS))}")
         unknown = sorted(set(variant) - set(VARIANT_FLAGS))
         if unknown:
             raise EagleError(f"for_target: unknown option(s) {unknown}; variant flags are {', '.join(VARIANT_FLAGS)}")
         tc = target.config.get_text_config()
-        L, H = tc.num_hidden_layers, tc.hidden_size
-        lm_weight, embed_weight = _output_weight(target), _input_weight(target)
+        L = tc.num_hidden_layers
+        lm_weight, embed_weight = target_weights(target, EagleError)
+        check_target_weights(lm_weight, embed_weight, tc.hidden_size, EagleError)
         V = lm_weight.shape[0]
-        if lm_weight.shape[1] != H or tuple(embed_weight.shape) != (V, H):
-            raise EagleError(
-                f"target's embeddings {tuple(embed_weight.shape)} and lm_head {tuple(lm_weight.shape)} do not both "
-                f"match [vocab, hidden_size={H}]"
-            )
         if aux_layer_ids is None:
             aux_layer_ids = [L] if version == "eagle1" else default_aux_layer_ids(L)
         aux_layer_ids = [int(i) for i in aux_layer_ids]
@@ -405,47 +361,16 @@ class EagleHead(PreTrainedModel):
         if vocab_map is not None:
             if version == "eagle1":
                 raise EagleError("eagle1 uses the target's full lm_head: a vocab_map applies to eagle3 only")
-            if vocab_map.target_vocab_size != V:
-                raise EagleError(f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {V}")
-            try:
-                check_consistent(vocab_map)
-            except VocabMapError as err:
-                raise EagleError(f"vocab_map is inconsistent: {err}") from None
+            check_vocab_map(vocab_map, V, EagleError)
         config = EagleConfig(
+            **target_shape(target, V, vocab_map, target_name_or_path, data_hash),
             version=version,
-            hidden_size=H,
-            intermediate_size=tc.intermediate_size,
-            num_attention_heads=tc.num_attention_heads,
-            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-            head_dim=getattr(tc, "head_dim", None) or H // tc.num_attention_heads,
-            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
-            rope_parameters=_rope_of(tc),
-            max_position_embeddings=tc.max_position_embeddings,
             attention_bias=bool(getattr(tc, "attention_bias", False)),
-            hidden_act=getattr(tc, "hidden_act", "silu"),
-            vocab_size=V,
-            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else V,
             aux_layer_ids=aux_layer_ids,
-            initializer_range=getattr(tc, "initializer_range", 0.02),
-            target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
-            target_revision=getattr(target.config, "_commit_hash", None),
-            target_fingerprint=target_fingerprint(target),
-            target_num_layers=L,
-            target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
-            data_hash=data_hash,
-            vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
             **variant,
         )
         head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
-        with torch.no_grad():
-            head.embed_tokens.weight.copy_(embed_weight)
-            if vocab_map is not None:
-                ids = vocab_map.target_ids().to(lm_weight.device)
-                head.lm_head.weight.copy_(lm_weight[ids])
-                head.d2t.copy_(vocab_map.d2t)
-                head.t2d.copy_(vocab_map.t2d)
-            else:
-                head.lm_head.weight.copy_(lm_weight)
+        copy_target_weights(head, embed_weight, lm_weight, vocab_map)
         head._freeze()
         return head
 
@@ -528,17 +453,14 @@ class EagleHead(PreTrainedModel):
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for EAGLE-1."""
         if not self.eagle3:
             return draft_ids
-        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+        return draft_to_target_ids(draft_ids, self.d2t)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
         V, Vd = self.config.vocab_size, self.config.draft_vocab_size
         if not self.eagle3 or (Vd == V and not bool(self.d2t.any())):
             return logits
-        ids = torch.arange(Vd, device=logits.device) + self.d2t.to(logits.device)
-        out = logits.new_full((*logits.shape[:-1], V), float("-inf"))
-        out[..., ids] = logits
-        return out
+        return draft_to_target_logits(logits, self.d2t, V)
 
     def check_target(self, target: PreTrainedModel) -> None:
         """EagleError when the head cannot serve `target` (sizes, depth, positions, RoPE). Whether it
@@ -548,13 +470,13 @@ class EagleHead(PreTrainedModel):
         tc = target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
         trained_on = c.target_name_or_path or "an unrecorded target"
-        vocab = _output_weight(target).shape[0]
+        vocab = target_weights(target, EagleError)[0].shape[0]
         checks = [
             ("hidden size", c.aux_hidden_size, tc.hidden_size),
             ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
             ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
-            ("rope_parameters", c.rope_parameters, _rope_of(tc)),
+            ("rope_parameters", c.rope_parameters, rope_of(tc)),
         ]
         for what, ours, theirs in checks:
             if ours is not None and ours != theirs:
@@ -564,27 +486,3 @@ class EagleHead(PreTrainedModel):
                 )
         if max(c.aux_layer_ids) > tc.num_hidden_layers:
             raise EagleError(f"EAGLE head reads hidden states {c.aux_layer_ids}, target {name!r} has only {tc.num_hidden_layers} layers")
-
-
-def _output_weight(target: PreTrainedModel) -> torch.Tensor:
-    out = target.get_output_embeddings()
-    if out is None:
-        raise EagleError(f"target {type(target).__name__} has no output embeddings (get_output_embeddings() is None)")
-    return out.weight
-
-
-def _input_weight(target: PreTrainedModel) -> torch.Tensor:
-    emb = target.get_input_embeddings()
-    if emb is None:
-        raise EagleError(f"target {type(target).__name__} has no input embeddings (get_input_embeddings() is None)")
-    return emb.weight
-
-
-def _rope_of(text_config) -> dict:
-    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
-    rope = getattr(text_config, "rope_parameters", None)
-    if rope:
-        return copy.deepcopy(dict(rope))
-    rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
-    rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
-    return rope

@@ -1,0 +1,175 @@
+"""What the EAGLE and DFlash heads share: both are Llama-style decoder layers built from the
+target's shapes, with the target's embeddings (and lm_head rows) copied in.
+
+    rope = rope_of(target.config.get_text_config())       # the target's RoPE, transformers-5 spelling
+    lm_weight, embed_weight = target_weights(target, EagleError)
+    config = EagleConfig(**target_shape(target, lm_weight.shape[0], vocab_map, name, data_hash), version="eagle3")
+    copy_target_weights(head, embed_weight, lm_weight, vocab_map)
+
+Each function takes the caller's error class, so a user sees EagleError or DFlashError as before.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, repeat_kv
+
+
+def rope_of(text_config) -> dict:
+    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
+    rope = getattr(text_config, "rope_parameters", None)
+    if rope:
+        return copy.deepcopy(dict(rope))
+    rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
+    rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
+    return rope
+
+
+def llama_layer_config(config, num_layers: int) -> LlamaConfig:
+    """A head config's decoder layers as a llama config (RoPE and the MLP are built from it).
+    vocab_size is the TARGET's."""
+    return LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=copy.deepcopy(config.rope_parameters), attention_bias=config.attention_bias,
+        mlp_bias=False, tie_word_embeddings=False, initializer_range=config.initializer_range,
+    )  # fmt: skip
+
+
+def keep_rope_fp32(head: PreTrainedModel) -> None:
+    """Call from a head's `_apply`: `.to(bfloat16)` would cast RoPE's inverse frequencies too; HF
+    targets loaded in bf16 keep them in fp32 (from_pretrained recomputes them), so do the same or
+    positions drift."""
+    inv = head.rotary_emb.inv_freq
+    if inv.dtype != torch.float32 and inv.device.type != "meta":
+        head.rotary_emb = LlamaRotaryEmbedding(head.config.layer_config()).to(inv.device)
+
+
+def record_target(
+    config, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
+    data_hash, vocab_map_data_hash,
+) -> None:  # fmt: skip
+    """A head config's provenance: the target it was built for (name, revision, fingerprint, depth,
+    architectures), the training data's hash and the one the draft vocabulary was counted on."""
+    config.target_name_or_path = target_name_or_path
+    config.target_revision = target_revision
+    config.target_fingerprint = target_fingerprint
+    config.target_num_layers = target_num_layers
+    config.target_architectures = list(target_architectures) if target_architectures else None
+    config.data_hash = data_hash
+    config.vocab_map_data_hash = vocab_map_data_hash
+
+
+# ---------------------------------------------------------------------- attention
+def qkvo_projections(config, in_features: int, error: type[Exception]) -> tuple[nn.Linear, ...]:
+    """q/k/v/o projections of a GQA attention whose q/k/v read `in_features`."""
+    c = config
+    if c.num_attention_heads % c.num_key_value_heads:
+        raise error(
+            f"num_attention_heads={c.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={c.num_key_value_heads}"
+        )
+    q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return (
+        nn.Linear(in_features, q_width, bias=c.attention_bias),
+        nn.Linear(in_features, kv_width, bias=c.attention_bias),
+        nn.Linear(in_features, kv_width, bias=c.attention_bias),
+        nn.Linear(q_width, c.hidden_size, bias=c.attention_bias),
+    )
+
+
+def attend(q, k, v, mask, cache) -> torch.Tensor:
+    """Attention of q [N, heads, Q, hd] over the cache's keys/values followed by k, v [N, kv_heads,
+    S, hd] (keys after RoPE, as HF caches them); [N, Q, heads * hd]."""
+    if cache is not None:
+        k, v = cache.append(k, v)
+    groups = q.shape[1] // k.shape[1]
+    out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+# ---------------------------------------------------------------------- built from a target
+def target_weights(target: PreTrainedModel, error: type[Exception]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lm_head weight [V, H], embedding weight [V, H]) of the target."""
+    out, emb = target.get_output_embeddings(), target.get_input_embeddings()
+    if out is None or emb is None:
+        raise error(f"target {type(target).__name__} lacks input or output embeddings")
+    return out.weight, emb.weight
+
+
+def check_target_weights(lm_weight, embed_weight, hidden_size: int, error: type[Exception]) -> None:
+    V = lm_weight.shape[0]
+    if lm_weight.shape[1] != hidden_size or tuple(embed_weight.shape) != (V, hidden_size):
+        raise error(
+            f"target's embeddings {tuple(embed_weight.shape)} and lm_head {tuple(lm_weight.shape)} do not both "
+            f"match [vocab, hidden_size={hidden_size}]"
+        )
+
+
+def check_vocab_map(vocab_map, vocab_size: int, error: type[Exception]) -> None:
+    """`vocab_map` covers the target's `vocab_size` tokens and is consistent."""
+    from draftsmith.heads.vocab_map import VocabMapError, check_consistent
+
+    if vocab_map.target_vocab_size != vocab_size:
+        raise error(f"vocab_map covers {vocab_map.target_vocab_size} target tokens, the target outputs {vocab_size}")
+    try:
+        check_consistent(vocab_map)
+    except VocabMapError as err:
+        raise error(f"vocab_map is inconsistent: {err}") from None
+
+
+def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_name_or_path, data_hash) -> dict:
+    """The config fields a head built for `target` takes from it: the layers' shapes, RoPE, the
+    vocabularies and the provenance (name, revision, fingerprint, depth, data hashes)."""
+    from draftsmith.heads.models import target_fingerprint
+
+    tc = target.config.get_text_config()
+    return dict(
+        hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), rope_parameters=rope_of(tc),
+        max_position_embeddings=tc.max_position_embeddings, hidden_act=getattr(tc, "hidden_act", "silu"),
+        vocab_size=vocab_size, draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else vocab_size,
+        initializer_range=getattr(tc, "initializer_range", 0.02),
+        target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
+        target_revision=getattr(target.config, "_commit_hash", None), target_fingerprint=target_fingerprint(target),
+        target_num_layers=tc.num_hidden_layers,
+        target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
+        data_hash=data_hash, vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+    )  # fmt: skip
+
+
+def copy_target_weights(head, embed_weight, lm_weight, vocab_map) -> None:
+    """The target's embeddings into `head.embed_tokens`, its lm_head (the draft vocabulary's rows
+    with a vocab map, and the map's d2t/t2d) into `head.lm_head`."""
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(embed_weight)
+        if vocab_map is not None:
+            head.lm_head.weight.copy_(lm_weight[vocab_map.target_ids().to(lm_weight.device)])
+            head.d2t.copy_(vocab_map.d2t)
+            head.t2d.copy_(vocab_map.t2d)
+        else:
+            head.lm_head.weight.copy_(lm_weight)
+
+
+# ---------------------------------------------------------------------- a reduced draft vocabulary
+def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """Target ids of draft ids: target = draft + d2t[draft] (`heads.vocab_map`)."""
+    return draft_ids + d2t.to(draft_ids.device)[draft_ids]
+
+
+def draft_to_target_logits(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits [..., Vd] placed into the target vocabulary [..., vocab_size], -inf elsewhere."""
+    ids = torch.arange(d2t.shape[0], device=logits.device) + d2t.to(logits.device)
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    out[..., ids] = logits
+    return out
