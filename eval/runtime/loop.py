@@ -234,7 +234,8 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
             row, n = stats[r], len(paths[i])
             row.proposed.append(call.counts[i])
             row.accepted.append(n)
-            for j in range(min(n + 1, call.depth[i])):  # position j + 1 reached; accepted when j < n
+            # Depth j + 1 was reached when the path got to depth j and the node there has children.
+            for j in range(n + call.has_children(i, paths[i])):
                 row.reached[j] += 1
                 row.accepted_at[j] += int(j < n)
             row.lossy_kl_sum += lossy_kl[i]
@@ -298,7 +299,6 @@ class _Call:
             self._trees(proposal, budget, device)
         width = max(self.counts, default=0)
         self.tokens = self.tokens[:, :width]
-        self.depth = [max(depths(p), default=0) for p in self.parents]
         self.attend = None
         self.offsets = torch.arange(width + 1, device=device)[None]
         if proposal is not None and proposal.parents is not None:
@@ -320,6 +320,11 @@ class _Call:
                 rows.append(proposal.tokens[b])
             self.parents[b], self.counts[b] = parents, len(parents)
         self.tokens = torch.stack(rows).to(device)
+
+    def has_children(self, b: int, path: list[int]) -> bool:
+        """Whether the node a row's accepted path ends at (the root when empty) has children."""
+        end = path[-1] if path else -1
+        return any(parent == end for parent in self.parents[b])
 
     def keep(self, paths: list[list[int]]) -> torch.Tensor:
         """[R, W] bool: column 0 (`last`) and the columns of each row's accepted path."""
