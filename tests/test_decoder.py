@@ -292,6 +292,23 @@ def _assert_alpha_matches_theory(stats: DecodeStats, min_reached: int = 30) -> i
     return tested
 
 
+class _Seen(DraftModelDrafter):
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        self.seen.append(proposal.logits is not None)
+        return proposal
+
+
+def test_raw_logits_are_stacked_only_for_the_distance_report(pairs):
+    target, draft = pairs("llama")
+    for measure in (False, True):
+        drafter = _Seen(draft)
+        drafter.seen = []
+        out = generate(target, drafter, PROMPTS[4], max_new_tokens=8, num_draft_tokens=3, measure_distances=measure)
+        assert drafter.seen and set(drafter.seen) == {measure}
+        assert (sum(out.stats.kl_count) > 0) == measure
+
+
 def test_measured_acceptance_matches_theory_sampling(pairs):
     target, draft = pairs("llama")
     stats = _pooled(lambda: DraftModelDrafter(draft), target, temperature=1.0, runs=30)
@@ -426,6 +443,9 @@ def test_lossless_test_has_power(pairs):
 class _RawLogitsQ(DraftModelDrafter):
     """The known bug class (transformers #47932): draws from the warped q but reports the raw
     T=1 softmax as q. Acceptance is then decided with the wrong ratio and losslessness breaks."""
+
+    def prepare(self, *args, **kwargs):  # it reads its raw logits
+        return super().prepare(*args, **{**kwargs, "logits": True})
 
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         proposal = super().propose(contexts, num_tokens, sampling, generators)

@@ -370,6 +370,9 @@ def test_the_lossless_check_has_power_on_the_static_path(pairs):
     target, draft = pairs("llama")
 
     class RawLogitsQ(DraftModelDrafter):
+        def prepare(self, *args, **kwargs):  # it reads its raw logits
+            return super().prepare(*args, **{**kwargs, "logits": True})
+
         def propose(self, contexts, num_tokens, sampling, generators):
             proposal = super().propose(contexts, num_tokens, sampling, generators)
             return Proposal(proposal.tokens, proposal.counts, torch.softmax(proposal.logits, -1), proposal.logits)

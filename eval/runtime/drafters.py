@@ -2,8 +2,9 @@
 
 The contract (the loop in `eval/runtime/loop.py` drives it):
 
-    drafter.prepare(batch, capacity, compile, k, sampling)   before the clock: capacity (columns
-                                         per row) is None on the growing store; returns the
+    drafter.prepare(batch, capacity, compile, k, sampling, logits)   before the clock: capacity
+                                         (columns per row) is None on the growing store; `logits`:
+                                         whether proposals carry their raw logits; returns the
                                          seconds spent compiling
     drafter.start(prompts, prefill, vocab_size)   prefill: {layer: [B, P, H]} target states of
                                          every prompt token but the last (rows right-aligned)
@@ -19,7 +20,7 @@ accepted path) in its first n_b + 1 columns.
 
 A `Proposal` carries tokens [B, N] (row b's first counts[b]), and either `probs` [B, N, V], the
 exact distributions they were drawn from, or `probs=None` for deterministic proposals (q = 1 on
-each token). Optionally `logits`: the raw (T = 1) logits, only for the KL/TV report. Trees:
+each token). `logits`: the raw (T = 1) logits, for the KL/TV report only (when `prepare` asked). Trees:
 `parents[b][i]` is the index of row b's node i's parent, or -1 for a child of the last committed
 token; nodes in topological order, deterministic. `parents=None`: every row is a chain.
 
@@ -76,7 +77,12 @@ class Drafter:
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (num_tokens,)
 
-    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig) -> float:
+    #: Whether proposals carry their raw logits (set by `prepare`: only the distance report reads them).
+    logits = False
+
+    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig,
+                logits: bool = False) -> float:  # fmt: skip
+        self.logits = logits
         return 0.0
 
     def start(self, prompts: list[list[int]], prefill: dict[int, torch.Tensor], vocab_size: int) -> None:
@@ -116,8 +122,8 @@ class DraftModelDrafter(Drafter):
     def max_positions(self) -> int | None:
         return max_positions(self.model.config)
 
-    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
-        self._capacity, self._compile = capacity, compile
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        self._capacity, self._compile, self.logits = capacity, compile, logits
         if capacity is None:
             return 0.0
         return model_cache(self.model, "draft", batch, capacity, compile).warm_up([1, 2])
@@ -151,7 +157,8 @@ class DraftModelDrafter(Drafter):
         tokens, probs, raw = [], [], []
         for i in range(width):
             logits = self._aligned(logits.float())
-            raw.append(logits)
+            if self.logits:
+                raw.append(logits)
             if sampling.greedy:
                 token = logits.argmax(-1)
             else:
@@ -170,7 +177,7 @@ class DraftModelDrafter(Drafter):
             tokens=torch.stack(tokens, dim=1),
             counts=list(num_tokens),
             probs=torch.stack(probs, dim=1) if probs else None,
-            logits=torch.stack(raw, dim=1),
+            logits=torch.stack(raw, dim=1) if raw else None,
         )
 
     def select(self, rows, kept) -> None:
@@ -309,8 +316,8 @@ class MedusaDrafter(Drafter):
         depth = min(num_tokens, self.num_heads)
         return depth if self.tree is None else int(self._depth[: self._count[depth]].max()) + 1
 
-    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
-        used = self._heads_used(num_tokens)
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        used, self.logits = self._heads_used(num_tokens), logits
         if compile_mode(compile) is None:
             self._compiled = None
             return 0.0
@@ -351,7 +358,8 @@ class MedusaDrafter(Drafter):
             logits, top = _heads_function(self.heads, used, self._top)(h)
         if self.tree is None:  # head j's argmax proposes draft j + 1
             width = max(depth)
-            return Proposal(tokens=top[:width].T, counts=depth, logits=logits[:width].transpose(0, 1))
+            raw = logits[:width].transpose(0, 1) if self.logits else None
+            return Proposal(tokens=top[:width].T, counts=depth, logits=raw)
         counts = [self._count[d] for d in depth]
         nodes = max(counts)
         head, rank = self._depth[:nodes].to(top.device), self._rank[:nodes].to(top.device)

@@ -164,12 +164,13 @@ class EagleDrafter(Drafter):
         for i in range(max(counts)):
             token = self.head.draft_to_target(logits.argmax(-1))  # the head reads target ids
             drafted.append(token)
-            raw.append(logits)
+            if self.logits:
+                raw.append(logits)
             if i + 1 < max(counts):  # the next position: the drafted token with the head's own g
                 seen = torch.ones(len(counts), 1, i + 1, dtype=torch.bool, device=token.device)
                 out, step_logits = self._feed(token[:, None], g[:, None], base + i, seen)
                 g, logits = out[:, -1], step_logits[:, -1]
-        raw = self.head.target_logits(torch.stack(raw, dim=1)).float()
+        raw = self.head.target_logits(torch.stack(raw, dim=1)).float() if raw else None
         return Proposal(tokens=torch.stack(drafted, dim=1), counts=counts, logits=raw)
 
     def _expand(self, base, depth: int, counts) -> Proposal:

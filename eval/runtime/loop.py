@@ -182,7 +182,7 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         kv = model_cache(model, "target", batch, capacity, compile)
         result.compile_seconds = kv.warm_up(widths, hidden_layers=layers)
     if drafter is not None:
-        result.compile_seconds += drafter.prepare(batch, capacity, compile, k_max, sampling)
+        result.compile_seconds += drafter.prepare(batch, capacity, compile, k_max, sampling, logits=measure_distances)
     start = now()
     if capacity is None:
         kv = model_cache(model, "target", batch, None)
