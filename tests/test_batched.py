@@ -598,8 +598,8 @@ def test_unsupported_drafters_and_targets_raise(setup):
         generate_batch(target, PROMPTS, object(), max_new_tokens=4)
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    windowed = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention"):
-        generate_batch(windowed, PROMPTS, max_new_tokens=4)
+    config = tiny_config("qwen2")
+    config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
+    chunked = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+        generate_batch(chunked, PROMPTS, max_new_tokens=4)

@@ -211,18 +211,18 @@ def test_overflow_raises_and_writes_nothing(setup):
     assert isinstance(StaticCacheOverflow("x"), ValueError)
 
 
-def test_bad_compile_mode_and_windowed_models_raise(setup):
+def test_bad_compile_mode_and_chunked_attention_raise(setup):
     from transformers import AutoModelForCausalLM
 
     from fixtures import tiny_config
 
     with pytest.raises(ValueError, match="compile must be"):
         generate_batch(setup[0], PROMPTS, max_new_tokens=2, compile="fastest")
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    windowed = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention"):
-        generate_batch(windowed, PROMPTS, max_new_tokens=4, static_cache=True)
+    config = tiny_config("qwen2")
+    config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
+    chunked = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+        generate_batch(chunked, PROMPTS, max_new_tokens=4, static_cache=True)
 
 
 # ------------------------------------------------------------------------------ sampling

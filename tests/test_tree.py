@@ -34,7 +34,7 @@ from draftsmith.eval.runtime.tree import (
     verify_tree_typical,
 )
 from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
-from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config
+from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, windowed_model
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6
 
@@ -315,18 +315,17 @@ def test_tree_greedy_matches_target_only(family, pairs):
     assert accepted > 40 and sideways >= 3, (accepted, sideways)
 
 
-def test_tree_greedy_with_a_sliding_window_is_refused():
-    """Sliding-window layers would count a ragged cache's holes as tokens: refused up front."""
-    config = tiny_config("mistral")
-    config.sliding_window = 48
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
+def test_tree_greedy_with_a_sliding_window_matches_target_only():
+    """A window (4) narrower than the sequence: tree nodes sit at depth positions, and the
+    sliding layers' mask reads positions, not columns."""
+    target = windowed_model("qwen2", window=4)
     prompt = _ids(8, seed=6)
-    tree = MedusaDrafter(ConstantHeads(torch.zeros(2, VOCAB)), 2, tree=[(0,), (1,), (0, 0)])
-    for drafter in (tree, PromptLookupDrafter()):
-        for static in (False, True):
-            with pytest.raises(ValueError, match="full-attention"):
-                generate(target, drafter, prompt, max_new_tokens=8, num_draft_tokens=3, static_cache=static)
+    reference = generate(target, None, prompt, max_new_tokens=12).tokens
+    heads, _ = _oracle(target, prompt, num_new=12, seed=6)
+    for static in (False, True):
+        out = generate(target, MedusaDrafter(heads, 3, tree=TREE), prompt, max_new_tokens=12,
+                       num_draft_tokens=NUM_HEADS, static_cache=static)  # fmt: skip
+        assert out.tokens == reference and sum(out.stats.accepted) > 0, static
 
 
 # --------------------------------------------------------------------- cache compaction

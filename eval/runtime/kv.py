@@ -25,8 +25,12 @@ Two stores, chosen by a setting, behind the same moves:
   same shapes and `warm_up` can `torch.compile` it per width (a narrower call is padded up).
   The B physical rows stay: a finished row becomes a padding row (token 0, no real column, it
   sees only itself; its outputs are dropped).
-Caches must be full-attention layers (a sliding window would drop states by column, not by the
-row's own positions), and attention must take a 4-D float mask (eager or sdpa).
+Sliding-window layers (Mistral, Qwen2's `use_sliding_window`, Gemma-2/3, gpt-oss) keep every
+column too: HF's own sliding layers drop states by column, which would count a row's holes as
+tokens. The cache keeps each column's position instead, and a sliding layer's mask also blocks
+the keys `window` or more positions behind the query (HF takes {"full_attention": mask,
+"sliding_attention": mask} for a model with both kinds). Attention must take a 4-D float mask
+(eager or sdpa).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer, get_layer_types_and_kwargs
 
 from draftsmith.eval.runtime.compiler import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
 
@@ -59,6 +63,36 @@ def capacity_for(columns: int) -> int:
 
 
 # ------------------------------------------------------------------- what fed columns see
+
+
+def attention_of(model: PreTrainedModel, owner: str) -> tuple[int | None, bool]:
+    """(window, mixed) of a model's layers: the sliding window (None: every layer attends to
+    everything) and whether full and sliding layers mix (HF then takes one mask per kind)."""
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
+    odd = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if odd or len(windows) > 1:
+        raise ValueError(
+            f"the decoder needs full-attention or sliding-window layers with one window, but {owner} has "
+            f"{', '.join(odd) or f'windows {sorted(windows)}'} layers"
+        )
+    return (windows.pop() if windows else None), len(set(types)) > 1
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float additive mask of a bool one (True = attend). Pure tensor code (compiled steps)."""
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
+
+
+def layer_masks(allowed, dtype, window: int | None, mixed: bool, queries, keys):
+    """What HF takes as `attention_mask` for `allowed [B, 1, W, S]`: its float mask; with a
+    sliding `window`, the keys (positions `keys [B, S]`) `window` or more positions behind the
+    query (`queries [B, W]`) are blocked too, for every layer, or as {"full_attention",
+    "sliding_attention"} masks when the kinds are `mixed`."""
+    if window is None:
+        return additive(allowed, dtype)
+    sliding = additive(allowed & (queries[:, None, :, None] - keys[:, None, None, :] < window), dtype)
+    return {"full_attention": additive(allowed, dtype), "sliding_attention": sliding} if mixed else sliding
 
 
 def spans(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
@@ -111,22 +145,21 @@ class RaggedCache:
     forward with `mask` (or through `forward` for a HF model), then `commit`s what each row keeps.
     """
 
-    def __init__(self, cache, batch: int, device: torch.device):
+    def __init__(self, cache, batch: int, device: torch.device, window: int | None = None, mixed: bool = False):
         self.cache = cache
         self.device = device
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.counts = [0] * batch  # real columns per row
+        self.window, self.mixed = window, mixed
+        self.positions = torch.zeros(batch, 0, dtype=torch.long, device=device)  # per column (sliding windows)
+        self._fed = None  # positions of the last forward's columns, until `commit`
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, batch: int, owner: str) -> RaggedCache:
+        window, mixed = attention_of(model, owner)
         cache = DynamicCache(config=model.config)
-        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
-        if odd:
-            raise ValueError(
-                f"the decoder needs full-attention caches, but {owner} has {', '.join(odd)} layers: a ragged batch "
-                "keeps holes between real columns, which a sliding window would count as tokens"
-            )
-        return cls(cache, batch, model.device)
+        cache.layers = [DynamicLayer() for _ in cache.layers]  # sliding ones too: the mask applies the window
+        return cls(cache, batch, model.device, window, mixed)
 
     @property
     def length(self) -> int:
@@ -144,14 +177,15 @@ class RaggedCache:
             return [self.cache] if self.cache.keys is not None else []
         return [layer for layer in layers if layer.is_initialized and layer.keys is not None and layer.keys.numel()]
 
-    def mask(self, attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def mask(self, attend: torch.Tensor, dtype: torch.dtype, positions: torch.Tensor | None = None):
         """Float additive mask [B, 1, W, S + W]: a fed column sees its row's real cache columns
-        and the fed columns `attend [B, W, W]` marks."""
+        and the fed columns `attend [B, W, W]` marks (and, with a sliding window, those within it
+        of the fed `positions [B, W]`; `layer_masks`)."""
         batch, width = attend.shape[0], attend.shape[1]
         past = self.valid[:, None, :].expand(batch, width, self.length)
-        allowed = torch.cat([past, attend], dim=-1)[:, None]
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        allowed = torch.cat([past, attend.to(self.device)], dim=-1)[:, None]
+        keys = None if self.window is None else torch.cat([self.positions, positions], dim=1)
+        return layer_masks(allowed, dtype, self.window, self.mixed, positions, keys)
 
     @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
@@ -159,10 +193,12 @@ class RaggedCache:
         `attend=None`: every fed column is real and causal (no mask at all while the cache is
         dense). The bookkeeping is the caller's: `commit` afterwards."""
         mask = None
-        if attend is not None or not self.dense:
+        if self.window is not None:
+            self._fed = positions.to(self.device)
+        if attend is not None or not self.dense or self.window is not None:
             if attend is None:
                 attend = chain_attend(ids.shape[1], None, None, ids.shape[0], self.device)
-            mask = self.mask(attend, model.dtype)
+            mask = self.mask(attend, model.dtype, self._fed)
         out = model(
             input_ids=ids,
             position_ids=positions,
@@ -185,6 +221,8 @@ class RaggedCache:
         self._check_length(self.length + width)
         used = self._count(keep)
         self.valid = torch.cat([self.valid, keep[:, :used].to(self.device)], dim=1)
+        if self.window is not None:
+            self.positions = torch.cat([self.positions, self._fed[:, :used]], dim=1)
         if used < width:
             self._cut(self.length)
 
@@ -217,6 +255,7 @@ class RaggedCache:
             holder.keys = holder.keys.index_select(0, rows.to(holder.keys.device))
             holder.values = holder.values.index_select(0, rows.to(holder.values.device))
         self.valid = self.valid.index_select(0, rows.to(self.device))
+        self.positions = self.positions.index_select(0, rows.to(self.device))
         self.counts = [self.counts[i] for i in kept]
 
     @staticmethod
@@ -234,6 +273,8 @@ class RaggedCache:
         if waste <= 0 or waste < COMPACT_WHEN * length:
             return False
         index, self.valid = self._order(self.valid, length, live)
+        if self.window is not None:
+            self.positions = self.positions.gather(1, index)
         for holder in self._holders():
             for name in ("keys", "values"):
                 x = getattr(holder, name)
@@ -246,7 +287,7 @@ class RaggedCache:
         for holder in self._holders():
             holder.keys = holder.keys[..., :length, :]
             holder.values = holder.values[..., :length, :]
-        self.valid = self.valid[:, :length]
+        self.valid, self.positions = self.valid[:, :length], self.positions[:, :length]
 
     def _check_length(self, expected: int) -> None:
         for holder in self._holders():
@@ -260,33 +301,36 @@ class RaggedCache:
 # ------------------------------------------------------------------- the preallocated store
 
 
-def _static_mask(valid, start, attend, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask [B, 1, W, capacity] of W columns written at `start` (0-d long): a fed
-    column sees its row's real columns before `start` (valid [B, capacity]) and the fed columns
-    `attend [B, W, W]` marks; every slot past the fed ones is junk and blocked. Pure tensor
-    code: it runs inside the compiled step."""
+def _static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, window=None, mixed=False):
+    """The mask(s) [B, 1, W, capacity] of W columns at `positions [B, W]` written at `start` (0-d
+    long): a fed column sees its row's real columns before `start` (valid [B, capacity], at
+    positions `slots [B, capacity]`) and the fed columns `attend [B, W, W]` marks, within the
+    sliding `window` if any (`layer_masks`); every slot past the fed ones is junk and blocked.
+    Pure tensor code: it runs inside the compiled step."""
     width = attend.shape[-1]
     rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
+    fed = (rel >= 0) & (rel < width)
     sees = attend.index_select(2, rel.clamp(0, width - 1))  # [B, W, capacity]
-    past = (valid & (rel < 0)[None])[:, None, :]
-    ok = past | (((rel >= 0) & (rel < width))[None, None] & sees)
-    return torch.where(ok, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+    ok = (valid & (rel < 0)[None])[:, None, :] | (fed[None, None] & sees)
+    keys = None if window is None else torch.where(fed[None], positions.index_select(1, rel.clamp(0, width - 1)), slots)
+    return layer_masks(ok[:, None], dtype, window, mixed, positions, keys)
 
 
-def make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[int, ...], last_only: bool):
+def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tuple[int, ...], last_only: bool):
     """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
-    [B, capacity], start 0-d long, attend [B, W, W]) -> (logits, hidden states of
-    `hidden_layers`); `last_only`: the last column's logits only."""
-    layers = list(cache.layers)
-    dtype = model.dtype
+    [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
+    [B, W, W]) -> (logits, hidden states of `hidden_layers`); `last_only`: the last column's
+    logits only."""
+    layers, cache = list(kv.cache.layers), kv.cache
+    dtype, window, mixed = model.dtype, kv.window, kv.mixed
 
-    def step(ids, positions, valid, start, attend):
+    def step(ids, positions, valid, slots, start, attend):
         for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
             layer.cumulative_length.copy_(start)
         out = model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=_static_mask(valid, start, attend, dtype),
+            attention_mask=_static_mask(valid, slots, start, attend, positions, dtype, window, mixed),
             cache=cache,
             use_cache=True,
             output_hidden_states=bool(hidden_layers),
@@ -304,13 +348,9 @@ class StaticRaggedCache(RaggedCache):
     """
 
     def __init__(self, model: PreTrainedModel, batch: int, capacity: int, *, compile=False, owner: str = "the target"):
+        self.window, self.mixed = attention_of(model, owner)
         cache = StaticCache(config=model.config, max_cache_len=capacity)
-        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
-        if odd:
-            raise ValueError(
-                f"the static cache needs full-attention layers, but {owner} has {', '.join(odd)} layers (a sliding "
-                "window is a ring buffer that cannot hold a ragged batch's holes). Decode it with static_cache=False."
-            )
+        cache.layers = [StaticLayer(max_cache_len=capacity) for _ in cache.layers]  # sliding ones: by the mask
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
@@ -322,6 +362,7 @@ class StaticRaggedCache(RaggedCache):
         self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
         self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
         self.reset()
 
     def reset(self) -> None:
@@ -353,10 +394,14 @@ class StaticRaggedCache(RaggedCache):
         out = fill(self.batch, *x.shape[1:]).to(device=x.device, dtype=x.dtype)
         return out.index_copy_(0, self._rows.to(x.device), x)
 
-    def mask(self, attend, dtype) -> torch.Tensor:
-        """The step's mask [rows, 1, W, capacity], for inspection."""
-        mask = _static_mask(self._valid, torch.tensor(self._length, device=self.device), self._attend(attend), dtype)
-        return mask if self._rows is None else mask.index_select(0, self._rows)
+    def mask(self, attend, dtype, positions=None):
+        """The step's mask(s) [rows, 1, W, capacity], for inspection."""
+        start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
+        positions = self._physical(torch.zeros(attend.shape[:2], dtype=torch.long) if positions is None else positions,
+                                   torch.zeros).to(self.device)  # fmt: skip
+        mask = _static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
+        rows = (lambda m: m) if self._rows is None else (lambda m: m.index_select(0, self._rows))  # noqa: E731
+        return {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)
 
     def _attend(self, attend: torch.Tensor) -> torch.Tensor:
         width = attend.shape[-1]
@@ -420,6 +465,7 @@ class StaticRaggedCache(RaggedCache):
             for x in (holder.keys, holder.values):
                 gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
                 x[..., :live, :] = x.gather(-2, gather)
+        self._slots[:, :live] = self._slots.gather(1, index)
         self._valid[:, :live] = valid
         self._valid[:, live:length] = False
         self._length = live
@@ -428,14 +474,17 @@ class StaticRaggedCache(RaggedCache):
 
     def _step(self, key: tuple):
         if key not in self._eager:
-            self._eager[key] = make_step(self.model, self.cache, *key)
+            self._eager[key] = make_step(self.model, self, *key)
         return self._eager[key]
 
     def _inputs(self, ids, positions, attend):
+        """The step's inputs; the fed columns' positions go into `slots` (read by later calls)."""
         ids, positions = ids.to(self.device), positions.to(self.device)
         start = torch.tensor(self._length, dtype=torch.long, device=self.device)
-        zeros = torch.zeros
-        return self._physical(ids, zeros), self._physical(positions, zeros), self._valid, start, self._attend(attend)
+        ids, positions = self._physical(ids, torch.zeros), self._physical(positions, torch.zeros)
+        if self.window is not None:
+            self._slots[:, self._length : self._length + positions.shape[1]] = positions
+        return ids, positions, self._valid, self._slots, start, self._attend(attend)
 
     @torch.inference_mode()
     def warm_up(self, widths, hidden_layers: tuple[int, ...] = ()) -> float:
