@@ -40,7 +40,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
-from draftsmith.eval.runtime.kv import RaggedCache, chain_attend, model_cache
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, chain_attend, model_cache
 from draftsmith.eval.runtime.sampling import SamplingConfig, draw
 from draftsmith.eval.runtime.target import max_positions, right_aligned
 
@@ -107,8 +107,10 @@ class DraftModelDrafter(Drafter):
     bonus); the drafts x_1..x_{K-1} enter the cache while drafting, and after verification row b
     keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded with
     -inf, or cut) so that q and p cover the same tokens. On the static path the cache is
-    preallocated, and with `compile` its width-1 and width-2 steps (a draft step; a catch-up
-    after a correction or a bonus) run compiled.
+    preallocated and a greedy proposal is ONE call (the catch-up and every draft step,
+    `kv.make_chain`); with `compile` that chain is compiled for catch-ups of 1 and 2 tokens
+    (after a correction; after a bonus), sampled proposals' width-1 and width-2 steps instead
+    (the draws come from the rows' generators between steps).
     """
 
     def __init__(self, model: PreTrainedModel, name: str = "draft"):
@@ -116,8 +118,9 @@ class DraftModelDrafter(Drafter):
         self.name = name
         self.kv: RaggedCache | None = None
         self._capacity, self._compile = None, False
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.model_vocab = self.vocab_size = model.get_output_embeddings().weight.shape[0]  # the target's after start
         self._spec_start = 0  # first cache column of this call's drafts
+        self._bias = None  # greedy chains: -inf on the draft ids past the target's vocabulary
 
     def max_positions(self) -> int | None:
         return max_positions(self.model.config)
@@ -126,11 +129,16 @@ class DraftModelDrafter(Drafter):
         self._capacity, self._compile, self.logits = capacity, compile, logits
         if capacity is None:
             return 0.0
-        return model_cache(self.model, "draft", batch, capacity, compile).warm_up([1, 2])
+        kv = model_cache(self.model, "draft", batch, capacity, compile)
+        if sampling.greedy:
+            return kv.warm_up([1, 2], chain=num_tokens, vocab=self.model_vocab, logits=logits)
+        return kv.warm_up([1, 2])
 
     def start(self, prompts, prefill, vocab_size) -> None:
         self.vocab_size = vocab_size
         self.kv = model_cache(self.model, "draft", len(prompts), self._capacity, self._compile)
+        self._bias = torch.zeros(self.model_vocab, device=self.model.device)
+        self._bias[vocab_size:] = float("-inf")
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         extra = self.vocab_size - logits.shape[-1]
@@ -151,6 +159,11 @@ class DraftModelDrafter(Drafter):
         ids, positions, lo = right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
         width = max(num_tokens)
         self.kv.reserve(ids.shape[1] + width - 1)  # room for the catch-up and the drafts: no compaction between
+        if sampling.greedy and isinstance(self.kv, StaticRaggedCache):  # the whole chain in one call
+            tokens, raw = self.kv.chain(ids, positions, lo, width, self._bias, self.logits)
+            self._spec_start = self.kv.length - (width - 1)
+            raw = None if raw is None else self._aligned(raw.float())
+            return Proposal(tokens=tokens, counts=list(num_tokens), logits=raw)
         logits = self._forward(ids, positions, lo, logits_to_keep=1)
         self._spec_start = self.kv.length
         base = torch.tensor(self.kv.counts, device=device)  # position of each row's first draft

@@ -341,6 +341,34 @@ def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tupl
     return step
 
 
+def make_chain(step, width: int, num_tokens: int, logits: bool):
+    """A greedy draft chain over a static cache's `step` (its last-logits variant), as one
+    function: (ids [B, p], positions, valid, slots, start, attend, keep [B, p], bias [V]) ->
+    (tokens [B, k], then with `logits` their logits [B, k, V]). It feeds the p catch-up columns
+    (`keep`: the real ones), then k - 1 times the argmax of (logits + bias) at the next
+    position and slot; `bias` is -inf on ids the target lacks. Pure tensor code: `valid` and
+    `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
+
+    def chain(ids, positions, valid, slots, start, attend, keep, bias):
+        out, _ = step(ids, positions, valid, slots, start, attend)
+        rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
+        fed = (rel >= 0) & (rel < width)
+        # The catch-up's real columns, then every later slot: a step sees only slots before its own.
+        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid) | (rel >= width)
+        slots = torch.where(fed, positions.index_select(1, rel[0].clamp(0, width - 1)), slots)
+        slots = torch.where(rel >= width, positions[:, -1:] + 1 + rel - width, slots)
+        one = torch.ones(ids.shape[0], 1, 1, dtype=torch.bool, device=ids.device)
+        tokens, raw = [], []
+        for i in range(num_tokens):
+            raw.append(out[:, -1])
+            tokens.append((raw[-1].float() + bias).argmax(-1))
+            if i + 1 < num_tokens:
+                out, _ = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)
+        return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
+
+    return chain
+
+
 class StaticRaggedCache(RaggedCache):
     """A `RaggedCache` over a preallocated HF `StaticCache` (module docstring), with its forward.
 
@@ -361,6 +389,7 @@ class StaticRaggedCache(RaggedCache):
         self.compiler = Compiler(compile, self.device, owner)
         self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
         self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
+        self._chains: dict[tuple, object] = {}  # (width, tokens, logits) -> compiled greedy draft chain
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
         self.reset()
@@ -487,29 +516,66 @@ class StaticRaggedCache(RaggedCache):
         return ids, positions, self._valid, self._slots, start, self._attend(attend)
 
     @torch.inference_mode()
-    def warm_up(self, widths, hidden_layers: tuple[int, ...] = ()) -> float:
-        """Compile the all-logits step of `hidden_layers` for each width and run it once (every
-        column a hole written past the pointer: the content is unchanged). Returns the seconds
-        spent compiling; 0 without compilation."""
+    def warm_up(self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0,
+                logits: bool = False) -> float:  # fmt: skip
+        """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
+        the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
+        `vocab`-sized bias) and run it once (every column a hole written past the pointer: the
+        content is unchanged). Returns the seconds spent compiling; 0 without compilation."""
         hidden_layers = tuple(hidden_layers)
         before = self.compiler.seconds
         for width in sorted(set(widths)):
-            if not self.compiler.enabled:  # off, or a failed compile turned it off
-                break
-            if (hidden_layers, width) in self._compiled:
+            key = (width, chain, logits) if chain else (hidden_layers, width)
+            compiled = self._chains if chain else self._compiled
+            if not self.compiler.enabled or key in compiled:  # off (or a failed compile turned it off), or done
                 continue
-            self.reserve(width)
+            self.reserve(width + max(chain - 1, 0))
             rows = len(self.rows)
             # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
             ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
             inputs = self._inputs(ids, positions, chain_attend(width, None, [0] * rows, rows, self.device))
+            if chain:
+                ones = torch.ones(self.batch, width, dtype=torch.bool, device=self.device)
+                fn = make_chain(self._step(((), True)), width, chain, logits)
+                inputs = (*inputs, ones, torch.zeros(vocab, device=self.device))
+            else:
+                fn = self._step((hidden_layers, False))
             # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
             # lock dynamo cannot trace.
-            self._step((hidden_layers, False))(*inputs)
-            compiled = self.compiler.wrap(self._step((hidden_layers, False)))
-            if self.compiler.first_calls(f"width {width}", compiled, *inputs):
-                self._compiled[(hidden_layers, width)] = compiled
+            fn(*inputs)
+            wrapped = self.compiler.wrap(fn)
+            if self.compiler.first_calls(f"{f'a {chain}-token chain after ' if chain else ''}width {width}", wrapped,
+                                         *inputs):  # fmt: skip
+                compiled[key] = wrapped
         return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def chain(self, ids, positions, lo: list[int], num_tokens: int, bias: torch.Tensor, logits: bool = False):
+        """A greedy draft chain (`make_chain`): feed the right-aligned catch-up ids [rows, p]
+        (row b's real columns from lo_b) at `positions`, then draft `num_tokens` tokens, feeding
+        each but the last. One compiled call when a chain of >= num_tokens was warmed for p (a
+        longer one is cut: its extra drafts stay junk past the pointer), else the same function
+        uncompiled. Returns tokens [rows, k] and, with `logits`, their logits [rows, k, V]; the
+        cache then holds the catch-up and k - 1 drafts, as step-by-step forwards leave it."""
+        width, rows = ids.shape[1], ids.shape[0]
+        fits = [k for (w, k, l) in self._chains if (w, l) == (width, logits) and num_tokens <= k
+                and self._length + width + k - 1 <= self.capacity]  # fmt: skip
+        k = min(fits, default=num_tokens)
+        self.reserve(width + k - 1)  # nothing to do when the caller reserved the room (no compaction then)
+        fn = self._chains[(width, k, logits)] if fits else make_chain(self._step(((), True)), width, k, logits)
+        keep = spans(width, lo, None, rows, "cpu")
+        inputs = self._inputs(ids, positions, chain_attend(width, lo, None, rows, self.device))
+        out = fn(*inputs, self._physical(keep.to(self.device), torch.zeros), bias.to(self.device))
+        out = [x[:, :num_tokens] if self._rows is None else x[:, :num_tokens].index_select(0, self._rows) for x in out]
+        if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+            out = [x.clone() for x in out]
+        self.commit(keep)
+        if num_tokens > 1:
+            if self.window is not None:
+                drafts = positions[:, -1:].to(self.device) + torch.arange(1, num_tokens, device=self.device)
+                self._slots[:, self._length : self._length + num_tokens - 1] = self._physical(drafts, torch.zeros)
+            self.commit(torch.ones(rows, num_tokens - 1, dtype=torch.bool))
+        return out[0], (out[1] if logits else None)
 
     @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
