@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import tree_attend
 from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 
 

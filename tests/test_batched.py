@@ -23,7 +23,8 @@ import torch
 
 from draftsmith.eval.runtime import DecodeStats, generate, generate_batch, row_seed
 from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.kv import RaggedCache, chain_attend
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.masks import chain_attend
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.sampling import SamplingConfig

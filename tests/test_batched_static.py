@@ -27,7 +27,8 @@ from draftsmith.eval.runtime import generate_batch
 from draftsmith.eval.runtime import kv as kv_module
 from draftsmith.eval.runtime.compiler import StaticCacheOverflow
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, chain_attend, spans
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import chain_attend, spans
 from draftsmith.heads.eagle import EagleCache
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
@@ -151,7 +152,7 @@ def test_static_mask_equals_the_dynamic_one(setup):
     both(2, None, [2, 1], keep=[1, 2])
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
     # A tree block (ancestor masks; row 0 keeps `last` and its second node, row 1 `last` only).
-    from draftsmith.eval.runtime.kv import tree_attend
+    from draftsmith.eval.runtime.masks import tree_attend
 
     attend, _ = tree_attend([[-1, -1], [-1]], 3, static.device)
     live = static.length + 3

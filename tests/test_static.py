@@ -29,9 +29,8 @@ from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime import compiler as compiler_module
 from draftsmith.eval.runtime import kv as kv_module
 from draftsmith.eval.runtime.compiler import CAPACITY_STEP, StaticCacheOverflow
-from draftsmith.eval.runtime.kv import (
-    RaggedCache, StaticRaggedCache, capacity_for, chain_attend, model_cache, tree_attend,
-)
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.eval.runtime.masks import chain_attend, tree_attend
 from draftsmith.eval.runtime.target import right_aligned
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof

@@ -33,7 +33,8 @@ from draftsmith.eval.runtime.tree import (
     verify_tree_greedy,
     verify_tree_typical,
 )
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import tree_attend
 from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, windowed_model
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6

@@ -40,7 +40,8 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, chain_attend, model_cache
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, model_cache
+from draftsmith.eval.runtime.masks import chain_attend
 from draftsmith.eval.runtime.sampling import SamplingConfig, draw
 from draftsmith.eval.runtime.target import max_positions, right_aligned
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.runtime.drafters import Drafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache, additive, chain_attend, spans
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.masks import additive, chain_attend, spans
 from draftsmith.eval.runtime.target import max_positions, right_align, right_aligned
 from draftsmith.heads.eagle import EagleCache
 

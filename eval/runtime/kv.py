@@ -40,9 +40,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from draftsmith.eval.runtime.compiler import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
+from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_masks, spans, static_mask
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
 #: attention then never reads more than 4/3 of the live cache, and a compaction (one gather of
@@ -60,78 +61,6 @@ def capacity_for(columns: int) -> int:
     """A static cache's capacity for `columns`: rounded up so similar requests share one cache
     (and one set of compiled graphs)."""
     return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
-
-
-# ------------------------------------------------------------------- what fed columns see
-
-
-def attention_of(model: PreTrainedModel, owner: str) -> tuple[int | None, bool]:
-    """(window, mixed) of a model's layers: the sliding window (None: every layer attends to
-    everything) and whether full and sliding layers mix (HF then takes one mask per kind)."""
-    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
-    windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
-    odd = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if odd or len(windows) > 1:
-        raise ValueError(
-            f"the decoder needs full-attention or sliding-window layers with one window, but {owner} has "
-            f"{', '.join(odd) or f'windows {sorted(windows)}'} layers"
-        )
-    return (windows.pop() if windows else None), len(set(types)) > 1
-
-
-def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The float additive mask of a bool one (True = attend). Pure tensor code (compiled steps)."""
-    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
-
-
-def layer_masks(allowed, dtype, window: int | None, mixed: bool, queries, keys):
-    """What HF takes as `attention_mask` for `allowed [B, 1, W, S]`: its float mask; with a
-    sliding `window`, the keys (positions `keys [B, S]`) `window` or more positions behind the
-    query (`queries [B, W]`) are blocked too, for every layer, or as {"full_attention",
-    "sliding_attention"} masks when the kinds are `mixed`."""
-    if window is None:
-        return additive(allowed, dtype)
-    sliding = additive(allowed & (queries[:, None, :, None] - keys[:, None, None, :] < window), dtype)
-    return {"full_attention": additive(allowed, dtype), "sliding_attention": sliding} if mixed else sliding
-
-
-def spans(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
-    """Bool [B, width]: True on columns [lo_b, hi_b) of row b (None: 0 / width)."""
-    cols = torch.arange(width, device=device)[None]
-    out = torch.ones(batch, width, dtype=torch.bool, device=device)
-    if lo is not None:
-        out &= cols >= torch.tensor(lo, device=device)[:, None]
-    if hi is not None:
-        out &= cols < torch.tensor(hi, device=device)[:, None]
-    return out
-
-
-def chain_attend(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
-    """[B, W, W]: each fed column sees the real fed columns [lo_b, hi_b) up to itself, and itself
-    (so no query row is fully blocked: a padding column's output is never read)."""
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(width, dtype=torch.bool, device=device)
-    return (causal[None] & spans(width, lo, hi, batch, device)[:, None, :]) | eye[None]
-
-
-def tree_attend(parents: list[list[int]], width: int, device) -> tuple[torch.Tensor, list[list[int]]]:
-    """[B, W, W] for rows fed [last] + nodes (node i at column i + 1; `parents[b][i]` its
-    parent's index, -1 = a child of `last`), and each row's fed depths (0 for `last`): a node
-    sees `last`, its ancestors and itself; padding columns see themselves."""
-    rows, depths = [], []
-    for row in parents:
-        # Ancestor sets as Python bitmasks (a node's = its parent's | itself), one tensor at the
-        # end: a per-node tensor update costs ~20 us a node, the budget of a whole call.
-        sets, depth = [1], [0]
-        for i, parent in enumerate(row):
-            if not -1 <= parent < i:
-                raise ValueError(f"tree nodes must come after their parents; node {i} has parent {parent}")
-            sets.append(sets[parent + 1] | (1 << (i + 1)))
-            depth.append(depth[parent + 1] + 1)
-        sets += [1 << j for j in range(len(sets), width)]
-        rows.append([[(s >> j) & 1 for j in range(width)] for s in sets])
-        depths.append(depth)
-    return torch.tensor(rows, dtype=torch.bool, device=device).view(len(parents), width, width), depths
 
 
 # ----------------------------------------------------------------------- the growing store
@@ -268,10 +197,14 @@ class RaggedCache:
 
     def compact_if_wasteful(self) -> bool:
         """Gather every row's real columns to the right end when the holes are worth it."""
-        length, live = self.length, max(self.counts, default=0)
-        waste = length - live
-        if waste <= 0 or waste < COMPACT_WHEN * length:
+        waste = self.length - max(self.counts, default=0)
+        if waste <= 0 or waste < COMPACT_WHEN * self.length:
             return False
+        self._compact()
+        return True
+
+    def _compact(self) -> None:
+        length, live = self.length, max(self.counts, default=0)
         index, self.valid = self._order(self.valid, length, live)
         if self.window is not None:
             self.positions = self.positions.gather(1, index)
@@ -281,7 +214,6 @@ class RaggedCache:
                 shape = (x.shape[0],) + (1,) * (x.dim() - 3) + (live, 1)
                 gather = index.to(x.device).view(shape).expand(*x.shape[:-2], live, x.shape[-1])
                 setattr(holder, name, x.gather(-2, gather))
-        return True
 
     def _cut(self, length: int) -> None:
         for holder in self._holders():
@@ -301,21 +233,6 @@ class RaggedCache:
 # ------------------------------------------------------------------- the preallocated store
 
 
-def _static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, window=None, mixed=False):
-    """The mask(s) [B, 1, W, capacity] of W columns at `positions [B, W]` written at `start` (0-d
-    long): a fed column sees its row's real columns before `start` (valid [B, capacity], at
-    positions `slots [B, capacity]`) and the fed columns `attend [B, W, W]` marks, within the
-    sliding `window` if any (`layer_masks`); every slot past the fed ones is junk and blocked.
-    Pure tensor code: it runs inside the compiled step."""
-    width = attend.shape[-1]
-    rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
-    fed = (rel >= 0) & (rel < width)
-    sees = attend.index_select(2, rel.clamp(0, width - 1))  # [B, W, capacity]
-    ok = (valid & (rel < 0)[None])[:, None, :] | (fed[None, None] & sees)
-    keys = None if window is None else torch.where(fed[None], positions.index_select(1, rel.clamp(0, width - 1)), slots)
-    return layer_masks(ok[:, None], dtype, window, mixed, positions, keys)
-
-
 def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tuple[int, ...], last_only: bool):
     """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
     [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
@@ -330,7 +247,7 @@ def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tupl
         out = model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=_static_mask(valid, slots, start, attend, positions, dtype, window, mixed),
+            attention_mask=static_mask(valid, slots, start, attend, positions, dtype, window, mixed),
             cache=cache,
             use_cache=True,
             output_hidden_states=bool(hidden_layers),
@@ -428,7 +345,7 @@ class StaticRaggedCache(RaggedCache):
         start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
         positions = self._physical(torch.zeros(attend.shape[:2], dtype=torch.long) if positions is None else positions,
                                    torch.zeros).to(self.device)  # fmt: skip
-        mask = _static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
+        mask = static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
         rows = (lambda m: m) if self._rows is None else (lambda m: m.index_select(0, self._rows))  # noqa: E731
         return {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)
 
@@ -464,13 +381,6 @@ class StaticRaggedCache(RaggedCache):
         self.rows = [self.rows[i] for i in kept]
         self._rows = torch.tensor(self.rows, dtype=torch.long, device=self.device)
         self.counts = [self.counts[i] for i in kept]
-
-    def compact_if_wasteful(self) -> bool:
-        waste = self._length - max(self.counts, default=0)
-        if waste <= 0 or waste < COMPACT_WHEN * self._length:
-            return False
-        self._compact()
-        return True
 
     def reserve(self, fed: int) -> None:
         """Room for `fed` more columns, compacting when they would not fit; `StaticCacheOverflow`

@@ -32,7 +32,8 @@ from transformers import PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import compile_mode
 from draftsmith.eval.runtime.drafters import Drafter, Proposal
-from draftsmith.eval.runtime.kv import capacity_for, chain_attend, model_cache, spans, tree_attend
+from draftsmith.eval.runtime.kv import capacity_for, model_cache
+from draftsmith.eval.runtime.masks import chain_attend, spans, tree_attend
 from draftsmith.eval.runtime.sampling import (
     SamplingConfig,
     acceptance_probability,
