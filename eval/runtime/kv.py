@@ -342,9 +342,10 @@ class StaticRaggedCache(RaggedCache):
 
     def mask(self, attend, dtype, positions=None):
         """The step's mask(s) [rows, 1, W, capacity], for inspection."""
+        if positions is None:  # only a sliding window reads them
+            positions = torch.zeros(attend.shape[:2], dtype=torch.long)
         start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
-        positions = self._physical(torch.zeros(attend.shape[:2], dtype=torch.long) if positions is None else positions,
-                                   torch.zeros).to(self.device)  # fmt: skip
+        positions = self._physical(positions.to(self.device), torch.zeros)
         mask = static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
         rows = (lambda m: m) if self._rows is None else (lambda m: m.index_select(0, self._rows))  # noqa: E731
         return {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)
