@@ -288,7 +288,7 @@ def test_compiled_greedy_is_identical(setup, spy):
         assert (layers, k + 1) in caches[0]._compiled
         if isinstance(drafter, DraftModelDrafter):
             caches.append(kv_module._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
-            assert {((), 1), ((), 2)} <= set(caches[1]._compiled)
+            assert {(1, k, False), (2, k, False)} <= set(caches[1]._chains)  # greedy: chains
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups do not.
         for kv, key in zip(caches, [(layers, False), ((), False)]):

@@ -584,6 +584,7 @@ def test_medusa_tree_nodes_and_truncation():
     short = drafter.propose(context, [1], None, [None])
     assert short.tokens.tolist() == [[2, 1]] and short.parents == [[-1, -1]]
     chain = MedusaDrafter(heads, 2)
+    chain.prepare(1, None, False, 2, None, logits=True)
     chain.start([[1]], {}, 5)
     chain.accepted([0], torch.tensor([[2]]), {2: torch.zeros(1, 1, 4)})
     out = chain.propose(context, [2], None, [None])
