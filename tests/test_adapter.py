@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import tree_attend
 from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 
 
@@ -226,11 +227,11 @@ def test_errors_leave_the_cache_untouched():
 
 
 @pytest.mark.parametrize("store", STORES)
-def test_a_sliding_window_is_refused(store):
-    """Sliding-window layers (Mistral, Gemma) drop states by column, not by the row's own
-    positions: neither store takes them, and the error names the layer type."""
-    config = tiny_config("mistral")
-    config.sliding_window = 6  # the fixtures disable it; real Mistral checkpoints use 4096
+def test_an_unsupported_layer_kind_is_refused(store):
+    """Full and sliding-window layers are taken (tests/test_sliding_window.py); any other kind
+    (here Llama-4's chunked attention) is refused by both stores, naming it."""
+    config = tiny_config("qwen2")
+    config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
     model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention.*SlidingWindow"):
+    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
         _cache(model, store)

@@ -23,7 +23,8 @@ import torch
 
 from draftsmith.eval.runtime import DecodeStats, generate, generate_batch, row_seed
 from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.kv import RaggedCache, chain_attend
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.masks import chain_attend
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.sampling import SamplingConfig
@@ -598,8 +599,8 @@ def test_unsupported_drafters_and_targets_raise(setup):
         generate_batch(target, PROMPTS, object(), max_new_tokens=4)
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    windowed = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention"):
-        generate_batch(windowed, PROMPTS, max_new_tokens=4)
+    config = tiny_config("qwen2")
+    config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
+    chunked = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+        generate_batch(chunked, PROMPTS, max_new_tokens=4)

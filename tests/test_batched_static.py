@@ -27,7 +27,8 @@ from draftsmith.eval.runtime import generate_batch
 from draftsmith.eval.runtime import kv as kv_module
 from draftsmith.eval.runtime.compiler import StaticCacheOverflow
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, chain_attend, spans
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import chain_attend, spans
 from draftsmith.heads.eagle import EagleCache
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
@@ -104,7 +105,8 @@ def test_static_greedy_equals_default_and_hf(name, setup, spy):
     assert sum(kv is target_kv for kv, *_ in spy["forward"]) == 1 + static.target_calls
     assert {physical for *_, physical in spy["forward"]} == {len(PROMPTS)}
     assert min(rows for _, rows, *_ in spy["forward"]) < len(PROMPTS)
-    assert len({kv for kv, *_ in spy["forward"]}) == (2 if name == "draft" else 1)
+    # The draft model's greedy proposals are chain calls (`StaticRaggedCache.chain`) that commit to its own cache.
+    assert len({kv for kv, *_ in spy["append"]}) == (2 if name == "draft" else 1)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
@@ -151,7 +153,7 @@ def test_static_mask_equals_the_dynamic_one(setup):
     both(2, None, [2, 1], keep=[1, 2])
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
     # A tree block (ancestor masks; row 0 keeps `last` and its second node, row 1 `last` only).
-    from draftsmith.eval.runtime.kv import tree_attend
+    from draftsmith.eval.runtime.masks import tree_attend
 
     attend, _ = tree_attend([[-1, -1], [-1]], 3, static.device)
     live = static.length + 3
@@ -211,18 +213,18 @@ def test_overflow_raises_and_writes_nothing(setup):
     assert isinstance(StaticCacheOverflow("x"), ValueError)
 
 
-def test_bad_compile_mode_and_windowed_models_raise(setup):
+def test_bad_compile_mode_and_chunked_attention_raise(setup):
     from transformers import AutoModelForCausalLM
 
     from fixtures import tiny_config
 
     with pytest.raises(ValueError, match="compile must be"):
         generate_batch(setup[0], PROMPTS, max_new_tokens=2, compile="fastest")
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    windowed = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention"):
-        generate_batch(windowed, PROMPTS, max_new_tokens=4, static_cache=True)
+    config = tiny_config("qwen2")
+    config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
+    chunked = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+        generate_batch(chunked, PROMPTS, max_new_tokens=4, static_cache=True)
 
 
 # ------------------------------------------------------------------------------ sampling
@@ -286,7 +288,7 @@ def test_compiled_greedy_is_identical(setup, spy):
         assert (layers, k + 1) in caches[0]._compiled
         if isinstance(drafter, DraftModelDrafter):
             caches.append(kv_module._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
-            assert {((), 1), ((), 2)} <= set(caches[1]._compiled)
+            assert {(1, k, False), (2, k, False)} <= set(caches[1]._chains)  # greedy: chains
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups do not.
         for kv, key in zip(caches, [(layers, False), ((), False)]):

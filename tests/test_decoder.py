@@ -20,7 +20,7 @@ from draftsmith.eval.runtime import DecodeStats, generate
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
-from fixtures import FAMILIES, VOCAB, tiny_config, tiny_tokenizer
+from fixtures import FAMILIES, VOCAB, tiny_config, tiny_tokenizer, windowed_model
 
 
 N_NEW = 24  # new tokens per greedy comparison: several target calls at every K
@@ -94,19 +94,13 @@ def test_greedy_matches_hf_generate(family, pairs):
     assert accepted["draft"] > 0 and accepted["lookup"] > 0, accepted
 
 
-def test_a_sliding_window_is_refused_clearly():
-    """The ragged cache keeps holes between a row's real columns, which a sliding window would
-    count as tokens: such a target is refused up front, naming the layer type."""
-    from transformers import AutoModelForCausalLM
-
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
-    target.generation_config.eos_token_id = None
-    for drafter in (None, PromptLookupDrafter(), DraftModelDrafter(copy.deepcopy(target))):
-        with pytest.raises(ValueError, match="full-attention.*SlidingWindow"):
-            generate(target, drafter, PROMPTS[4], max_new_tokens=N_NEW, num_draft_tokens=3)
+def test_a_sliding_window_matches_hf_generate():
+    """HF's own sliding-window cache as the reference (window 6, shorter than the sequences)."""
+    target = windowed_model("mistral", window=6)
+    for prompt in (PROMPTS[4], PROMPTS[-1]):
+        reference = _hf_greedy(target, prompt, N_NEW)
+        for drafter in (None, PromptLookupDrafter(), DraftModelDrafter(copy.deepcopy(target))):
+            assert generate(target, drafter, prompt, max_new_tokens=N_NEW, num_draft_tokens=3).tokens == reference
 
 
 # -------------------------------------------------------------------- eos, max_new_tokens
@@ -292,6 +286,23 @@ def _assert_alpha_matches_theory(stats: DecodeStats, min_reached: int = 30) -> i
     return tested
 
 
+class _Seen(DraftModelDrafter):
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        self.seen.append(proposal.logits is not None)
+        return proposal
+
+
+def test_raw_logits_are_stacked_only_for_the_distance_report(pairs):
+    target, draft = pairs("llama")
+    for measure in (False, True):
+        drafter = _Seen(draft)
+        drafter.seen = []
+        out = generate(target, drafter, PROMPTS[4], max_new_tokens=8, num_draft_tokens=3, measure_distances=measure)
+        assert drafter.seen and set(drafter.seen) == {measure}
+        assert (sum(out.stats.kl_count) > 0) == measure
+
+
 def test_measured_acceptance_matches_theory_sampling(pairs):
     target, draft = pairs("llama")
     stats = _pooled(lambda: DraftModelDrafter(draft), target, temperature=1.0, runs=30)
@@ -426,6 +437,9 @@ def test_lossless_test_has_power(pairs):
 class _RawLogitsQ(DraftModelDrafter):
     """The known bug class (transformers #47932): draws from the warped q but reports the raw
     T=1 softmax as q. Acceptance is then decided with the wrong ratio and losslessness breaks."""
+
+    def prepare(self, *args, **kwargs):  # it reads its raw logits
+        return super().prepare(*args, **{**kwargs, "logits": True})
 
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         proposal = super().propose(contexts, num_tokens, sampling, generators)

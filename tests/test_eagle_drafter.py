@@ -323,6 +323,7 @@ def test_chain_proposal_is_the_draft_argmax(pairs):
     prompt = _ids(8, seed=31)
     head = FakeEagleHead(target, "eagle3", seed=31, draft_vocab=150)
     drafter = EagleDrafter(head)
+    drafter.prepare(1, None, False, 5, SamplingConfig(temperature=1.0), logits=True)
     _start(drafter, prompt, _states(target, prompt[:-1], head))
     proposal = drafter.propose([prompt.tolist()], [5], SamplingConfig(temperature=1.0), [None])
     assert proposal.probs is None and proposal.parents is None and proposal.counts == [5]

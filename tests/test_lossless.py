@@ -22,6 +22,9 @@ PATHS = {"batched": dict(batch_size=4), "static": dict(batch_size=4, static_cach
 class RawLogitsQ(DraftModelDrafter):
     """Samples from the warped q but reports the raw T = 1 softmax as q (transformers #47932)."""
 
+    def prepare(self, *args, **kwargs):  # it reads its raw logits
+        return super().prepare(*args, **{**kwargs, "logits": True})
+
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         proposal = super().propose(contexts, num_tokens, sampling, generators)
         return Proposal(proposal.tokens, proposal.counts, torch.softmax(proposal.logits, -1), proposal.logits)

@@ -29,10 +29,12 @@ from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime import compiler as compiler_module
 from draftsmith.eval.runtime import kv as kv_module
 from draftsmith.eval.runtime.compiler import CAPACITY_STEP, StaticCacheOverflow
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache, tree_attend
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.eval.runtime.masks import chain_attend, tree_attend
+from draftsmith.eval.runtime.target import right_aligned
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
-from fixtures import VOCAB, tiny_config
+from fixtures import VOCAB, tiny_config, windowed_model
 from test_eagle_drafter import _oracle_head
 from test_tree import NUM_HEADS, _oracle, informed_medusa
 from test_tree import TREE as MEDUSA_TREE
@@ -180,12 +182,21 @@ def test_a_larger_request_gets_a_larger_cache(pairs):
     assert out.tokens == generate(target, None, prompt, max_new_tokens=20).tokens
 
 
-def test_sliding_window_models_are_refused():
-    config = tiny_config("mistral")
-    config.sliding_window = 6
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="sliding window.*static_cache=False"):
-        StaticRaggedCache(model, 1, 32)
+def test_a_windowed_static_mask_equals_the_growing_one():
+    """Full and sliding layers (window 3): per kind, the static mask on the live columns is the
+    growing store's, through a right-aligned prompt block and a chain call."""
+    model = windowed_model("qwen2", window=3)
+    stores = StaticRaggedCache(model, 2, 16), RaggedCache.for_model(model, 2, "the test model")
+    ids, positions, lo = right_aligned([[5, 6, 7, 8, 9], [5, 6]], [0, 0], "cpu")
+    for kv in stores:
+        kv.forward(model, ids, positions, chain_attend(5, lo, None, 2, "cpu"))
+        kv.commit_spans(5, lo)
+    attend, fed = chain_attend(3, None, None, 2, "cpu"), torch.tensor([[5, 6, 7], [2, 3, 4]])
+    static, growing = (kv.mask(attend, torch.float32, fed) for kv in stores)
+    assert set(static) == set(growing) == {"full_attention", "sliding_attention"}
+    for kind in static:
+        assert torch.equal(static[kind][..., :8], growing[kind]), kind
+    assert not torch.equal(growing["full_attention"], growing["sliding_attention"])  # the window blocks some keys
 
 
 def test_settings_are_checked(pairs):
@@ -370,6 +381,9 @@ def test_the_lossless_check_has_power_on_the_static_path(pairs):
     target, draft = pairs("llama")
 
     class RawLogitsQ(DraftModelDrafter):
+        def prepare(self, *args, **kwargs):  # it reads its raw logits
+            return super().prepare(*args, **{**kwargs, "logits": True})
+
         def propose(self, contexts, num_tokens, sampling, generators):
             proposal = super().propose(contexts, num_tokens, sampling, generators)
             return Proposal(proposal.tokens, proposal.counts, torch.softmax(proposal.logits, -1), proposal.logits)

@@ -33,8 +33,9 @@ from draftsmith.eval.runtime.tree import (
     verify_tree_greedy,
     verify_tree_typical,
 )
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, tree_attend
-from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
+from draftsmith.eval.runtime.masks import tree_attend
+from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, windowed_model
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6
 
@@ -255,7 +256,7 @@ class Recorder(MedusaDrafter):
 
     def start(self, prompts, prefill, vocab_size):
         super().start(prompts, prefill, vocab_size)
-        self.events, self.observed, self.paths, self.asked = [], [], [], []
+        self.events, self.observed, self.paths, self.asked, self.ends_inner = [], [], [], [], []
         states = prefill.get(self.target_layers[0])
         if states is not None:
             self.events.append("prefill")
@@ -277,6 +278,8 @@ class Recorder(MedusaDrafter):
         proposal, self._last = self._last, None
         if proposal is not None and proposal.parents is not None and proposal.counts[0]:
             self.paths.append(_path_of(proposal, committed[0, :n].tolist()))
+            end = self.paths[-1][-1] if self.paths[-1] else -1
+            self.ends_inner.append(end in proposal.parents[0])  # the path's last node has children
 
 
 def _path_of(proposal, tokens: list[int]) -> list[int]:
@@ -313,18 +316,17 @@ def test_tree_greedy_matches_target_only(family, pairs):
     assert accepted > 40 and sideways >= 3, (accepted, sideways)
 
 
-def test_tree_greedy_with_a_sliding_window_is_refused():
-    """Sliding-window layers would count a ragged cache's holes as tokens: refused up front."""
-    config = tiny_config("mistral")
-    config.sliding_window = 48
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
+def test_tree_greedy_with_a_sliding_window_matches_target_only():
+    """A window (4) narrower than the sequence: tree nodes sit at depth positions, and the
+    sliding layers' mask reads positions, not columns."""
+    target = windowed_model("qwen2", window=4)
     prompt = _ids(8, seed=6)
-    tree = MedusaDrafter(ConstantHeads(torch.zeros(2, VOCAB)), 2, tree=[(0,), (1,), (0, 0)])
-    for drafter in (tree, PromptLookupDrafter()):
-        for static in (False, True):
-            with pytest.raises(ValueError, match="full-attention"):
-                generate(target, drafter, prompt, max_new_tokens=8, num_draft_tokens=3, static_cache=static)
+    reference = generate(target, None, prompt, max_new_tokens=12).tokens
+    heads, _ = _oracle(target, prompt, num_new=12, seed=6)
+    for static in (False, True):
+        out = generate(target, MedusaDrafter(heads, 3, tree=TREE), prompt, max_new_tokens=12,
+                       num_draft_tokens=NUM_HEADS, static_cache=static)  # fmt: skip
+        assert out.tokens == reference and sum(out.stats.accepted) > 0, static
 
 
 # --------------------------------------------------------------------- cache compaction
@@ -493,7 +495,13 @@ def test_tree_stats_count_depths(temperature, pairs):
     assert len(drafter.paths) >= len(accepted) - 1  # the last call's path is not handed over
     depths = [min(k, NUM_HEADS) for k in drafter.asked]
     calls = list(zip(accepted, depths))
-    assert stats.reached == [sum(i < min(n + 1, d) for n, d in calls) for i in range(NUM_HEADS)]
+
+    def reached(inner_ends):  # depth i + 1 is reached below a path of length i only where its end has children
+        return [sum(i < n or (i == n < d and inner) for (n, d), inner in zip(calls, inner_ends))
+                for i in range(NUM_HEADS)]  # fmt: skip
+
+    # The last call's path is not handed over: its end may be either.
+    assert stats.reached in (reached(drafter.ends_inner + [True]), reached(drafter.ends_inner + [False]))
     assert stats.accepted_at == [sum(i < n for n, _ in calls) for i in range(NUM_HEADS)]
     # Distances of a tree: expected acceptance at depth 1 only, no KL.
     assert stats.distance_count == [stats.reached[0], 0, 0]
@@ -503,6 +511,31 @@ def test_tree_stats_count_depths(temperature, pairs):
     else:
         assert 0 < stats.accept_prob_sum[0] < stats.reached[0]
     assert not stats.lossy and stats.lossy_kl_per_token == 0.0
+
+
+class LeafThenBranch(Drafter):
+    """Depth 1: the target's next greedy token as a leaf, then a wrong token with a child."""
+
+    def __init__(self, reference: list[int], prompt_length: int):
+        self.reference, self.prompt_length = reference, prompt_length
+
+    def propose(self, contexts, num_tokens, sampling, generators):
+        right = self.reference[len(contexts[0]) - self.prompt_length]
+        wrong = (right + 1) % VOCAB
+        return Proposal(tokens=torch.tensor([[wrong, right, 3]]), counts=[3], parents=[[-1, -1, 0]])
+
+
+def test_a_path_ending_at_a_leaf_is_no_rejection_below_it(pairs):
+    """Every call accepts the leaf at depth 1: depth 2 is never reached (the leaf has no
+    children), so alpha at depth 2 is undefined rather than 0."""
+    target, _ = pairs("llama")
+    prompt = _ids(6, seed=21)
+    reference = generate(target, None, prompt, max_new_tokens=12).tokens
+    out = generate(target, LeafThenBranch(reference, prompt.numel()), prompt, max_new_tokens=12, num_draft_tokens=2)
+    assert out.tokens == reference
+    assert out.stats.accepted == [1] * 6
+    assert out.stats.reached == [6, 0] and out.stats.accepted_at == [6, 0]
+    assert out.stats.alpha_per_position == [1.0, None]
 
 
 def test_tree_errors(pairs):
@@ -551,6 +584,7 @@ def test_medusa_tree_nodes_and_truncation():
     short = drafter.propose(context, [1], None, [None])
     assert short.tokens.tolist() == [[2, 1]] and short.parents == [[-1, -1]]
     chain = MedusaDrafter(heads, 2)
+    chain.prepare(1, None, False, 2, None, logits=True)
     chain.start([[1]], {}, 5)
     chain.accepted([0], torch.tensor([[2]]), {2: torch.zeros(1, 1, 4)})
     out = chain.propose(context, [2], None, [None])

@@ -2,8 +2,9 @@
 
 The contract (the loop in `eval/runtime/loop.py` drives it):
 
-    drafter.prepare(batch, capacity, compile, k, sampling)   before the clock: capacity (columns
-                                         per row) is None on the growing store; returns the
+    drafter.prepare(batch, capacity, compile, k, sampling, logits)   before the clock: capacity
+                                         (columns per row) is None on the growing store; `logits`:
+                                         whether proposals carry their raw logits; returns the
                                          seconds spent compiling
     drafter.start(prompts, prefill, vocab_size)   prefill: {layer: [B, P, H]} target states of
                                          every prompt token but the last (rows right-aligned)
@@ -19,7 +20,7 @@ accepted path) in its first n_b + 1 columns.
 
 A `Proposal` carries tokens [B, N] (row b's first counts[b]), and either `probs` [B, N, V], the
 exact distributions they were drawn from, or `probs=None` for deterministic proposals (q = 1 on
-each token). Optionally `logits`: the raw (T = 1) logits, only for the KL/TV report. Trees:
+each token). `logits`: the raw (T = 1) logits, for the KL/TV report only (when `prepare` asked). Trees:
 `parents[b][i]` is the index of row b's node i's parent, or -1 for a child of the last committed
 token; nodes in topological order, deterministic. `parents=None`: every row is a chain.
 
@@ -39,7 +40,8 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
-from draftsmith.eval.runtime.kv import RaggedCache, chain_attend, model_cache
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, model_cache
+from draftsmith.eval.runtime.masks import chain_attend
 from draftsmith.eval.runtime.sampling import SamplingConfig, draw
 from draftsmith.eval.runtime.target import max_positions, right_aligned
 
@@ -76,7 +78,12 @@ class Drafter:
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (num_tokens,)
 
-    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig) -> float:
+    #: Whether proposals carry their raw logits (set by `prepare`: only the distance report reads them).
+    logits = False
+
+    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig,
+                logits: bool = False) -> float:  # fmt: skip
+        self.logits = logits
         return 0.0
 
     def start(self, prompts: list[list[int]], prefill: dict[int, torch.Tensor], vocab_size: int) -> None:
@@ -101,8 +108,10 @@ class DraftModelDrafter(Drafter):
     bonus); the drafts x_1..x_{K-1} enter the cache while drafting, and after verification row b
     keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded with
     -inf, or cut) so that q and p cover the same tokens. On the static path the cache is
-    preallocated, and with `compile` its width-1 and width-2 steps (a draft step; a catch-up
-    after a correction or a bonus) run compiled.
+    preallocated and a greedy proposal is ONE call (the catch-up and every draft step,
+    `kv.make_chain`); with `compile` that chain is compiled for catch-ups of 1 and 2 tokens
+    (after a correction; after a bonus), sampled proposals' width-1 and width-2 steps instead
+    (the draws come from the rows' generators between steps).
     """
 
     def __init__(self, model: PreTrainedModel, name: str = "draft"):
@@ -110,21 +119,27 @@ class DraftModelDrafter(Drafter):
         self.name = name
         self.kv: RaggedCache | None = None
         self._capacity, self._compile = None, False
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.model_vocab = self.vocab_size = model.get_output_embeddings().weight.shape[0]  # the target's after start
         self._spec_start = 0  # first cache column of this call's drafts
+        self._bias = None  # greedy chains: -inf on the draft ids past the target's vocabulary
 
     def max_positions(self) -> int | None:
         return max_positions(self.model.config)
 
-    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
-        self._capacity, self._compile = capacity, compile
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        self._capacity, self._compile, self.logits = capacity, compile, logits
         if capacity is None:
             return 0.0
-        return model_cache(self.model, "draft", batch, capacity, compile).warm_up([1, 2])
+        kv = model_cache(self.model, "draft", batch, capacity, compile)
+        if sampling.greedy:
+            return kv.warm_up([1, 2], chain=num_tokens, vocab=self.model_vocab, logits=logits)
+        return kv.warm_up([1, 2])
 
     def start(self, prompts, prefill, vocab_size) -> None:
         self.vocab_size = vocab_size
         self.kv = model_cache(self.model, "draft", len(prompts), self._capacity, self._compile)
+        self._bias = torch.zeros(self.model_vocab, device=self.model.device)
+        self._bias[vocab_size:] = float("-inf")
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         extra = self.vocab_size - logits.shape[-1]
@@ -145,13 +160,19 @@ class DraftModelDrafter(Drafter):
         ids, positions, lo = right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
         width = max(num_tokens)
         self.kv.reserve(ids.shape[1] + width - 1)  # room for the catch-up and the drafts: no compaction between
+        if sampling.greedy and isinstance(self.kv, StaticRaggedCache):  # the whole chain in one call
+            tokens, raw = self.kv.chain(ids, positions, lo, width, self._bias, self.logits)
+            self._spec_start = self.kv.length - (width - 1)
+            raw = None if raw is None else self._aligned(raw.float())
+            return Proposal(tokens=tokens, counts=list(num_tokens), logits=raw)
         logits = self._forward(ids, positions, lo, logits_to_keep=1)
         self._spec_start = self.kv.length
         base = torch.tensor(self.kv.counts, device=device)  # position of each row's first draft
         tokens, probs, raw = [], [], []
         for i in range(width):
             logits = self._aligned(logits.float())
-            raw.append(logits)
+            if self.logits:
+                raw.append(logits)
             if sampling.greedy:
                 token = logits.argmax(-1)
             else:
@@ -170,7 +191,7 @@ class DraftModelDrafter(Drafter):
             tokens=torch.stack(tokens, dim=1),
             counts=list(num_tokens),
             probs=torch.stack(probs, dim=1) if probs else None,
-            logits=torch.stack(raw, dim=1),
+            logits=torch.stack(raw, dim=1) if raw else None,
         )
 
     def select(self, rows, kept) -> None:
@@ -309,8 +330,8 @@ class MedusaDrafter(Drafter):
         depth = min(num_tokens, self.num_heads)
         return depth if self.tree is None else int(self._depth[: self._count[depth]].max()) + 1
 
-    def prepare(self, batch, capacity, compile, num_tokens, sampling) -> float:
-        used = self._heads_used(num_tokens)
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        used, self.logits = self._heads_used(num_tokens), logits
         if compile_mode(compile) is None:
             self._compiled = None
             return 0.0
@@ -351,7 +372,8 @@ class MedusaDrafter(Drafter):
             logits, top = _heads_function(self.heads, used, self._top)(h)
         if self.tree is None:  # head j's argmax proposes draft j + 1
             width = max(depth)
-            return Proposal(tokens=top[:width].T, counts=depth, logits=logits[:width].transpose(0, 1))
+            raw = logits[:width].transpose(0, 1) if self.logits else None
+            return Proposal(tokens=top[:width].T, counts=depth, logits=raw)
         counts = [self._count[d] for d in depth]
         nodes = max(counts)
         head, rank = self._depth[:nodes].to(top.device), self._rank[:nodes].to(top.device)

@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.runtime.drafters import Drafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache, spans
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.masks import additive, chain_attend, spans
 from draftsmith.eval.runtime.target import max_positions, right_align, right_aligned
 from draftsmith.heads.eagle import EagleCache
 
@@ -117,8 +118,7 @@ class EagleDrafter(Drafter):
         start = attend.shape[-1] - ids.shape[1]  # speculative columns already in the cache
         real = self.kv.valid[:, : self.kv.length - start]
         allowed = torch.cat([real[:, None, :].expand(-1, ids.shape[1], -1), attend], dim=-1)[:, None]
-        dtype = self._param().dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = additive(allowed, self._param().dtype)
         out, logits = self.head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
         self.kv.commit(torch.ones(ids.shape, dtype=torch.bool) if keep is None else keep)
         return out, logits
@@ -128,11 +128,8 @@ class EagleDrafter(Drafter):
         ids, features, positions, lo = self._pending
         self._pending = None
         width, device = ids.shape[1], ids.device
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        real_cols = torch.arange(width, device=device)[None] >= torch.tensor(lo, device=device)[:, None]
-        attend = (causal[None] & real_cols[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None]
         keep = spans(width, lo, None, len(lo), "cpu")  # padding columns: holes
-        g, logits = self._feed(ids, features, positions, attend, keep=keep)
+        g, logits = self._feed(ids, features, positions, chain_attend(width, lo, None, len(lo), device), keep=keep)
         g, logits = g[:, -1], logits[:, -1]
         got = torch.tensor([width > l for l in lo], device=device)[:, None]
         if self._root is not None:  # a row with no new pair keeps its old root
@@ -164,12 +161,13 @@ class EagleDrafter(Drafter):
         for i in range(max(counts)):
             token = self.head.draft_to_target(logits.argmax(-1))  # the head reads target ids
             drafted.append(token)
-            raw.append(logits)
+            if self.logits:
+                raw.append(logits)
             if i + 1 < max(counts):  # the next position: the drafted token with the head's own g
                 seen = torch.ones(len(counts), 1, i + 1, dtype=torch.bool, device=token.device)
                 out, step_logits = self._feed(token[:, None], g[:, None], base + i, seen)
                 g, logits = out[:, -1], step_logits[:, -1]
-        raw = self.head.target_logits(torch.stack(raw, dim=1)).float()
+        raw = self.head.target_logits(torch.stack(raw, dim=1)).float() if raw else None
         return Proposal(tokens=torch.stack(drafted, dim=1), counts=counts, logits=raw)
 
     def _expand(self, base, depth: int, counts) -> Proposal:

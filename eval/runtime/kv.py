@@ -25,8 +25,12 @@ Two stores, chosen by a setting, behind the same moves:
   same shapes and `warm_up` can `torch.compile` it per width (a narrower call is padded up).
   The B physical rows stay: a finished row becomes a padding row (token 0, no real column, it
   sees only itself; its outputs are dropped).
-Caches must be full-attention layers (a sliding window would drop states by column, not by the
-row's own positions), and attention must take a 4-D float mask (eager or sdpa).
+Sliding-window layers (Mistral, Qwen2's `use_sliding_window`, Gemma-2/3, gpt-oss) keep every
+column too: HF's own sliding layers drop states by column, which would count a row's holes as
+tokens. The cache keeps each column's position instead, and a sliding layer's mask also blocks
+the keys `window` or more positions behind the query (HF takes {"full_attention": mask,
+"sliding_attention": mask} for a model with both kinds). Attention must take a 4-D float mask
+(eager or sdpa).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from draftsmith.eval.runtime.compiler import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
+from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_masks, spans, static_mask
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
 #: attention then never reads more than 4/3 of the live cache, and a compaction (one gather of
@@ -58,48 +63,6 @@ def capacity_for(columns: int) -> int:
     return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
 
 
-# ------------------------------------------------------------------- what fed columns see
-
-
-def spans(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
-    """Bool [B, width]: True on columns [lo_b, hi_b) of row b (None: 0 / width)."""
-    cols = torch.arange(width, device=device)[None]
-    out = torch.ones(batch, width, dtype=torch.bool, device=device)
-    if lo is not None:
-        out &= cols >= torch.tensor(lo, device=device)[:, None]
-    if hi is not None:
-        out &= cols < torch.tensor(hi, device=device)[:, None]
-    return out
-
-
-def chain_attend(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
-    """[B, W, W]: each fed column sees the real fed columns [lo_b, hi_b) up to itself, and itself
-    (so no query row is fully blocked: a padding column's output is never read)."""
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(width, dtype=torch.bool, device=device)
-    return (causal[None] & spans(width, lo, hi, batch, device)[:, None, :]) | eye[None]
-
-
-def tree_attend(parents: list[list[int]], width: int, device) -> tuple[torch.Tensor, list[list[int]]]:
-    """[B, W, W] for rows fed [last] + nodes (node i at column i + 1; `parents[b][i]` its
-    parent's index, -1 = a child of `last`), and each row's fed depths (0 for `last`): a node
-    sees `last`, its ancestors and itself; padding columns see themselves."""
-    rows, depths = [], []
-    for row in parents:
-        # Ancestor sets as Python bitmasks (a node's = its parent's | itself), one tensor at the
-        # end: a per-node tensor update costs ~20 us a node, the budget of a whole call.
-        sets, depth = [1], [0]
-        for i, parent in enumerate(row):
-            if not -1 <= parent < i:
-                raise ValueError(f"tree nodes must come after their parents; node {i} has parent {parent}")
-            sets.append(sets[parent + 1] | (1 << (i + 1)))
-            depth.append(depth[parent + 1] + 1)
-        sets += [1 << j for j in range(len(sets), width)]
-        rows.append([[(s >> j) & 1 for j in range(width)] for s in sets])
-        depths.append(depth)
-    return torch.tensor(rows, dtype=torch.bool, device=device).view(len(parents), width, width), depths
-
-
 # ----------------------------------------------------------------------- the growing store
 
 
@@ -111,22 +74,21 @@ class RaggedCache:
     forward with `mask` (or through `forward` for a HF model), then `commit`s what each row keeps.
     """
 
-    def __init__(self, cache, batch: int, device: torch.device):
+    def __init__(self, cache, batch: int, device: torch.device, window: int | None = None, mixed: bool = False):
         self.cache = cache
         self.device = device
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.counts = [0] * batch  # real columns per row
+        self.window, self.mixed = window, mixed
+        self.positions = torch.zeros(batch, 0, dtype=torch.long, device=device)  # per column (sliding windows)
+        self._fed = None  # positions of the last forward's columns, until `commit`
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, batch: int, owner: str) -> RaggedCache:
+        window, mixed = attention_of(model, owner)
         cache = DynamicCache(config=model.config)
-        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
-        if odd:
-            raise ValueError(
-                f"the decoder needs full-attention caches, but {owner} has {', '.join(odd)} layers: a ragged batch "
-                "keeps holes between real columns, which a sliding window would count as tokens"
-            )
-        return cls(cache, batch, model.device)
+        cache.layers = [DynamicLayer() for _ in cache.layers]  # sliding ones too: the mask applies the window
+        return cls(cache, batch, model.device, window, mixed)
 
     @property
     def length(self) -> int:
@@ -144,14 +106,15 @@ class RaggedCache:
             return [self.cache] if self.cache.keys is not None else []
         return [layer for layer in layers if layer.is_initialized and layer.keys is not None and layer.keys.numel()]
 
-    def mask(self, attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def mask(self, attend: torch.Tensor, dtype: torch.dtype, positions: torch.Tensor | None = None):
         """Float additive mask [B, 1, W, S + W]: a fed column sees its row's real cache columns
-        and the fed columns `attend [B, W, W]` marks."""
+        and the fed columns `attend [B, W, W]` marks (and, with a sliding window, those within it
+        of the fed `positions [B, W]`; `layer_masks`)."""
         batch, width = attend.shape[0], attend.shape[1]
         past = self.valid[:, None, :].expand(batch, width, self.length)
-        allowed = torch.cat([past, attend], dim=-1)[:, None]
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        allowed = torch.cat([past, attend.to(self.device)], dim=-1)[:, None]
+        keys = None if self.window is None else torch.cat([self.positions, positions], dim=1)
+        return layer_masks(allowed, dtype, self.window, self.mixed, positions, keys)
 
     @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
@@ -159,10 +122,12 @@ class RaggedCache:
         `attend=None`: every fed column is real and causal (no mask at all while the cache is
         dense). The bookkeeping is the caller's: `commit` afterwards."""
         mask = None
-        if attend is not None or not self.dense:
+        if self.window is not None:
+            self._fed = positions.to(self.device)
+        if attend is not None or not self.dense or self.window is not None:
             if attend is None:
                 attend = chain_attend(ids.shape[1], None, None, ids.shape[0], self.device)
-            mask = self.mask(attend, model.dtype)
+            mask = self.mask(attend, model.dtype, self._fed)
         out = model(
             input_ids=ids,
             position_ids=positions,
@@ -185,6 +150,8 @@ class RaggedCache:
         self._check_length(self.length + width)
         used = self._count(keep)
         self.valid = torch.cat([self.valid, keep[:, :used].to(self.device)], dim=1)
+        if self.window is not None:
+            self.positions = torch.cat([self.positions, self._fed[:, :used]], dim=1)
         if used < width:
             self._cut(self.length)
 
@@ -217,6 +184,7 @@ class RaggedCache:
             holder.keys = holder.keys.index_select(0, rows.to(holder.keys.device))
             holder.values = holder.values.index_select(0, rows.to(holder.values.device))
         self.valid = self.valid.index_select(0, rows.to(self.device))
+        self.positions = self.positions.index_select(0, rows.to(self.device))
         self.counts = [self.counts[i] for i in kept]
 
     @staticmethod
@@ -229,24 +197,29 @@ class RaggedCache:
 
     def compact_if_wasteful(self) -> bool:
         """Gather every row's real columns to the right end when the holes are worth it."""
-        length, live = self.length, max(self.counts, default=0)
-        waste = length - live
-        if waste <= 0 or waste < COMPACT_WHEN * length:
+        waste = self.length - max(self.counts, default=0)
+        if waste <= 0 or waste < COMPACT_WHEN * self.length:
             return False
+        self._compact()
+        return True
+
+    def _compact(self) -> None:
+        length, live = self.length, max(self.counts, default=0)
         index, self.valid = self._order(self.valid, length, live)
+        if self.window is not None:
+            self.positions = self.positions.gather(1, index)
         for holder in self._holders():
             for name in ("keys", "values"):
                 x = getattr(holder, name)
                 shape = (x.shape[0],) + (1,) * (x.dim() - 3) + (live, 1)
                 gather = index.to(x.device).view(shape).expand(*x.shape[:-2], live, x.shape[-1])
                 setattr(holder, name, x.gather(-2, gather))
-        return True
 
     def _cut(self, length: int) -> None:
         for holder in self._holders():
             holder.keys = holder.keys[..., :length, :]
             holder.values = holder.values[..., :length, :]
-        self.valid = self.valid[:, :length]
+        self.valid, self.positions = self.valid[:, :length], self.positions[:, :length]
 
     def _check_length(self, expected: int) -> None:
         for holder in self._holders():
@@ -260,33 +233,21 @@ class RaggedCache:
 # ------------------------------------------------------------------- the preallocated store
 
 
-def _static_mask(valid, start, attend, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask [B, 1, W, capacity] of W columns written at `start` (0-d long): a fed
-    column sees its row's real columns before `start` (valid [B, capacity]) and the fed columns
-    `attend [B, W, W]` marks; every slot past the fed ones is junk and blocked. Pure tensor
-    code: it runs inside the compiled step."""
-    width = attend.shape[-1]
-    rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
-    sees = attend.index_select(2, rel.clamp(0, width - 1))  # [B, W, capacity]
-    past = (valid & (rel < 0)[None])[:, None, :]
-    ok = past | (((rel >= 0) & (rel < width))[None, None] & sees)
-    return torch.where(ok, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
-
-
-def make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[int, ...], last_only: bool):
+def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tuple[int, ...], last_only: bool):
     """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
-    [B, capacity], start 0-d long, attend [B, W, W]) -> (logits, hidden states of
-    `hidden_layers`); `last_only`: the last column's logits only."""
-    layers = list(cache.layers)
-    dtype = model.dtype
+    [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
+    [B, W, W]) -> (logits, hidden states of `hidden_layers`); `last_only`: the last column's
+    logits only."""
+    layers, cache = list(kv.cache.layers), kv.cache
+    dtype, window, mixed = model.dtype, kv.window, kv.mixed
 
-    def step(ids, positions, valid, start, attend):
+    def step(ids, positions, valid, slots, start, attend):
         for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
             layer.cumulative_length.copy_(start)
         out = model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=_static_mask(valid, start, attend, dtype),
+            attention_mask=static_mask(valid, slots, start, attend, positions, dtype, window, mixed),
             cache=cache,
             use_cache=True,
             output_hidden_states=bool(hidden_layers),
@@ -297,6 +258,34 @@ def make_step(model: PreTrainedModel, cache: StaticCache, hidden_layers: tuple[i
     return step
 
 
+def make_chain(step, width: int, num_tokens: int, logits: bool):
+    """A greedy draft chain over a static cache's `step` (its last-logits variant), as one
+    function: (ids [B, p], positions, valid, slots, start, attend, keep [B, p], bias [V]) ->
+    (tokens [B, k], then with `logits` their logits [B, k, V]). It feeds the p catch-up columns
+    (`keep`: the real ones), then k - 1 times the argmax of (logits + bias) at the next
+    position and slot; `bias` is -inf on ids the target lacks. Pure tensor code: `valid` and
+    `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
+
+    def chain(ids, positions, valid, slots, start, attend, keep, bias):
+        out, _ = step(ids, positions, valid, slots, start, attend)
+        rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
+        fed = (rel >= 0) & (rel < width)
+        # The catch-up's real columns, then every later slot: a step sees only slots before its own.
+        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid) | (rel >= width)
+        slots = torch.where(fed, positions.index_select(1, rel[0].clamp(0, width - 1)), slots)
+        slots = torch.where(rel >= width, positions[:, -1:] + 1 + rel - width, slots)
+        one = torch.ones(ids.shape[0], 1, 1, dtype=torch.bool, device=ids.device)
+        tokens, raw = [], []
+        for i in range(num_tokens):
+            raw.append(out[:, -1])
+            tokens.append((raw[-1].float() + bias).argmax(-1))
+            if i + 1 < num_tokens:
+                out, _ = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)
+        return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
+
+    return chain
+
+
 class StaticRaggedCache(RaggedCache):
     """A `RaggedCache` over a preallocated HF `StaticCache` (module docstring), with its forward.
 
@@ -304,13 +293,9 @@ class StaticRaggedCache(RaggedCache):
     """
 
     def __init__(self, model: PreTrainedModel, batch: int, capacity: int, *, compile=False, owner: str = "the target"):
+        self.window, self.mixed = attention_of(model, owner)
         cache = StaticCache(config=model.config, max_cache_len=capacity)
-        odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
-        if odd:
-            raise ValueError(
-                f"the static cache needs full-attention layers, but {owner} has {', '.join(odd)} layers (a sliding "
-                "window is a ring buffer that cannot hold a ragged batch's holes). Decode it with static_cache=False."
-            )
+        cache.layers = [StaticLayer(max_cache_len=capacity) for _ in cache.layers]  # sliding ones: by the mask
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
@@ -321,7 +306,9 @@ class StaticRaggedCache(RaggedCache):
         self.compiler = Compiler(compile, self.device, owner)
         self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
         self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
+        self._chains: dict[tuple, object] = {}  # (width, tokens, logits) -> compiled greedy draft chain
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
         self.reset()
 
     def reset(self) -> None:
@@ -353,10 +340,15 @@ class StaticRaggedCache(RaggedCache):
         out = fill(self.batch, *x.shape[1:]).to(device=x.device, dtype=x.dtype)
         return out.index_copy_(0, self._rows.to(x.device), x)
 
-    def mask(self, attend, dtype) -> torch.Tensor:
-        """The step's mask [rows, 1, W, capacity], for inspection."""
-        mask = _static_mask(self._valid, torch.tensor(self._length, device=self.device), self._attend(attend), dtype)
-        return mask if self._rows is None else mask.index_select(0, self._rows)
+    def mask(self, attend, dtype, positions=None):
+        """The step's mask(s) [rows, 1, W, capacity], for inspection."""
+        if positions is None:  # only a sliding window reads them
+            positions = torch.zeros(attend.shape[:2], dtype=torch.long)
+        start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
+        positions = self._physical(positions.to(self.device), torch.zeros)
+        mask = static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
+        rows = (lambda m: m) if self._rows is None else (lambda m: m.index_select(0, self._rows))  # noqa: E731
+        return {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)
 
     def _attend(self, attend: torch.Tensor) -> torch.Tensor:
         width = attend.shape[-1]
@@ -391,13 +383,6 @@ class StaticRaggedCache(RaggedCache):
         self._rows = torch.tensor(self.rows, dtype=torch.long, device=self.device)
         self.counts = [self.counts[i] for i in kept]
 
-    def compact_if_wasteful(self) -> bool:
-        waste = self._length - max(self.counts, default=0)
-        if waste <= 0 or waste < COMPACT_WHEN * self._length:
-            return False
-        self._compact()
-        return True
-
     def reserve(self, fed: int) -> None:
         """Room for `fed` more columns, compacting when they would not fit; `StaticCacheOverflow`
         (nothing written) when even the compacted cache cannot hold them."""
@@ -420,6 +405,7 @@ class StaticRaggedCache(RaggedCache):
             for x in (holder.keys, holder.values):
                 gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
                 x[..., :live, :] = x.gather(-2, gather)
+        self._slots[:, :live] = self._slots.gather(1, index)
         self._valid[:, :live] = valid
         self._valid[:, live:length] = False
         self._length = live
@@ -428,39 +414,79 @@ class StaticRaggedCache(RaggedCache):
 
     def _step(self, key: tuple):
         if key not in self._eager:
-            self._eager[key] = make_step(self.model, self.cache, *key)
+            self._eager[key] = make_step(self.model, self, *key)
         return self._eager[key]
 
     def _inputs(self, ids, positions, attend):
+        """The step's inputs; the fed columns' positions go into `slots` (read by later calls)."""
         ids, positions = ids.to(self.device), positions.to(self.device)
         start = torch.tensor(self._length, dtype=torch.long, device=self.device)
-        zeros = torch.zeros
-        return self._physical(ids, zeros), self._physical(positions, zeros), self._valid, start, self._attend(attend)
+        ids, positions = self._physical(ids, torch.zeros), self._physical(positions, torch.zeros)
+        if self.window is not None:
+            self._slots[:, self._length : self._length + positions.shape[1]] = positions
+        return ids, positions, self._valid, self._slots, start, self._attend(attend)
 
     @torch.inference_mode()
-    def warm_up(self, widths, hidden_layers: tuple[int, ...] = ()) -> float:
-        """Compile the all-logits step of `hidden_layers` for each width and run it once (every
-        column a hole written past the pointer: the content is unchanged). Returns the seconds
-        spent compiling; 0 without compilation."""
+    def warm_up(self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0,
+                logits: bool = False) -> float:  # fmt: skip
+        """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
+        the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
+        `vocab`-sized bias) and run it once (every column a hole written past the pointer: the
+        content is unchanged). Returns the seconds spent compiling; 0 without compilation."""
         hidden_layers = tuple(hidden_layers)
         before = self.compiler.seconds
         for width in sorted(set(widths)):
-            if not self.compiler.enabled:  # off, or a failed compile turned it off
-                break
-            if (hidden_layers, width) in self._compiled:
+            key = (width, chain, logits) if chain else (hidden_layers, width)
+            compiled = self._chains if chain else self._compiled
+            if not self.compiler.enabled or key in compiled:  # off (or a failed compile turned it off), or done
                 continue
-            self.reserve(width)
+            self.reserve(width + max(chain - 1, 0))
             rows = len(self.rows)
             # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
             ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
             inputs = self._inputs(ids, positions, chain_attend(width, None, [0] * rows, rows, self.device))
+            if chain:
+                ones = torch.ones(self.batch, width, dtype=torch.bool, device=self.device)
+                fn = make_chain(self._step(((), True)), width, chain, logits)
+                inputs = (*inputs, ones, torch.zeros(vocab, device=self.device))
+            else:
+                fn = self._step((hidden_layers, False))
             # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
             # lock dynamo cannot trace.
-            self._step((hidden_layers, False))(*inputs)
-            compiled = self.compiler.wrap(self._step((hidden_layers, False)))
-            if self.compiler.first_calls(f"width {width}", compiled, *inputs):
-                self._compiled[(hidden_layers, width)] = compiled
+            fn(*inputs)
+            wrapped = self.compiler.wrap(fn)
+            if self.compiler.first_calls(f"{f'a {chain}-token chain after ' if chain else ''}width {width}", wrapped,
+                                         *inputs):  # fmt: skip
+                compiled[key] = wrapped
         return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def chain(self, ids, positions, lo: list[int], num_tokens: int, bias: torch.Tensor, logits: bool = False):
+        """A greedy draft chain (`make_chain`): feed the right-aligned catch-up ids [rows, p]
+        (row b's real columns from lo_b) at `positions`, then draft `num_tokens` tokens, feeding
+        each but the last. One compiled call when a chain of >= num_tokens was warmed for p (a
+        longer one is cut: its extra drafts stay junk past the pointer), else the same function
+        uncompiled. Returns tokens [rows, k] and, with `logits`, their logits [rows, k, V]; the
+        cache then holds the catch-up and k - 1 drafts, as step-by-step forwards leave it."""
+        width, rows = ids.shape[1], ids.shape[0]
+        fits = [k for (w, k, l) in self._chains if (w, l) == (width, logits) and num_tokens <= k
+                and self._length + width + k - 1 <= self.capacity]  # fmt: skip
+        k = min(fits, default=num_tokens)
+        self.reserve(width + k - 1)  # nothing to do when the caller reserved the room (no compaction then)
+        fn = self._chains[(width, k, logits)] if fits else make_chain(self._step(((), True)), width, k, logits)
+        keep = spans(width, lo, None, rows, "cpu")
+        inputs = self._inputs(ids, positions, chain_attend(width, lo, None, rows, self.device))
+        out = fn(*inputs, self._physical(keep.to(self.device), torch.zeros), bias.to(self.device))
+        out = [x[:, :num_tokens] if self._rows is None else x[:, :num_tokens].index_select(0, self._rows) for x in out]
+        if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+            out = [x.clone() for x in out]
+        self.commit(keep)
+        if num_tokens > 1:
+            if self.window is not None:
+                drafts = positions[:, -1:].to(self.device) + torch.arange(1, num_tokens, device=self.device)
+                self._slots[:, self._length : self._length + num_tokens - 1] = self._physical(drafts, torch.zeros)
+            self.commit(torch.ones(rows, num_tokens - 1, dtype=torch.bool))
+        return out[0], (out[1] if logits else None)
 
     @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:

@@ -32,7 +32,8 @@ from transformers import PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import compile_mode
 from draftsmith.eval.runtime.drafters import Drafter, Proposal
-from draftsmith.eval.runtime.kv import capacity_for, chain_attend, model_cache, spans, tree_attend
+from draftsmith.eval.runtime.kv import capacity_for, model_cache
+from draftsmith.eval.runtime.masks import chain_attend, spans, tree_attend
 from draftsmith.eval.runtime.sampling import (
     SamplingConfig,
     acceptance_probability,
@@ -183,7 +184,7 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         kv = model_cache(model, "target", batch, capacity, compile)
         result.compile_seconds = kv.warm_up(widths, hidden_layers=layers)
     if drafter is not None:
-        result.compile_seconds += drafter.prepare(batch, capacity, compile, k_max, sampling)
+        result.compile_seconds += drafter.prepare(batch, capacity, compile, k_max, sampling, logits=measure_distances)
     start = now()
     if capacity is None:
         kv = model_cache(model, "target", batch, None)
@@ -235,7 +236,8 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
             row, n = stats[r], len(paths[i])
             row.proposed.append(call.counts[i])
             row.accepted.append(n)
-            for j in range(min(n + 1, call.depth[i])):  # position j + 1 reached; accepted when j < n
+            # Depth j + 1 was reached when the path got to depth j and the node there has children.
+            for j in range(n + call.has_children(i, paths[i])):
                 row.reached[j] += 1
                 row.accepted_at[j] += int(j < n)
             row.lossy_kl_sum += lossy_kl[i]
@@ -299,7 +301,6 @@ class _Call:
             self._trees(proposal, budget, device)
         width = max(self.counts, default=0)
         self.tokens = self.tokens[:, :width]
-        self.depth = [max(depths(p), default=0) for p in self.parents]
         self.attend = None
         self.offsets = torch.arange(width + 1, device=device)[None]
         if proposal is not None and proposal.parents is not None:
@@ -321,6 +322,11 @@ class _Call:
                 rows.append(proposal.tokens[b])
             self.parents[b], self.counts[b] = parents, len(parents)
         self.tokens = torch.stack(rows).to(device)
+
+    def has_children(self, b: int, path: list[int]) -> bool:
+        """Whether the node a row's accepted path ends at (the root when empty) has children."""
+        end = path[-1] if path else -1
+        return any(parent == end for parent in self.parents[b])
 
     def keep(self, paths: list[list[int]]) -> torch.Tensor:
         """[R, W] bool: column 0 (`last`) and the columns of each row's accepted path."""

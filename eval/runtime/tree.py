@@ -192,13 +192,3 @@ def verify_tree_typical(
         kl += cost[child]
         row = child + 1
 
-
-__all__ = [
-    "children_of",
-    "depths",
-    "truncate_tree",
-    "typical_threshold",
-    "verify_tree",
-    "verify_tree_greedy",
-    "verify_tree_typical",
-]
