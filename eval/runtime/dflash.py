@@ -117,7 +117,7 @@ class DFlashDrafter(Drafter):
         raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k
         counts = [max(0, min(k, Bs - 1)) for k in num_tokens]
         if sampling.greedy:
-            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw)
+            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
         q = sampling.probs(raw)  # [B, Bs-1, V]: exactly what each slot is drawn from
         # Slots past a row's budget take the argmax (never verified) and leave its generator alone.
         tokens = torch.stack([
@@ -125,7 +125,7 @@ class DFlashDrafter(Drafter):
                          for i in range(Bs - 1)])
             for b, g in enumerate(generators)
         ])  # fmt: skip
-        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw)
+        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
 
     def select(self, rows, kept) -> None:
         self.kv.select(rows, kept)
