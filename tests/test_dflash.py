@@ -199,6 +199,9 @@ class Checked(DFlashDrafter):
         super().__init__(head)
         self.target, self.calls = target, 0
 
+    def prepare(self, *args, **kwargs):
+        return super().prepare(*args[:5], logits=True)  # the check reads each proposal's raw logits
+
     def propose(self, contexts, num_tokens, sampling, generators):
         proposal = super().propose(contexts, num_tokens, sampling, generators)
         head = self.head
