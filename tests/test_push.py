@@ -231,7 +231,7 @@ def test_medusa_run_arrives_complete_and_loads(runs, hub, tmp_path):
     # The run's OUT/eval/report.json is found: its tau and alpha are in the card.
     report = json.loads((runs / "medusa" / "eval" / "report.json").read_text())
     row = next(r for r in report["methods"] if r["method"] == "medusa-chain")
-    assert f"| medusa-chain | {row['alpha']:.2f} | {row['tau']:.2f} |" in text
+    assert f"| medusa-chain | {row['alpha']:.2f} | {row['acceptance_rate']:.2f} | {row['tau']:.2f} |" in text
     assert "counts the bonus token" in text and "Not evaluated" not in text
     assert '"num_speculative_tokens": 2' in text  # the K it was evaluated at
     assert yaml.safe_load(files["recipe.yaml"])["num_heads"] == 2
