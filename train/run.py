@@ -296,6 +296,10 @@ class TrainingRun:
             self._warm_start(Path(r.init_from).expanduser())
         if step == 0:
             refuse_earlier_run(self.out)
+        # every process has checked `out` as it found it (so all pass or all raise) before the
+        # main one writes there: otherwise a slower process would take this run's recipe.json
+        # for an earlier run's
+        acc.wait_for_everyone()
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             drop_metrics_after(self.metrics_path, step)
