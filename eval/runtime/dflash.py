@@ -26,41 +26,25 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.drafters import Drafter, Proposal
+from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
 from draftsmith.eval.runtime.sampling import draw
-from draftsmith.eval.runtime.target import max_positions
 from draftsmith.heads.dflash import DFlashCache
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(HeadDrafter):
     """DFlash drafting (a chain) over the target's hidden states `head.config.aux_layer_ids`."""
 
     def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
-        self.head = head.eval()
-        self.name = name
-        self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
-        if not self.target_layers:
-            raise ValueError("head.config.aux_layer_ids is empty: the DFlash head must name the target layers it reads")
+        super().__init__(head.eval(), name, "DFlash")
         self.block_size = int(head.config.block_size)
         self.mask_token_id = int(head.config.mask_token_id)
         self.kv: RaggedCache | None = None
         self._real: list[int] = []  # context columns in the cache per row (= the next context position)
         self._pending: list[list[torch.Tensor]] = []  # per row, features [n, H] not yet fed
 
-    def max_positions(self) -> int | None:
-        return max_positions(self.head.config)
-
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (min(num_tokens, self.block_size - 1),)
-
-    def _param(self) -> torch.Tensor:
-        return next(self.head.parameters())
-
-    def _features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        param = self._param()
-        aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
-        return self.head.project(aux)
 
     def start(self, prompts, prefill, vocab_size) -> None:
         if vocab_size != self.head.config.vocab_size:

@@ -99,6 +99,31 @@ class Drafter:
         pass
 
 
+class HeadDrafter(Drafter):
+    """A drafter whose head reads the target's hidden states `head.config.aux_layer_ids` (EAGLE,
+    DFlash): it keeps the head, checks that it names its layers, and projects them."""
+
+    def __init__(self, head: torch.nn.Module, name: str, kind: str):
+        self.head, self.name = head, name
+        self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
+        if not self.target_layers:
+            raise ValueError(
+                f"head.config.aux_layer_ids is empty: the {kind} head must name the target layers it reads"
+            )
+
+    def max_positions(self) -> int | None:
+        return max_positions(self.head.config)
+
+    def _param(self) -> torch.Tensor:
+        return next(self.head.parameters())
+
+    def _features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The target's states of `target_layers`, concatenated on the head's device and dtype, projected."""
+        param = self._param()
+        aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
+        return self.head.project(aux)
+
+
 class DraftModelDrafter(Drafter):
     """Any HF causal LM that shares the target's vocabulary, over its own ragged KV cache.
 

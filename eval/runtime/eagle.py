@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.drafters import Drafter, Proposal
+from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
 from draftsmith.eval.runtime.masks import additive, chain_attend, spans
-from draftsmith.eval.runtime.target import max_positions, right_align, right_aligned
+from draftsmith.eval.runtime.target import right_align, right_aligned
 from draftsmith.heads.eagle import EagleCache
 
 #: EAGLE-2's keys, all required (SafeAILab's defaults: depth 5-7, top_k 10, total ~60).
@@ -65,7 +65,7 @@ def top_in_order(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., : min(k, scores.shape[-1])]
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(HeadDrafter):
     """EAGLE-1/EAGLE-3 drafting over the target's hidden states `head.config.aux_layer_ids`.
 
     `tree`: None for a chain of argmax tokens, or the EAGLE-2 dict `{"depth", "top_k",
@@ -75,33 +75,18 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: torch.nn.Module, *, tree: dict | None = None, name: str = "eagle",
                  typical: tuple[float, float] | None = None):  # fmt: skip
-        self.head = head
-        self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
-        if not self.target_layers:
-            raise ValueError("head.config.aux_layer_ids is empty: the EAGLE head must name the target layers it reads")
+        super().__init__(head, name, "EAGLE")
         self.tree = None if tree is None else _check_tree(tree)
         self.max_depth = None if self.tree is None else self.tree["depth"] + 1
-        self.name = name
         self.typical = tuple(typical) if typical is not None else None
         self.kv: RaggedCache | None = None
         self.last_scores: torch.Tensor | None = None
-
-    def max_positions(self) -> int | None:
-        return max_positions(self.head.config)
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         if self.tree is None:
             return (num_tokens,)
         depth, top_k = min(self.tree["depth"], num_tokens - 1), self.tree["top_k"]
         return (min(self.tree["total_tokens"], top_k + depth * top_k * top_k),)
-
-    def _param(self) -> torch.Tensor:
-        return next(self.head.parameters())
-
-    def _features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        param = self._param()
-        aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
-        return self.head.project(aux)
 
     def start(self, prompts, prefill, vocab_size) -> None:
         batch, device = len(prompts), self._param().device
