@@ -41,6 +41,7 @@ import torch
 from draftsmith.distill import data as store
 from draftsmith.heads.artifacts import check_finite_weights, check_writable_folder
 from draftsmith.distill.chat import ChatTemplateError, check_template, conversation_tokens, special_token_ids, template_hash
+from draftsmith.distill.prompts import encode_text
 from draftsmith.distill.sources import Record, Source, assistant_turns
 
 
@@ -159,7 +160,7 @@ def _conversation(record: Record, sample_index: int, template: str | None) -> _C
 
 def _prompt_tokens(conv: _Conversation, tokenizer, template: str | None) -> tuple[list[int], list[int]]:
     if conv.messages is None:
-        ids = tokenizer(conv.record.prompt).input_ids
+        ids = encode_text(tokenizer, conv.record.prompt)  # no second BOS on an already rendered prompt
         return ids, [0] * len(ids)
     turn = conv.turns[conv.num_turns]
     return conversation_tokens(tokenizer, template, conv.messages[:turn], add_generation_prompt=True)
@@ -428,6 +429,11 @@ def generate_dataset(
     check_out_folder(out)
     text_config = model.config.get_text_config()
     max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
+    if source.format == "input_ids":
+        raise store.DataError(
+            f"{source.name!r} holds pre-tokenised input_ids: generation needs text prompts or conversations "
+            "(rows with \"prompt\", \"messages\", \"conversations\" or \"turns\")"
+        )
     if template is None and source.format != "prompt":
         raise store.DataError(
             f"{source.name!r} holds {source.format} conversations but no chat template is in use "

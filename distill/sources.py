@@ -9,10 +9,17 @@ normalise every row to one plain prompt or one chat conversation.
 The format is decided by the columns, in this order:
   "messages"      -> "messages": OpenAI style, a list of {"role", "content"};
   "conversations" -> "sharegpt": a list of {"from", "value"};
+  "turns"         -> "turns": MT-bench / Spec-Bench question.jsonl, a list of user messages;
+  "input_ids"     -> "input_ids": a pre-tokenised prompt (a list of token ids);
   else the first of "prompt", "text", "instruction", "question" -> "prompt".
 Chat rows are normalised to ({"role": "system"|"user"|"assistant", "content": str}, ...): other
 keys of a turn (name, tool_calls, reasoning_content, ...) are dropped, so a chat template never
 sees them. A chat cell may also hold the conversation as a JSON string (CSV files have no lists).
+A "turns" row [q1, q2] becomes (user q1, assistant "", user q2): every assistant turn is answered
+by the target itself (`assistant_turns`), so the empty one stands where its answer to q1 goes.
+
+Each row may also name its task (`Record.task`, the per-task tables of `draftsmith eval`): the
+string under `task_key`, by default "task", else "category" (MT-bench's column).
 
 Bad rows are errors, never skipped: self-distillation regenerates every assistant turn, and a
 silently dropped row would change the data behind a fingerprint. Error messages locate the row as
@@ -25,13 +32,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 PROMPT_COLUMNS = ("prompt", "text", "instruction", "question")  # first one present wins
-CHAT_COLUMNS = {"messages": "messages", "conversations": "sharegpt"}  # column -> format
+CHAT_COLUMNS = {"messages": "messages", "conversations": "sharegpt", "turns": "turns"}  # column -> format
+TASK_COLUMNS = ("task", "category")  # the task of a row when no task_key is given: the first present
+NO_TASK = "(no task)"  # the group of rows without a task in per-task tables (so no row may use it)
 
 # ShareGPT dumps disagree on the speaker names; they are matched case-insensitively.
 SHAREGPT_ROLES = {
@@ -58,12 +67,15 @@ class Record:
     index: int  # 0-based row number in the source
     prompt: str | None  # "prompt" format: the prompt text
     messages: tuple[dict, ...] | None  # chat formats: ({"role": ..., "content": str}, ...)
+    input_ids: tuple[int, ...] | None = None  # "input_ids" format: the prompt's token ids
+    task: str | None = None  # what kind of prompt this is (per-task tables); not in the fingerprint
+    where: str = field(default="", compare=False)  # "FILE line 7" / "SOURCE row 6": the row in error messages
 
 
 @dataclass(frozen=True)
 class Source:
     name: str  # what the user passed
-    format: str  # "prompt" | "sharegpt" | "messages"
+    format: str  # "prompt" | "sharegpt" | "messages" | "turns" | "input_ids"
     records: tuple[Record, ...]
     fingerprint: str  # sha256 hex of the normalised records, order-sensitive (provenance, resume)
 
@@ -74,12 +86,15 @@ class _Table:
 
     columns: list[str]
     num_rows: int
-    read: Callable[[str, int | None], list[Any]]
+    read: Callable[..., list[Any]]  # read(column, limit, optional=False); optional: None where a row lacks it
     where: Callable[[int], str]  # row index -> "FILE line 7" / "SOURCE row 6"
 
 
-def load_source(spec: str, *, split: str = "train", limit: int | None = None) -> Source:
-    """Read `spec` (file, saved dataset folder or hub name) and normalise its first `limit` rows."""
+def load_source(
+    spec: str, *, split: str = "train", limit: int | None = None, task_key: str | None = None
+) -> Source:
+    """Read `spec` (file, saved dataset folder or hub name) and normalise its first `limit` rows.
+    `task_key`: the column naming each row's task (None: "task", else "category", if present)."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise SourceError(f"{spec}: limit must be a positive number of rows or None, got {limit!r}")
     table = _open(str(spec), split)
@@ -87,12 +102,24 @@ def load_source(spec: str, *, split: str = "train", limit: int | None = None) ->
         raise SourceError(f"{spec} has no rows")
     fmt, column = _detect_format(str(spec), table.columns)
     values = table.read(column, limit)
+    if task_key is None:
+        task_key = next((c for c in TASK_COLUMNS if c in table.columns), None)
+    tasks = [None] * len(values)
+    if task_key is not None and task_key in table.columns:
+        tasks = table.read(task_key, limit, optional=True)
     records = []
-    for i, value in enumerate(values):
+    for i, (value, task) in enumerate(zip(values, tasks)):
+        where = table.where(i)
+        prompt = messages = ids = None
         if fmt == "prompt":
-            records.append(Record(i, _prompt(value, column, table.where(i)), None))
+            prompt = _prompt(value, column, where)
+        elif fmt == "input_ids":
+            ids = _token_ids(value, column, where)
+        elif fmt == "turns":
+            messages = _user_turns(value, column, where)
         else:
-            records.append(Record(i, None, _conversation(value, column, fmt, table.where(i))))
+            messages = _conversation(value, column, fmt, where)
+        records.append(Record(i, prompt, messages, ids, _task(task, task_key, where), where))
     records = tuple(records)
     return Source(name=str(spec), format=fmt, records=records, fingerprint=fingerprint(records))
 
@@ -103,7 +130,8 @@ def fingerprint(records) -> str:
     digest = hashlib.sha256()
     for record in records:
         messages = None if record.messages is None else [[m["role"], m["content"]] for m in record.messages]
-        line = json.dumps([record.prompt, messages], ensure_ascii=False, separators=(",", ":"))
+        fields = [record.prompt, messages] + ([list(record.input_ids)] if record.input_ids is not None else [])
+        line = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
         digest.update(line.encode("utf-8") + b"\n")
     return digest.hexdigest()
 
@@ -153,7 +181,7 @@ def _dataset_table(name: str, ds) -> _Table:
     """A `datasets.Dataset`: columns are read one at a time, so unused columns (images, long
     metadata) are never turned into Python objects."""
 
-    def read(column, limit):
+    def read(column, limit, optional=False):
         part = ds if limit is None else ds.select(range(min(limit, len(ds))))
         return part.select_columns([column]).to_dict()[column]
 
@@ -213,10 +241,13 @@ def _rows_table(rows: list[dict], where: Callable[[int], str]) -> _Table:
     """A list of row objects whose keys may differ: the columns are the union, in first-seen order."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
 
-    def read(column, limit):
+    def read(column, limit, optional=False):
         part = rows if limit is None else rows[:limit]
         values = []
         for i, row in enumerate(part):
+            if column not in row and optional:
+                values.append(None)
+                continue
             if column not in row:
                 raise SourceError(f"{where(i)}: missing {column!r} (other rows have it); found keys {sorted(row)}")
             values.append(row[column])
@@ -279,7 +310,7 @@ def _open_parquet(spec: str, path: Path) -> _Table:
     except Exception as err:  # noqa: BLE001  (pyarrow raises several types for a broken file)
         raise SourceError(f"{spec}: not a readable parquet file ({_short(err)})") from None
 
-    def read(column, limit):
+    def read(column, limit, optional=False):
         table = pq.read_table(path, columns=[column])
         if limit is not None:
             table = table.slice(0, limit)
@@ -301,7 +332,7 @@ def _open_csv(spec: str, path: Path) -> _Table:
     except pa.ArrowInvalid as err:
         raise SourceError(f"{spec}: not a readable CSV file ({_short(err)})") from None
 
-    def read(column, limit):
+    def read(column, limit, optional=False):
         part = table if limit is None else table.slice(0, limit)
         return part.column(column).to_pylist()
 
@@ -315,13 +346,61 @@ def _detect_format(spec: str, columns: list[str]) -> tuple[str, str]:
     for column, fmt in CHAT_COLUMNS.items():
         if column in columns:
             return fmt, column
+    if "input_ids" in columns:
+        return "input_ids", "input_ids"
     for column in PROMPT_COLUMNS:
         if column in columns:
             return "prompt", column
     raise SourceError(
         f"{spec}: no usable column; found {columns}, expected 'messages' (OpenAI chat), "
-        f"'conversations' (ShareGPT) or a prompt column ({', '.join(repr(c) for c in PROMPT_COLUMNS)})"
+        f"'conversations' (ShareGPT), 'turns' (MT-bench user turns), 'input_ids' (token ids) "
+        f"or a prompt column ({', '.join(repr(c) for c in PROMPT_COLUMNS)})"
     )
+
+
+def _task(value, key: str | None, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or value == NO_TASK:
+        raise SourceError(
+            f'{where}: "{key}" (the task) must be a non-empty string naming the kind of prompt '
+            f'(e.g. "math"), got {_show(value)}'
+        )
+    return value
+
+
+def _token_ids(value, column: str, where: str) -> tuple[int, ...]:
+    value = _json_list(value, column, where, "a JSON list of token ids")
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, int) and t >= 0 for t in value):
+        return tuple(value)
+    raise SourceError(f"{where}: {column!r} must be a non-empty list of token ids (integers >= 0), got {_show(value)}")
+
+
+def _user_turns(value, column: str, where: str) -> tuple[dict, ...]:
+    """MT-bench turns [q1, q2, ...] -> (user q1, assistant "", user q2, ...): the target answers."""
+    value = _json_list(value, column, where, "a JSON list of user messages")
+    if not isinstance(value, (list, tuple)) or not value:
+        raise SourceError(
+            f"{where}: {column!r} must be a non-empty list of user messages (strings), got {_show(value)}"
+        )
+    messages = []
+    for j, turn in enumerate(value):
+        if not isinstance(turn, str) or not turn.strip():
+            raise SourceError(f"{where}, {column} turn {j}: expected a non-empty string (a user message), got {_show(turn)}")
+        if j:
+            messages.append({"role": "assistant", "content": ""})
+        messages.append({"role": "user", "content": turn})
+    return tuple(messages)
+
+
+def _json_list(value, column: str, where: str, expected: str):
+    """A cell holding a list as JSON text (CSV files have no lists) -> the list; other values as they are."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as err:
+        raise SourceError(f"{where}: {column!r} holds a string that is not {expected} ({err.msg}); got {_show(value)}") from None
 
 
 def _prompt(value, column: str, where: str) -> str:
@@ -331,13 +410,7 @@ def _prompt(value, column: str, where: str) -> str:
 
 
 def _conversation(value, column: str, fmt: str, where: str) -> tuple[dict, ...]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise SourceError(
-                f"{where}: {column!r} holds a string that is not a JSON list of turns ({err.msg}); got {_show(value)}"
-            ) from None
+    value = _json_list(value, column, where, "a JSON list of turns")
     if not isinstance(value, (list, tuple)):
         raise SourceError(f"{where}: {column!r} must be a list of turns, got {_show(value)}")
     if not value:

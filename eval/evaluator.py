@@ -26,15 +26,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.distill.prompts import Prompter
+from draftsmith.distill.sources import NO_TASK, load_source
 from draftsmith.eval.runtime import DecodeStats, Drafter, generate
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import percentile
 
 BASELINE = "target-only"
-
-
-class PromptFileError(ValueError):
-    """A prompt file that cannot be used; the message names the file and line."""
 
 
 @dataclass
@@ -65,65 +63,70 @@ class EvalSettings:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
-def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None) -> list[torch.Tensor]:
-    """Read a JSONL prompt file: one object per line with "prompt" (text, needs the target's
-    tokenizer) or "input_ids" (a list of token ids). Blank lines are skipped."""
-    return load_prompt_file(path, tokenizer, limit)[0]
-
-
-NO_TASK = "(no task)"  # the group of prompt rows without a "task" field in per-task tables
+def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, **options) -> list[torch.Tensor]:
+    """The first user turn of each row of a prompt source, as token ids (every format of
+    `distill/sources.py`, tokenised by `distill/prompts.py`; `options`: those of `load_prompt_file`).
+    Later turns need the target's answers: `prompt_turns` asks them."""
+    return load_prompt_file(path, tokenizer, limit, **options)[0]
 
 
 def load_prompt_file(
-    path: str | Path, tokenizer=None, limit: int | None = None, task_key: str = "task"
+    path: str | Path, tokenizer=None, limit: int | None = None, task_key: str | None = None,
+    template: str | None = None, plain: str = "raw",
 ) -> tuple[list[torch.Tensor], list[str | None]]:
-    """`load_prompts` and each row's optional task: the string under `task_key` (default "task",
-    e.g. "math" or "qa"; None when the row has no such key): (prompts, tasks)."""
-    path = Path(path)
-    if not path.is_file():
-        raise PromptFileError(f"prompt file {str(path)!r} does not exist")
-    prompts, tasks = [], []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PromptFileError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
-            if not isinstance(row, dict) or not ("prompt" in row or "input_ids" in row):
-                raise PromptFileError(
-                    f'{path}:{lineno}: expected an object with "prompt" (text) or "input_ids" '
-                    f"(token ids), got {line.strip()[:80]!r}"
-                )
-            if "input_ids" in row:
-                ids = row["input_ids"]
-                if not (isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids)):
-                    raise PromptFileError(f'{path}:{lineno}: "input_ids" must be a non-empty list of token ids')
-            else:
-                if not isinstance(row["prompt"], str) or not row["prompt"]:
-                    raise PromptFileError(f'{path}:{lineno}: "prompt" must be a non-empty string')
-                if tokenizer is None:
-                    raise PromptFileError(
-                        f'{path}:{lineno}: a text "prompt" needs a tokenizer in the target folder '
-                        '(or give "input_ids")'
-                    )
-                ids = tokenizer(row["prompt"]).input_ids
-                if not ids:
-                    raise PromptFileError(f"{path}:{lineno}: the prompt tokenizes to nothing")
-            task = row.get(task_key)
-            if task is not None and (not isinstance(task, str) or not task.strip() or task == NO_TASK):
-                raise PromptFileError(
-                    f'{path}:{lineno}: "{task_key}" (the task) must be a non-empty string naming the kind of prompt '
-                    f'(e.g. "math"), got {task!r}'
-                )
-            prompts.append(torch.tensor(ids, dtype=torch.long))
-            tasks.append(task)
-            if limit and len(prompts) >= limit:
+    """`load_prompts` and each row's task (`Record.task`: the string under `task_key`, by default
+    "task", else "category"; None when the row has none): (prompts, tasks)."""
+    source = load_source(str(path), limit=limit, task_key=task_key)
+    prompter = Prompter(tokenizer, template, plain)
+    return [_tensor(prompter.ids(r)) for r in source.records], [r.task for r in source.records]
+
+
+@dataclass
+class PromptTurns:
+    """Every user turn of every row of a source, as prompts, in row order (turn 1, 2, ... of a row)."""
+
+    prompts: list[torch.Tensor]
+    tasks: list[str | None]
+    turns: list[int]  # 1-based user turn of each prompt
+    rows: list[int]  # the source row (Record.index) of each prompt
+
+
+def prompt_turns(
+    target, records, prompter: Prompter, settings: EvalSettings, *, stop_token_ids=None, progress: bool = True
+) -> PromptTurns:
+    """The prompts of every turn of `records`. Turn j + 1 of a conversation is asked after the
+    target's own answer to turn j: its target-only decode at `settings` (sampling, seed,
+    max_new_tokens; it ends at a stop token even with ignore_eos, as an answer does), decoded to
+    text and rendered back through the chat template, as a chat server re-renders history.
+    Decoding is lossless, so this is the answer every drafter's decode gives too (greedy: the same
+    tokens; sampled: a draw from the same distribution), and all methods see the same turn j + 1."""
+    out = PromptTurns([], [], [], [])
+    counts = [prompter.num_turns(r) for r in records]
+    bar = tqdm(total=sum(counts) - len(counts), desc="answers", unit="turn", disable=not progress or max(counts) < 2)
+    stops = set() if stop_token_ids is None else {int(t) for t in torch.as_tensor(stop_token_ids).flatten().tolist()}
+    for record, count in zip(records, counts):
+        answers: list[str] = []
+        for turn in range(1, count + 1):
+            ids = _tensor(prompter.ids(record, answers))
+            out.prompts.append(ids)
+            out.tasks.append(record.task)
+            out.turns.append(turn)
+            out.rows.append(record.index)
+            if turn == count:
                 break
-    if not prompts:
-        raise PromptFileError(f"prompt file {str(path)!r} has no prompts")
-    return prompts, tasks
+            tokens = generate(
+                target, None, ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + 7919 * record.index + turn,
+                eos_token_id=stop_token_ids,
+            ).tokens  # fmt: skip
+            answers.append(prompter.tokenizer.decode([t for t in tokens if t not in stops], skip_special_tokens=True))
+            bar.update()
+    bar.close()
+    return out
+
+
+def _tensor(ids: list[int]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def evaluate(
@@ -135,19 +138,26 @@ def evaluate(
     eos_token_id=None,
     progress: bool = True,
     tasks: list[str | None] | None = None,
+    turns: list[int] | None = None,
 ) -> dict:
     """Run the evaluation and return the report as a JSON-ready dict (see `write_report`).
 
     `tasks` (one per prompt, None = no task; see `load_prompt_file`): when any is given, every
     method row also gets `tasks`, one entry per task with its prompts' pooled counters and its
     own speedup (per-task tokens/s over target-only's on the same prompts, median over passes);
-    the entries' new_tokens and target_calls sum to the row's."""
+    the entries' new_tokens and target_calls sum to the row's. `turns` (the 1-based user turn of
+    each prompt, see `prompt_turns`): when any is past 1, the entries are per (task, turn), and
+    each says its "turn"."""
     if BASELINE in methods:
         raise ValueError(f"{BASELINE!r} is the baseline's name; pick another method name")
-    if tasks is not None and len(tasks) != len(prompts):
-        raise ValueError(f"tasks has {len(tasks)} entries for {len(prompts)} prompts; expected one per prompt")
-    by_task = tasks is not None and any(t is not None for t in tasks)
-    task_of = [NO_TASK if t is None else t for t in tasks] if by_task else []
+    for what, given in (("tasks", tasks), ("turns", turns)):
+        if given is not None and len(given) != len(prompts):
+            raise ValueError(f"{what} has {len(given)} entries for {len(prompts)} prompts; expected one per prompt")
+    multi_turn = turns is not None and any(t > 1 for t in turns)
+    by_task = multi_turn or (tasks is not None and any(t is not None for t in tasks))
+    tasks = tasks if tasks is not None else [None] * len(prompts)
+    # A group is (task, turn); turn None for single-turn prompts (their entries carry no "turn").
+    task_of = [(NO_TASK if t is None else t, turns[i] if multi_turn else None) for i, t in enumerate(tasks)] if by_task else []
     eos = None if settings.ignore_eos else eos_token_id
     runs = {BASELINE: None, **methods}
 
@@ -239,9 +249,9 @@ def evaluate(
             row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))
         if by_task:
             row["tasks"] = [
-                _task_entry(task, task_of.count(task), task_pooled[(name, task)], task_pass[(name, task)],
-                            task_pass[(BASELINE, task)])
-                for task in dict.fromkeys(task_of)
+                _task_entry(group, task_of.count(group), task_pooled[(name, group)], task_pass[(name, group)],
+                            task_pass[(BASELINE, group)])
+                for group in dict.fromkeys(task_of)
             ]  # fmt: skip
         rows.append(row)
 
@@ -265,10 +275,12 @@ def describe_target(path, model, device, dtype) -> dict:
     }
 
 
-def _task_entry(task: str, prompts: int, stats: DecodeStats, tps: list[float], base_tps: list[float]) -> dict:
-    """One task's share of a method row: pooled counters over its prompts and every pass."""
+def _task_entry(group, prompts: int, stats: DecodeStats, tps: list[float], base_tps: list[float]) -> dict:
+    """One (task, turn) group's share of a method row: pooled counters over its prompts and every pass."""
+    task, turn = group
     return {
         "task": task,
+        **({"turn": turn} if turn is not None else {}),
         "prompts": prompts,
         "new_tokens": stats.new_tokens,
         "target_calls": stats.target_calls,

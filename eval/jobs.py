@@ -102,10 +102,12 @@ def _position_limits(specs: DrafterSpecs, target, drafters) -> dict[str, int | N
 class EvalJob:
     specs: DrafterSpecs
     settings: EvalSettings
-    prompts: str  # JSONL: one {"prompt": text} or {"input_ids": [...]} per line
+    prompts: str  # a prompt source: file, saved dataset or hub name, any format of distill/sources.py
     out: str  # folder for report.json and report.md (and serving.* with a sweep)
-    limit: int | None = None  # only the first N prompts
-    task_key: str = "task"  # field of a prompt row that names its task, for per-task tables
+    limit: int | None = None  # only the first N prompt rows
+    task_key: str | None = None  # field of a prompt row that names its task (None: "task", else "category")
+    chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
+    plain_prompts: str = "raw"  # plain "prompt" rows: raw text (as before), or "chat" (one templated user turn)
     sweep: object = None  # eval.sweep.SweepSettings: also the serving-scale sweep
     progress: bool = True
     overwrite: bool = False  # replace an earlier run's report in `out` (else refused)
@@ -113,21 +115,28 @@ class EvalJob:
 
 def run_eval(job: EvalJob) -> dict:
     """Evaluate every drafter of `job.specs`; print the tables; write the report (and serving.*)."""
-    from draftsmith.eval.evaluator import describe_target, evaluate, load_prompt_file
-    from draftsmith.eval.report import header, position_table, summary_table, write_report
+    from draftsmith.eval.evaluator import describe_target, evaluate
+    from draftsmith.eval.report import header, position_table, summary_table, task_table, write_report
 
     out = _out_folder(job.out, REPORT_FILES, overwrite=job.overwrite)
     target, tokenizer, drafters, device, dtype = load_drafters(job.specs)
-    prompts, tasks = load_prompt_file(job.prompts, tokenizer, limit=job.limit, task_key=job.task_key)
-    new_tokens = job.settings.max_new_tokens
-    check_prompt_lengths(prompts, new_tokens, _position_limits(job.specs, target, drafters), f"--prompts {job.prompts}")
-    eos = eos_token_id(target, tokenizer)
-    report = evaluate(target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=tasks)
+    limits = _position_limits(job.specs, target, drafters)
+    asked = _ask_prompts(
+        job.prompts, target, tokenizer, job.settings, limits, limit=job.limit, task_key=job.task_key,
+        chat_template=job.chat_template, plain=job.plain_prompts, progress=job.progress,
+    )  # fmt: skip
+    prompts, eos = asked.turns.prompts, asked.stop_ids
+    print(asked.example())
+    report = evaluate(
+        target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=asked.turns.tasks,
+        turns=asked.turns.turns,
+    )  # fmt: skip
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
     heads = {"medusa": specs.medusa} if specs.medusa else {}
     report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle), **dflash_names(specs.dflash)}
     report["prompts_file"] = str(job.prompts)
+    report["prompts_source"] = asked.provenance()
     report["draftsmith_version"] = package_version()
     report["torch_version"] = torch.__version__
     report["git_revision"] = git_revision()
@@ -137,6 +146,9 @@ def run_eval(job: EvalJob) -> dict:
     print(summary_table(report))
     print()
     print(position_table(report))
+    if any("tasks" in row for row in report["methods"]):
+        print()
+        print(task_table(report))
     print(f"\nwrote {json_path} and {md_path}")
     if job.sweep is not None:
         _serving(job, target, drafters, prompts, report, eos)
@@ -161,6 +173,67 @@ def _serving(job: EvalJob, target, drafters, prompts, report, eos) -> None:
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
 
 
+@dataclass
+class AskedPrompts:
+    """The prompts of a job, every turn asked (`evaluator.prompt_turns`), and how they were made."""
+
+    spec: str  # what --prompts named
+    source: object  # sources.Source
+    prompter: object  # prompts.Prompter
+    chat_template: str  # the --chat-template spec
+    turns: object  # evaluator.PromptTurns
+    stop_ids: object  # what ends a decode: EOS, and the template's end-of-turn token when it renders
+
+    def example(self) -> str:
+        """The first prompt (and the first of a later turn), as the target reads it."""
+        tokenizer, t = self.prompter.tokenizer, self.turns
+        picks = [0] + [i for i, turn in enumerate(t.turns) if turn > 1][:1]
+        lines = []
+        for i in picks:
+            text = tokenizer.decode(t.prompts[i].tolist()) if tokenizer is not None else t.prompts[i].tolist()
+            lines.append(f"prompt {i + 1} (row {t.rows[i]}, turn {t.turns[i]}) as the target reads it: {text!r}")
+        return "\n".join(lines)
+
+    def provenance(self) -> dict:
+        from draftsmith.distill.chat import template_hash
+
+        p = self.prompter
+        return {
+            "format": self.source.format, "rows": len(self.source.records), "fingerprint": self.source.fingerprint,
+            "prompts": len(self.turns.prompts), "turns": max(self.turns.turns), "plain_prompts": p.plain,
+            "chat_template": {"spec": self.chat_template, "hash": template_hash(p.template),
+                              "used": any(p.messages(r) is not None for r in self.source.records)},
+        }  # fmt: skip
+
+
+def _ask_prompts(
+    spec: str, target, tokenizer, settings: EvalSettings, limits: dict, *, limit: int | None,
+    chat_template: str, plain: str, task_key: str | None = None, progress: bool = True,
+) -> AskedPrompts:
+    """Read the prompt source `spec` (distill/sources.py), tokenise it (distill/prompts.py), check
+    that the first turns fit the models' positions (`limits`), ask the later turns, check them too."""
+    from draftsmith.distill.chat import resolve_chat_template
+    from draftsmith.distill.generate import end_of_turn_token
+    from draftsmith.distill.prompts import Prompter
+    from draftsmith.distill.sources import load_source
+    from draftsmith.eval.evaluator import prompt_turns
+    from draftsmith.eval.runtime.loop import eos_set
+
+    source = load_source(spec, limit=limit, task_key=task_key)
+    template = resolve_chat_template(chat_template, tokenizer) if tokenizer is not None else None
+    prompter = Prompter(tokenizer, template, plain)
+    stops = eos_token_id(target, tokenizer)
+    if template is not None and any(prompter.messages(r) is not None for r in source.records):
+        end = end_of_turn_token(tokenizer, template)  # e.g. <|im_end|>: an answer ends there
+        stops = sorted(eos_set(stops) | ({end} if end is not None else set())) or None
+    where = f"--prompts {spec}"
+    first = [torch.tensor(prompter.ids(r), dtype=torch.long) for r in source.records]
+    check_prompt_lengths(first, settings.max_new_tokens, limits, where)
+    turns = prompt_turns(target, source.records, prompter, settings, stop_token_ids=stops, progress=progress)
+    check_prompt_lengths(turns.prompts, settings.max_new_tokens, limits, where)
+    return AskedPrompts(spec, source, prompter, chat_template, turns, stops)
+
+
 # --------------------------------------------------------------------------- tune
 
 
@@ -173,6 +246,8 @@ class TuneJob:
     medusa: str | None = None
     eagle: str | None = None
     limit: int | None = None
+    chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
+    plain_prompts: str = "raw"  # plain "prompt" rows: raw text, or "chat" (one templated user turn)
     tree_budgets: tuple[int, ...] | None = None  # Medusa tree sizes to try; None = 4, 8, 16, 32
     write: bool = False  # record the chosen setting in the drafter folder's config.json
     out: str | None = None  # folder for tuning.json and the speedup-vs-setting figures
@@ -190,7 +265,7 @@ def run_tune(job: TuneJob) -> dict:
     """Measure acceptance at K = k_max, the draft cost and v(n); choose with eval/tune.py; check the
     choice with a timed decode; with `write`, record it (write_setting). Returns {"setting": the
     chosen setting, "recorded": the config.json written, or None}."""
-    from draftsmith.eval.evaluator import load_prompts
+    from draftsmith.eval.runtime.target import max_positions
     from draftsmith.eval.sweep import measure_chain
     from draftsmith.eval.tune import tune_chain, tune_medusa_tree
 
@@ -201,8 +276,12 @@ def run_tune(job: TuneJob) -> dict:
         job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, device=job.device, dtype=job.dtype,
         allow_target_mismatch=job.allow_target_mismatch,
     )
-    prompts = load_prompts(job.prompts, tokenizer, limit=job.limit)
-    eos = eos_token_id(target, tokenizer)
+    asked = _ask_prompts(
+        job.prompts, target, tokenizer, job.settings, {f"the target {job.target!r}": max_positions(target.config)},
+        limit=job.limit, chat_template=job.chat_template, plain=job.plain_prompts, progress=job.progress,
+    )  # fmt: skip
+    prompts, eos = asked.turns.prompts, asked.stop_ids
+    print(asked.example())
     k_max = job.k_max
     if heads is not None and k_max > heads.config.num_heads:
         num_heads = heads.config.num_heads
@@ -321,7 +400,10 @@ def _write_tuning(
 @dataclass(frozen=True)
 class LosslessJob:
     specs: DrafterSpecs
-    prompt: str = "def main():\n    "  # tokenized with the target's tokenizer
+    prompt: str = "def main():\n    "  # tokenized with the target's tokenizer (distill/prompts.py)
+    prompts: str | None = None  # instead of `prompt`: a prompt source, whose first row's first turn is checked
+    chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
+    plain_prompts: str = "raw"  # a plain prompt: raw text, or "chat" (one templated user turn)
     num_draft_tokens: int = 4
     temperature: float = 1.0  # the check needs sampling
     top_k: int = 0
@@ -350,18 +432,27 @@ class LosslessJob:
 
 def run_check_lossless(job: LosslessJob) -> bool:
     """The chi-square check for every drafter of `job.specs`; True when all of them pass."""
+    from draftsmith.distill.chat import resolve_chat_template
+    from draftsmith.distill.prompts import Prompter
+    from draftsmith.distill.sources import Record, load_source
     from draftsmith.eval.lossless import check_lossless
     from draftsmith.heads.models import ModelLoadError
 
     job.check()
     target, tokenizer, drafters, _, _ = load_drafters(job.specs)
-    if tokenizer is None:
+    if tokenizer is None and job.prompts is None:
         raise ModelLoadError(f"--target {job.specs.target!r} has no tokenizer to encode --prompt")
-    prompt = torch.tensor(tokenizer(job.prompt).input_ids, dtype=torch.long)
-    if prompt.numel() == 0:
-        raise SpecError("--prompt tokenizes to nothing")
+    if job.prompts is not None:
+        record = load_source(job.prompts, limit=1).records[0]
+    else:
+        record = Record(0, job.prompt, None, where="--prompt")
+    template = resolve_chat_template(job.chat_template, tokenizer) if tokenizer is not None else None
+    prompt = torch.tensor(Prompter(tokenizer, template, job.plain_prompts).ids(record), dtype=torch.long)
+    if tokenizer is not None:
+        print(f"prompt as the target reads it: {tokenizer.decode(prompt.tolist())!r}")
     limits = _position_limits(job.specs, target, drafters)
-    check_prompt_lengths([prompt], job.num_draft_tokens + 1, limits, "--prompt")  # one call: K drafts + the bonus
+    where = f"--prompts {job.prompts}" if job.prompts is not None else "--prompt"
+    check_prompt_lengths([prompt], job.num_draft_tokens + 1, limits, where)  # one call: K drafts + the bonus
     passed = True
     for name, drafter in drafters.items():
         path = "compiled" if job.compile else "static cache" if job.static_cache else "default"

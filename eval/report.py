@@ -121,6 +121,24 @@ def theory_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def task_table(report: dict) -> str:
+    """Per method, one row per task of the prompt rows ("(no task)" for rows without one) and, for
+    multi-turn prompts, per user turn: how acceptance differs by kind of prompt."""
+    entries = [(row, t) for row in report["methods"] for t in row.get("tasks", [])]
+    turns = any("turn" in t for _, t in entries)
+    lines = [
+        "| method | task |" + (" turn |" if turns else "") + " prompts | alpha | acc. rate | tau | speedup |",
+        "|---|---|" + ("---|" if turns else "") + "---|---|---|---|---|",
+    ]
+    for row, t in entries:
+        lines.append(
+            f"| {method_name(row)} | {t['task']} |" + (f" {t.get('turn', '-')} |" if turns else "")
+            + f" {t['prompts']} | {_num(t.get('alpha'))} | {_num(t.get('acceptance_rate'))} | {_num(t['tau'])} | "
+            f"{_num(t['speedup'], 2, 'x')} |"
+        )
+    return "\n".join(lines)
+
+
 def header(report: dict) -> str:
     s = report["settings"]
     lossy = [row["method"] for row in report["methods"] if row.get("lossy")]
@@ -176,6 +194,17 @@ def render_markdown(report: dict) -> str:
         theory_table(report),
         "",
     ]
+    if any("tasks" in row for row in report["methods"]):
+        parts += [
+            "## Per task",
+            "",
+            "Each task's prompts pooled over every pass; speedup: its tokens/s over target-only's on the same "
+            "prompts. turn: the user turn of a multi-turn prompt (turn 2 is asked after the target's own "
+            "answer to turn 1).",
+            "",
+            task_table(report),
+            "",
+        ]
     return "\n".join(parts)
 
 

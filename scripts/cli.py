@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftsmith.eval.evaluator import PromptFileError
+    from draftsmith.distill.chat import ChatTemplateError
+    from draftsmith.distill.sources import SourceError
     from draftsmith.heads.models import ModelLoadError
 
     args = build_parser().parse_args(argv)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         return args.func(args)
-    except (UsageError, PromptFileError, ModelLoadError) as err:
+    except (UsageError, SourceError, ChatTemplateError, ModelLoadError) as err:
         print(f"draftsmith {args.command}: error: {err}", file=sys.stderr)
         return 2
 

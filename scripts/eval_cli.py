@@ -34,7 +34,16 @@ def _rate_or_none(text):
 BATCH_SIZES = list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch size (an integer >= 1)", "1,2,4,8")
 QPS = list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
 TREE_BUDGETS = list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
-PROMPTS_HELP = 'JSONL: one {"prompt": text} or {"input_ids": [...]} per line'
+PROMPTS_HELP = (
+    "prompt source (JSONL/JSON/parquet/CSV file, saved dataset folder or hub name): rows with "
+    '"messages", "conversations", MT-bench "turns", "input_ids" or a "prompt" text'
+)
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """How prompts are rendered (distill/prompts.py): the same for eval, tune and check-lossless."""
+    p.add_argument("--chat-template", default="auto", metavar="auto|none|FILE", help="renders conversations with the generation prompt: auto (the tokenizer's own), none, or a Jinja file")
+    p.add_argument("--plain-prompts", choices=["raw", "chat"], default="raw", help='plain "prompt" rows: raw (the text as it is, default) or chat (one user turn through the chat template, as instruct targets are trained)')
 ALLOW_MISMATCH_HELP = "use heads trained on another target (its fingerprint differs): only when --target is a fine-tune of it"
 
 
@@ -67,7 +76,8 @@ def add_commands(sub) -> None:
     _add_model_args(ev)
     ev.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     ev.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
-    ev.add_argument("--task-key", default="task", help='field of a prompt row that names its task, for per-task tables (default "task")')
+    ev.add_argument("--task-key", help='field of a prompt row that names its task, for per-task tables (default "task", else "category")')
+    _add_prompt_args(ev)
     ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
@@ -93,6 +103,7 @@ def add_commands(sub) -> None:
     which.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target")
     tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    _add_prompt_args(tu)
     tu.add_argument("--k-max", type=positive_int("--k-max"), default=8, help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)")
     tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
     tu.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
@@ -111,6 +122,8 @@ def add_commands(sub) -> None:
     _add_model_args(ck)
     ck.add_argument("--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0)
     ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
+    ck.add_argument("--prompts", help="instead of --prompt: a prompt source (as for eval) whose first row is checked")
+    _add_prompt_args(ck)
     ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
     ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this (in (0, 1))")
     ck.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, help="decode B copies of the prompt per call (the batched path; every row is one sample)")
@@ -173,6 +186,7 @@ def cmd_eval(args) -> int:
     )  # fmt: skip
     job = EvalJob(
         _specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit, task_key=args.task_key,
+        chat_template=args.chat_template, plain_prompts=args.plain_prompts,
         sweep=_sweep_settings(args), progress=not args.no_progress, overwrite=args.overwrite,
     )  # fmt: skip
     try:
@@ -189,6 +203,7 @@ def cmd_tune(args) -> int:
     job = TuneJob(
         target=args.target, prompts=args.prompts, settings=_eval_settings(args, args.k_max, measure_distances=False),
         draft=args.draft, medusa=args.medusa, eagle=args.eagle, limit=args.limit,
+        chat_template=args.chat_template, plain_prompts=args.plain_prompts,
         tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None, write=args.write, out=args.out,
         device=args.device, dtype=args.dtype, progress=not args.no_progress, allow_target_mismatch=args.allow_target_mismatch,
     )  # fmt: skip
@@ -208,6 +223,7 @@ def cmd_check_lossless(args) -> int:
 
     job = LosslessJob(
         _specs(args), prompt=args.prompt, num_draft_tokens=args.num_draft_tokens, temperature=args.temperature,
+        prompts=args.prompts, chat_template=args.chat_template, plain_prompts=args.plain_prompts,
         top_k=args.top_k, top_p=args.top_p, samples=args.samples, threshold=args.threshold, seed=args.seed,
         progress=not args.no_progress, batch_size=args.batch_size, static_cache=args.static_cache,
         compile=args.compile or False,

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from draftsmith.eval.evaluator import PromptFileError, load_prompts
+from draftsmith.distill.sources import SourceError
+from draftsmith.eval.evaluator import load_prompts
 from draftsmith.heads.toy import tiny_model, tiny_tokenizer
 from draftsmith.scripts.cli import main
 
@@ -83,10 +84,10 @@ def test_eval_needs_a_drafter(toy, tmp_path, run_cli):
     "content, message",
     [
         (None, "does not exist"),
-        ("", "has no prompts"),
-        ('{"prompt": "def f():"}\n{"prompt": oops}\n', "prompts.jsonl:2: malformed JSON"),
-        ('{"text": "def f():"}\n', 'prompts.jsonl:1: expected an object with "prompt"'),
-        ('{"input_ids": []}\n', '"input_ids" must be a non-empty list'),
+        ("", "has no rows"),
+        ('{"prompt": "def f():"}\n{"prompt": oops}\n', "prompts.jsonl line 2: malformed JSON"),
+        ('{"body": "def f():"}\n', "prompts.jsonl: no usable column; found ['body'], expected 'messages'"),
+        ('{"input_ids": []}\n', "prompts.jsonl line 1: 'input_ids' must be a non-empty list"),
     ],
 )
 def test_eval_rejects_bad_prompt_files(toy, tmp_path, run_cli, content, message):
@@ -121,11 +122,14 @@ def test_eval_rejects_a_missing_target(tmp_path, toy, run_cli):
 
 def test_load_prompts_accepts_token_ids_and_skips_blank_lines(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"input_ids": [5, 6, 7]}\n\n{"prompt": "x = 1"}\n')
-    prompts = load_prompts(path, tiny_tokenizer())
+    path.write_text('{"input_ids": [5, 6, 7]}\n\n{"input_ids": [8]}\n')
+    prompts = load_prompts(path)  # token ids need no tokenizer
     assert prompts[0].tolist() == [5, 6, 7] and prompts[1].dtype == torch.long
-    with pytest.raises(PromptFileError, match="needs a tokenizer"):
-        load_prompts(path, tokenizer=None)
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"prompt": "x = 1"}\n')
+    assert load_prompts(text, tiny_tokenizer())[0].numel() > 0
+    with pytest.raises(SourceError, match="needs a tokenizer"):
+        load_prompts(text, tokenizer=None)
 
 
 @pytest.mark.slow

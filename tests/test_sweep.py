@@ -363,7 +363,7 @@ def test_bad_task_field(toy_dir, tmp_path, run_cli):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "def f():", "task": "code"}\n{"prompt": "x = 1", "task": 3}\n')
     code, _, err = run_cli(eval_args(toy_dir, bad, tmp_path / "e", "--batch-sizes", "1"))
-    assert code == 2 and f'{bad}:2: "task" (the task) must be a non-empty string' in err, err
+    assert code == 2 and f'{bad} line 2: "task" (the task) must be a non-empty string' in err, err
     assert not (tmp_path / "e").exists()
     kinds = tmp_path / "kinds.jsonl"
     kinds.write_text('{"input_ids": [5, 6], "kind": "body"}\n{"input_ids": [7], "kind": "signature"}\n')

@@ -252,8 +252,9 @@ def task_rows(report: Mapping) -> list[dict]:
     rows = []
     for row in report.get("methods", []):
         for t in row.get("tasks", []):
+            task = t["task"] + (f" (turn {t['turn']})" if "turn" in t else "")  # multi-turn prompts: per turn
             rows.append({
-                "method": method_name(row), "task": t["task"], "prompts": t["prompts"], "new_tokens": t["new_tokens"],
+                "method": method_name(row), "task": task, "prompts": t["prompts"], "new_tokens": t["new_tokens"],
                 "target_calls": t["target_calls"], "alpha": t["alpha"], "tau": t["tau"], "speedup": t["speedup"],
             })  # fmt: skip
     return rows
