@@ -15,8 +15,8 @@ How a row becomes ids:
     add_special_tokens=False, since the template writes BOS itself when it wants one.
   plain prompts: `plain="raw"` (the default) tokenises the text as it is (`encode_text`);
     `plain="chat"` sends it as one user turn through the chat template, as an instruct target
-    was trained. Text that already starts with the tokenizer's BOS token is a rendered template
-    and gets no second BOS.
+    was trained. Text that already starts with the tokenizer's BOS token is a rendered template:
+    it is tokenised as it is, in both modes, and gets no second BOS.
   "input_ids": as given.
 
 Turns. Every assistant turn of a conversation is answered by the target itself (recorded answers
@@ -35,12 +35,16 @@ from draftsmith.distill.sources import Record, SourceError, assistant_turns
 PLAIN_MODES = ("raw", "chat")  # how a plain "prompt" row is tokenised; see the module docstring
 
 
+def is_rendered(tokenizer, text: str) -> bool:
+    """Whether `text` already starts with the tokenizer's BOS token: a prompt rendered by a chat template."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return isinstance(bos, str) and bool(bos) and text.startswith(bos)
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """`text` as token ids with the tokenizer's own special tokens (BOS for most), except when the
-    text already starts with the BOS token (a prompt rendered by a chat template): no second BOS."""
-    bos = getattr(tokenizer, "bos_token", None)
-    rendered = isinstance(bos, str) and bool(bos) and text.startswith(bos)
-    return list(tokenizer(text, add_special_tokens=not rendered).input_ids)
+    text is already rendered (`is_rendered`): no second BOS."""
+    return list(tokenizer(text, add_special_tokens=not is_rendered(tokenizer, text)).input_ids)
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,8 @@ class Prompter:
         """The row as a conversation, or None when it is tokenised as it is (raw text, token ids)."""
         if record.messages is not None:
             return list(record.messages)
-        if record.prompt is not None and self.plain == "chat":
-            return [{"role": "user", "content": record.prompt}]
+        if record.prompt is not None and self.plain == "chat" and not is_rendered(self.tokenizer, record.prompt):
+            return [{"role": "user", "content": record.prompt}]  # (a rendered prompt is not rendered twice)
         return None
 
     def turns(self, record: Record) -> list[int]:

@@ -443,7 +443,7 @@ def run_check_lossless(job: LosslessJob) -> bool:
     if tokenizer is None and job.prompts is None:
         raise ModelLoadError(f"--target {job.specs.target!r} has no tokenizer to encode --prompt")
     if job.prompts is not None:
-        record = load_source(job.prompts, limit=1).records[0]
+        record = load_source(job.prompts).records[0]  # every row read: a bad row is reported, not skipped
     else:
         record = Record(0, job.prompt, None, where="--prompt")
     template = resolve_chat_template(job.chat_template, tokenizer) if tokenizer is not None else None
