@@ -122,9 +122,9 @@ def theory_table(report: dict) -> str:
 
 
 def task_table(report: dict) -> str:
-    """Per method, one row per task of the prompt rows ("(no task)" for rows without one) and, for
+    """Per drafter, one row per task of the prompt rows ("(no task)" for rows without one) and, for
     multi-turn prompts, per user turn: how acceptance differs by kind of prompt."""
-    entries = [(row, t) for row in report["methods"] for t in row.get("tasks", [])]
+    entries = [(row, t) for row in report["methods"] if "alpha" in row for t in row.get("tasks", [])]
     turns = any("turn" in t for _, t in entries)
     lines = [
         "| method | task |" + (" turn |" if turns else "") + " prompts | alpha | acc. rate | tau | speedup |",
@@ -139,6 +139,13 @@ def task_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _turns(report: dict) -> str:
+    source = report.get("prompts_source") or {}
+    if source.get("turns", 1) < 2:
+        return ""
+    return f" ({source['rows']} rows, up to {source['turns']} turns each)"
+
+
 def header(report: dict) -> str:
     s = report["settings"]
     lossy = [row["method"] for row in report["methods"] if row.get("lossy")]
@@ -149,7 +156,7 @@ def header(report: dict) -> str:
     )
     return (
         f"mode: {report['mode']} ({guarantee})  |  "
-        f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}  |  "
+        f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}{_turns(report)}  |  "
         f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}"
         + (f"  |  compiled ({s['compile']}): compile time {sum(r.get('compile_seconds', 0.0) for r in report['methods']):.1f} s, not in the timings"
            if s.get("compile") else ("  |  static KV cache" if s.get("static_cache") else ""))

@@ -150,7 +150,8 @@ def test_mt_bench_through_eval_reports_each_category_and_turn(toy_dir, mt_bench,
     assert groups == [("writing", 1, 2), ("writing", 2, 2), ("coding", 1, 1), ("coding", 2, 1)]
     assert all(0.0 <= t["alpha"] <= 1.0 for t in draft["tasks"])
     assert sum(t["new_tokens"] for t in draft["tasks"]) == draft["new_tokens"]
-    assert "| draft | writing | 2 | 2 |" in stdout
+    assert "| draft | writing | 2 | 2 |" in stdout and "| target-only | writing |" not in stdout
+    assert "prompts: 6 (3 rows, up to 2 turns each)" in stdout
     assert "## Per task" in (out / "report.md").read_text()
 
 
