@@ -173,3 +173,22 @@ def test_bad_rows_are_one_line_naming_file_and_line(toy_dir, tmp_path, run_cli, 
         assert code == 2 and message in err, err
         assert err.count("\n") == 1
     assert not (tmp_path / "e").exists()
+
+
+def test_generate_reads_mt_bench_turns_and_refuses_token_ids(toy_dir, mt_bench, tmp_path, run_cli):
+    from draftsmith.distill.sources import assistant_turns
+
+    record = load_source(str(mt_bench)).records[0]
+    assert assistant_turns(record.messages) == [1, 3]  # the target answers both questions
+    out = tmp_path / "data"
+    args = ["generate", "--target", toy_dir / "target", "--max-new-tokens", 4, "--no-progress", "--device", "cpu"]
+    code, _, err = run_cli([*args, "--prompts", mt_bench, "--limit", 1, "--out", out])
+    assert code == 0, err
+    from draftsmith.distill.data import DistillData
+
+    first = DistillData(out)[0]
+    prompt = first["input_ids"][: first["prompt_length"]]
+    assert prompt == rendered(tiny_tokenizer(), "<s>[INST] Write a haiku. [/INST]")  # the eval prompt too
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6]}])
+    code, _, err = run_cli([*args, "--prompts", ids, "--out", tmp_path / "d2"])
+    assert code == 2 and "holds pre-tokenised input_ids: generation needs text prompts" in err, err
