@@ -74,7 +74,8 @@ class Prompter:
         roles = [m["role"] for m in messages]
         turns = [i for i in assistant_turns(messages) if "user" in roles[:i]]
         if not turns:
-            raise SourceError(f"{record.where or f'row {record.index}'}: the conversation has no user message to answer")
+            where = record.where or f"row {record.index}"
+            raise SourceError(f"{where}: the conversation has no user message to answer")
         return turns
 
     def num_turns(self, record: Record) -> int:

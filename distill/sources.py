@@ -386,7 +386,9 @@ def _user_turns(value, column: str, where: str) -> tuple[dict, ...]:
     messages = []
     for j, turn in enumerate(value):
         if not isinstance(turn, str) or not turn.strip():
-            raise SourceError(f"{where}, {column} turn {j}: expected a non-empty string (a user message), got {_show(turn)}")
+            raise SourceError(
+                f"{where}, {column} turn {j}: expected a non-empty string (a user message), got {_show(turn)}"
+            )
         if j:
             messages.append({"role": "assistant", "content": ""})
         messages.append({"role": "user", "content": turn})
@@ -400,7 +402,9 @@ def _json_list(value, column: str, where: str, expected: str):
     try:
         return json.loads(value)
     except json.JSONDecodeError as err:
-        raise SourceError(f"{where}: {column!r} holds a string that is not {expected} ({err.msg}); got {_show(value)}") from None
+        raise SourceError(
+            f"{where}: {column!r} holds a string that is not {expected} ({err.msg}); got {_show(value)}"
+        ) from None
 
 
 def _prompt(value, column: str, where: str) -> str:

@@ -157,7 +157,9 @@ def evaluate(
     by_task = multi_turn or (tasks is not None and any(t is not None for t in tasks))
     tasks = tasks if tasks is not None else [None] * len(prompts)
     # A group is (task, turn); turn None for single-turn prompts (their entries carry no "turn").
-    task_of = [(NO_TASK if t is None else t, turns[i] if multi_turn else None) for i, t in enumerate(tasks)] if by_task else []
+    task_of = []
+    if by_task:
+        task_of = [(NO_TASK if t is None else t, turns[i] if multi_turn else None) for i, t in enumerate(tasks)]
     eos = None if settings.ignore_eos else eos_token_id
     runs = {BASELINE: None, **methods}
 

@@ -192,3 +192,11 @@ def test_generate_reads_mt_bench_turns_and_refuses_token_ids(toy_dir, mt_bench, 
     ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6]}])
     code, _, err = run_cli([*args, "--prompts", ids, "--out", tmp_path / "d2"])
     assert code == 2 and "holds pre-tokenised input_ids: generation needs text prompts" in err, err
+
+
+def test_serving_task_rows_name_the_turn():
+    from draftsmith.eval.sweep.analysis import task_rows
+
+    entry = {"task": "writing", "prompts": 1, "new_tokens": 4, "target_calls": 2, "alpha": 0.5, "tau": 2.0, "speedup": 1.1}
+    report = {"methods": [{"method": "draft", "tasks": [{**entry, "turn": 1}, {**entry, "turn": 2}, entry]}]}
+    assert [r["task"] for r in task_rows(report)] == ["writing (turn 1)", "writing (turn 2)", "writing"]
