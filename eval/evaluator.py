@@ -18,7 +18,6 @@ proposed after the first rejection of a call are never reached: alpha >= accepta
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -114,6 +113,7 @@ def prompt_turns(
             out.rows.append(record.index)
             if turn == count:
                 break
+            # Seeds: one per (row, turn), a prime stride apart, so no two answers share a generator.
             tokens = generate(
                 target, None, ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                 top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + 7919 * record.index + turn,
