@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -85,3 +86,22 @@ def toy_data(toy_dir, tmp_path_factory):
     ]  # fmt: skip
     assert main([str(a) for a in args]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def served_toy(tmp_path_factory):
+    """A toy target whose generation config names its EOS (as real checkpoints do: `transformers
+    serve` stops only there), served by `transformers serve` for the session: (paths, server).
+    Shared by the endpoint and engine load tests, so the suite starts it once."""
+    from draftsmith.distill.local_server import launch_transformers_serve
+    from fixtures import write_toy
+
+    root = tmp_path_factory.mktemp("served")
+    paths = write_toy(root)
+    config_file = paths["target"] / "generation_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token_id": 2}))
+    server = launch_transformers_serve(paths["target"], device="cpu", dtype="float32")
+    try:
+        yield paths, server.wait_ready()
+    finally:
+        server.stop()
