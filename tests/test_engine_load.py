@@ -6,11 +6,20 @@ test runs against the session's `transformers serve` of the toy target (conftest
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 
+from draftsmith.distill.endpoint import EndpointSettings
 from draftsmith.distill.local_server import free_port
-from draftsmith.eval.serving.engine import acceptance_rows, capacity_at_target, simulated_closed_loop
+from draftsmith.eval.serving.engine import (
+    LoadSettings,
+    acceptance_rows,
+    capacity_at_target,
+    read_counters,
+    sections,
+    simulated_closed_loop,
+)
 from draftsmith.eval.serving.prometheus import (
     ExpositionError,
     parse_exposition,
@@ -91,6 +100,41 @@ def test_served_acceptance_from_the_counters_before_and_after():
     assert local_row["source"] == "draftsmith: eagle-chain (batch 1)" and local_row["alpha_1"] == 0.9
 
 
+class MetricsOnly:
+    """Stands in for EndpointClient where only /metrics is read: a (status, text) per endpoint."""
+
+    def __init__(self, pages):
+        self.settings = EndpointSettings(urls=tuple(pages))
+        self.pages = pages
+
+    def get_text(self, url, path):
+        assert path == "/metrics"
+        return self.pages[url]
+
+
+def test_counters_are_summed_over_endpoints_and_reported_beside_draftsmith():
+    a, b, c = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
+    counters, note = read_counters(MetricsOnly({a: (200, vllm_metrics(10, 30, 18, [9, 6, 3])), b: (404, "")}))
+    assert counters.drafts == 10 and note == f"{b}/metrics answered HTTP 404"
+    both, _ = read_counters(MetricsOnly({a: (200, vllm_metrics(10, 30, 18, [9, 6, 3])),
+                                         c: (200, vllm_metrics(30, 90, 42, [20, 14, 8]))}))  # fmt: skip
+    assert (both.drafts, both.accepted_tokens, both.accepted_per_position) == (40, 60, {0: 29, 1: 20, 2: 11})
+    none, note = read_counters(MetricsOnly({a: (200, "vllm:num_requests_running 0\n")}))
+    assert none is None and note == f"{a}/metrics has no vllm:spec_decode_* counters"
+    engine = {
+        "settings": asdict(LoadSettings(concurrency=(1,), requests=2)), "served_model": "org/m", "endpoints": [a],
+        "num_prompts": 2, "prompts_sent_as": "ids",
+        "levels": [{"concurrency": 1, "requests": 2, "errors": 0, "tokens_per_s": 10.0, "requests_per_s": 1.0,
+                    "latency_s_p50": 1.0, "latency_s_p90": 1.0, "latency_s_p99": 1.0, "ttft_s_p50": 0.1,
+                    "ttft_s_p90": 0.1}],
+        "speculation": {"served": served_acceptance(both - counters), "note": "served"},
+    }  # fmt: skip
+    report = {"methods": [{"method": "eagle-chain", "tau": 2.9, "target_calls": 9, "alpha_per_position": [0.9, 0.7]}]}
+    *_, spec = sections(engine, report)
+    assert [r["source"] for r in spec.rows] == ["served: org/m (/metrics)", "draftsmith: eagle-chain (batch 1)"]
+    assert spec.rows[0]["tau"] == pytest.approx(1 + 42 / 30) and spec.rows[0]["alpha_1"] == pytest.approx(20 / 30)
+
+
 def test_simulated_closed_loop_and_capacity_at_a_target():
     # One token per 10 ms step at any batch size, no prefill: c clients make c x 100 tokens/s.
     serving = {
@@ -143,6 +187,7 @@ def test_load_at_three_levels_beside_the_simulated_sweep(served_toy, run_cli, tm
               "--no-progress", "--device", "cpu"]  # fmt: skip
     code, _, err = run_cli(["eval", *common, "--endpoint", server.url, "--ignore-eos", "--out", tmp_path / "x"])
     assert code == 2 and f"endpoint {server.url} refuses `ignore_eos` (--ignore-eos)" in err  # transformers serve does
+    assert not (tmp_path / "x").exists()
     sweep = tmp_path / "sweep"
     code, _, err = run_cli(["eval", *common, "--prompt-lookup", "--batch-sizes", "1,2", "--repeats", 1,
                             "--no-distances", "--out", sweep])  # fmt: skip
