@@ -144,11 +144,12 @@ def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def served(served_toy):
-    """The session's served toy target (conftest.py), and a second server of it that a test kills."""
-    paths, server = served_toy
-    doomed = launch_transformers_serve(paths["target"], device="cpu", dtype="float32")
+def served(served_toy_paths, request):
+    """The session's served toy target (conftest.py), and a second server of it that a test
+    kills, started first: the two load in parallel."""
+    doomed = launch_transformers_serve(served_toy_paths["target"], device="cpu", dtype="float32")
     try:
+        paths, server = request.getfixturevalue("served_toy")
         yield paths, server, doomed.wait_ready()
     finally:
         doomed.stop()

@@ -167,7 +167,12 @@ def test_a_down_endpoint_is_one_line_naming_it(run_cli, toy_dir, tmp_path):
     assert code == 2 and "--concurrency apply to a served model: give --endpoint URL" in err
     code, _, err = run_cli(base + ["--out", tmp_path / "d", "--endpoint", down, "--concurrency", "0,2"])
     assert code == 2 and "'0' is not a number of clients" in err
-    assert not any((tmp_path / d).exists() for d in "abcd")
+    (tmp_path / "other.json").write_text(json.dumps({"methods": {}}))
+    for serving, expected in ((tmp_path / "missing.json", "not a readable serving.json"),
+                              (tmp_path / "other.json", "has no 'prompt_lengths': expected the serving.json")):  # fmt: skip
+        code, _, err = run_cli(base + ["--out", tmp_path / "e", "--endpoint", down, "--compare-serving", serving])
+        assert code == 2 and f"--compare-serving {str(serving)!r}" in err and expected in err, err
+    assert not any((tmp_path / d).exists() for d in "abcde")
 
 
 # --- against `transformers serve` ----------------------------------------------------------------
