@@ -198,8 +198,19 @@ class EndpointClient:
             "complete shards are kept, rerun the same command to resume"
         )
 
+    def get_text(self, url: str, path: str) -> tuple[int, str]:
+        """GET one endpoint's `path` (e.g. /metrics): (status, body); EndpointError when it is unreachable."""
+        import httpx
+
+        try:
+            r = self._http.get(url + path, timeout=min(10.0, self.settings.timeout))
+        except httpx.HTTPError as err:
+            raise EndpointError(f"endpoint {url}{path} is unreachable ({_short(err)})") from None
+        return r.status_code, r.text
+
     def _send(self, url: str, body: dict) -> tuple[int, dict | None, str]:
-        """(status, answer, error detail); a streamed answer is {"chunks": [the SSE events]}."""
+        """(status, answer, error detail); a streamed answer is {"chunks": [the SSE events],
+        "chunk_times": [time.perf_counter() as each arrived]} (a load test's TTFT)."""
         if not body.get("stream"):
             r = self._http.post(url, json=body)
             return (r.status_code, r.json(), "") if r.status_code < 400 else (r.status_code, None, _detail(r))
@@ -207,14 +218,15 @@ class EndpointClient:
             if r.status_code >= 400 or r.headers.get("content-type", "").startswith("application/json"):
                 r.read()
                 return (r.status_code, r.json(), "") if r.status_code < 400 else (r.status_code, None, _detail(r))
-            chunks = []
+            chunks, times = [], []
             for line in r.iter_lines():
                 data = line[len("data:") :].strip() if line.startswith("data:") else ""
                 if data == "[DONE]":
                     break
                 if data:
                     chunks.append(json.loads(data))
-            return r.status_code, {"chunks": chunks}, ""
+                    times.append(time.perf_counter())
+            return r.status_code, {"chunks": chunks, "chunk_times": times}, ""
 
     def accepts(self, path: str, body: dict) -> dict | None:
         """The answer to a probe request, or None when the server refuses it (4xx)."""

@@ -307,10 +307,13 @@ HTML_STYLE = (
 )
 
 
-def write_serving_report(out_dir, *sections: Section, title: str = "draftsmith serving analysis") -> tuple[Path, Path]:
-    """Write `serving.md` (tables, links to the PNGs relative to out_dir) and `serving.html`
-    (the same, PNGs embedded as base64, no external resource) into out_dir. Every image is read
-    and checked before anything is written; each file is written atomically."""
+def write_serving_report(
+    out_dir, *sections: Section, title: str = "draftsmith serving analysis", name: str = "serving"
+) -> tuple[Path, Path]:
+    """Write `NAME.md` (tables, links to the PNGs relative to out_dir) and `NAME.html` (the
+    same, PNGs embedded as base64, no external resource) into out_dir; NAME is "serving" or,
+    for the engine load test, "engine". Every image is read and checked before anything is
+    written; each file is written atomically."""
     if not sections:
         raise ValueError("write_serving_report: no sections; expected at least one Section")
     for s in sections:
@@ -349,7 +352,7 @@ def write_serving_report(out_dir, *sections: Section, title: str = "draftsmith s
         + "\n".join(page)
         + "\n</body></html>\n"
     )
-    md_path, html_path = out_dir / "serving.md", out_dir / "serving.html"
+    md_path, html_path = out_dir / f"{name}.md", out_dir / f"{name}.html"
     write_atomic(md_path, "\n".join(md))
     write_atomic(html_path, document)
     return md_path, html_path

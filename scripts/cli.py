@@ -3,6 +3,8 @@
     draftsmith make-toy --out DIR
     draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR [--medusa-tree auto] | --eagle DIR [--eagle-tree 4,4,16] | --prompt-lookup) --prompts FILE.jsonl --out DIR
                     [--batch-sizes 1,2,4,8 [--qps 0.5,1,2] [--latency-target S] [--percentile 90] [--price-per-hour USD]]
+    draftsmith eval --endpoint URL --target DIR --prompts FILE.jsonl --out DIR [--concurrency 1,2,4,8] [--eagle DIR]
+                    [--latency-target S] [--compare-serving SERVING_JSON]      (load test of a running server)
     draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]

@@ -32,6 +32,7 @@ def _rate_or_none(text):
 
 
 BATCH_SIZES = list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch size (an integer >= 1)", "1,2,4,8")
+CONCURRENCY = list_of("--concurrency", lambda t: _int_or_none(t, 1), "a number of clients (an integer >= 1)", "1,2,4,8")
 QPS = list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
 TREE_BUDGETS = list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
 PROMPTS_HELP = (
@@ -93,6 +94,15 @@ def add_commands(sub) -> None:
     sv.add_argument("--latency-target", type=float_in("--latency-target", 0.0, None, True, "> 0 seconds"), help="find the highest load whose request latency percentile stays within SECONDS")
     sv.add_argument("--percentile", type=float_in("--percentile", 0.0, 100.0, True, "in (0, 100]"), default=90.0, help="the latency percentile of --latency-target (default 90)")
     sv.add_argument("--price-per-hour", type=float_in("--price-per-hour", 0.0, None, False, ">= 0 dollars per hour"), help="price of the engine per hour: cost per 1k tokens and per answer")
+    en = ev.add_argument_group("serving engine (engine.json, engine.md, engine.html): load test of a running OpenAI-compatible server")
+    en.add_argument("--endpoint", action="append", metavar="URL", help="drive this server (repeat to spread the load) instead of, or with a drafter flag beside, the local decoder")
+    en.add_argument("--concurrency", type=CONCURRENCY, help="closed-loop clients per level (default 1,2,4,8)")
+    en.add_argument("--requests", type=positive_int("--requests"), default=32, help="answers per level, at least its concurrency (default 32)")
+    en.add_argument("--level-seconds", type=float_in("--level-seconds", 0.0, None, True, "> 0 seconds"), default=120.0, help="no new request after this long in a level (default 120)")
+    en.add_argument("--served-model", help="the model id to request (default: the one the server lists)")
+    en.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key (sent as a Bearer token, never written)")
+    en.add_argument("--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0, help="seconds per request (default 600)")
+    en.add_argument("--compare-serving", metavar="SERVING_JSON", help="the serving.json of a `--batch-sizes` sweep of the same target: its methods simulated at the same concurrency levels")
     ev.set_defaults(func=cmd_eval)
 
     tu = sub.add_parser("tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it")
@@ -176,10 +186,19 @@ def _eval_settings(args, num_draft_tokens: int, **options):
         raise UsageError(str(err)) from None
 
 
+ENGINE_FLAGS = (("--concurrency", "concurrency"), ("--served-model", "served_model"), ("--api-key-env", "api_key_env"),
+                ("--compare-serving", "compare_serving"))  # fmt: skip
+
+
 def cmd_eval(args) -> int:
     from draftsmith.eval.drafter_specs import SpecError
     from draftsmith.eval.jobs import EvalJob, run_eval
 
+    if args.endpoint:
+        return _cmd_engine(args)
+    given = [flag for flag, key in ENGINE_FLAGS if getattr(args, key) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to a served model: give --endpoint URL")
     settings = _eval_settings(
         args, args.num_draft_tokens, measure_distances=not args.no_distances,
         static_cache=args.static_cache or bool(args.compile), compile=args.compile or False,
@@ -233,3 +252,44 @@ def cmd_check_lossless(args) -> int:
     except SpecError as err:
         raise UsageError(str(err)) from None
     return 0 if passed else 1
+
+
+def _cmd_engine(args) -> int:
+    """`eval --endpoint`: the load test, with the local evaluation of a drafter flag's head beside it."""
+    from draftsmith.distill.endpoint import EndpointError, EndpointSettings
+    from draftsmith.eval.drafter_specs import SpecError
+    from draftsmith.eval.jobs import EvalJob
+    from draftsmith.eval.serving.engine import LEVELS, EngineJob, LoadSettings, run_engine
+    from draftsmith.eval.serving.prometheus import ExpositionError
+
+    local_only = [flag for flag, value in (("--batch-sizes", args.batch_sizes), ("--qps", args.qps),
+                                           ("--price-per-hour", args.price_per_hour)) if value is not None]  # fmt: skip
+    if local_only:
+        raise UsageError(f"{', '.join(local_only)} measure the local decoder, not --endpoint: run that sweep as its "
+                         "own `draftsmith eval` and pass its serving.json with --compare-serving")  # fmt: skip
+    levels = tuple(args.concurrency or LEVELS)
+    try:
+        load = LoadSettings(
+            concurrency=levels, requests=args.requests, level_seconds=args.level_seconds,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
+            latency_target_s=args.latency_target, percentile=args.percentile, seed=args.seed,
+        )  # fmt: skip
+        endpoint = EndpointSettings(
+            urls=tuple(args.endpoint), served_model=args.served_model, api_key_env=args.api_key_env,
+            concurrency=max(levels), timeout=args.request_timeout, retries=0,
+        )  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    local = None
+    if args.draft or args.prompt_lookup or args.medusa or args.eagle or args.dflash:
+        settings = _eval_settings(args, args.num_draft_tokens, measure_distances=not args.no_distances)
+        local = EvalJob(_specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit,
+                        task_key=args.task_key, progress=not args.no_progress, overwrite=args.overwrite)  # fmt: skip
+    job = EngineJob(endpoint, load, target=args.target, prompts=args.prompts, out=args.out, limit=args.limit,
+                    local=local, compare_serving=args.compare_serving, progress=not args.no_progress,
+                    overwrite=args.overwrite)  # fmt: skip
+    try:
+        run_engine(job)
+    except (EndpointError, SpecError, ExpositionError) as err:
+        raise UsageError(str(err)) from None
+    return 0

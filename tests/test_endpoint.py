@@ -5,7 +5,6 @@ per module, plus one that is killed mid-run); the unit tests drive the backend w
 server answer per request.
 """
 
-import json
 import threading
 import time
 
@@ -145,24 +144,15 @@ def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A toy target whose generation config names its EOS (as real checkpoints do: the server
-    stops only there), served by `transformers serve` for the module, with a second server of
-    it that a test kills (both start together: they load in parallel)."""
-    from fixtures import write_toy
-
-    root = tmp_path_factory.mktemp("served")
-    paths = write_toy(root)
-    config_file = paths["target"] / "generation_config.json"
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token_id": 2}))
-    servers = [launch_transformers_serve(paths["target"], device="cpu", dtype="float32") for _ in range(2)]
+def served(served_toy_paths, request):
+    """The session's served toy target (conftest.py), and a second server of it that a test
+    kills, started first: the two load in parallel."""
+    doomed = launch_transformers_serve(served_toy_paths["target"], device="cpu", dtype="float32")
     try:
-        for server in servers:
-            server.wait_ready()
-        yield paths, servers[0], servers[1]
+        paths, server = request.getfixturevalue("served_toy")
+        yield paths, server, doomed.wait_ready()
     finally:
-        for server in servers:
-            server.stop()
+        doomed.stop()
 
 
 def generate_args(paths, out, *extra):

@@ -18,7 +18,13 @@ One module per part:
   written there);
 - load.py: `saturation_capacity`, `sustainable_load`, and the cost of 1,000 tokens and of an
   answer;
-- crossover.py: `crossover`, the batch size where speculation stops paying, in one sentence.
+- crossover.py: `crossover`, the batch size where speculation stops paying, in one sentence;
+- engine.py: the same measurements on a running OpenAI-compatible server (`draftsmith eval
+  --endpoint`), beside the simulator's closed loop at the same concurrency;
+- prometheus.py: a server's `/metrics`, and vLLM's speculative-decoding counters made into the
+  served acceptance per position.
+engine.py and prometheus.py are imported by module name, not from here (engine.py brings the
+endpoint client in).
 """
 
 from draftsmith.eval.serving.crossover import Crossover, crossover, describe_crossover
