@@ -3,6 +3,7 @@
     draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens N] [--temperature T]
                         [--top-p P] [--num-samples N] [--batch-size B] [--chat-template auto|none|FILE]
                         [--endpoint URL ... [--api-key-env VAR] [--concurrency 8]]   (a serving engine answers)
+    accelerate launch --multi_gpu --num_processes N -m draftsmith.scripts.cli generate ...   (the shards split)
     draftsmith inspect-data DIR [--index I]
     draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N [--out FILE]
