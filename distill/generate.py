@@ -424,11 +424,12 @@ def generate_dataset(
     template_spec: str = "auto", target_path: str = "", dtype=None, progress: bool = True, log=print,
     backend=None, state=None,
 ) -> dict:  # fmt: skip
-    """Generate (or finish) the dataset in `out_dir`; returns the summary (None but in the main
-    process of `state`, an accelerate PartialState). With `backend` (an `EndpointBackend`) a
-    server answers; `model` is the local target the data is made for."""
+    """Generate (or finish) the dataset in `out_dir`; returns the summary (None but in the main process
+    of `state`, an accelerate PartialState). With `backend` (an `EndpointBackend`) a server answers."""
     out = Path(out_dir)
-    check_out_folder(out)
+    rank, processes = (state.process_index, state.num_processes) if state is not None else (0, 1)
+    if rank == 0:  # its probe folder would look like foreign content to a second checker
+        check_out_folder(out)
     text_config = model.config.get_text_config()
     max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
     if template is None and source.format != "prompt":
@@ -450,7 +451,6 @@ def generate_dataset(
         prov |= backend.provenance()
     if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
         _check_resumable(out, prov)
-    rank, processes = (state.process_index, state.num_processes) if state is not None else (0, 1)
     fresh = not (out / store.PROVENANCE).is_file()  # this call starts the folder
     made = _first_missing(out)
     if rank == 0:  # one process cleans and starts the folder while the others wait

@@ -46,9 +46,10 @@ def run_generate(job: GenerateJob) -> dict | None:
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    check_out_folder(job.out)  # before anything slow: a run must not die at its first write
     device = resolve_device(job.device)
     state = launched_state(cpu=device.type == "cpu")
+    if state is None or state.is_main_process:  # one checker: another's probe folder looks like foreign content
+        check_out_folder(job.out)  # before anything slow: a run must not die at its first write
     if state is not None and job.endpoint is not None:
         raise DataError(f"--endpoint under {state.num_processes} processes: the client spreads requests itself; launch one")
     if state is not None and device.type == "cuda" and device.index is None:
