@@ -14,6 +14,8 @@ content and its end-of-turn token, taken from the tokenizer's own chat template
 Work is split into shards of `shard_size` samples. A shard is generated with its own seed
 (seed * 1_000_003 + shard index), written to a temporary folder and renamed into place, so a
 re-run skips complete shards and ends with exactly the data an uninterrupted run makes.
+Under `accelerate launch` process r of N makes the shards k = r mod N (by index, whatever is done):
+no two write one shard, N make the data hash of one; the main one writes provenance and summary.
 Answers cut by --max-new-tokens are kept with finish_reason "length" and counted; a cut turn
 ends its conversation (later turns would follow an answer the target never finished).
 
@@ -421,12 +423,14 @@ def _check_resumable(out: Path, prov: dict) -> None:
 def generate_dataset(
     model, tokenizer, source: Source, out_dir, settings: GenerateSettings, *, template: str | None,
     template_spec: str = "auto", target_path: str = "", dtype=None, progress: bool = True, log=print,
-    backend=None,
+    backend=None, state=None,
 ) -> dict:  # fmt: skip
-    """Generate (or finish) the dataset in `out_dir`; returns the summary. With `backend` (an
-    `EndpointBackend`) a server answers; `model` is the local target the data is made for."""
+    """Generate (or finish) the dataset in `out_dir`; returns the summary (None but in the main process
+    of `state`, an accelerate PartialState). With `backend` (an `EndpointBackend`) a server answers."""
     out = Path(out_dir)
-    check_out_folder(out)
+    rank, processes = (state.process_index, state.num_processes) if state is not None else (0, 1)
+    if rank == 0:  # its probe folder would look like foreign content to a second checker
+        check_out_folder(out)
     text_config = model.config.get_text_config()
     max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
     if source.format == "input_ids":
@@ -455,20 +459,23 @@ def generate_dataset(
         _check_resumable(out, prov)
     fresh = not (out / store.PROVENANCE).is_file()  # this call starts the folder
     made = _first_missing(out)
-    (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
-    store.remove_stale_temporaries(out / store.SHARDS)
-    store.remove_stale_temporaries(out)
-    if fresh:
-        store.write_json_atomic(out / store.PROVENANCE, prov)
+    if rank == 0:  # one process cleans and starts the folder while the others wait
+        (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
+        store.remove_stale_temporaries(out / store.SHARDS)
+        store.remove_stale_temporaries(out)
+        if fresh:
+            store.write_json_atomic(out / store.PROVENANCE, prov)
+    if processes > 1:
+        state.wait_for_everyone()
 
     items = [(record, s) for record in source.records for s in range(settings.num_samples)]
     num_shards = (len(items) + settings.shard_size - 1) // settings.shard_size
     done = {p.name for p in store.complete_shards(out)}
-    todo = [k for k in range(num_shards) if store.shard_name(k) not in done]
-    if done:
+    todo = [k for k in range(rank, num_shards, processes) if store.shard_name(k) not in done]
+    if done and rank == 0:
         log(f"resuming: {len(done)} of {num_shards} shards already complete")
     bar = None
-    if progress and todo:
+    if progress and todo and rank == 0:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo), desc="generate", unit="turn")
@@ -481,11 +488,12 @@ def generate_dataset(
             rows, stats = generate_shard(model, tokenizer, chunk, template, settings, max_length=max_length, stop_ids=stop_ids, progress=bar, backend=backend)
             stats["seconds"] = _synchronized_elapsed(model.device, start)
             stats["device"] = str(model.device) if backend is None else backend.describe()
+            stats["process"] = rank
             store.write_shard(rows, stats, out / store.SHARDS / store.shard_name(k))
     except Exception as err:
         # A first run that fails before any shard is complete leaves nothing (there is nothing
         # to resume); an interrupted one (KeyboardInterrupt) keeps its folder to be resumed.
-        removed = fresh and not store.complete_shards(out)
+        removed = fresh and rank == 0 and not store.complete_shards(out)
         if removed:
             _remove_started(out, made)
         if isinstance(err, NonFiniteLogits):
@@ -499,6 +507,10 @@ def generate_dataset(
     finally:
         if bar is not None:
             bar.close()
+    if rank != 0:
+        return None  # the main process writes the summary once every shard is on disk
+    while processes > 1 and len(store.complete_shards(out)) < num_shards:  # polled: no collective to time out
+        time.sleep(1.0)
     return finish(out, vocab_size=model.get_output_embeddings().weight.shape[0], num_shards=num_shards, log=log)
 
 

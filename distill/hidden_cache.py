@@ -16,11 +16,14 @@ Layer ids follow HF's `output_hidden_states` numbering, with names for the usual
   mid      L // 2
   last     L: the last layer's output after the final norm (what lm_head reads; Medusa's and
            EAGLE-1's feature)
+  none     no states: with --topk-logits, a cache of the top-k teacher alone (a draft model's)
 
 Layout: `manifest.json` (target fingerprint, layers, dtype, data hash, shard ranges) and
 `hidden-00000.safetensors`, ... holding for each sample i of the shard `{i}.hidden`
-[num_layers, T, H] and, with --topk-logits k, `{i}.topk_values` [T, k] (float32 logits) and
-`{i}.topk_ids` [T, k] (int32). Shards are written to a temporary name and renamed; a re-run
+[num_layers, T, H] and, with --topk-logits k, `{i}.topk_values` [T, k] (float32 logits),
+`{i}.topk_ids` [T, k] (int32) and `{i}.topk_tail` [T] (float32 log-sum-exp of the other V - k
+logits: the tail's mass, so that a loss on the top k is defined; `distill.losses.topk_divergence`).
+Shards are written to a temporary name and renamed; a re-run
 skips the complete ones. A trainer opens the cache with the target and layers it expects and
 gets an error, not silent garbage, when they differ.
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill import data as store
+from draftsmith.distill.losses import topk_teacher
 from draftsmith.heads.artifacts import atomic_file
 
 MANIFEST = "manifest.json"
@@ -47,6 +51,8 @@ class CacheError(ValueError):
 
 def resolve_layers(spec, num_layers: int) -> tuple[int, ...]:
     """"2,mid,-3" (or a sequence of ints/names) -> HF hidden_states indices in [0, L]."""
+    if isinstance(spec, str) and spec.strip() == "none":
+        return ()
     parts = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else list(spec)
     if not parts or any(p == "" for p in parts):
         raise CacheError(f"--layers {spec!r}: expected comma-separated layer ids (e.g. 2,mid,-3 or last)")
@@ -60,7 +66,7 @@ def resolve_layers(spec, num_layers: int) -> tuple[int, ...]:
             try:
                 index = int(part)
             except (TypeError, ValueError):
-                raise CacheError(f"--layers: {part!r} is not a layer id (an integer, -k, mid or last)") from None
+                raise CacheError(f"--layers: {part!r} is not a layer id (an integer, -k, mid, last; or none alone)") from None
             if index < 0:
                 index = num_layers + index
         if not 0 <= index <= num_layers:
@@ -104,8 +110,8 @@ class Estimate:
 
     @property
     def bytes_per_token(self) -> int:
-        # top-k: a float32 logit and an int32 id per kept entry
-        return self.layers * self.hidden * self.bytes_per_value + self.topk * 8
+        # top-k: a float32 logit and an int32 id per kept entry, and the tail's float32 log-sum-exp
+        return self.layers * self.hidden * self.bytes_per_value + (self.topk * 8 + 4 if self.topk else 0)
 
     @property
     def total(self) -> int:
@@ -114,7 +120,7 @@ class Estimate:
     def describe(self) -> str:
         text = f"{self.tokens:,} tokens x {self.layers} layers x H {self.hidden} x {self.bytes_per_value} B"
         if self.topk:
-            text += f" + top-{self.topk} logits (8 B each)"
+            text += f" + top-{self.topk} logits (8 B each) and their tail (4 B)"
         return f"{text} = {human_bytes(self.total)} ({self.bytes_per_token:,} B/token)"
 
 
@@ -138,15 +144,14 @@ def extract(model, rows: list[list[int]], layers: tuple[int, ...], *, topk: int 
         attention[r, : len(ids)] = 1
     out = model(
         input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-        output_hidden_states=True, use_cache=False, logits_to_keep=0 if topk else 1,
+        output_hidden_states=bool(layers), use_cache=False, logits_to_keep=0 if topk else 1,
     )  # fmt: skip
-    stacked = torch.stack([out.hidden_states[i] for i in layers], dim=1)  # [B, n_layers, T, H]
+    stacked = torch.stack([out.hidden_states[i] for i in layers], dim=1) if layers else None  # [B, n_layers, T, H]
     results = []
     for r, ids in enumerate(rows):
-        item = {"hidden": stacked[r, :, : len(ids)]}
+        item = {} if stacked is None else {"hidden": stacked[r, :, : len(ids)]}
         if topk:
-            values, indices = out.logits[r, : len(ids)].float().topk(topk, dim=-1)
-            item["topk_values"], item["topk_ids"] = values, indices.to(torch.int32)
+            item["topk_values"], item["topk_ids"], item["topk_tail"] = topk_teacher(out.logits[r, : len(ids)], topk)
         results.append(item)
     return results
 
@@ -171,6 +176,8 @@ def cache_hidden_states(
     vocab = model.get_output_embeddings().weight.shape[0]
     if not 0 <= topk <= vocab:
         raise CacheError(f"--topk-logits {topk}: expected 0 (off) .. {vocab} (the vocabulary)")
+    if not layers and not topk:
+        raise CacheError("--layers none without --topk-logits would cache nothing: name layers or give --topk-logits K")
     estimate = Estimate(data.summary["tokens"], len(layers), text_config.hidden_size, torch.finfo(dtype).bits // 8, topk)
     log(f"disk estimate: {estimate.describe()}")
     if max_disk is not None and estimate.total > max_disk:
@@ -185,9 +192,10 @@ def cache_hidden_states(
         "format_version": FORMAT_VERSION,
         "target": target,
         "layers": list(layers),
-        "layers_spec": layers_spec if isinstance(layers_spec, str) else ",".join(map(str, layers_spec)),
+        "layers_spec": layers_spec if isinstance(layers_spec, str) else ",".join(map(str, layers_spec)) or "none",
         "dtype": str(dtype).removeprefix("torch."),
         "topk_logits": topk,
+        "topk_tail": bool(topk),  # caches made before the tail was stored lack it: no loss is defined on them
         "data": str(data.dir.resolve()),
         "data_hash": data.data_hash,
         "samples": len(data),
@@ -201,7 +209,7 @@ def cache_hidden_states(
         raise CacheError(f"--out {str(out)!r} exists and is not a folder")
     if (out / MANIFEST).is_file():
         old = store.read_json(out / MANIFEST, "cache manifest")
-        keys = ("target", "layers", "dtype", "topk_logits", "data_hash", "shard_size")
+        keys = ("target", "layers", "dtype", "topk_logits", "topk_tail", "data_hash", "shard_size")
         differ = [k for k in keys if old.get(k) != manifest.get(k)]
         if differ:
             raise CacheError(f"--out {str(out)!r} holds a cache made with other {', '.join(differ)}; choose a new --out")
@@ -240,10 +248,12 @@ def cache_hidden_states(
             for b in range(0, len(order), batch_size):
                 batch = order[b : b + batch_size]
                 for i, item in zip(batch, extract(model, [rows[i] for i in batch], layers, topk=topk, pad_id=pad_id)):
-                    tensors[f"{lo + i}.hidden"] = item["hidden"].to(dtype).cpu().contiguous()
+                    if layers:
+                        tensors[f"{lo + i}.hidden"] = item["hidden"].to(dtype).cpu().contiguous()
                     if topk:
                         tensors[f"{lo + i}.topk_values"] = item["topk_values"].cpu().contiguous()
                         tensors[f"{lo + i}.topk_ids"] = item["topk_ids"].cpu().contiguous()
+                        tensors[f"{lo + i}.topk_tail"] = item["topk_tail"].cpu().contiguous()
                     cached_tokens += len(rows[i])
                 if bar is not None:
                     bar.update(len(batch))
@@ -304,8 +314,23 @@ class HiddenStateCache:
         if k not in self._open:
             self._open[k] = safe_open(str(self.dir / shard_file(k)), framework="pt")
         f = self._open[k]
-        item = {"hidden": f.get_tensor(f"{index}.hidden")}
+        item = {"hidden": f.get_tensor(f"{index}.hidden")} if self.layers else {}
         if self.manifest["topk_logits"]:
             item["topk_values"] = f.get_tensor(f"{index}.topk_values")
             item["topk_ids"] = f.get_tensor(f"{index}.topk_ids")
+            if self.manifest.get("topk_tail"):
+                item["topk_tail"] = f.get_tensor(f"{index}.topk_tail")
         return item
+
+    def require_topk(self) -> int:
+        """The k of a cache a trainer reads top-k teacher logits from; CacheError when it holds
+        none, or holds them without the tail (an older cache-hidden), so no loss is defined."""
+        m, k = self.manifest, self.manifest["topk_logits"]
+        again = (f"draftsmith cache-hidden --target {m['target']['name_or_path']} --data {m['data']} "
+                 f"--layers {m['layers_spec']} --topk-logits {k or 'K'} --out NEW_DIR")
+        if not k:
+            raise CacheError(f"hidden-state cache {str(self.dir)!r} holds no top-k teacher logits: rerun {again}")
+        if not m.get("topk_tail"):
+            raise CacheError(f"hidden-state cache {str(self.dir)!r} holds top-{k} logits without their tail log-sum-exp "
+                             f"(made by an older cache-hidden), so no loss is defined on them: rerun {again}")
+        return k

@@ -11,9 +11,12 @@ VocabMapError, ModelLoadError), each naming the file, flag or value and what was
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from draftsmith.distill.endpoint import EndpointSettings
 from draftsmith.distill.generate import GenerateSettings
@@ -34,15 +37,23 @@ class GenerateJob:
     endpoint: EndpointSettings | None = None  # a serving engine answers; the target gives tokenizer and fingerprint
 
 
-def run_generate(job: GenerateJob) -> dict:
-    """Self-distillation data: the target answers the prompts itself. Returns the summary."""
+def run_generate(job: GenerateJob) -> dict | None:
+    """Self-distillation data: the target answers the prompts itself. Returns the summary (None
+    in the processes other than the main one under `accelerate launch`: they split the shards)."""
     from draftsmith.distill.chat import resolve_chat_template
+    from draftsmith.distill.data import DataError
     from draftsmith.distill.generate import check_out_folder, describe_summary, generate_dataset, stop_token_ids
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    check_out_folder(job.out)  # before anything slow: a run must not die at its first write
     device = resolve_device(job.device)
+    state = launched_state(cpu=device.type == "cpu")
+    if state is None or state.is_main_process:  # one checker: another's probe folder looks like foreign content
+        check_out_folder(job.out)  # before anything slow: a run must not die at its first write
+    if state is not None and job.endpoint is not None:
+        raise DataError(f"--endpoint under {state.num_processes} processes: the client spreads requests itself; launch one")
+    if state is not None and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", state.local_process_index)  # one GPU per process
     dtype = resolve_dtype(job.dtype, device)
     check_target(job.target)
     tokenizer = load_tokenizer(job.target)
@@ -62,14 +73,26 @@ def run_generate(job: GenerateJob) -> dict:
             backend = EndpointBackend(client, tokenizer, template, job.settings, stops)
         summary = generate_dataset(
             model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
-            target_path=job.target, dtype=dtype, progress=job.progress, backend=backend,
+            target_path=job.target, dtype=dtype, progress=job.progress, backend=backend, state=state,
         )  # fmt: skip
     finally:
         if client is not None:
             (backend or client).close()
+    if summary is None:  # another process than the main one: its shards are written
+        return None
     print(describe_summary(summary))
     print(f"\nwrote {job.out}/ ; look at a sample with: draftsmith inspect-data {job.out}")
     return summary
+
+
+def launched_state(cpu: bool):
+    """accelerate's PartialState when `accelerate launch` started several processes (torchrun's
+    WORLD_SIZE > 1), else None: one process needs no process group. `cpu`: over gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from accelerate import PartialState
+
+    return PartialState(cpu=cpu)
 
 
 def check_target(target: str) -> None:

@@ -181,6 +181,43 @@ def cross_entropy(student, labels, mask=None, *, chunk_size=None, vocab_chunk_si
     return _reduce(values, idx, shape[:-1], reduction)
 
 
+# ---------------------------------------------------------------------------------------------
+# A top-k teacher (`cache-hidden --topk-logits k`): p is known on its k likeliest tokens, and the
+# rest of the vocabulary, the tail, is one more bucket holding p's remaining mass. Both p and q
+# are compared as distributions over these k + 1 outcomes: every divergence is exactly defined
+# on them, equals the full-vocabulary one when k = V, and (data processing) never exceeds it.
+
+def topk_teacher(logits, k: int):
+    """(values [..., k] float32, ids [..., k] int32, tail [...]) of teacher logits [..., V]: the
+    top-k logits, their ids and the log-sum-exp of the other V - k logits (-inf when k = V)."""
+    z = logits.detach().float()
+    values, ids = z.topk(k, dim=-1)
+    tail = torch.logsumexp(z.scatter(-1, ids, float("-inf")), -1)
+    return values, ids.to(torch.int32), tail
+
+
+def topk_buckets(logits, ids):
+    """Logits [..., V] -> [..., k + 1]: those at the teacher's top-k `ids`, then the log-sum-exp
+    of the rest (the tail bucket; _FMIN stands in for the ids so that an empty tail has no NaN
+    gradient)."""
+    z, ids = logits.float(), ids.long()
+    rest = torch.logsumexp(z.scatter(-1, ids, _FMIN), -1, keepdim=True)
+    return torch.cat([z.gather(-1, ids), rest], -1)
+
+
+def topk_divergence(kind: str, student, values, ids, tail, mask=None, **kwargs) -> torch.Tensor:
+    """`divergence(kind, ...)` between a top-k teacher (values, ids, tail from `topk_teacher`)
+    and the student logits [..., V], over the k + 1 buckets. At temperature 1 only: the tail's
+    log-sum-exp is of z, and that of z / T cannot be recovered from it."""
+    if kwargs.get("temperature", 1.0) != 1.0:
+        raise ValueError(f"a top-k teacher is defined at temperature 1, got {kwargs['temperature']}")
+    if tuple(values.shape) != tuple(ids.shape) or tuple(tail.shape) != tuple(values.shape[:-1]):
+        raise ValueError(f"top-k teacher: values {tuple(values.shape)}, ids {tuple(ids.shape)} and tail "
+                         f"{tuple(tail.shape)} must be [..., k], [..., k], [...]")
+    teacher = torch.cat([values.float(), tail.float()[..., None]], -1)
+    return divergence(kind, topk_buckets(student, ids), teacher, mask, **kwargs)
+
+
 def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tensor:
     """EAGLE-1 feature regression: per token, the mean over the feature axis of
     F.smooth_l1_loss(pred, target, beta); then reduced over kept tokens like `divergence`.

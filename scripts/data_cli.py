@@ -3,6 +3,7 @@
     draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens N] [--temperature T]
                         [--top-p P] [--num-samples N] [--batch-size B] [--chat-template auto|none|FILE]
                         [--endpoint URL ... [--api-key-env VAR] [--concurrency 8]]   (a serving engine answers)
+    accelerate launch --multi_gpu --num_processes N -m draftsmith.scripts.cli generate ...   (the shards split)
     draftsmith inspect-data DIR [--index I]
     draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N [--out FILE]
@@ -59,12 +60,12 @@ def add_commands(sub) -> None:
     ch = sub.add_parser("cache-hidden", help="offline hidden states of chosen target layers for the data (opt-in; online training needs none)")
     ch.add_argument("--target", required=True, help="folder of the target that generated the data")
     ch.add_argument("--data", required=True, help="folder written by `draftsmith generate`")
-    ch.add_argument("--layers", required=True, help="comma-separated HF hidden_states ids: i, -k (= L-k), mid (= L//2), last (after the final norm)")
+    ch.add_argument("--layers", required=True, help="comma-separated HF hidden_states ids: i, -k (= L-k), mid (= L//2), last (after the final norm); none: top-k only")
     ch.add_argument("--out", required=True, help="cache folder (a re-run with the same arguments resumes it)")
     ch.add_argument("--dtype", default="bf16", help="dtype the states are stored in: bf16 (default), fp16, fp32")
     ch.add_argument("--model-dtype", default="auto", help="dtype of the target's forward: auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
     ch.add_argument("--max-disk", default="50GB", help="refuse to start when the estimate exceeds this (e.g. 500MB, 2TB); default 50GB")
-    ch.add_argument("--topk-logits", type=int_at_least("--topk-logits", 0, " (0 = off)"), default=0, help="also store the target's top-k logits per token")
+    ch.add_argument("--topk-logits", type=int_at_least("--topk-logits", 0, " (0 = off)"), default=0, help="also store the target's top-k logits and their tail per token (train/draft.py's teacher_cache)")
     ch.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
     ch.add_argument("--shard-size", type=positive_int("--shard-size"), default=256, help="samples per safetensors file")
     add_device_args(ch, dtype=False)

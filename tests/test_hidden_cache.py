@@ -31,7 +31,7 @@ def test_sizes():
     with pytest.raises(CacheError, match="--max-disk"):
         parse_size("lots")
     est = Estimate(tokens=1000, layers=3, hidden=64, bytes_per_value=2, topk=4)
-    assert est.bytes_per_token == 3 * 64 * 2 + 4 * 8
+    assert est.bytes_per_token == 3 * 64 * 2 + 4 * 8 + 4  # the tail: one float32 per token
     assert est.total == 1000 * est.bytes_per_token
 
 
@@ -64,7 +64,7 @@ def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_c
     cache = HiddenStateCache(out)
     cache.check(target_fingerprint=target_fingerprint(target), layers=(1, 2), data_hash=data.data_hash, hidden_size=48)
     assert len(cache) == len(data) == 6
-    assert cache.manifest["bytes_per_token"] == 2 * 48 * 4 + 4 * 8
+    assert cache.manifest["bytes_per_token"] == 2 * 48 * 4 + 4 * 8 + 4
     for index in (0, 3, 5):
         ids = torch.tensor([data[index]["input_ids"]])
         with torch.no_grad():
@@ -77,6 +77,8 @@ def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_c
         top = fresh.logits[0].topk(4, dim=-1)
         torch.testing.assert_close(item["topk_values"], top.values, atol=1e-5, rtol=1e-5)
         assert torch.equal(item["topk_ids"].long(), top.indices)
+        rest = fresh.logits[0].scatter(-1, top.indices, float("-inf"))
+        torch.testing.assert_close(item["topk_tail"], torch.logsumexp(rest, -1), atol=1e-5, rtol=1e-5)
 
 
 def test_mismatches_are_errors(toy_data, target, tmp_path):

@@ -11,6 +11,10 @@ trained to match the target's distribution p, not just its argmax:
   the frozen target) and the draft (q) at the serving `temperature`: forward_kl, reverse_kl,
   jsd (`beta`), tv, kl_tv (`tv_weight`; TV alone has small gradients far from the optimum);
   or `ce`, hard cross-entropy on the data's tokens (the plain baseline).
+- the teacher offline: `teacher_cache: DIR`, a `draftsmith cache-hidden --topk-logits k` folder
+  of this data, is read instead of a target forward per step: p on its top k tokens plus one
+  bucket for the tail (`distill.losses.topk_divergence`); `teacher_topk: k` truncates the online
+  teacher the same way (what such a cache trains, for comparison). Both at temperature 1.
 - data, per step: `data_mode: generated` reads the target's own answers (`draftsmith generate`,
   loss on the answer tokens), `data_mode: fixed` reads fixed text (`fixed_data`: JSONL with
   "text" or "prompt", cut into `max_length` windows, loss on every token); with
@@ -43,7 +47,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
-from draftsmith.distill.losses import cross_entropy, divergence
+from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
 from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
@@ -80,6 +84,8 @@ class DraftRecipe(RunRecipe):
     max_length: int = 256
     chunk_size: int | None = None  # loss chunking for large vocabularies
     num_draft_tokens: int = 4  # K for the simulated tau
+    teacher_cache: str | None = None  # offline teacher: a `cache-hidden --topk-logits k` folder of `data`
+    teacher_topk: int = 0  # online teacher truncated to its top k + the tail bucket (0 = the whole vocabulary)
 
     def __post_init__(self):
         super().__post_init__()
@@ -101,6 +107,17 @@ class DraftRecipe(RunRecipe):
             raise ValueError(f"temperature = {self.temperature} must be > 0 (match the serving temperature; 1 for greedy serving)")
         if not 0 <= self.beta <= 1 or not 0 <= self.tv_weight <= 1:
             raise ValueError("beta and tv_weight must be in [0, 1]")
+        if self.teacher_topk < 0:
+            raise ValueError(f"teacher_topk = {self.teacher_topk} must be >= 0 (0 = the whole vocabulary)")
+        if self.teacher_cache or self.teacher_topk:
+            key = "teacher_cache" if self.teacher_cache else "teacher_topk"
+            if self.loss == "ce":
+                raise ValueError(f"{key} is a teacher for a divergence; loss = ce reads only the data's tokens")
+            if self.temperature != 1.0:
+                raise ValueError(f"{key}: a top-k teacher's tail is known at temperature 1 only, got temperature = {self.temperature}")
+        if self.teacher_cache and (self.data_mode != "generated" or self.on_policy_fraction > 0):
+            raise ValueError("teacher_cache holds the target's logits on the `data` rows: it needs data_mode = generated "
+                             "and on_policy_fraction = 0 (on-policy rows are scored online)")
         for name in ("num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
@@ -198,11 +215,16 @@ def is_on_policy_step(step: int, fraction: float) -> bool:
 # --------------------------------------------------------------------------- loss and metrics
 
 
-def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe) -> torch.Tensor:
-    """Position t predicts token t+1, trained when that token is under the loss mask."""
+def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe, topk=None) -> torch.Tensor:
+    """Position t predicts token t+1, trained when that token is under the loss mask. `topk`:
+    a top-k teacher (values, ids, tail) [B, T, k], [B, T, k], [B, T] in place of target_logits."""
     mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
     if recipe.loss == "ce":
         return cross_entropy(draft_logits[:, :-1], batch["input_ids"][:, 1:], mask, chunk_size=recipe.chunk_size)
+    if topk is not None:
+        values, ids, tail = (t[:, :-1] for t in topk)
+        return topk_divergence(recipe.loss, draft_logits[:, :-1], values, ids, tail, mask, beta=recipe.beta,
+                               tv_weight=recipe.tv_weight, chunk_size=recipe.chunk_size)
     return divergence(
         recipe.loss, draft_logits[:, :-1], target_logits[:, :-1], mask, temperature=recipe.temperature,
         beta=recipe.beta, tv_weight=recipe.tv_weight, chunk_size=recipe.chunk_size,
@@ -251,6 +273,32 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
     }
 
 
+def cached_teacher(cache, index: list[int], width: int, device) -> tuple[torch.Tensor, ...]:
+    """The top-k teacher of the batch's rows (by data row) from a `cache-hidden --topk-logits`
+    cache, cut or padded to `width` (padded positions are outside the loss mask)."""
+    parts = {"topk_values": [], "topk_ids": [], "topk_tail": []}
+    for row in index:
+        item = cache[row]
+        for key, out in parts.items():
+            t = item[key][:width]
+            pad = (0, 0, 0, width - t.shape[0]) if t.dim() == 2 else (0, width - t.shape[0])
+            out.append(torch.nn.functional.pad(t, pad))
+    return tuple(torch.stack(out).to(device) for out in parts.values())
+
+
+def open_teacher_cache(recipe: DraftRecipe, target, data: DistillData):
+    """The recipe's teacher_cache, checked to hold this target's top-k logits of this data."""
+    from draftsmith.distill.hidden_cache import HiddenStateCache
+    from draftsmith.heads.models import target_fingerprint
+
+    cache = HiddenStateCache(recipe.teacher_cache)
+    cache.check(target_fingerprint=target_fingerprint(target), data_hash=data.data_hash)
+    k = cache.require_topk()
+    if recipe.teacher_topk and recipe.teacher_topk != k:
+        raise RecipeError(f"teacher_topk = {recipe.teacher_topk} but teacher_cache {recipe.teacher_cache!r} holds the top {k}")
+    return cache
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -286,6 +334,10 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     if data is not None:
         run.check_data_target(data, target)
     generated = generated_rows(data) if data is not None else None
+    cache = open_teacher_cache(recipe, target, data) if recipe.teacher_cache else None
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if recipe.teacher_topk > vocab:
+        raise RecipeError(f"teacher_topk = {recipe.teacher_topk} exceeds the target's vocabulary ({vocab})")
     rows = generated if recipe.data_mode == "generated" else fixed_rows(recipe.fixed_data, tokenizer, recipe.max_length)
     # Held out from the target's answers when there are some: that is what decoding will see.
     eval_rows = generated if generated is not None else rows
@@ -346,9 +398,15 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
             batch = collate(rows, index, recipe.max_length, pad_id)
         batch = to_device(batch, device)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        with torch.no_grad():
-            target_logits = None if recipe.loss == "ce" else target(**inputs).logits.float()
-        loss = draft_loss(model(**inputs).logits.float(), target_logits, batch, recipe)
+        target_logits = topk = None
+        if cache is not None:  # offline: the cached top-k teacher, no target forward
+            topk = cached_teacher(cache, index, batch["input_ids"].shape[1], device)
+        elif recipe.loss != "ce":
+            with torch.no_grad():
+                target_logits = target(**inputs).logits.float()
+            if recipe.teacher_topk:
+                topk, target_logits = topk_teacher(target_logits, recipe.teacher_topk), None
+        loss = draft_loss(model(**inputs).logits.float(), target_logits, batch, recipe, topk)
         trained = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()
         return loss * run.token_shares([trained])[0], batch, {}
 
@@ -367,6 +425,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         "steps": done.step,
         "loss": recipe.loss,
         "data": rows.origin,
+        "teacher": f"cache:{recipe.teacher_cache}" if cache is not None else
+                   (f"online top-{recipe.teacher_topk}" if recipe.teacher_topk else "online"),
         "initial": initial,
         "eval": done.last_eval,
         "train_tokens_per_second": done.tokens_per_second,
