@@ -54,7 +54,8 @@ class DrafterSpecs:
         """The combinations that make no sense, refused before anything is loaded."""
         if not (self.drafts or self.prompt_lookup or self.medusa or self.eagle or self.dflash or self.peagle):
             raise SpecError(
-                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup (or --dflash DIR, --peagle DIR)"
+                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup "
+                "(or --dflash DIR, --peagle DIR)"
             )
         if self.medusa_tree and not self.medusa:
             raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")

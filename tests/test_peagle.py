@@ -161,7 +161,8 @@ def fitted(pairs):
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     for step in range(25):
-        loss, _, _, _, _ = peagle_losses(head, batch, feats, states.logits, recipe, None, torch.Generator().manual_seed(step))
+        generator = torch.Generator().manual_seed(step)
+        loss, _, _, _, _ = peagle_losses(head, batch, feats, states.logits, recipe, None, generator)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

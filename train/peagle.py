@@ -31,6 +31,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import to_device, training_rows
 from draftsmith.train.loop import train_loop
@@ -157,8 +158,8 @@ def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, gene
     pairs = head.project(feats[:, :-1].to(head.dtype))[rows, anchor]  # [B, N, H]
     hidden = torch.where(is_pair[..., None], pairs, head.mask_features(B, anchor.shape[1]).to(pairs.dtype))
     mask = chain_mask(anchor, depth, real, valid[:, 1:])  # pair t is real when token t+1 is
-    allowed = torch.zeros(mask.shape, dtype=head.dtype, device=ids.device).masked_fill_(~mask, torch.finfo(head.dtype).min)
-    _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed[:, None])
+    allowed = additive(mask, head.dtype)[:, None]
+    _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed)
     label = trained[rows, position] & real
     targets = teacher[:, 1:][rows, position]  # [B, N, V]: the target's distribution for token position + 2
     if vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked

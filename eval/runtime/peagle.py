@@ -91,7 +91,8 @@ class PEagleDrafter(HeadDrafter):
         positions = (torch.tensor(self._real, device=device)[:, None] + offset).clamp(min=0)
         attend = chain_attend(width + K - 1, lo, None, batch, device)  # causal over the real pairs and masks
         allowed = torch.cat([self.kv.valid[:, None, :].expand(-1, width + K - 1, -1), attend], dim=-1)[:, None]
-        _, logits = head(ids, features, position_ids=positions, attention_mask=additive(allowed, dtype), cache=self.kv.cache)
+        mask = additive(allowed, dtype)
+        _, logits = head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
         real = (offset >= 0) & (torch.arange(width + K - 1, device=device) < width)[None]
         self.kv.commit(real.cpu())  # the pairs stay, the placeholders go
         self._real = [r + n for r, n in zip(self._real, fresh)]

@@ -359,7 +359,9 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
         )
     peagle = "mask_token_id" in variant
     if peagle and "mask_hidden" not in state:
-        raise EagleError(f"{str(path / WEIGHTS)!r} has no mask_hidden: a peagle checkpoint holds its placeholder feature")
+        raise EagleError(
+            f"{str(path / WEIGHTS)!r} has no mask_hidden: a peagle checkpoint holds its placeholder feature"
+        )
     H = layer.get("hidden_size", fc.shape[0])
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
