@@ -267,6 +267,11 @@ def test_export_and_import_round_trip(tmp_path):
     served = load_eagle(tmp_path / "vllm", target=target)
     assert isinstance(served, PEagleHead) and served.config.mask_token_source == head.config.mask_token_source
     assert all(torch.equal(served.state_dict()[k], v) for k, v in state.items())
+    from draftsmith.eval.publish.serve import serving_commands
+
+    serving = serving_commands(tmp_path / "vllm")
+    assert serving.k == DEPTHS and not serving.sglang and '"parallel_drafting": true' in serving.vllm[0]
+    assert serving_commands(tmp_path / "hf").vllm[0].startswith(f"draftsmith export {tmp_path / 'hf'} --format vllm")
     with pytest.raises(EagleError, match="SGLang has no P-EAGLE layout"):
         export_eagle(head, tmp_path / "sglang", "sglang")
     del saved["mask_hidden"]
