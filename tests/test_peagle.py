@@ -309,11 +309,13 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     code, _, err = run_cli([
         "eval", "--target", toy_dir / "target", "--peagle", out / "head", "--peagle", f"second={out / 'head'}",
         "--prompts", toy_dir / "prompts.jsonl", "--limit", 2, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
-        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev",
+        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev", "--batch-sizes", "1,2",
     ])  # fmt: skip
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    serving = json.loads((tmp_path / "ev" / "serving.json").read_text())["methods"]
+    assert serving["head"]["batched"] and serving["second"]["batched"]  # rows of the serving sweep
     # `draftsmith export` takes P-EAGLE heads (the round trip above); the 2-layer toy target has no
     # three distinct capturable aux layers, which the export refuses in one line, writing nothing.
     code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v"])
