@@ -257,6 +257,10 @@ def test_export_and_import_round_trip(tmp_path):
     assert isinstance(again, PEagleHead) and again.config.mask_token_id == MASK and again.config.num_depths == DEPTHS
     state = head.state_dict()
     assert all(torch.equal(again.state_dict()[k], v) for k, v in state.items())
+    from transformers import AutoModel
+
+    auto = AutoModel.from_pretrained(tmp_path / "hf")  # registered by `import draftsmith.heads`
+    assert type(auto) is PEagleHead and all(torch.equal(auto.state_dict()[k], v) for k, v in state.items())
     export_eagle(head, tmp_path / "vllm", "vllm", num_speculative_tokens=DEPTHS)
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleDraftModel"]
