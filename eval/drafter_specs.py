@@ -38,6 +38,7 @@ class DrafterSpecs:
     eagle: str | tuple[str, ...] | None = None  # `[NAME=]DIR` of EAGLE-1/EAGLE-3 heads (one or several)
     eagle_tree: str | None = None  # "DEPTH,TOP_K,TOTAL_TOKENS" of an EAGLE-2 dynamic tree
     dflash: tuple[str, ...] = ()  # `[NAME=]DIR` of DFlash heads for this target
+    peagle: tuple[str, ...] = ()  # `[NAME=]DIR` of P-EAGLE heads for this target
     lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
     typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
     typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
@@ -51,9 +52,10 @@ class DrafterSpecs:
 
     def check(self) -> None:
         """The combinations that make no sense, refused before anything is loaded."""
-        if not self.drafts and not self.prompt_lookup and not self.medusa and not self.eagle and not self.dflash:
+        if not (self.drafts or self.prompt_lookup or self.medusa or self.eagle or self.dflash or self.peagle):
             raise SpecError(
-                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup (or --dflash DIR)"
+                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup "
+                "(or --dflash DIR, --peagle DIR)"
             )
         if self.medusa_tree and not self.medusa:
             raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")
@@ -82,6 +84,7 @@ def load_drafters(specs: DrafterSpecs):
     for folder in drafts.values():
         check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
     dflash = dflash_names(specs.dflash, taken=set(drafts))
+    peagle = peagle_names(specs.peagle, taken=set(drafts) | set(dflash))
     target = _checked(load_causal_lm(specs.target, device=device, dtype=dtype, role="target"), specs.target, "target")
     drafters = {}
     for name, folder in drafts.items():
@@ -95,6 +98,7 @@ def load_drafters(specs: DrafterSpecs):
     if specs.eagle:
         drafters.update(_eagle_drafters(specs, target, device, dtype))
     drafters.update(_dflash_drafters(dflash, target, device, dtype, specs.allow_target_mismatch))
+    drafters.update(_peagle_drafters(peagle, target, device, dtype, specs.allow_target_mismatch))
     return target, tokenizer, drafters, device, dtype
 
 
@@ -168,6 +172,43 @@ def _dflash_drafters(names: dict[str, str], target, device, dtype, allow_target_
             context=f"--dflash {folder}: ",
         )  # fmt: skip
         drafters[name] = DFlashDrafter(head, name=name)
+    return drafters
+
+
+def peagle_names(values, taken=()) -> dict[str, str]:
+    """{method name: folder} of the --peagle flags (named as --draft's; one bare DIR is "peagle"),
+    each folder checked to hold a P-EAGLE head (draftsmith's or speculators' layout) before anything loads."""
+    from draftsmith.heads.eagle import PEagleConfig
+
+    out = {}
+    for name, folder in (draft_names(values) if values else {}).items():
+        name = "peagle" if name == "draft" else name
+        if name in out or name in taken or name in RESERVED_NAMES:
+            raise SpecError(f"--peagle: {name!r} names another method too; name the heads with --peagle NAME=DIR")
+        try:
+            config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = {}
+        if config.get("model_type") != PEagleConfig.model_type and config.get("speculators_model_type") != "peagle":
+            raise SpecError(
+                f"--peagle {folder}: expected a P-EAGLE head folder (config.json with model_type "
+                f"{PEagleConfig.model_type!r} or speculators_model_type 'peagle')"
+            )
+        out[name] = folder
+    return out
+
+
+def _peagle_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
+    from draftsmith.eval.runtime.peagle import PEagleDrafter
+    from draftsmith.heads.eagle import EagleError, load_eagle
+
+    drafters = {}
+    for name, folder in names.items():
+        head = _load_checked(
+            "P-EAGLE head", load_eagle, EagleError, folder, target, device, dtype, allow_target_mismatch,
+            context=f"--peagle {folder}: ",
+        )  # fmt: skip
+        drafters[name] = PEagleDrafter(head, name=name)
     return drafters
 
 

@@ -24,6 +24,7 @@ from draftsmith.eval.drafter_specs import (
     DrafterSpecs,
     SpecError,
     dflash_names,
+    peagle_names,
     draft_names,
     eagle_names,
     eos_token_id,
@@ -134,7 +135,8 @@ def run_eval(job: EvalJob) -> dict:
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
     heads = {"medusa": specs.medusa} if specs.medusa else {}
-    report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle), **dflash_names(specs.dflash)}
+    report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle), **dflash_names(specs.dflash),
+                       **peagle_names(specs.peagle)}
     report["prompts_file"] = str(job.prompts)
     report["prompts_source"] = asked.provenance()
     report["draftsmith_version"] = package_version()

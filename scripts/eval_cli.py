@@ -1,6 +1,6 @@
 """The measuring commands of `draftsmith`: what a drafter is worth against its target.
 
-    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle [NAME=]DIR ... | --dflash [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
+    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle [NAME=]DIR ... | --dflash [NAME=]DIR ... | --peagle [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
     draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE [--k-max 8] [--write]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
 
@@ -61,6 +61,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle", action="append", metavar="[NAME=]DIR", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout); repeat for several (rows NAME-chain, NAME-tree)")
     p.add_argument("--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16")
     p.add_argument("--dflash", action="append", metavar="[NAME=]DIR", help="folder of a DFlash block drafter for this target; repeat for several (named NAME, else after the folder)")
+    p.add_argument("--peagle", action="append", metavar="[NAME=]DIR", help="folder of a P-EAGLE head for this target (draftsmith or speculators peagle layout); repeat for several (named NAME, else after the folder)")
     p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
     p.add_argument("--typical-epsilon", type=float, default=D.typical_epsilon, help="typical acceptance: posterior threshold epsilon")
     p.add_argument("--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta")
@@ -150,6 +151,7 @@ def _specs(args):
         medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=tuple(args.eagle or ()),
         eagle_tree=args.eagle_tree, lossy=args.lossy, typical_epsilon=args.typical_epsilon,
         typical_delta=args.typical_delta, dflash=tuple(args.dflash or ()),
+        peagle=tuple(args.peagle or ()),
         allow_target_mismatch=args.allow_target_mismatch, device=args.device, dtype=args.dtype,
     )  # fmt: skip
 

@@ -12,7 +12,7 @@ from draftsmith.scripts._args import UsageError, positive_int
 
 
 def add_commands(sub) -> None:
-    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; DFlash: vllm)")
+    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; P-EAGLE: vllm, hf; DFlash: vllm)")
     ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads, train/eagle.py OUT/head)")
     ex.add_argument("--format", required=True, help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf")
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")

@@ -21,6 +21,7 @@ TRAINERS = {
     "eagle": ("draftsmith.train.eagle", "EagleRecipe"),
     "draft": ("draftsmith.train.draft", "DraftRecipe"),
     "dflash": ("draftsmith.train.dflash", "DFlashRecipe"),
+    "peagle": ("draftsmith.train.peagle", "PEagleRecipe"),
 }
 
 

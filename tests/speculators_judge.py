@@ -9,7 +9,7 @@ OUT`: a checkpoint built by speculators' model class; `train DATA OUT VERIFIER`:
 `speculators train` run on CPU (its own data layout written from the verifier's greedy
 continuations, four steps, its defaults otherwise).
 
-`check`: the config must parse as speculators' registered EAGLE-3 config; the weights' keys and
+`check`: the config must parse as speculators' registered EAGLE-3 (or P-EAGLE) config; the weights' keys and
 shapes must equal those of a model freshly built from it (less what speculators never saves);
 `from_pretrained` must load them (speculators fills the embeddings and lm_head with NaN until
 loaded, so finite weights mean every tensor arrived). `build`: the model the speculators trainer
@@ -18,8 +18,10 @@ with the variant FLAGS, a JSON object, a reduced vocabulary, the verifier's embe
 lm_head), its trainable tensors moved off their init, saved with `save_pretrained`. `check`
 and `build` then run speculators' own forward on INPUTS
 (`hidden_states` [1, T, n*H], `input_ids` [1, T]) for two training-time-test steps and write
-the draft logits of each step to OUT (`step0`, `step1`); the list of JSON reports (one per job)
-goes to stdout.
+the draft logits of each step to OUT (`step0`, `step1`); a P-EAGLE checkpoint (speculators_model_type
+`peagle`; `build` with FLAGS {"speculator_type": "peagle", ...}) runs its own packed forward instead, over
+COD-sampled chains drawn from a fixed seed, and writes the logits with the chains (`logits`, `anchor`,
+`depth`). The list of JSON reports (one per job) goes to stdout.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ from safetensors.torch import load_file, save_file
 
 from speculators import SpeculatorModel, SpeculatorModelConfig
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+from speculators.models.peagle import PEagleDraftModel
+from speculators.losses import resolve_loss_config
+from speculators.models.peagle.data import generate_cod_sample_indices
 from speculators.train.cli import create_transformer_layer_config
 
 ATTENTION = "sdpa"  # the flex-attention default needs a GPU compiler; sdpa is the same maths
+PEAGLE_DEPTHS, PEAGLE_SEED = 3, 11  # the packed forward's depths and the seed its COD sampling draws from
 
 
 def _logits(model, inputs_file: str, out_file: str) -> None:
@@ -51,6 +57,27 @@ def _logits(model, inputs_file: str, out_file: str) -> None:
     save_file({f"step{i}": t.contiguous() for i, t in enumerate(captured)}, out_file)
 
 
+def _peagle_logits(model, inputs_file: str, out_file: str) -> None:
+    """speculators' P-EAGLE training forward with the draft logits captured; the chains it samples
+    are drawn again from the same seed first (its sampler consumes the global RNG, nothing else does)."""
+    inputs = load_file(inputs_file)
+    ids = inputs["input_ids"]
+    ones = torch.ones_like(ids, dtype=torch.float32)  # the forward's loss mask when none is given
+    torch.manual_seed(PEAGLE_SEED)
+    anchor, depth = generate_cod_sample_indices(seq_length=ids.shape[1], loss_mask=ones, num_depths=PEAGLE_DEPTHS)
+    captured = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out.detach().clone()))
+    torch.manual_seed(PEAGLE_SEED)
+    with torch.no_grad():
+        model.eval()(
+            hidden_states=inputs["hidden_states"], input_ids=ids, document_ids=torch.zeros_like(ids),
+            verifier_last_hidden_states=torch.zeros(1, ids.shape[1], model.config.transformer_layer_config.hidden_size),
+            num_depths=PEAGLE_DEPTHS, loss_config=resolve_loss_config("kl_div", "eager"),  # fused needs Triton
+        )  # fmt: skip
+    hook.remove()
+    save_file({"logits": captured[0][0].contiguous(), "anchor": anchor, "depth": depth}, out_file)
+
+
 def check(folder: str, inputs_file: str, out_file: str) -> dict:
     """Also for speculators' own checkpoints: loaded in float32 whatever they were saved in."""
     config = SpeculatorModelConfig.from_pretrained(folder)
@@ -59,9 +86,10 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
     never_saved = set(fresh._keys_to_ignore_on_save or [])
     expected = {k: list(v.shape) for k, v in fresh.state_dict().items() if k not in never_saved}
     written = {k: list(v.shape) for k, v in load_file(f"{folder}/model.safetensors").items()}
-    model = Eagle3DraftModel.from_pretrained(folder, config=config, dtype=torch.float32)
+    cls = SpeculatorModel.registered_model_class_from_config(config)  # Eagle3DraftModel or PEagleDraftModel
+    model = cls.from_pretrained(folder, config=config, dtype=torch.float32)
     finite = {k: bool(torch.isfinite(v.float()).all()) for k, v in model.state_dict().items()}
-    _logits(model, inputs_file, out_file)
+    (_peagle_logits if isinstance(model, PEagleDraftModel) else _logits)(model, inputs_file, out_file)
     return {
         "config_class": type(config).__name__,
         "model_class": type(model).__name__,
@@ -71,11 +99,13 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
         "not_finite": sorted(k for k, ok in finite.items() if not ok),
         "flags": {k: getattr(config, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual",
                                                    "embed_requires_grad", "target_hidden_size")},
+        "mask_token_id": getattr(config, "mask_token_id", None),
     }  # fmt: skip
 
 
 def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: str) -> dict:
     flags = json.loads(flags)
+    cls = PEagleDraftModel if flags.pop("speculator_type", "eagle3") == "peagle" else Eagle3DraftModel
     # The trainer's own draft layer config: one llama layer shaped from the verifier, its defaults
     # (sliding-window attention over 2048 tokens, which a 12-token test never reaches).
     layer_config = create_transformer_layer_config(
@@ -87,7 +117,7 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[target_ids] = True
     d2t = target_ids - torch.arange(draft_vocab)
-    model = Eagle3DraftModel.from_training_args(
+    model = cls.from_training_args(
         layer_config, t2d=t2d, d2t=d2t, draft_vocab_size=draft_vocab, ttt_steps=3,
         verifier_name_or_path=verifier, draft_attn_impl=ATTENTION, **{"norm_before_residual": False, **flags},
     )  # fmt: skip
@@ -97,8 +127,8 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
             if p.requires_grad:
                 p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in name else 0.05))
     model.save_pretrained(folder)
-    _logits(model, inputs_file, out_file)
-    assert isinstance(model.config, Eagle3SpeculatorConfig)
+    (_peagle_logits if cls is PEagleDraftModel else _logits)(model, inputs_file, out_file)
+    assert isinstance(model.config, Eagle3SpeculatorConfig)  # PEagleSpeculatorConfig is one too
     return {"saved": sorted(load_file(f"{folder}/model.safetensors"))}
 
 

@@ -159,7 +159,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     report = json.loads((out / "report.json").read_text())
     assert [r["method"] for r in report["methods"]] == [
         "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree", "eagle3-chain", "eagle3-tree",
-        "dflash",
+        "dflash", "peagle",
     ]  # fmt: skip
     for row in report["methods"][1:]:
         for key in ("alpha", "tau", "speedup", "tokens_per_second"):
@@ -179,6 +179,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert (heads / "distilled-draft" / "training_summary.json").is_file()
     assert report["drafts"]["eagle3"] == str(heads / "eagle3" / "head") and report["methods"][7]["tree"]
     assert report["drafts"]["dflash"] == str(heads / "dflash" / "head")
+    assert report["drafts"]["peagle"] == str(heads / "peagle" / "head")
 
 
 def test_train_lm_learns_a_repeating_stream_and_restores_threads():

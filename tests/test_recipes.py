@@ -27,6 +27,10 @@ def config_for(path: Path):
         from draftsmith.train.dflash import DFlashRecipe
 
         return DFlashRecipe, "train/dflash.py"
+    if name == "peagle":
+        from draftsmith.train.peagle import PEagleRecipe
+
+        return PEagleRecipe, "train/peagle.py"
     raise AssertionError(f"{path}: no method for this recipe name")
 
 

@@ -11,6 +11,12 @@ Both directions, every variant flag speculators writes:
   norm_output, norm_before_residual, bf16), and one per variant built by its model class
   (`Eagle3DraftModel.from_training_args`) and saved with `save_pretrained`, load with
   `load_eagle`, give speculators' logits and decode losslessly (greedy = target-only greedy).
+- P-EAGLE (speculators `peagle`), both directions the same way: the export parses as speculators'
+  P-EAGLE config with the mask token, has the keys and shapes of a freshly built `PEagleDraftModel`
+  (`mask_hidden` among them) and loads finite; speculators' packed training forward over its
+  COD-sampled chains gives draftsmith's logits for the same chains; a checkpoint built by
+  `PEagleDraftModel.from_training_args` loads as a `PEagleHead`, computes the same and decodes
+  losslessly with the P-EAGLE drafter.
 
 The venv is built once per speculators/torch version under the temp dir (about 1.5 GB; several
 minutes the first time) or at $DRAFTSMITH_SPECULATORS_VENV. A failed install FAILS the test.
@@ -34,8 +40,11 @@ from safetensors.torch import load_file, save_file
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.runtime import generate
 from draftsmith.eval.runtime.eagle import EagleDrafter
-from draftsmith.heads.eagle import EagleCache, EagleHead, export_eagle, load_eagle
+from draftsmith.eval.runtime.masks import additive
+from draftsmith.eval.runtime.peagle import PEagleDrafter
+from draftsmith.heads.eagle import EagleCache, EagleHead, PEagleHead, export_eagle, load_eagle
 from draftsmith.train.eagle import shifted, ttt_mask
+from draftsmith.train.peagle import chain_mask
 from fixtures import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -43,6 +52,7 @@ pytestmark = pytest.mark.slow
 SPECULATORS, TORCH = "0.9.0", "2.13.0"
 JUDGE = Path(__file__).with_name("speculators_judge.py")
 L, VD, T = 4, 64, 12  # target layers, draft vocabulary, tokens per forward
+MASK = 319  # P-EAGLE's mask token: the toy vocabulary's last id
 # The variants, as speculators' config flags: EAGLE-3 as trained by default, EAGLE-3.1, gpt-oss style.
 VARIANTS = {
     "eagle3": {},
@@ -126,6 +136,19 @@ def judged(tmp_path_factory):
         build_flags = json.dumps({"target_layer_ids": [1, 2, 3], **vocab, **flags})  # its default needs L >= 7
         jobs.append({"build": [str(tmp / f"built-{name}"), str(tmp / "target"), build_flags,
                                str(tmp / "inputs.safetensors"), str(tmp / f"built-{name}.logits")]})  # fmt: skip
+    # P-EAGLE: an export of draftsmith's head, and a checkpoint speculators' model class builds
+    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=3, vocab_map=vmap, aux_layer_ids=[1, 2, 3],
+                                 target_name_or_path=str(tmp / "target"))  # fmt: skip
+    with torch.no_grad():
+        for p_name, p in head.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in p_name else 0.05))
+    heads["peagle"] = head.eval()
+    export_eagle(head, tmp / "export-peagle", "vllm", num_speculative_tokens=3)
+    jobs.append({"check": [str(tmp / "export-peagle"), str(tmp / "inputs.safetensors"), str(tmp / "export-peagle.logits")]})
+    build_flags = json.dumps({"speculator_type": "peagle", "target_layer_ids": [1, 2, 3], "draft_vocab_size": VD,
+                              "mask_token_id": MASK, "num_depths": 3})  # fmt: skip
+    jobs.append({"build": [str(tmp / "built-peagle"), str(tmp / "target"), build_flags,
+                           str(tmp / "inputs.safetensors"), str(tmp / "built-peagle.logits")]})  # fmt: skip
     trained = tmp / "trained"
     jobs.append({"train": [str(tmp / "train-data"), str(trained), str(tmp / "target")]})
     jobs.append({"check": [str(trained / "checkpoint_best"), str(tmp / "inputs.safetensors"), str(tmp / "trained.logits")]})
@@ -147,6 +170,47 @@ def test_draftsmith_exports_are_what_speculators_builds_and_computes(judged, nam
     ours = draftsmith_logits(judged["heads"][name], judged["inputs"])
     for step in ("step0", "step1"):
         torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
+
+
+def peagle_logits(head: PEagleHead, inputs: dict, chains: dict) -> torch.Tensor:
+    """The head's logits over speculators' packed chains (element (a, d) at position a + d: the
+    data's token and state at depth 0, the placeholder beyond), one forward with the chain mask."""
+    anchor, depth = chains["anchor"][None], chains["depth"][None]
+    position = anchor + depth
+    ids, states = inputs["input_ids"], inputs["hidden_states"]
+    is_pair = depth == 0
+    element_ids = torch.where(is_pair, ids[0, position], torch.full_like(position, head.config.mask_token_id))
+    with torch.no_grad():
+        hidden = torch.where(is_pair[..., None], head.project(states[:, position[0]]), head.mask_features(1, position.shape[1]))
+        real = torch.ones_like(is_pair)
+        mask = additive(chain_mask(anchor, depth, real, torch.ones_like(ids, dtype=torch.bool)), head.dtype)[:, None]
+        _, logits = head(element_ids, hidden, position_ids=position, attention_mask=mask)
+    return logits[0]
+
+
+def test_peagle_export_is_what_speculators_builds_and_computes(judged):
+    report = judged["reports"][2 * len(VARIANTS)]
+    assert report["config_class"] == "PEagleSpeculatorConfig" and report["model_class"] == "PEagleDraftModel"
+    assert (report["missing"], report["unexpected"], report["shape_mismatches"], report["not_finite"]) == ([], [], [], [])
+    assert report["mask_token_id"] == MASK and report["flags"]["embed_requires_grad"] is True
+    theirs = load_file(str(judged["tmp"] / "export-peagle.logits"))
+    assert int(theirs["depth"].max()) == 2  # the chains reach every depth
+    ours = peagle_logits(judged["heads"]["peagle"], judged["inputs"], theirs)
+    torch.testing.assert_close(theirs["logits"], ours, rtol=1e-4, atol=1e-4)
+
+
+def test_a_speculators_peagle_checkpoint_loads_computes_the_same_and_decodes_losslessly(judged):
+    assert "mask_hidden" in judged["reports"][2 * len(VARIANTS) + 1]["saved"]
+    folder, target = judged["tmp"] / "built-peagle", judged["target"]
+    with pytest.warns(UserWarning, match="sliding-window attention over 2048"):
+        head = load_eagle(folder, target=target)
+    assert isinstance(head, PEagleHead) and head.config.mask_token_id == MASK and head.config.num_depths == 3
+    assert head.config.draft_vocab_size == VD and head.embed_tokens.weight.requires_grad
+    theirs = load_file(str(judged["tmp"] / "built-peagle.logits"))
+    torch.testing.assert_close(theirs["logits"], peagle_logits(head, judged["inputs"], theirs), rtol=1e-4, atol=1e-4)
+    prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
+    reference = generate(target, None, prompt, max_new_tokens=24).tokens
+    assert generate(target, PEagleDrafter(head), prompt, max_new_tokens=24, num_draft_tokens=3).tokens == reference
 
 
 def lossless(head, target) -> None:

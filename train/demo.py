@@ -24,7 +24,7 @@ import torch
 
 from draftsmith.train.demo_card import cpu_decode_threads, stage_summary
 from draftsmith.train.demo_heads import BUDGETS, demo_data, demo_distilled_draft, demo_eagle, demo_medusa, heads_root, prepare_root
-from draftsmith.train.demo_heads import demo_dflash
+from draftsmith.train.demo_heads import demo_dflash, demo_peagle
 from draftsmith.train.demo_target import DemoTarget, DemoTargetError, ensure_demo_target, get_preset
 
 
@@ -73,6 +73,7 @@ class DemoContext:
     _heads_cache: tuple | None = None  # (budget, root, data): the self-distillation data, made once
     _eagle: object = None  # the trained EAGLE-3 head, shared by the chain and tree methods
     _dflash_folder: Path | None = None  # the trained DFlash head, for the report
+    _peagle_folder: Path | None = None  # the trained P-EAGLE head, for the report
 
     def eagle_head(self):
         if self._eagle is None:
@@ -178,6 +179,16 @@ def _dflash(ctx: DemoContext):
     return DFlashDrafter(load_dflash(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name="dflash")
 
 
+def _peagle(ctx: DemoContext):
+    from draftsmith.eval.runtime.peagle import PEagleDrafter
+    from draftsmith.heads.eagle import load_eagle
+
+    budget, root, data = ctx.distill_data()
+    folder = demo_peagle(ctx, budget, root, data, log=ctx.log)
+    ctx._peagle_folder = folder
+    return PEagleDrafter(load_eagle(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name="peagle")
+
+
 # Every drafter method of the toolkit, in report order (each trained with a small demo budget).
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
@@ -188,6 +199,7 @@ METHODS: list[DemoMethod] = [
     DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain", _eagle_chain),
     DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
     DemoMethod("dflash", "DFlash block drafter (one forward drafts all K tokens) on the target's own answers", _dflash),
+    DemoMethod("peagle", "P-EAGLE head (mask placeholders: one forward drafts all K depths) on the target's own answers", _peagle),
 ]
 
 TABLE_NOTE = """\
@@ -263,6 +275,8 @@ def run_demo(
         report["drafts"]["eagle3"] = str(heads_root(built) / "eagle3" / "head")
     if ctx._dflash_folder is not None:
         report["drafts"]["dflash"] = str(ctx._dflash_folder)
+    if ctx._peagle_folder is not None:
+        report["drafts"]["peagle"] = str(ctx._peagle_folder)
     report["prompts_file"] = str(built.heldout_prompts)
     report["demo"] = {
         "settings": asdict(settings),

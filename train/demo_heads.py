@@ -7,7 +7,8 @@
   3. the demo's small draft distilled on the same data with `train/draft.py`'s loop (KL + TV
      hybrid against the target's distributions; `recipes/demo/draft.yaml`);
   4. an EAGLE-3 head trained with `train/eagle.py`'s loop (`recipes/demo/eagle3.yaml`);
-  5. a DFlash block drafter trained with `train/dflash.py`'s loop (`recipes/demo/dflash.yaml`).
+  5. a DFlash block drafter trained with `train/dflash.py`'s loop (`recipes/demo/dflash.yaml`);
+  6. a P-EAGLE head trained with `train/peagle.py`'s loop (`recipes/demo/peagle.yaml`).
 
 They live in `<cache>/demo-heads-<preset>/` with a stamp recording the target's fingerprint and
 the data budget; a stamp that does not match (another target build, another budget) means the
@@ -37,12 +38,13 @@ class HeadsBudget:
     eagle_steps: int  # EAGLE-3 head
     eagle_draft_vocab: int | None  # reduced draft vocabulary (None = the target's)
     dflash_steps: int  # DFlash block drafter (same data, same reduced vocabulary)
+    peagle_steps: int  # P-EAGLE head (same data, same reduced vocabulary)
 
 
 BUDGETS = {
-    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024, dflash_steps=400),
-    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048, dflash_steps=1000),
-    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None, dflash_steps=10),
+    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024, dflash_steps=400, peagle_steps=400),
+    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048, dflash_steps=1000, peagle_steps=1000),
+    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None, dflash_steps=10, peagle_steps=10),
 }
 STAMP = "stamp.json"
 
@@ -215,3 +217,23 @@ def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> 
 
     announce = f"DFlash: blocks of {block} slots ({block - 1} drafts per forward), {budget.dflash_steps} steps of 8 rows"
     return _train_once(ctx, root, "dflash", "head", recipe_for, train, announce, report, log)
+
+
+def demo_peagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """A P-EAGLE head trained on the demo data: one forward drafts the demo's K tokens (K depths)."""
+    from draftsmith.train.peagle import PEagleRecipe, train
+
+    layers = ctx.target.config.get_text_config().num_hidden_layers
+    depths = ctx.settings.num_draft_tokens
+
+    def recipe_for(out):
+        return PEagleRecipe(
+            **_run_fields(ctx, data, out, budget.max_length, budget.peagle_steps), num_depths=depths,
+            aux_layers=list(range(1, layers))[-3:] or None, draft_vocab_size=budget.eagle_draft_vocab,
+            max_anchors=128, lr=1e-3, batch_size=8,
+        )  # fmt: skip
+
+    report = _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")
+
+    announce = f"P-EAGLE: {depths} depths per forward (COD sampling), {budget.peagle_steps} steps of 8 rows"
+    return _train_once(ctx, root, "peagle", "head", recipe_for, train, announce, report, log)

@@ -99,7 +99,7 @@ def artifact_kind(config: dict, where: str = "config.json") -> str:
     ):
         return "medusa"
     if (
-        config.get("model_type") == "draftsmith_eagle"
+        config.get("model_type") in ("draftsmith_eagle", "draftsmith_peagle")
         or "speculators_model_type" in config
         or "LlamaForCausalLMEagle3" in architectures
     ):

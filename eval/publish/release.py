@@ -56,8 +56,9 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
         head = load_eagle(heads, device=device, dtype=dtype)
         written = export_eagle(head, out, format, num_speculative_tokens=num_speculative_tokens, overwrite=overwrite)
         c = head.config
+        kind = "P-EAGLE" if getattr(c, "mask_token_id", None) is not None else c.version
         print(
-            f"wrote {format} {c.version} head (aux layers {list(c.aux_layer_ids)}, "
+            f"wrote {format} {kind} head (aux layers {list(c.aux_layer_ids)}, "
             f"draft vocabulary {c.draft_vocab_size}) to {written}"
         )
         print(serving_commands(written).text())

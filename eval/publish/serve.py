@@ -34,9 +34,11 @@ from draftsmith.eval.publish.artifacts import (
 SGLANG_EAGLE3 = "LlamaForCausalLMEagle3"
 
 
-def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None) -> str:
-    """`vllm serve` with a drafter: `method` is vLLM's SpeculativeConfig.method."""
-    spec = {"method": method, "model": str(draft), "num_speculative_tokens": k}
+def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None,
+                 **options) -> str:  # fmt: skip
+    """`vllm serve` with a drafter: `method` is vLLM's SpeculativeConfig.method; `options` more of its
+    fields (P-EAGLE: parallel_drafting)."""
+    spec = {"method": method, "model": str(draft), "num_speculative_tokens": k, **options}
     if revision:
         spec["revision"] = revision  # the draft's branch (vLLM's SpeculativeConfig.revision)
     rev = f" --revision {shlex.quote(target_revision)}" if target_revision else ""
@@ -127,6 +129,10 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
         return _medusa(folder, config, served, revision, setting, num_speculative_tokens)
     version = config.get("version") or config.get("speculators_model_type") or "eagle3"
     k = _eagle_k(config, setting, num_speculative_tokens)
+    if config.get("speculators_model_type") == "peagle" or config.get("model_type") == "draftsmith_peagle":
+        exported = "speculators_model_type" in config  # its proposal holds K; a head folder its depths
+        k = int(num_speculative_tokens or (k if exported else config.get("num_depths") or k))
+        return _peagle(folder, config, served, revision, k)
     if version != "eagle3":
         out = ServingCommands(folder, f"an {version.upper()} head in the draftsmith layout", k)
         out.notes.append(
@@ -158,6 +164,23 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
         )  # fmt: skip
     if tree:
         out.notes.append(f"vLLM drafts a chain of K = {k}; SGLang the tuned tree (depth {depth}, top-k {topk})")
+    out.notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
+    return out
+
+
+def _peagle(folder: Path, config: dict, served, revision, k: int) -> ServingCommands:
+    """A P-EAGLE head: vLLM serves the speculators `peagle` layout as an EAGLE-3 head drafting every
+    depth in one pass (`parallel_drafting`); SGLang has no P-EAGLE layout here."""
+    exported = "speculators_model_type" in config
+    out = ServingCommands(folder, f"a P-EAGLE head in the {'speculators' if exported else 'draftsmith'} layout", k)
+    draft = folder
+    if not exported:
+        draft = folder.with_name(f"{folder.name}-vllm")
+        out.vllm.append(
+            f"draftsmith export {shlex.quote(str(folder))} --format vllm --num-speculative-tokens {k} "
+            f"--out {shlex.quote(str(draft))}"
+        )
+    out.vllm.append(vllm_command(served, revision, "eagle3", draft, k, parallel_drafting=True))
     out.notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
     return out
 

@@ -1,9 +1,11 @@
-"""EAGLE heads (EAGLE-1, EAGLE-3 and its variants, EAGLE-3.1 among them): the model (`model.py`)
-and its layouts on disk (`formats.py`)."""
+"""EAGLE heads (EAGLE-1, EAGLE-3 and its variants, EAGLE-3.1 among them): the model (`model.py`),
+P-EAGLE's parallel-depth head (`peagle.py`) and their layouts on disk (`formats.py`)."""
 
 from draftsmith.heads.eagle.formats import (
     EXPORT_FORMATS,
     LAYER_KEYS,
+    PEAGLE_ARCHITECTURE,
+    PEAGLE_KEYS,
     PROVENANCE_KEY,
     SGLANG_ARCHITECTURE,
     SGLANG_KEYS,
@@ -27,6 +29,7 @@ from draftsmith.heads.eagle.model import (
     VERSIONS,
     default_aux_layer_ids,
 )
+from draftsmith.heads.eagle.peagle import PEagleConfig, PEagleHead
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -37,6 +40,10 @@ __all__ = [
     "EagleError",
     "EagleHead",
     "LAYER_KEYS",
+    "PEAGLE_ARCHITECTURE",
+    "PEAGLE_KEYS",
+    "PEagleConfig",
+    "PEagleHead",
     "PROVENANCE_KEY",
     "SGLANG_ARCHITECTURE",
     "SGLANG_KEYS",

@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
+from draftsmith.heads.eagle.peagle import PEAGLE_FIELDS, PEagleConfig, PEagleHead
 from draftsmith.heads.speculators import speculators_block, speculators_header
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
@@ -30,6 +31,10 @@ WEIGHTS = "model.safetensors"
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
 SPECULATORS_VERSION = "0.9.0"
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# speculators `peagle` (P-EAGLE): the eagle3 layout plus `mask_token_id` in the config and the trained
+# placeholder feature `mask_hidden` [1, 1, n_aux * H] in the weights (`draftsmith.heads.eagle.peagle`).
+PEAGLE_ARCHITECTURE = "PEagleDraftModel"
+PEAGLE_KEYS = ("mask_hidden",)
 # Provenance travels as one nested dict in the exported configs (vLLM builds its draft config from
 # `transformer_layer_config` only; SGLang keeps unknown keys as unused attributes).
 PROVENANCE_KEY = "draftsmith"
@@ -69,6 +74,8 @@ def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
         keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
     if config.draft_vocab_size != config.vocab_size:
         keys |= set(VOCAB_MAP_KEYS)
+    if isinstance(config, PEagleConfig):
+        keys |= set(PEAGLE_KEYS)
     return keys
 
 
@@ -95,7 +102,8 @@ def _check_keys(state: dict, required: set[str], fmt: str) -> None:
 
 
 def _provenance(config: EagleConfig) -> dict:
-    return {field: getattr(config, field) for field in _PROVENANCE_FIELDS}
+    fields = _PROVENANCE_FIELDS + (PEAGLE_FIELDS if isinstance(config, PEagleConfig) else ())
+    return {field: getattr(config, field) for field in fields}
 
 
 def _dtype_name(head: EagleHead) -> str:
@@ -117,8 +125,11 @@ def _layer_config_dict(config: EagleConfig) -> dict:
 def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
     c = head.config
     proposal = {"speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+    kind, architecture = ("peagle", PEAGLE_ARCHITECTURE) if _is_peagle(head) else ("eagle3", SPECULATORS_ARCHITECTURE)
+    peagle = {"mask_token_id": c.mask_token_id} if kind == "peagle" else {}
     return {
-        **speculators_header(SPECULATORS_ARCHITECTURE, "eagle3", SPECULATORS_VERSION),
+        **speculators_header(architecture, kind, SPECULATORS_VERSION),
+        **peagle,
         "draft_vocab_size": c.draft_vocab_size,
         "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
         # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
@@ -126,10 +137,14 @@ def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
         "target_hidden_size": c.target_hidden_size,  # null = the draft's hidden size (same as the target's)
         "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config_dict(c),
-        "speculators_config": speculators_block("eagle3", proposal, c),
+        "speculators_config": speculators_block(kind, proposal, c),
         "torch_dtype": _dtype_name(head),
         PROVENANCE_KEY: _provenance(c),
     }
+
+
+def _is_peagle(head: EagleHead) -> bool:
+    return isinstance(head.config, PEagleConfig)
 
 
 def _sglang_config(head: EagleHead, num_speculative_tokens: int) -> dict:
@@ -159,6 +174,8 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
         )
     if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
         raise EagleError(f"num_speculative_tokens={num_speculative_tokens!r}: expected an int >= 1")
+    if fmt == "sglang" and _is_peagle(head):
+        raise EagleError("export to 'sglang': SGLang has no P-EAGLE layout here; export this head with --format vllm")
     L = c.target_num_layers
     if c.num_aux != 3:
         raise EagleError(f"export to {fmt!r}: the server's fc reads exactly 3 aux hidden states, this head reads {c.aux_layer_ids}")
@@ -181,7 +198,7 @@ def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
 
 
 def _is_draftsmith_eagle(folder: Path) -> bool:
-    return has_model_type(folder, EagleConfig.model_type)
+    return has_model_type(folder, EagleConfig.model_type) or has_model_type(folder, PEagleConfig.model_type)
 
 
 def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:
@@ -237,10 +254,11 @@ def load_eagle(
     With `target`: `check_target`. With `expected_data_hash`: the draft vocabulary must have been
     counted on that data (a stale vocabulary map trains and serves a head at alpha ~ 0)."""
     path, raw = read_config(path, "EAGLE head", EagleError)
-    if raw.get("model_type") == EagleConfig.model_type:
+    if raw.get("model_type") in (EagleConfig.model_type, PEagleConfig.model_type):
         kwargs = {"dtype": dtype} if dtype is not None else {}
+        cls = PEagleHead if raw["model_type"] == PEagleConfig.model_type else EagleHead
         try:
-            head = EagleHead.from_pretrained(path, **kwargs)
+            head = cls.from_pretrained(path, **kwargs)
         except (OSError, ValueError) as err:
             raise EagleError(f"cannot load an EAGLE head from {str(path)!r}: {err}") from None
         head._freeze()
@@ -277,8 +295,11 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_vllm(path: Path, raw: dict) -> EagleHead:
-    if raw.get("speculators_model_type") != "eagle3":
-        raise EagleError(f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'eagle3' is supported")
+    if raw.get("speculators_model_type") not in ("eagle3", "peagle"):
+        raise EagleError(
+            f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; "
+            "expected 'eagle3' or 'peagle' ('dflash' folders load with --dflash)"
+        )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise EagleError(f"{str(path)!r}: config.json has no transformer_layer_config")
@@ -290,8 +311,23 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
         if not isinstance(value, bool):
             raise EagleError(f"{str(path / 'config.json')!r}: {flag}={value!r}; expected true or false")
     variant["target_hidden_size"] = raw.get("target_hidden_size")
+    if raw["speculators_model_type"] == "peagle":  # speculators' peagle default: trained embeddings
+        variant["embed_requires_grad"] = raw.get("embed_requires_grad", True)
+        variant.update(_peagle_fields(path, raw))
     state = _read_weights(path / WEIGHTS)
     return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"), variant, raw.get("draft_vocab_size"))
+
+
+def _peagle_fields(path: Path, raw: dict) -> dict:
+    """PEagleConfig's own fields of a speculators `peagle` config.json."""
+    provenance = raw.get(PROVENANCE_KEY) or {}
+    if raw.get("mask_token_id") is None:
+        raise EagleError(f"{str(path / 'config.json')!r}: a peagle head needs mask_token_id (none is set)")
+    methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    return {
+        "mask_token_id": raw["mask_token_id"], "mask_token_source": provenance.get("mask_token_source"),
+        "num_depths": provenance.get("num_depths") or methods[0].get("speculative_tokens") or 8,
+    }  # fmt: skip
 
 
 def _load_sglang(path: Path, raw: dict) -> EagleHead:
@@ -321,6 +357,11 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
             "tokens; draftsmith's head attends to the whole context (the same up to that length; decoding stays lossless)",
             stacklevel=3,
         )
+    peagle = "mask_token_id" in variant
+    if peagle and "mask_hidden" not in state:
+        raise EagleError(
+            f"{str(path / WEIGHTS)!r} has no mask_hidden: a peagle checkpoint holds its placeholder feature"
+        )
     H = layer.get("hidden_size", fc.shape[0])
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
@@ -333,7 +374,7 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     if layer.get("vocab_size") not in (None, V):
         raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
     try:
-        config = EagleConfig(
+        config = (PEagleConfig if peagle else EagleConfig)(
             version="eagle3",
             hidden_size=H,
             intermediate_size=layer["intermediate_size"],
@@ -363,7 +404,7 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
         state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         state.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
     with torch.device("meta"):  # no random init of tensors that are overwritten at once
-        head = EagleHead(config)
+        head = (PEagleHead if peagle else EagleHead)(config)
     expected = set(head.state_dict())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:

@@ -1,0 +1,126 @@
+"""The P-EAGLE drafter for B rows: one head forward per call drafts up to `num_depths` tokens.
+
+What a call computes (`head` = `draftsmith.heads.eagle.PEagleHead`). Row b's context holds n_b
+tokens; the target has fed the first n_b - 1, so the pairs t = (token_{t+1}, f_t) for t = 0..n_b-2
+are known (f_t = project of the aux states a verification returned). The pairs the head's cache
+lacks (the prompt's at first, then the fed last token's and the accepted drafts') are fed
+together with K - 1 placeholders, in ONE causal forward:
+    columns  [pairs not yet fed ..., (token_{n_b-1}, f_{n_b-2}) | mask_1 ... mask_{K-1}]
+    positions  ...                    n_b - 2                   | n_b - 1 ... n_b + K - 3
+    outputs                           -> token n_b              | -> token n_b + d
+mask_d's token is the mask token, its feature project(mask_hidden); it sees its row's real pairs
+and the placeholders before it. The cache (`eval/runtime/kv.py`'s `RaggedCache` over an
+`EagleCache`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
+pairs are fed once and nothing is rolled back after a verification.
+
+Lossless at any temperature: greedy takes each depth's argmax; sampling draws depth d from its
+own q_d = sampling.probs(logits_d) (the target's temperature, top-k, top-p) with the row's
+generator and hands q_d to the verifier as `probs`. Speculative sampling needs each draft drawn
+from the q it reports given everything before it, which holds since q_d depends on the context
+only, not on the drafts x_1..x_{d-1}. The cache is the growing store on every path (not a HF cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
+from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.masks import additive, chain_attend
+from draftsmith.eval.runtime.sampling import draw
+from draftsmith.heads.eagle import EagleCache
+
+
+class PEagleDrafter(HeadDrafter):
+    """P-EAGLE drafting (a chain, every depth from one forward) over `head.config.aux_layer_ids`."""
+
+    def __init__(self, head: torch.nn.Module, *, name: str = "peagle"):
+        super().__init__(head.eval(), name, "P-EAGLE")
+        self.num_depths = int(head.config.num_depths)
+        self.mask_token_id = int(head.config.mask_token_id)
+        self.kv: RaggedCache | None = None
+        self._real: list[int] = []  # real pairs in the cache per row (= the next pair's position)
+        self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per row, (ids [n], features [n, H])
+
+    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
+        return (min(num_tokens, self.num_depths),)
+
+    def start(self, prompts, prefill, vocab_size) -> None:
+        if vocab_size != self.head.config.vocab_size:
+            raise ValueError(
+                f"P-EAGLE head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
+            )
+        batch, device = len(prompts), self._param().device
+        self.kv = RaggedCache(EagleCache(), batch, device)
+        self._real = [0] * batch
+        self._pending = [[] for _ in range(batch)]
+        if prefill:  # pair t = (prompt[t + 1], f_t) for every prompt token but the last, right-aligned
+            features = self._features(prefill)
+            for b, prompt in enumerate(prompts):
+                n = len(prompt) - 1
+                if n:
+                    ids = torch.as_tensor(list(prompt[1:]), dtype=torch.long, device=device)
+                    self._pending[b].append((ids, features[b, features.shape[1] - n :]))
+
+    @torch.inference_mode()
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        head, device, dtype = self.head, self._param().device, self._param().dtype
+        batch, H = len(contexts), head.config.hidden_size
+        fresh = [sum(ids.numel() for ids, _ in p) for p in self._pending]
+        for b, context in enumerate(contexts):
+            if self._real[b] + fresh[b] != len(context) - 1:
+                raise RuntimeError(
+                    f"P-EAGLE drafter out of step: row {b} has pairs of {self._real[b] + fresh[b]} positions, "
+                    f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
+                )
+        # A row drafts from its newest pair's output, so only a row that feeds one this call drafts.
+        counts = [min(k, self.num_depths) if fresh[b] else 0 for b, k in enumerate(num_tokens)]
+        if max(counts) == 0:
+            return Proposal.empty(batch, device)
+        K, width = max(counts), max(fresh)
+        lo = [width - n for n in fresh]
+        ids = torch.full((batch, width + K - 1), self.mask_token_id, dtype=torch.long, device=device)
+        features = torch.zeros(batch, width + K - 1, H, device=device, dtype=dtype)
+        features[:, width:] = head.mask_features(batch, K - 1).to(dtype)
+        for b, pieces in enumerate(self._pending):
+            if fresh[b]:
+                ids[b, lo[b] : width] = torch.cat([i for i, _ in pieces])
+                features[b, lo[b] : width] = torch.cat([f for _, f in pieces])
+        # Pairs at their positions (padding at 0), then placeholder d one position past the last pair.
+        offset = torch.arange(width + K - 1, device=device)[None] - torch.tensor(lo, device=device)[:, None]
+        positions = (torch.tensor(self._real, device=device)[:, None] + offset).clamp(min=0)
+        attend = chain_attend(width + K - 1, lo, None, batch, device)  # causal over the real pairs and masks
+        allowed = torch.cat([self.kv.valid[:, None, :].expand(-1, width + K - 1, -1), attend], dim=-1)[:, None]
+        mask = additive(allowed, dtype)
+        _, logits = head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
+        real = (offset >= 0) & (torch.arange(width + K - 1, device=device) < width)[None]
+        self.kv.commit(real.cpu())  # the pairs stay, the placeholders go
+        self._real = [r + n for r, n in zip(self._real, fresh)]
+        self._pending = [[] for _ in range(batch)]
+        self.kv.compact_if_wasteful()
+
+        raw = head.target_logits(logits[:, width - 1 :]).float()  # [B, K, V]: depth d drafts token n_b + d
+        if sampling.greedy:
+            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
+        q = sampling.probs(raw)  # [B, K, V]: exactly what each depth is drawn from
+        # Depths past a row's budget take the argmax (never verified) and leave its generator alone.
+        tokens = torch.stack([
+            torch.stack([draw(q[b, d].to(g.device), g).reshape(()).to(device) if d < counts[b] else q[b, d].argmax()
+                         for d in range(K)])
+            for b, g in enumerate(generators)
+        ])  # fmt: skip
+        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
+
+    def select(self, rows, kept) -> None:
+        self.kv.select(rows, kept)
+        self._real = [self._real[i] for i in kept]
+        self._pending = [self._pending[i] for i in kept]
+        self.kv.compact_if_wasteful()
+
+    def accepted(self, num_accepted, committed, hidden) -> None:
+        # The pairs of the verified positions: (the token committed after each fed column, its feature)
+        # for the fed last token and the n_b accepted drafts.
+        features = self._features(hidden)
+        ids = committed.to(features.device)
+        for b, n in enumerate(num_accepted):
+            self._pending[b].append((ids[b, : n + 1], features[b, : n + 1]))

@@ -1,0 +1,331 @@
+"""P-EAGLE heads: the head, the packed chains of its training, the drafter in the one decoder.
+
+The decoder tests use a head fitted in-process (a few dozen steps of `peagle_losses`) to the toy
+target's own greedy continuations of a few prompts, then decode those prompts: the head is right
+often enough that several depths are accepted, so identity and losslessness are tested where the
+verifier's every branch (accept, reject, bonus) runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.eval.lossless import check_lossless
+from draftsmith.eval.runtime import generate, generate_batch
+from draftsmith.eval.runtime.peagle import PEagleDrafter
+from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
+from draftsmith.train.peagle import PEagleRecipe, chain_mask, cod_sample, main, pack_chains, peagle_losses, train
+from draftsmith.train.recipe import RecipeError, load_recipe
+from fixtures import VOCAB, tiny_model
+
+FAMILIES = ("llama", "qwen2", "mistral")
+DEPTHS = 4
+MASK = VOCAB - 1
+
+
+def _fake_vocab_map(size: int):
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:size]] = 5
+    return build_vocab_map(counts, size, "d" * 64)
+
+
+# ------------------------------------------------------------------------- the head
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_and_parameter_counts(family, pairs):
+    target, _ = pairs(family)
+    c = target.config
+    H, V, Vd, I = c.hidden_size, c.vocab_size, 64, c.intermediate_size
+    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2],
+                                 vocab_map=_fake_vocab_map(Vd))  # fmt: skip
+    kv = c.num_key_value_heads * (H // c.num_attention_heads)
+    layer = 2 * H * H + 2 * 2 * H * kv + H * H + 3 * H * I + 3 * H  # q/k/v read 2H; o; mlp; three norms
+    # trained: embeddings, fc, the layer, norm, reduced lm_head, mask_hidden (in the 3H aux space)
+    trained = V * H + 3 * H * H + layer + H + Vd * H + 3 * H
+    assert sum(p.numel() for p in head.parameters() if p.requires_grad) == trained
+    assert head.embed_tokens.weight.requires_grad and head.mask_hidden.shape == (1, 1, 3 * H)
+    assert head.config.mask_token_id == MASK and head.config.embed_requires_grad
+    B, T = 2, 5
+    states = target(torch.randint(3, VOCAB, (B, T)), output_hidden_states=True).hidden_states
+    pairs_h = head.project(torch.cat([states[i] for i in (0, 1, 2)], -1))
+    hidden = torch.cat([pairs_h, head.mask_features(B, DEPTHS - 1)], dim=1)
+    ids = torch.cat([torch.randint(3, VOCAB, (B, T)), torch.full((B, DEPTHS - 1), MASK)], dim=1)
+    out, logits = head(ids, hidden, position_ids=torch.arange(T + DEPTHS - 1))
+    assert out.shape == (B, T + DEPTHS - 1, H) and logits.shape == (B, T + DEPTHS - 1, Vd)
+    assert head.target_logits(logits).shape == (B, T + DEPTHS - 1, V)
+
+
+def test_bad_inputs_each_get_one_clear_error(pairs, tmp_path):
+    target, _ = pairs("llama")
+    with pytest.raises(EagleError, match=f"mask_token_id={VOCAB} is outside the vocabulary 0..{VOCAB - 1}"):
+        PEagleHead.for_target(target, mask_token_id=VOCAB)
+    with pytest.raises(EagleError, match="num_depths=0; expected an integer >= 1"):
+        PEagleHead.for_target(target, mask_token_id=MASK, num_depths=0)
+    base = dict(target="t", data="d", out="o")
+    for key, value, message in (
+        ("num_depths", 0, "num_depths = 0 must be an integer >= 1"),
+        ("down_sample_ratio", 1.5, r"down_sample_ratio = 1.5 must be in \[0, 1\]"),
+        ("down_sample_ratio_min", -0.1, r"down_sample_ratio_min = -0.1 must be in \[0, 1\]"),
+        ("down_sample_ratio_min", 0.9, "down_sample_ratio_min = 0.9 is above down_sample_ratio = 0.7"),
+        ("mask_token_id", -1, "mask_token_id = -1 must be a token id >= 0"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            PEagleRecipe(**base, **{key: value})
+    path = tmp_path / "r.yaml"
+    path.write_text("target: t\ndata: d\nout: o\nnum_depth: 4\n")
+    with pytest.raises(RecipeError, match="unknown key.*num_depth.*did you mean num_depths"):
+        load_recipe(PEagleRecipe, path)
+    assert main(["--recipe", str(path), "--no-progress"]) == 2
+    path.write_text("target: t\ndata: d\nout: o\ndown_sample_ratio: 2\n")
+    assert main(["--recipe", str(path), "--no-progress"]) == 2
+
+
+# ------------------------------------------------------------------------- the packed chains
+
+
+def test_cod_sample_follows_speculators_sizes_and_chains():
+    gen = torch.Generator().manual_seed(0)
+    trained = torch.zeros(40, dtype=torch.bool)
+    trained[5:38] = True  # 33 trained pairs
+    anchor, depth = cod_sample(trained, 5, 0.7, 0.2, None, gen)
+    assert torch.equal(anchor[depth == 0], torch.arange(40))
+    sizes = [int((depth == d).sum()) for d in range(5)]
+    assert sizes == [40] + [int((33 - d) * max(0.7**d, 0.2)) for d in range(1, 5)]
+    present = set(zip(anchor.tolist(), depth.tolist()))
+    for a, d in present:  # a chain is contiguous: depth d of anchor a needs its depth d - 1
+        assert (a, d - 1) in present if d else True
+        assert d == 0 or trained[a + d]
+    anchor, depth = cod_sample(trained, 5, 0.7, 0.2, 8, gen)  # 8 seeds: sizes from 8
+    assert [int((depth == d).sum()) for d in range(1, 5)] == [int((8 - d) * max(0.7**d, 0.2)) for d in range(1, 5)]
+    anchor, depth = cod_sample(trained, 5, 0.7, 0.2, None, drop=False)  # every chain
+    assert int((depth == 1).sum()) == 33 and int((depth == 4).sum()) == 30
+
+
+def _reference_mask(anchor, depth, real, context):
+    B, N = anchor.shape
+    out = torch.zeros(B, N, N, dtype=torch.bool)
+    for b in range(B):
+        for q in range(N):
+            for k in range(N):
+                qa, qd, ka, kd = (int(x) for x in (anchor[b, q], depth[b, q], anchor[b, k], depth[b, k]))
+                ok = real[b, q] and real[b, k] and (
+                    (kd == 0 and ka <= qa and bool(context[b, ka])) or (ka == qa and kd <= qd)
+                )
+                out[b, q, k] = bool(ok) or q == k
+    return out
+
+
+def test_the_chain_mask_matches_a_reference():
+    gen = torch.Generator().manual_seed(1)
+    trained = torch.rand(2, 9, generator=gen) < 0.8
+    trained[1, 6:] = False
+    context = torch.ones(2, 9, dtype=torch.bool)
+    context[1, 7:] = False
+    recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=3, max_anchors=None)
+    anchor, depth, real = pack_chains(trained, recipe, gen)
+    assert not real[1].all()  # the shorter row is padded
+    assert torch.equal(chain_mask(anchor, depth, real, context), _reference_mask(anchor, depth, real, context))
+
+
+# ------------------------------------------------------------------------- the decoder
+
+
+@pytest.fixture(scope="module")
+def fitted(pairs):
+    """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
+    target, _ = pairs("llama")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in (4, 6, 4, 5, 4, 7, 4, 3)]
+    out = generate_batch(target, prompts, None, max_new_tokens=40)
+    width = max(len(p) + 40 for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (p, o) in enumerate(zip(prompts, out.tokens)):
+        row = torch.cat([p, torch.tensor(o)])
+        ids[b, : len(row)], attention[b, : len(row)], loss_mask[b, len(p) : len(row)] = row, 1, True
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    with torch.no_grad():
+        states = target(ids, attention_mask=attention, output_hidden_states=True)
+    torch.manual_seed(0)
+    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2])
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=DEPTHS, down_sample_ratio=1.0,
+                          down_sample_ratio_min=1.0, max_anchors=None)  # fmt: skip
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for step in range(25):
+        generator = torch.Generator().manual_seed(step)
+        loss, _, _, _, _ = peagle_losses(head, batch, feats, states.logits, recipe, None, generator)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 2, losses  # the fixture's loss falls
+    return target, head.eval(), prompts
+
+
+def test_greedy_equals_target_only_at_b1_and_b4(fitted):
+    target, head, prompts = fitted
+    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
+    accepted = 0
+    for p, reference in zip(prompts[:2], references):
+        out = generate(target, PEagleDrafter(head), p, max_new_tokens=24, num_draft_tokens=DEPTHS)
+        assert out.tokens == reference
+        accepted += sum(out.stats.accepted)
+    assert accepted >= 10, accepted  # several depths are accepted, so the cache moves are exercised
+    out = generate_batch(target, prompts[:4], PEagleDrafter(head), num_draft_tokens=DEPTHS, max_new_tokens=24)
+    assert out.tokens == references
+    # A budget below the depths (K = 2): the drafter proposes only K of its tokens.
+    out = generate_batch(target, prompts[:4], PEagleDrafter(head), num_draft_tokens=2, max_new_tokens=24)
+    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+
+
+class Checked(PEagleDrafter):
+    """Compares every proposal's logits with the head run from scratch on the row's whole context
+    (every pair from one full target forward, then the placeholders)."""
+
+    def __init__(self, head, target):
+        super().__init__(head)
+        self.target, self.calls = target, 0
+
+    def prepare(self, *args, **kwargs):
+        return super().prepare(*args[:5], logits=True)  # the check reads each proposal's raw logits
+
+    def propose(self, contexts, num_tokens, sampling, generators):
+        proposal = super().propose(contexts, num_tokens, sampling, generators)
+        head = self.head
+        for b, context in enumerate(contexts):
+            n, k = len(context) - 1, proposal.counts[b]
+            if k == 0:
+                continue
+            states = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
+            feats = head.project(torch.cat([states[i][:, :n] for i in head.config.aux_layer_ids], -1))
+            hidden = torch.cat([feats, head.mask_features(1, k - 1)], dim=1)
+            ids = torch.tensor([context[1:] + [MASK] * (k - 1)])
+            _, logits = head(ids, hidden, position_ids=torch.arange(n + k - 1))
+            err = (logits[0, n - 1 :].float() - proposal.logits[b, :k]).abs().max().item()
+            assert err < 1e-4, (self.calls, b, err)
+        self.calls += 1
+        return proposal
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_cache_holds_each_rows_verified_pairs(fitted, temperature):
+    """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
+    drafts: every proposal equals the head's from-scratch forward on that row's context."""
+    from draftsmith.eval.runtime.sampling import SamplingConfig
+
+    target, head, prompts = fitted
+    drafter = Checked(head, target)
+    rows = [prompts[0], prompts[1], prompts[2][:1]]
+    out = generate_batch(target, rows, drafter, num_draft_tokens=DEPTHS, max_new_tokens=16,
+                         sampling=SamplingConfig(temperature=temperature), eos_token_id=rows[1][0].item())  # fmt: skip
+    assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_sampled_decode_is_lossless(fitted, batch_size):
+    """check_lossless at T=1: chi-square of t1 and (t1, t2) against the target's exact law."""
+    target, head, prompts = fitted
+    samples = 150 if batch_size == 1 else 300
+    result = check_lossless(target, PEagleDrafter(head), prompts[0], num_draft_tokens=2, samples=samples,
+                            progress=False, batch_size=batch_size)  # fmt: skip
+    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
+    assert result.passed, result.describe()
+
+
+# ------------------------------------------------------------------------- formats
+
+
+def test_export_and_import_round_trip(tmp_path):
+    target = tiny_model("llama", layers=4).eval()  # servers capture layer inputs: aux ids below L
+    head = PEagleHead.for_target(target, mask_token_id=MASK, mask_token_source="recipe", num_depths=DEPTHS,
+                                 aux_layer_ids=[1, 2, 3], vocab_map=_fake_vocab_map(64)).eval()  # fmt: skip
+    with torch.no_grad():  # off the init (norms at 1), so that a dropped or misread tensor shows
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_eagle(head, tmp_path / "hf")
+    again = load_eagle(tmp_path / "hf", target=target)
+    assert isinstance(again, PEagleHead) and again.config.mask_token_id == MASK and again.config.num_depths == DEPTHS
+    state = head.state_dict()
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in state.items())
+    from transformers import AutoModel
+
+    auto = AutoModel.from_pretrained(tmp_path / "hf")  # registered by `import draftsmith.heads`
+    assert type(auto) is PEagleHead and all(torch.equal(auto.state_dict()[k], v) for k, v in state.items())
+    export_eagle(head, tmp_path / "vllm", "vllm", num_speculative_tokens=DEPTHS)
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleDraftModel"]
+    assert config["mask_token_id"] == MASK and config["embed_requires_grad"] is True
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == DEPTHS
+    saved = load_file(str(tmp_path / "vllm" / "model.safetensors"))
+    assert "mask_hidden" in saved and "embed_tokens.weight" in saved
+    served = load_eagle(tmp_path / "vllm", target=target)
+    assert isinstance(served, PEagleHead) and served.config.mask_token_source == head.config.mask_token_source
+    assert all(torch.equal(served.state_dict()[k], v) for k, v in state.items())
+    from draftsmith.eval.publish.serve import serving_commands
+
+    serving = serving_commands(tmp_path / "vllm")
+    assert serving.k == DEPTHS and not serving.sglang and '"parallel_drafting": true' in serving.vllm[0]
+    assert serving_commands(tmp_path / "hf").vllm[0].startswith(f"draftsmith export {tmp_path / 'hf'} --format vllm")
+    with pytest.raises(EagleError, match="SGLang has no P-EAGLE layout"):
+        export_eagle(head, tmp_path / "sglang", "sglang")
+    del saved["mask_hidden"]
+    from safetensors.torch import save_file
+
+    save_file(saved, str(tmp_path / "vllm" / "model.safetensors"))
+    with pytest.raises(EagleError, match="has no mask_hidden"):
+        load_eagle(tmp_path / "vllm")
+
+
+# ------------------------------------------------------------------------- the trainer, end to end
+
+
+def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
+    out = tmp_path / "peagle"
+    recipe = PEagleRecipe(
+        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", batch_size=2, max_length=128,
+        max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34, lr=3e-3,
+        num_depths=3, max_anchors=16, draft_vocab_size=64, log_every=1,
+    )  # fmt: skip
+    summary = train(recipe, progress=False)
+    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert len(summary["eval"]["top1_per_depth"]) == 3 and 1.0 <= summary["eval"]["tau_simulated"] <= 4
+    assert summary["mask_token_source"] in ("tokenizer", "reserved")
+    config = PEagleConfig.from_pretrained(out / "head")
+    assert config.mask_token_id == summary["mask_token_id"] and config.num_depths == 3
+    saved = load_file(str(out / "head" / "model.safetensors"))
+    head = load_eagle(out / "head")
+    assert isinstance(head, PEagleHead) and {"mask_hidden", "embed_tokens.weight", "d2t", "t2d"} <= set(saved)
+    state = head.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):
+        load_eagle(out / "head", target=tiny_model("llama", hidden=32))
+    code, _, err = run_cli([
+        "eval", "--target", toy_dir / "target", "--peagle", out / "head", "--peagle", f"second={out / 'head'}",
+        "--prompts", toy_dir / "prompts.jsonl", "--limit", 2, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
+        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev", "--batch-sizes", "1,2",
+    ])  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    serving = json.loads((tmp_path / "ev" / "serving.json").read_text())["methods"]
+    assert serving["head"]["batched"] and serving["second"]["batched"]  # rows of the serving sweep
+    # `draftsmith export` takes P-EAGLE heads (the round trip above); the 2-layer toy target has no
+    # three distinct capturable aux layers, which the export refuses in one line, writing nothing.
+    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v"])
+    assert code == 2 and "exactly 3 aux hidden states" in err and not (tmp_path / "v").exists()
+    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--peagle", toy_dir / "target", "--prompts",
+                            toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
+    assert code == 2 and "expected a P-EAGLE head folder" in err
+    with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
+        train(PEagleRecipe(**{**recipe.__dict__, "out": str(tmp_path / "o3"), "mask_token_id": VOCAB}), progress=False)

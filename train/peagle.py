@@ -1,0 +1,317 @@
+"""Train P-EAGLE heads (parallel EAGLE, arXiv 2602.01469) on a frozen target's own generations.
+
+    accelerate launch train/peagle.py --recipe recipes/demo/peagle.yaml
+    accelerate launch train/peagle.py --recipe recipes/demo/peagle.yaml num_depths=4 max_steps=100
+    python train/peagle.py --recipe recipes/demo/peagle.yaml          # one process, same loop
+
+The head is EAGLE-3's (`draftsmith.heads.eagle.PEagleHead`): pair t = (token_{t+1}, f_t) at
+position t predicts token t+2 (depth 0). Depth d >= 1 of the chain anchored at a is a placeholder
+at position a + d (the mask token, the trained feature `mask_hidden`) predicting token a + d + 2,
+so one forward drafts `num_depths` tokens when decoding. Training packs, per row, every pair
+(depth 0) and a conditional-drop sample of the deeper placeholders into ONE forward (speculators'
+COD sampling, `cod_sample`): depth d keeps a fraction max(down_sample_ratio^d,
+down_sample_ratio_min) of the chains still alive at depth d - 1, drawn at random, so memory grows
+with sum_d ratio^d instead of num_depths. A placeholder sees the pairs at or before its anchor and
+its own chain's earlier depths (`chain_mask`). Every element's target is the target's
+distribution for the token it predicts, restricted to the draft vocabulary (out-of-vocabulary
+argmaxes masked); loss = `loss` (default soft CE; nla / lk_hybrid are the LK losses) averaged over
+the trained elements of every depth alike, as speculators does. Embeddings train and are saved.
+Held-out: per-depth top-1 over every chain (no dropping) and the chains' simulated greedy tau.
+The result is `OUT/head/` (`save_eagle`), for `draftsmith eval --peagle` and
+`draftsmith export --format vllm` (speculators `peagle`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.eval.runtime.masks import additive
+from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import to_device, training_rows
+from draftsmith.train.loop import train_loop
+from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run_folder import cleaned_up_on_error
+
+
+@dataclass(kw_only=True)
+class PEagleRecipe(RunRecipe):
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and P-EAGLE's
+    (named and defaulted as speculators' trainer names them)."""
+
+    num_depths: int = 8  # tokens one forward drafts (speculators: 8)
+    down_sample_ratio: float = 0.7  # COD: depth d keeps ratio^d of the chains (speculators: 0.7)
+    down_sample_ratio_min: float = 0.2  # COD: ... but never less than this fraction (speculators: 0.2)
+    max_anchors: int | None = 512  # chains seeded per row (speculators: 512); null = every trained position
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a reserved unused id
+    aux_layers: list | None = None  # HF hidden_states ids; default (2, L//2, L-3)
+    draft_vocab_size: int | None = None  # reduced vocabulary from the data (None = full)
+    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux layer before fc
+    norm_output: bool = False  # EAGLE-3.1: the head's output is post-norm
+    loss: str = "soft_ce"  # divergence to the target per element: any of DIVERGENCES (LK: nla, lk_hybrid)
+    hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
+    lr: float = 1e-4  # as EAGLE-3 at 7B; small heads on small targets take 1e-3
+    grad_clip: float = 0.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.num_depths, bool) or not isinstance(self.num_depths, int) or self.num_depths < 1:
+            raise ValueError(f"num_depths = {self.num_depths!r} must be an integer >= 1 (depth 0 is EAGLE-3's draft)")
+        for name in ("down_sample_ratio", "down_sample_ratio_min"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} = {getattr(self, name)} must be in [0, 1] (a fraction of the chains kept)")
+        if self.down_sample_ratio_min > self.down_sample_ratio:
+            raise ValueError(
+                f"down_sample_ratio_min = {self.down_sample_ratio_min} is above down_sample_ratio = "
+                f"{self.down_sample_ratio}: the floor must not exceed the first depth's ratio"
+            )
+        if self.max_anchors is not None and self.max_anchors < 1:
+            raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1 (or null for every trained position)")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
+        if self.draft_vocab_size is not None and self.vocab_map:
+            raise ValueError("give draft_vocab_size or vocab_map, not both")
+
+
+# ---------------------------------------------------------------------- the packed chains
+def cod_sample(trained: torch.Tensor, num_depths: int, ratio: float, ratio_min: float, max_anchors: int | None,
+               generator=None, drop: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(anchor [N], depth [N]) of one row of n pairs; `trained [n]` marks the pairs whose target is
+    trained. Depth 0: every pair (the context). The seeds are the trained positions (at most
+    `max_anchors`, drawn at random); depth d draws int((seeds - d) * max(ratio^d, ratio_min))
+    positions among the candidates (trained positions one past a depth d - 1 element), or keeps
+    them all when fewer, or always with `drop=False` (held-out: every chain). An element at
+    position p of depth d has anchor p - d."""
+    trained = trained.cpu().bool()
+    n = trained.shape[0]
+    valid = trained.nonzero().flatten()
+    seeds = valid
+    if max_anchors is not None and seeds.numel() > max_anchors:
+        seeds = seeds[torch.randperm(seeds.numel(), generator=generator)[:max_anchors]].sort().values
+    anchors, depths = [torch.arange(n)], [torch.zeros(n, dtype=torch.long)]
+    candidates = seeds[seeds >= 1]  # depth 1 at p is anchored at p - 1 >= 0
+    for d in range(1, num_depths):
+        size = int(max(0, seeds.numel() - d) * max(ratio**d, ratio_min))
+        if size <= 0 or candidates.numel() == 0:
+            break
+        if drop and candidates.numel() > size:
+            picked = candidates[torch.randperm(candidates.numel(), generator=generator)[:size]].sort().values
+        else:
+            picked = candidates
+        anchors.append(picked - d)
+        depths.append(torch.full_like(picked, d))
+        following = picked + 1
+        following = following[following < n]
+        candidates = following[trained[following]]
+    return torch.cat(anchors), torch.cat(depths)
+
+
+def pack_chains(trained: torch.Tensor, recipe: PEagleRecipe, generator=None, drop: bool = True):
+    """(anchor, depth, real) [B, N]: each row's `cod_sample`, padded to the longest (real False)."""
+    rows = [cod_sample(trained[b], recipe.num_depths, recipe.down_sample_ratio, recipe.down_sample_ratio_min,
+                       recipe.max_anchors, generator, drop) for b in range(trained.shape[0])]  # fmt: skip
+    N = max(a.numel() for a, _ in rows)
+    anchor = torch.zeros(len(rows), N, dtype=torch.long)
+    depth = torch.zeros_like(anchor)
+    real = torch.zeros(len(rows), N, dtype=torch.bool)
+    for b, (a, d) in enumerate(rows):
+        anchor[b, : a.numel()], depth[b, : a.numel()], real[b, : a.numel()] = a, d, True
+    return anchor, depth, real
+
+
+def chain_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """Bool [B, N, N]: element q sees the pairs (depth 0) anchored at or before its anchor that are
+    real context (`context [B, n]`, the row's tokens) and the elements of its own chain up to its
+    depth; a padding element sees itself only."""
+    rows = torch.arange(anchor.shape[0], device=anchor.device)[:, None]
+    key_is_context = (depth == 0) & real & context[rows, anchor]  # [B, N]
+    earlier = anchor[:, None, :] <= anchor[:, :, None]
+    same_chain = (anchor[:, None, :] == anchor[:, :, None]) & (depth[:, None, :] <= depth[:, :, None])
+    allowed = ((key_is_context[:, None, :] & earlier) | (same_chain & real[:, None, :])) & real[:, :, None]
+    return allowed | torch.eye(anchor.shape[1], dtype=torch.bool, device=anchor.device)[None]
+
+
+def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, generator=None, drop: bool = True):
+    """(loss, hits [B, N], trained [B, N], anchor, depth) of one packed forward. `feats`: the aux
+    states concatenated [B, T, n*H]; `teacher`: the target's logits [B, T, V]."""
+    ids, valid = batch["input_ids"], batch["attention_mask"].bool()
+    B, T = ids.shape
+    n = T - 1  # pairs t = 0..T-2 (token t+1 exists)
+    # pair t's target: the token t+2, the target's prediction at t+1
+    trained = batch["loss_mask"][:, 2:].bool() & valid[:, 2:]
+    trained = torch.cat([trained, torch.zeros(B, 1, dtype=torch.bool, device=ids.device)], dim=1)  # [B, n]
+    anchor, depth, real = (x.to(ids.device) for x in pack_chains(trained, recipe, generator, drop))
+    position = (anchor + depth).clamp(max=n - 1)  # the position each element sits at and predicts from
+    rows = torch.arange(B, device=ids.device)[:, None]
+    is_pair = depth == 0
+    pair_ids = ids[:, 1:][rows, anchor]
+    element_ids = torch.where(is_pair, pair_ids, torch.full_like(pair_ids, head.config.mask_token_id))
+    pairs = head.project(feats[:, :-1].to(head.dtype))[rows, anchor]  # [B, N, H]
+    hidden = torch.where(is_pair[..., None], pairs, head.mask_features(B, anchor.shape[1]).to(pairs.dtype))
+    mask = chain_mask(anchor, depth, real, valid[:, 1:])  # pair t is real when token t+1 is
+    allowed = additive(mask, head.dtype)[:, None]
+    _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed)
+    label = trained[rows, position] & real
+    targets = teacher[:, 1:][rows, position]  # [B, N, V]: the target's distribution for token position + 2
+    if vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked
+        label = label & head.t2d[targets.argmax(-1)]
+        targets = targets[..., vocab]
+    loss = divergence(recipe.loss, logits.float(), targets.float(), label)
+    with torch.no_grad():
+        hits = (logits.argmax(-1) == targets.argmax(-1)) & label
+    return loss, hits, label, anchor, depth
+
+
+class PEagleObjective(torch.nn.Module):
+    """The head and its packed loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
+
+    def __init__(self, head, recipe: PEagleRecipe, vocab):
+        super().__init__()
+        self.head, self.recipe, self.vocab = head, recipe, vocab
+
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, generator):
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        return peagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, generator)
+
+
+def _mask_token(recipe: PEagleRecipe, data, vocab_size: int) -> tuple[int, str]:
+    """DFlash's rule (`choose_mask_token`): the recipe's id, the tokenizer's mask token, or an unused id."""
+    from draftsmith.heads.dflash import DFlashError, choose_mask_token
+    from draftsmith.heads.models import load_tokenizer
+
+    if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
+        raise RecipeError(
+            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
+        )
+    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
+    used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
+    try:
+        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
+    except DFlashError as err:
+        raise RecipeError(str(err)) from None
+
+
+@cleaned_up_on_error
+def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
+    from draftsmith.heads.eagle import EagleError, PEagleHead, save_eagle
+    from draftsmith.heads.eagle.peagle import describe
+
+    run = TrainingRun(recipe, "peagle")
+    device, out = run.device, Path(recipe.out)
+    target, data = run.load_target_and_data()
+    L = target.config.get_text_config().num_hidden_layers
+    V = target.get_output_embeddings().weight.shape[0]
+    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    train_rows, heldout_rows = training_rows(recipe, data, first=2)  # pair 0 drafts token 2
+    if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > V:
+        raise RecipeError(f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary ({V})")
+    vocab_map = draft_vocab_map(recipe, data, V)
+    mask_id, mask_source = _mask_token(recipe, data, V)
+    try:
+        head = PEagleHead.for_target(
+            target, mask_token_id=mask_id, mask_token_source=mask_source, num_depths=recipe.num_depths,
+            aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map, target_name_or_path=recipe.target,
+            data_hash=data.data_hash, fc_norm=recipe.fc_norm, norm_output=recipe.norm_output,
+        ).to(device)  # fmt: skip
+    except EagleError as err:
+        raise RecipeError(str(err)) from None
+    run.print(describe(head))
+    aux = tuple(head.config.aux_layer_ids)
+    vocab = None  # draft id -> target id with a reduced vocabulary
+    if vocab_map is not None:
+        vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
+        run.print(vocab_map.describe())
+    cache = None  # offline: the aux layers and `last` (the teacher)
+    if recipe.hidden_cache:
+        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
+
+    def target_states(batch):
+        """(aux states concatenated [B, T, n*H], teacher logits [B, T, V])."""
+        if cache is not None:
+            states, index = cached_states(cache, batch, device)  # [B, layers, T, H]
+            feats = torch.cat([states[:, index[i]] for i in aux], dim=-1)
+            return feats, target.get_output_embeddings()(states[:, index[L]].to(target.dtype)).float()
+        with torch.no_grad():
+            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+    model, optimizer, scheduler = run.prepare(PEagleObjective(head, recipe, vocab), optimizer)
+    head = run.accelerator.unwrap_model(model).head
+    step = run.start()
+    rank = run.accelerator.process_index
+
+    def micro_step(step, micro):
+        rows = run.batch_rows(train_rows, step, micro)
+        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        feats, teacher = target_states(batch)
+        generator = torch.Generator().manual_seed(hash((recipe.seed, step, micro, rank)) % 2**31)
+        ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        loss, _, label, _, _ = model(ids, attention, loss_mask, feats, teacher, generator)
+        (share,) = run.token_shares([label.sum()])
+        return loss * share, batch, {"trained_elements": label.sum().float()}
+
+    @torch.no_grad()
+    def evaluate():
+        """Per-depth top-1 over every held-out chain (nothing dropped) and the chains' simulated
+        greedy tau: a chain ends at its first miss, or where its row's trained tokens end."""
+        K = recipe.num_depths
+        hit_sums, count_sums = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
+        tau_sum = tau_n = 0.0
+        for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
+            feats, teacher = target_states(batch)
+            _, hits, label, anchor, depth = peagle_losses(head, batch, feats, teacher, recipe, vocab, drop=False)
+            B, n = anchor.shape[0], batch["input_ids"].shape[1] - 1
+            grid = torch.zeros(B, n, K, dtype=torch.float64, device=hits.device)  # [row, anchor, depth]
+            first = torch.zeros(B, n, dtype=torch.bool, device=hits.device)
+            rows = torch.arange(B, device=hits.device)[:, None].expand_as(anchor)
+            grid[rows[label], anchor[label], depth[label]] = hits[label].double()
+            first[rows[label & (depth == 0)], anchor[label & (depth == 0)]] = True
+            for d in range(K):
+                hit_sums[d] += float(hits[depth == d].sum())
+                count_sums[d] += float(label[depth == d].sum())
+            tau = simulated_tau([grid[..., d] for d in range(K)])
+            tau_sum += float(tau[first].sum())
+            tau_n += float(first.sum())
+        return {
+            "top1_per_depth": (hit_sums / count_sums.clamp(min=1)).tolist(),
+            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced
+            "chains": tau_n,
+        }
+
+    def describe_eval(ev):
+        return f"top-1 per depth {[round(a, 3) for a in ev['top1_per_depth']]}, simulated tau {ev['tau_simulated']:.3f}"
+
+    done = train_loop(
+        run, model, optimizer, scheduler, step, micro_step, desc="peagle", progress=progress,
+        evaluate=evaluate if heldout_rows else None, describe=describe_eval,
+    )  # fmt: skip
+    summary = {
+        "steps": done.step, "num_depths": recipe.num_depths, "aux_layers": list(aux), "mask_token_id": mask_id,
+        "mask_token_source": mask_source, "eval": done.last_eval, "draft_vocab_size": head.config.draft_vocab_size,
+        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
+        "train_tokens_per_second": done.tokens_per_second,
+    }  # fmt: skip
+    with run.gathered(model):
+        if run.is_main:
+            save_eagle(head, out / "head", overwrite=True)
+    return run.finish(summary)
+
+
+def main(argv=None) -> int:
+    shown = ("steps", "num_depths", "mask_token_id", "train_tokens_per_second")
+    return trainer_main("train/peagle.py", __doc__, PEagleRecipe, train, argv, result="head", shown=shown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
