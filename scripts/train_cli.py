@@ -55,10 +55,9 @@ def trainer_argv(args) -> list[str]:
     except RecipeError as err:
         raise UsageError(f"--recipe: {err}") from None
     extra = ["--no-progress"] if args.no_progress else []
-    if args.estimate_memory:
-        extra.append("--estimate-memory")
-        extra += ["--shards", str(args.shards)] if args.shards is not None else []
-        extra += ["--device-memory", str(args.device_memory)] if args.device_memory is not None else []
+    extra += ["--estimate-memory"] if args.estimate_memory else []
+    extra += ["--shards", str(args.shards)] if args.shards is not None else []
+    extra += ["--device-memory", str(args.device_memory)] if args.device_memory is not None else []
     if args.init_from is not None:
         extra += ["--init-from", args.init_from]
     if args.resume is True:
