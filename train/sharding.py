@@ -166,7 +166,8 @@ def activation_bytes(recipe, text_config, dtype_bytes: int) -> int:
 def _layer_params(text_config, in_features: int) -> int:
     """A Llama-shaped decoder layer (attention reading `in_features`, gated MLP, two norms)."""
     H, I = text_config.hidden_size, text_config.intermediate_size
-    heads, kv = text_config.num_attention_heads, getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    heads = text_config.num_attention_heads
+    kv = getattr(text_config, "num_key_value_heads", None) or heads
     hd = getattr(text_config, "head_dim", None) or H // heads
     return in_features * (heads + 2 * kv) * hd + heads * hd * H + 3 * H * I + 2 * H
 
@@ -183,7 +184,8 @@ def head_parameters(method: str, recipe, target) -> tuple[int | None, int]:
         return blocks + (0 if recipe.share_lm_head else K * V * H), 0
     if method == "eagle":
         if recipe.version == "eagle1":
-            return _layer_params(tc, H) - H + 2 * H * H + H, 2 * V * H  # no input norm; fc(2H -> H); embed + lm_head frozen
+            # no input norm; fc(2H -> H) with a bias; the embeddings and lm_head are frozen copies
+            return _layer_params(tc, H) - H + 2 * H * H + H, 2 * V * H
         from draftsmith.heads.eagle.model import default_aux_layer_ids
 
         aux = len(recipe.aux_layers or default_aux_layer_ids(tc.num_hidden_layers))
@@ -221,7 +223,9 @@ def _draft_parameters(recipe, target) -> int:
     from draftsmith.heads.draft import draft_from_config
 
     with init_empty_weights():
-        draft = draft_from_config(target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, copy_embeddings=False)
+        draft = draft_from_config(
+            target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, copy_embeddings=False
+        )
     return sum(p.numel() for p in draft.parameters())
 
 
@@ -234,7 +238,8 @@ def estimate_memory(recipe, method: str, shards: int | None = None, target=None)
     layers = decoder_layers(target)
     total = parameter_bytes(target)
     if shards is None:
-        shards = {"fsdp2": int(os.environ.get("WORLD_SIZE", "1")), "device_map": max(1, torch.cuda.device_count())}.get(recipe.target_sharding, 1)
+        launched = {"fsdp2": int(os.environ.get("WORLD_SIZE", "1")), "device_map": max(1, torch.cuda.device_count())}
+        shards = launched.get(recipe.target_sharding, 1)
     trainable, frozen = head_parameters(method, recipe, target)
     return MemoryEstimate(
         recipe.target_sharding, shards, str(dtype).removeprefix("torch."), total,
@@ -275,7 +280,9 @@ def check_fits(estimate: MemoryEstimate, free: int, where: str) -> None:
         hint = f"; {need} {'processes' if estimate.sharding == 'fsdp2' else 'devices'} of this size would fit"
     else:
         hint = "; even one layer per device does not fit: a smaller dtype, batch_size or max_length"
-    raise ShardingError(f"the target does not fit: {estimate.describe()}, more than {HEADROOM:.0%} of the {gib(free)} {where}{hint}")
+    raise ShardingError(
+        f"the target does not fit: {estimate.describe()}, more than {HEADROOM:.0%} of the {gib(free)} {where}{hint}"
+    )
 
 
 def estimate_report(recipe, method: str, shards: int | None, device_gib: float | None) -> str:
@@ -292,15 +299,22 @@ def estimate_report(recipe, method: str, shards: int | None, device_gib: float |
     what = "processes" if recipe.target_sharding == "fsdp2" else "GPUs in one process"
     if need is None:
         return f"{estimate.describe()}\nno number of {device_gib:g} GiB devices fits"
-    return f"{estimate.describe()}\nfits with {need} {what} of {device_gib:g} GiB ({HEADROOM:.0%} usable): {estimate.with_shards(need).describe()}"
+    fits = f"fits with {need} {what} of {device_gib:g} GiB ({HEADROOM:.0%} usable)"
+    return f"{estimate.describe()}\n{fits}: {estimate.with_shards(need).describe()}"
 
 
 
 def check_process_count(sharding: str, processes: int) -> None:
     if sharding == "device_map" and processes > 1:
-        raise ShardingError(f"target_sharding = device_map spreads the target over the GPUs of one process, but {processes} were started: use fsdp2")
+        raise ShardingError(
+            f"target_sharding = device_map spreads the target over the GPUs of one process, but {processes} were "
+            "started: use fsdp2"
+        )
     if sharding == "fsdp2" and processes == 1:
-        raise ShardingError("target_sharding = fsdp2 partitions the target over processes, but 1 was started: launch N with accelerate launch --num_processes N")
+        raise ShardingError(
+            "target_sharding = fsdp2 partitions the target over processes, but 1 was started: "
+            "launch N with accelerate launch --num_processes N"
+        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -324,8 +338,9 @@ def plan_device_map(recipe, target, dtype: torch.dtype) -> tuple[dict, torch.dev
     if spilled:
         free = ", ".join(f"{'cuda:' if on_gpu else ''}{k} {gib(v)}" for k, v in budget.items())
         raise ShardingError(
-            f"target_sharding = device_map: the target ({gib(parameter_bytes(target))} in {str(dtype).removeprefix('torch.')}) "
-            f"does not fit {HEADROOM:.0%} of the free memory ({free}); accelerate would put part of it on {', '.join(spilled)}. "
+            f"target_sharding = device_map: the target ({gib(parameter_bytes(target))} in "
+            f"{str(dtype).removeprefix('torch.')}) does not fit {HEADROOM:.0%} of the free memory ({free}); "
+            f"accelerate would put part of it on {', '.join(spilled)}. "
             "Use more GPUs, or target_sharding: fsdp2 over several processes"
         )
     names = {id(m): name for name, m in target.named_modules()}
@@ -339,7 +354,10 @@ def load_device_map(recipe, dtype: torch.dtype, device_map: dict, head_device: t
     """The target loaded by `device_map` (`plan_device_map`), its outputs moved to `head_device`."""
     from draftsmith.heads.models import load_causal_lm
 
-    model = load_causal_lm(recipe.target, device=None, dtype=dtype, role="target", trust_remote_code=recipe.trust_remote_code, device_map=device_map)
+    model = load_causal_lm(
+        recipe.target, device=None, dtype=dtype, role="target", trust_remote_code=recipe.trust_remote_code,
+        device_map=device_map,
+    )  # fmt: skip
     model.register_forward_hook(_outputs_to(head_device))
     return model
 
@@ -402,16 +420,17 @@ def load_fsdp2(recipe, device: torch.device, dtype: torch.dtype):
     once sharded over every process (`fully_shard`, resharded after each forward); the rest loaded
     whole on `device`. Its fingerprint is taken from the whole tensors as they pass (a sharded
     model cannot sample its own full weights without a collective)."""
+    import torch.distributed as dist
     from accelerate.utils import set_module_tensor_to_device
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from draftsmith.heads.models import ModelLoadError, check_safetensors, fingerprint_of, fingerprint_sample
 
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
-        raise ShardingError("target_sharding = fsdp2 partitions the target over processes: start them with accelerate launch")
+        raise ShardingError(
+            "target_sharding = fsdp2 partitions the target over processes: start them with accelerate launch"
+        )
     folder = _local_folder(recipe.target)
     check_safetensors(folder, "target", ModelLoadError)
     target = meta_target(recipe)
