@@ -66,18 +66,23 @@ def _check_folder(path: str | Path, role: str) -> Path | str:
     return path
 
 
-def load_causal_lm(path: str | Path, *, device: torch.device, dtype: torch.dtype, role: str = "model", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_causal_lm(
+    path: str | Path, *, device: torch.device | None, dtype: torch.dtype, role: str = "model", trust_remote_code: bool = False,
+    device_map: dict | None = None,
+) -> PreTrainedModel:  # fmt: skip
     """An unmodified HF causal LM in eval mode. Python shipped with a hub model runs only with
-    `trust_remote_code=True` (off by default: a recipe must ask for it)."""
+    `trust_remote_code=True` (off by default: a recipe must ask for it). With `device_map`
+    (module name -> device, accelerate's big-model loading) it is spread over those devices."""
     path = _check_folder(path, role)
     if isinstance(path, Path):
         check_safetensors(path, role, ModelLoadError)  # a truncated file names itself, not a loader traceback
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        placed = {"device_map": device_map} if device_map is not None else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **placed)
     except (OSError, ValueError) as err:
         where = "the Hugging Face Hub (or the local HF cache)" if isinstance(path, str) else "its folder"
         raise ModelLoadError(f"cannot load the {role} {str(path)!r} from {where}: {err}") from None
-    return model.to(device).eval()
+    return (model if device_map is not None else model.to(device)).eval()
 
 
 def load_tokenizer(path: str | Path, role: str = "model", trust_remote_code: bool = False):
@@ -155,14 +160,29 @@ def config_fingerprint(config) -> str:
 
 
 @torch.no_grad()
-def target_fingerprint(model: PreTrainedModel) -> str:
-    digest = hashlib.sha256(config_fingerprint(model.config).encode())
-    for name, param in sorted(model.named_parameters()):
-        flat = param.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 64)][:64]
+def fingerprint_sample(tensor: torch.Tensor) -> bytes:
+    """A parameter's part of the fingerprint: 64 strided values, rounded to bfloat16."""
+    flat = tensor.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 64)][:64]
+    return sample.to(torch.bfloat16).float().cpu().numpy().tobytes()
+
+
+def fingerprint_of(config, samples: dict[str, bytes]) -> str:
+    """The fingerprint from the config and each parameter's `fingerprint_sample`, by name."""
+    digest = hashlib.sha256(config_fingerprint(config).encode())
+    for name in sorted(samples):
         digest.update(name.encode())
-        digest.update(sample.to(torch.bfloat16).float().cpu().numpy().tobytes())
+        digest.update(samples[name])
     return digest.hexdigest()
+
+
+def target_fingerprint(model: PreTrainedModel) -> str:
+    """A target partitioned over processes (train/sharding.py) carries the fingerprint its
+    loader took from the whole tensors: its own parameters are shards."""
+    recorded = getattr(model, "draftsmith_fingerprint", None)
+    if recorded is not None:
+        return recorded
+    return fingerprint_of(model.config, {name: fingerprint_sample(p) for name, p in model.named_parameters()})
 
 
 def tokenizer_fingerprint(tokenizer) -> str | None:

@@ -39,6 +39,9 @@ def add_commands(sub) -> None:
         m.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint given")
         m.add_argument("--init-from", metavar="PATH", help="warm start from the weights of a checkpoint or run folder")
         m.add_argument("--no-progress", action="store_true")
+        m.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (nothing is loaded) and exit")
+        m.add_argument("--shards", type=positive_int("--shards"), help="with --estimate-memory: processes (fsdp2) or GPUs (device_map)")
+        m.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many fit")
         m.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, checked like the recipe's keys")
         m.set_defaults(func=cmd_train)
 
@@ -53,6 +56,9 @@ def trainer_argv(args) -> list[str]:
     except RecipeError as err:
         raise UsageError(f"--recipe: {err}") from None
     extra = ["--no-progress"] if args.no_progress else []
+    extra += ["--estimate-memory"] if args.estimate_memory else []
+    extra += ["--shards", str(args.shards)] if args.shards is not None else []
+    extra += ["--device-memory", str(args.device_memory)] if args.device_memory is not None else []
     if args.init_from is not None:
         extra += ["--init-from", args.init_from]
     if args.resume is True:
@@ -75,7 +81,7 @@ def cmd_train(args) -> int:
         command_line(getattr(module, recipe_class), f"draftsmith train {args.method}", "a recipe", argv)
     except RecipeError as err:
         raise UsageError(str(err)) from None
-    if args.accelerate_config is None and args.num_processes is None:
+    if args.estimate_memory or args.accelerate_config is None and args.num_processes is None:
         return module.main(argv)
     from draftsmith.train.recipe_files import accelerate_config
 

@@ -21,6 +21,7 @@ resumed from step s reads what the uninterrupted run read and ends with the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -41,7 +42,8 @@ from draftsmith.train.run_folder import refuse_earlier_run
 # other data or with another schedule would be neither run).
 RUN_CONTROL_KEYS = frozenset(
     {"out", "resume", "init_from", "save_every", "keep_checkpoints", "log_every", "eval_every", "report_to",
-     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device", "allow_target_mismatch"}
+     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device", "allow_target_mismatch",
+     "target_sharding"}
 )  # fmt: skip
 
 
@@ -177,14 +179,49 @@ class TrainingRun:
             from transformers.integrations import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()
+        self.memory_estimate, self.target_bytes_held = None, None
+        self._device_map = self._head_device = None
+        from draftsmith.train.sharding import ShardingError, check_process_count
+
+        try:
+            check_process_count(recipe.target_sharding, self.accelerator.num_processes)
+        except ShardingError as err:
+            raise RecipeError(str(err)) from None
+        if recipe.target_sharding == "device_map":
+            from draftsmith.heads.models import resolve_dtype
+            from draftsmith.train.sharding import meta_target, plan_device_map
+
+            self._meta = meta_target(recipe)
+            dtype = resolve_dtype(recipe.dtype, self.accelerator.device)
+            self._device_map, self._head_device = plan_device_map(recipe, self._meta, dtype)
 
     def load_target(self):
-        """The frozen target, whole on this process, in the recipe's dtype; never given to the
-        engine, so it has no gradients and no optimizer state."""
+        """The frozen target in the recipe's dtype, placed as `target_sharding` says (whole on this
+        process, spread over its GPUs, or partitioned over the processes: train/sharding.py) once
+        the memory estimate, printed first, fits; never given to the engine, so it has no
+        gradients and no optimizer state."""
         from draftsmith.heads.models import load_causal_lm, resolve_dtype
+        from draftsmith.train import sharding
 
         r = self.recipe
-        target = load_causal_lm(r.target, device=self.device, dtype=resolve_dtype(r.dtype, self.device), role="target", trust_remote_code=r.trust_remote_code)
+        dtype = resolve_dtype(r.dtype, self.device)
+        meta = getattr(self, "_meta", None) or sharding.meta_target(r)
+        shards = len({str(d) for d in self._device_map.values()}) if self._device_map else None
+        self.memory_estimate = sharding.estimate_memory(r, self.method, shards=shards, target=meta)
+        self.print(self.memory_estimate.describe())
+        try:
+            sharding.check_fits(self.memory_estimate, *sharding.available_bytes(self.device))
+            if r.target_sharding == "fsdp2":
+                target = sharding.load_fsdp2(r, self.device, dtype)
+            elif r.target_sharding == "device_map":
+                target = sharding.load_device_map(r, dtype, self._device_map, self._head_device)
+            else:
+                target = load_causal_lm(r.target, device=self.device, dtype=dtype, role="target", trust_remote_code=r.trust_remote_code)
+        except sharding.ShardingError as err:
+            raise RecipeError(str(err)) from None
+        self.target_bytes_held = sharding.held_bytes(target)
+        if r.target_sharding != "none":
+            self.print(f"target: {sharding.gib(self.target_bytes_held)} of its {sharding.gib(self.memory_estimate.target_bytes)} held by each process")
         return target.requires_grad_(False)
 
     def load_target_and_data(self):
@@ -215,7 +252,9 @@ class TrainingRun:
 
     @property
     def device(self) -> torch.device:
-        return self.accelerator.device
+        """Where the trained model and the batches go: the accelerator's device, or with
+        target_sharding device_map the device of the target's last hidden state."""
+        return self._head_device or self.accelerator.device
 
     @property
     def is_main(self) -> bool:
@@ -265,7 +304,9 @@ class TrainingRun:
         r = self.recipe
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(r.warmup_steps, r.max_steps))
         self._fit_deepspeed_config()
-        model, optimizer = self.accelerator.prepare(model, optimizer)
+        # device_map: the head stays beside the target's last hidden state, not on the first GPU
+        placement = [False, False] if self._head_device is not None else None
+        model, optimizer = self.accelerator.prepare(model, optimizer, device_placement=placement)
         self.accelerator.register_for_checkpointing(scheduler)
         return model, optimizer, scheduler
 
@@ -450,7 +491,11 @@ class TrainingRun:
         """OUT/training_summary.json written (the summary plus where the run ran), every process
         done, trackers closed, the result pushed when the recipe asks. Returns the summary."""
         acc = self.accelerator
-        where = {"device": str(self.device), "processes": acc.num_processes, "distributed": str(acc.distributed_type)}
+        where = {"device": str(self.device), "processes": acc.num_processes, "distributed": str(acc.distributed_type),
+                 "target_sharding": self.recipe.target_sharding}  # fmt: skip
+        if self.memory_estimate is not None:
+            where["memory_estimate"] = dataclasses.asdict(self.memory_estimate) | {"total": self.memory_estimate.total}
+            where["target_bytes_held"] = self.target_bytes_held  # by the main process
         summary = {**summary, **where}
         if self.is_main:
             write_json_atomic(self.out / "training_summary.json", summary)
@@ -468,7 +513,9 @@ class TrainingRun:
 
 
 def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
-    """(recipe, show_progress) from `--recipe FILE [--resume [PATH]] [--init-from PATH] key=value ...`."""
+    """(recipe, show_progress, estimate) from `--recipe FILE [--resume [PATH]] [--init-from PATH]
+    [--estimate-memory [--shards N] [--device-memory GIB]] key=value ...`; `estimate` is None
+    or (shards, device GiB) when only the memory estimate is asked for."""
     import argparse
 
     from draftsmith.train.recipe import load_recipe, parse_overrides
@@ -478,14 +525,22 @@ def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
     parser.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint folder given")
     parser.add_argument("--init-from", metavar="PATH", help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (from the target's config, nothing loaded) and exit")
+    parser.add_argument("--shards", type=int, help="with --estimate-memory: processes (fsdp2) or GPUs (device_map) the target is spread over")
+    parser.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many of them fit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
     args = parser.parse_args(argv)
+    if (args.shards is not None or args.device_memory is not None) and not args.estimate_memory:
+        parser.error("--shards and --device-memory go with --estimate-memory")
+    if args.shards is not None and args.shards < 1 or args.device_memory is not None and args.device_memory <= 0:
+        parser.error("--shards must be >= 1 and --device-memory > 0")
     overrides = parse_overrides(args.overrides)
     if args.resume is not None:
         overrides["resume"] = args.resume
     if args.init_from is not None:
         overrides["init_from"] = args.init_from
-    return load_recipe(recipe_cls, args.recipe, overrides), not args.no_progress
+    estimate = (args.shards, args.device_memory) if args.estimate_memory else None
+    return load_recipe(recipe_cls, args.recipe, overrides), not args.no_progress, estimate
 
 
 def trainer_main(script: str, doc: str, recipe_cls, train, argv, *, result: str, shown: tuple = ()) -> int:
@@ -496,7 +551,12 @@ def trainer_main(script: str, doc: str, recipe_cls, train, argv, *, result: str,
     checkpoint, a non-finite loss) is one line on stderr, `SCRIPT: error: ...`, exit status 2."""
     try:
         hint = f"recipes/<family>/{Path(script).stem}*.yaml"
-        recipe, progress = command_line(recipe_cls, doc.strip().splitlines()[0], hint, argv)
+        recipe, progress, estimate = command_line(recipe_cls, doc.strip().splitlines()[0], hint, argv)
+        if estimate is not None:
+            from draftsmith.train.sharding import estimate_report
+
+            print(estimate_report(recipe, Path(script).stem, *estimate))
+            return 0
         summary = train(recipe, progress=progress)
     except user_errors() as err:
         print(f"{script}: error: {err}", file=sys.stderr)
@@ -515,8 +575,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from draftsmith.distill.sources import SourceError
     from draftsmith.heads.models import ModelLoadError
     from draftsmith.eval.publish import HubError
+    from draftsmith.train.sharding import ShardingError
 
-    return (RecipeError, TrainingError, DataError, CacheError, SourceError, ModelLoadError, HubError)
+    return (RecipeError, TrainingError, DataError, CacheError, SourceError, ModelLoadError, HubError, ShardingError)
 
 
 def is_main_process() -> bool:
