@@ -93,7 +93,8 @@ def prepare_root(built, target, budget: HeadsBudget, log=print) -> Path:
 def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
     """The target's own answers to `budget.prompts` training prompts (resumes a partial run)."""
     from draftsmith.distill.data import SUMMARY
-    from draftsmith.distill.generate import GenerateSettings, describe_summary, generate_dataset
+    from draftsmith.distill.generate import GenerateSettings, generate_dataset
+    from draftsmith.distill.summary import describe_summary
     from draftsmith.distill.sources import load_source
 
     out = root / "data"
