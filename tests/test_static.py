@@ -533,11 +533,17 @@ def test_cuda_graphs_greedy_is_identical(pairs):
 @pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=pytest.mark.slow)])
 def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     """`draftsmith eval --static-cache / --compile` decodes the same tokens as the default path
-    (greedy: the same acceptance counts) and says which path it timed."""
+    (greedy: the same acceptance counts) and says which path it timed. The prompts are the first
+    lines of the toy prompts: their requests fit the 128-slot cache of the compiled tests above,
+    so that `--compile` builds the graphs they built (found in inductor's cache)."""
     import json
 
+    prompts = tmp_path / "prompts.jsonl"
+    lines = (toy_dir / "prompts.jsonl").read_text().splitlines()[:3]
+    prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
+
     def evaluate(out, *extra):
-        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", toy_dir / "prompts.jsonl",
+        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", prompts,
                 "--limit", 3, "--max-new-tokens", 12, "-k", 3, "--repeats", 1, "--no-distances", "--device", "cpu", "--out", out, *extra]  # fmt: skip
         code, stdout, _ = run_cli(args)
         assert code == 0
