@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from draftsmith.eval.runtime import DecodeStats, generate
+from draftsmith.eval.runtime import DecodeStats, generate, generate_batch
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
@@ -342,17 +342,24 @@ def _exact_joint(model, prompt: torch.Tensor, sampling: SamplingConfig) -> torch
     return (p1.double().unsqueeze(1) * p2.double())
 
 
-def _sample_first_two(model, make_drafter, prompt, k, runs, sampling):
-    """Counts [V, V] of (t1, t2) over `runs` seeds, and the pooled stats."""
+ROWS = 400  # samples per decode: a row costs ~20x less than a batch-1 decode of its own
+
+
+def _sample_first_two(model, make_drafter, prompt, k, runs, sampling, **fast):
+    """Counts [V, V] of (t1, t2) over `runs` samples, and the pooled stats. The samples are the
+    rows of equal batches of at most ROWS copies of the prompt: row b of batch c draws exactly
+    what batch-1 `generate(seed=row_seed(c, b))` draws (tests/test_batched.py), and equal
+    batches compile once on the compiled path (`fast`: generate_batch's static_cache/compile)."""
+    batches = -(-runs // ROWS)
+    assert runs % batches == 0, f"{runs} samples do not split into {batches} equal batches"
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    drafter = make_drafter()
     total = DecodeStats()
-    for seed in range(runs):
+    for seed in range(batches):
         # K+1 new tokens: the first call drafts K tokens, so t1 and t2 go through verification.
-        out = generate(model, drafter, prompt, max_new_tokens=k + 1, num_draft_tokens=k,
-                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       seed=seed)
-        counts[out.tokens[0], out.tokens[1]] += 1
+        out = generate_batch(model, [prompt] * (runs // batches), make_drafter(), max_new_tokens=k + 1,
+                             num_draft_tokens=k, sampling=sampling, seed=seed, **fast)  # fmt: skip
+        for tokens in out.tokens:
+            counts[tokens[0], tokens[1]] += 1
         total = total + out.stats
     return counts, total
 
@@ -389,7 +396,6 @@ def _check_lossless(model, make_drafter, prompt, k, runs, sampling, exact=None):
 
 WARPED = SamplingConfig(0.8, top_k=20, top_p=0.9)
 
-# Sample counts keep each case under ~30 s on one core (~6 ms per run at K=1, ~17 ms at K=3).
 CASES = {
     # name: (drafter factory given (target, draft), K, runs, sampling)
     "draft-K1": (lambda t, d: DraftModelDrafter(d), 1, 3000, SamplingConfig(1.0)),

@@ -16,7 +16,10 @@ from draftsmith.eval.stats import pit_uniformity, token_cdf
 
 PROMPT = torch.tensor([1, 5, 77, 140])
 TOP_K = 20  # the warped case: top-k keeps q != softmax(raw logits)
-PATHS = {"batched": dict(batch_size=4), "static": dict(batch_size=4, static_cache=True)}
+# 400 rows per decode (a sample costs ~20x less than in a batch of its own); on the compiled path
+# the batch size of test_static's compiled chi-squares too, so that their compiled steps are shared.
+BATCH = 400
+PATHS = {"batched": dict(batch_size=BATCH), "static": dict(batch_size=BATCH, static_cache=True)}
 
 
 class RawLogitsQ(DraftModelDrafter):
@@ -79,16 +82,16 @@ def test_q_from_raw_logits_is_caught(path, pairs):
 @pytest.mark.slow
 def test_the_compiled_path_passes_and_catches_raw_q(pairs):
     target, draft = pairs("llama")
-    good = _check(target, DraftModelDrafter(draft), batch_size=4, compile=True)
+    good = _check(target, DraftModelDrafter(draft), batch_size=BATCH, compile=True)
     assert good.passed, good.describe()
-    bad = _check(target, RawLogitsQ(draft), samples=2400, batch_size=4, compile=True)
+    bad = _check(target, RawLogitsQ(draft), samples=2400, batch_size=BATCH, compile=True)
     assert not bad.passed, bad.describe()
 
 
 def test_the_bonus_token_is_tested_at_k_3_and_an_off_by_one_bonus_is_caught(pairs, monkeypatch):
     target, _ = pairs("llama")
     self_draft = DraftModelDrafter(target)  # q = p: every draft accepted, every token 4 is a bonus
-    options = dict(num_draft_tokens=3, temperature=1.0, top_k=TOP_K, samples=400, batch_size=16, progress=False)
+    options = dict(num_draft_tokens=3, temperature=1.0, top_k=TOP_K, samples=400, batch_size=BATCH, progress=False)
     good = check_lossless(target, self_draft, PROMPT, **options)
     assert good.acceptance_rate == 1.0 and good.bonus_token is not None and good.passed, good.describe()
     assert "token 4 (bonus) | t1..t3:" in good.describe()

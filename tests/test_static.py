@@ -23,7 +23,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime import DecodeStats, generate
+from draftsmith.eval.runtime import generate
 from draftsmith.eval.runtime.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime import compiler as compiler_module
@@ -35,6 +35,7 @@ from draftsmith.eval.runtime.target import right_aligned
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from fixtures import VOCAB, tiny_config, windowed_model
+from test_decoder import _exact_joint, _sample_first_two
 from test_eagle_drafter import _oracle_head
 from test_tree import NUM_HEADS, _oracle, informed_medusa
 from test_tree import TREE as MEDUSA_TREE
@@ -321,27 +322,11 @@ def test_heads_use_the_verification_states(kind, pairs, monkeypatch):
 # --------------------------------------------------------------- sampling: chi-square
 
 
-def _exact_joint(model, prompt, sampling):
-    """p(t1) p(t2 | t1) for every (t1, t2): one forward for t1, one batched over all V t1."""
-    with torch.no_grad():
-        p1 = sampling.probs(model(prompt[None]).logits[0, -1])
-        batch = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
-        p2 = sampling.probs(model(batch).logits[:, -1])
-    return p1.double()[:, None] * p2.double()
-
-
 PLAIN = SamplingConfig(1.0)
 
 
 def _check_lossless(target, make, prompt, k, runs, sampling=PLAIN, **fast):
-    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    stats = DecodeStats()
-    for seed in range(runs):
-        out = generate(target, make(), prompt, max_new_tokens=k + 1, num_draft_tokens=k,
-                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       seed=seed, **fast)
-        counts[out.tokens[0], out.tokens[1]] += 1
-        stats = stats + out.stats
+    counts, stats = _sample_first_two(target, make, prompt, k, runs, sampling, **fast)
     return chi_square_gof(counts, _exact_joint(target, prompt, sampling)), stats
 
 
@@ -350,13 +335,15 @@ LOSSLESS_PROMPT = torch.tensor([1, 5, 77, 140, 9])
 
 def _informed_drafters(target, draft):
     """name -> (factory, K, runs): drafters that are right often enough at LOSSLESS_PROMPT for
-    every branch (accept, reject, residual) to run within a few hundred decodes."""
+    every branch (accept, reject, residual) to run within a few hundred decodes. 800 samples: two
+    batches of 400 rows, the batch size of every compiled chi-square (tests/test_lossless.py too),
+    so that the target's compiled steps are shared."""
     prompt = LOSSLESS_PROMPT
     medusa = informed_medusa(target, prompt)
     eagle, _ = _oracle_head(target, prompt, "eagle3", seed=61, draft_vocab=256, miss=0.0)
     eagle_tree = {"depth": 2, "top_k": 2, "total_tokens": 5}
     return {
-        "draft": (lambda: DraftModelDrafter(draft), 2, 1000),
+        "draft": (lambda: DraftModelDrafter(draft), 2, 800),
         "medusa-chain": (lambda: MedusaDrafter(medusa, 2), 2, 800),
         "medusa-tree": (lambda: MedusaDrafter(medusa, 2, tree=[(0, 0), (0, 1), (1, 0), (2,)]), 2, 800),
         "eagle-chain": (lambda: EagleDrafter(eagle), 2, 800),
@@ -546,11 +533,17 @@ def test_cuda_graphs_greedy_is_identical(pairs):
 @pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=pytest.mark.slow)])
 def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     """`draftsmith eval --static-cache / --compile` decodes the same tokens as the default path
-    (greedy: the same acceptance counts) and says which path it timed."""
+    (greedy: the same acceptance counts) and says which path it timed. The prompts are the first
+    lines of the toy prompts: their requests fit the 128-slot cache of the compiled tests above,
+    so that `--compile` builds the graphs they built (found in inductor's cache)."""
     import json
 
+    prompts = tmp_path / "prompts.jsonl"
+    lines = (toy_dir / "prompts.jsonl").read_text().splitlines()[:3]
+    prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
+
     def evaluate(out, *extra):
-        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", toy_dir / "prompts.jsonl",
+        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", prompts,
                 "--limit", 3, "--max-new-tokens", 12, "-k", 3, "--repeats", 1, "--no-distances", "--device", "cpu", "--out", out, *extra]  # fmt: skip
         code, stdout, _ = run_cli(args)
         assert code == 0
