@@ -139,6 +139,12 @@ def test_unknown_preset(tmp_path, run_cli, command):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sampled_temperature_must_not_be_negative(tmp_path, run_cli):
+    code, _, err = run_cli(["demo", "--sampled-temperature", "-1", "--cache-dir", tmp_path, "--no-progress"])
+    assert code == 2 and "--sampled-temperature must be >= 0 (0 = no second table), got -1" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_presets_are_validated():
     with pytest.raises(ValueError, match="invalid warmup_steps"):
         replace(NANO, warmup_steps=100)
