@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, float_in, positive_int
@@ -35,6 +36,8 @@ def add_commands(sub) -> None:
     demo.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"))
     demo.add_argument("--repeats", type=positive_int("--repeats"), help="timed passes (median reported)")
     demo.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
+    demo.add_argument("--sampled-temperature", type=float_in("--sampled-temperature", 0.0, None, False, ">= 0 (0 = no second table)"),
+                      help="a second, shorter pass and table at this temperature (default 1; 0 = none)")
     demo.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)")
     add_device_args(demo)
     add_no_progress(demo)
@@ -82,6 +85,8 @@ def cmd_demo(args) -> int:
             temperature=args.temperature,
             compile=args.compile,
         )
+        if args.sampled_temperature is not None:
+            settings = replace(settings, sampled_temperature=args.sampled_temperature or None)
     except ValueError as err:
         raise UsageError(str(err)) from None
     options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}

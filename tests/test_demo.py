@@ -48,8 +48,12 @@ def test_micro_build_is_loadable_and_documented(micro):
     assert manifest["quality"]["self_draft_greedy"]["alpha"] == 1.0
     for key in ("small_draft_greedy", "small_draft_t1"):
         assert 0.0 <= manifest["quality"][key]["alpha"] <= 1.0
+    rep = manifest["quality"]["repetition"]
+    micro = dt.PRESETS["micro"]
+    assert rep["n"] == 4 and rep["answers"] == micro.repetition_prompts and rep["new_tokens"] == micro.repetition_new_tokens
+    assert 0.0 <= rep["pooled"] <= 1.0 and len(rep["per_answer"]) == rep["answers"]
     card = built.model_card.read_text()
-    for text in ("standard library", "held-out perplexity", "tokens seen", "self-draft", "T = 1", "Greedy samples"):
+    for text in ("standard library", "held-out perplexity", "tokens seen", "self-draft", "T = 1", "Greedy samples", "of their 4-grams"):
         assert text in card, text
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temp folder left
 
@@ -135,6 +139,12 @@ def test_unknown_preset(tmp_path, run_cli, command):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sampled_temperature_must_not_be_negative(tmp_path, run_cli):
+    code, _, err = run_cli(["demo", "--sampled-temperature", "-1", "--cache-dir", tmp_path, "--no-progress"])
+    assert code == 2 and "--sampled-temperature must be >= 0 (0 = no second table), got -1" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_presets_are_validated():
     with pytest.raises(ValueError, match="invalid warmup_steps"):
         replace(NANO, warmup_steps=100)
@@ -156,6 +166,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"])
     assert code == 0
     assert "| method | alpha | acc. rate | tau | speedup | OOV | KL |" in stdout and "counting the bonus token" in stdout
+    assert "of their 4-grams" in stdout and "sampling" in stdout  # the loop share heads the greedy and T = 1 tables
     report = json.loads((out / "report.json").read_text())
     assert [r["method"] for r in report["methods"]] == [
         "target-only", "prompt-lookup", "small-draft", "distilled-draft", "medusa-chain", "medusa-tree", "eagle3-chain", "eagle3-tree",
@@ -166,8 +177,12 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
             assert math.isfinite(row[key]), (row["method"], key)
         assert 0 <= row["alpha"] <= 1 and len(row["alpha_per_position"]) == 3
     assert math.isfinite(report["methods"][2]["kl_mean"])
+    sampled = report["demo"]["sampled"]
+    assert [r["method"] for r in sampled["methods"]] == [r["method"] for r in report["methods"]] and sampled["repeats"] == 1
+    assert 0.0 <= report["demo"]["target_repetition"]["pooled"] <= 1.0
     md = (out / "report.md").read_text()
     assert md.startswith("# draftsmith evaluation") and "## Demo target" in md and "acceptance.png" in md
+    assert "## The same methods at sampling" in md
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     assert report["demo"]["demo_target"]["quality"]["self_draft_greedy"]["alpha"] == 1.0
     # Medusa heads were trained once on the target's own answers and cached beside the target

@@ -1,11 +1,14 @@
 """What a demo-target build measures about itself, and the model card it writes.
 
     with cpu_decode_threads(device):
-        quality = quality_report(target, draft, tokenizer, heldout_rows, num_prompts=8, k=3, new_tokens=48)
+        quality = quality_report(target, draft, tokenizer, heldout_rows, num_prompts=8, k=3, new_tokens=48,
+                                 repetition_prompts=32, repetition_new_tokens=96)
     card = model_card(manifest)          # MODEL_CARD.md of `draftsmith.train.demo_target`
 
 Acceptance is measured through the real decoder (`draftsmith.eval.runtime.generate`): the
 target drafting for itself must be accepted every time, the small draft is the baseline.
+How much the target's greedy answers loop (`draftsmith.eval.repetition`) is measured too:
+loops are easy to predict and inflate every drafter's acceptance, prompt lookup's most.
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from draftsmith.eval.repetition import repetition_share
+
+REPETITION_N = 4  # n-gram size of the repetition share: long enough that code's short idioms rarely count
+
 
 @contextlib.contextmanager
 def cpu_decode_threads(device: torch.device):
@@ -52,15 +60,35 @@ def greedy_samples(target, tokenizer, prompts: list[str], new_tokens: int) -> li
     return rows
 
 
-def quality_report(target, draft, tokenizer, heldout_rows: list[dict], *, num_prompts: int, k: int, new_tokens: int) -> dict:
+@torch.no_grad()
+def greedy_answers(target, prompts: list[torch.Tensor], new_tokens: int, eos_token_id=None) -> list[list[int]]:
+    """The target's plain greedy answers (no repetition penalty), new tokens only."""
+    from draftsmith.eval.runtime import generate
+
+    return [generate(target, None, ids, max_new_tokens=new_tokens, eos_token_id=eos_token_id).tokens for ids in prompts]
+
+
+def greedy_repetition(target, prompts: list[torch.Tensor], new_tokens: int, eos_token_id=None) -> dict:
+    """The repeated-4-gram share (per answer and pooled) of the target's greedy answers."""
+    share = repetition_share(greedy_answers(target, prompts, new_tokens, eos_token_id), n=REPETITION_N)
+    return {**share, "new_tokens": new_tokens}
+
+
+def quality_report(
+    target, draft, tokenizer, heldout_rows: list[dict], *, num_prompts: int, k: int, new_tokens: int,
+    repetition_prompts: int, repetition_new_tokens: int,
+) -> dict:  # fmt: skip
     """The numbers of the model card: samples, self-draft and small-draft acceptance, at K = `k`
-    on the first `num_prompts` held-out rows, `new_tokens` tokens each."""
+    on the first `num_prompts` held-out rows, `new_tokens` tokens each; the repetition share of
+    greedy answers of `repetition_new_tokens` to the first `repetition_prompts` rows."""
     from draftsmith.eval.runtime.drafters import DraftModelDrafter
 
     texts = [r["prompt"] for r in heldout_rows[:num_prompts]]
     opts = dict(k=k, new_tokens=new_tokens)
     prompts = [torch.tensor(tokenizer(t).input_ids) for t in texts]
+    rep_prompts = [torch.tensor(tokenizer(r["prompt"]).input_ids) for r in heldout_rows[:repetition_prompts]]
     return {
+        "repetition": greedy_repetition(target, rep_prompts, repetition_new_tokens, tokenizer.eos_token_id),
         "samples": greedy_samples(target, tokenizer, texts[:3], new_tokens),
         # The target drafting for itself: every draft must be accepted (alpha = 1.0), or
         # the decoder, the cache handling or the drafter is broken.
@@ -113,7 +141,9 @@ def model_card(m: dict) -> str:
         mode = "greedy" if r["temperature"] == 0 else f"T = {r['temperature']:g}"
         per = " ".join(f"{a:.2f}" for a in r["alpha_per_position"])
         lines.append(f"| {label} | {mode} | {r['alpha']:.3f} | {r['tau']:.2f} | {per} |")
-    lines += ["", "## Greedy samples (held-out prompts)", ""]
+    rep = repetition_line(q["repetition"])
+    lines += ["", "## Repetition", "", rep[:1].upper() + rep[1:] + ": loops are easy to predict, so they inflate acceptance.", ""]
+    lines += ["## Greedy samples (held-out prompts)", ""]
     for s in q["samples"]:
         lines += ["```python", s["prompt"] + s["completion"], "```", ""]
     t = m["timings"]
@@ -129,6 +159,17 @@ def model_card(m: dict) -> str:
     return "\n".join(lines)
 
 
+def repetition_line(rep: dict) -> str:
+    """One sentence on how much greedy answers loop (a `greedy_repetition` result)."""
+    per = sorted(x for x in rep["per_answer"] if x is not None)
+    pooled = "-" if rep["pooled"] is None else f"{100 * rep['pooled']:.1f}%"
+    spread = f" (per answer: median {100 * per[len(per) // 2]:.0f}%, max {100 * per[-1]:.0f}%)" if per else ""
+    return (
+        f"greedy answers (no repetition penalty, up to {rep['new_tokens']} new tokens, {rep['answers']} held-out prompts) "
+        f"repeat {pooled} of their {rep['n']}-grams{spread}"
+    )
+
+
 def stage_summary(manifest: dict) -> str:
     """A few lines for the terminal after a build or a cache hit."""
     models = manifest["models"]
@@ -137,5 +178,6 @@ def stage_summary(manifest: dict) -> str:
         f"target {models['target']['parameters'] / 1e6:.2f}M params, held-out ppl {models['target']['heldout_perplexity']:.2f}; "
         f"draft {models['draft']['parameters'] / 1e6:.2f}M, ppl {models['draft']['heldout_perplexity']:.2f}; "
         f"self-draft alpha {q['self_draft_greedy']['alpha']:.3f}; small-draft alpha greedy "
-        f"{q['small_draft_greedy']['alpha']:.3f}, T=1 {q['small_draft_t1']['alpha']:.3f}"
+        f"{q['small_draft_greedy']['alpha']:.3f}, T=1 {q['small_draft_t1']['alpha']:.3f}; target's greedy answers repeat "
+        f"{100 * (q['repetition']['pooled'] or 0):.1f}% of their {q['repetition']['n']}-grams"
     )

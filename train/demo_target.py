@@ -50,11 +50,11 @@ from draftsmith.distill.corpus import (
     train_tokenizer,
     write_jsonl,
 )
-from draftsmith.train.demo_card import cpu_decode_threads, model_card, quality_report, stage_summary
+from draftsmith.train.demo_card import cpu_decode_threads, model_card, quality_report, repetition_line, stage_summary
 
 CACHE_ENV = "DRAFTSMITH_CACHE"
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1  # bump when the layout or the build recipe changes: old caches rebuild
+FORMAT_VERSION = 2  # bump when the layout or the build recipe changes: old caches rebuild (2: repetition share)
 
 
 class DemoTargetError(RuntimeError):
@@ -102,6 +102,8 @@ class Preset:
     quality_prompts: int = 8  # held-out prompts for the acceptance checks in the model card
     quality_new_tokens: int = 48
     quality_k: int = 3
+    repetition_prompts: int = 32  # held-out prompts whose greedy answers are checked for loops
+    repetition_new_tokens: int = 96
 
     def __post_init__(self):
         checks = {
@@ -174,6 +176,8 @@ PRESETS: dict[str, Preset] = {
         num_heldout_prompts=32,
         quality_prompts=2,
         quality_new_tokens=12,
+        repetition_prompts=4,
+        repetition_new_tokens=16,
     ),
 }
 
@@ -435,11 +439,13 @@ def build_into(out: Path, preset: Preset, corpus: Corpus, key: str, *, device: t
         quality = quality_report(
             models["target"], models["draft"], tokenizer, heldout_rows,
             num_prompts=preset.quality_prompts, k=preset.quality_k, new_tokens=preset.quality_new_tokens,
+            repetition_prompts=preset.repetition_prompts, repetition_new_tokens=preset.repetition_new_tokens,
         )  # fmt: skip
     timings["quality_checks_s"] = time.perf_counter() - t
     log(
         f"acceptance at K={preset.quality_k}: self-draft {quality['self_draft_greedy']['alpha']:.3f} (must be 1.0), "
-        f"small draft greedy {quality['small_draft_greedy']['alpha']:.3f}, T=1 {quality['small_draft_t1']['alpha']:.3f}"
+        f"small draft greedy {quality['small_draft_greedy']['alpha']:.3f}, T=1 {quality['small_draft_t1']['alpha']:.3f}; "
+        f"{repetition_line(quality['repetition'])}"
     )
 
     for role, model in models.items():
