@@ -20,6 +20,7 @@ import weakref
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import test_batched
 from draftsmith.eval.runtime import compiler as compiler_module
@@ -29,7 +30,6 @@ from draftsmith.eval.runtime.compiler import StaticCacheOverflow
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
 from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
 from draftsmith.eval.runtime.masks import chain_attend, spans
-from draftsmith.heads.eagle import EagleCache
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
 _forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
@@ -130,7 +130,7 @@ def test_static_mask_equals_the_dynamic_one(setup):
     """Same bookkeeping on both caches: on the live columns and the fed ones the static mask is
     the dynamic one; every later slot is blocked."""
     static = StaticRaggedCache(setup[0], 3, 16)
-    dynamic = RaggedCache(EagleCache(), 3, torch.device("cpu"))
+    dynamic = RaggedCache(DynamicCache(), 3, torch.device("cpu"))
 
     def both(fed, lo=None, hi=None, keep=None):
         live = static.length + fed

@@ -499,7 +499,7 @@ def test_a_real_eagle_head_proposes_the_same_on_the_static_path(version, pairs):
 def test_a_real_eagle_head_compiled(pairs):
     target, _ = pairs("llama")
     head = _real_head(target, "eagle3")
-    for tree in (None, EAGLE_TREE):  # the target compiled, the head's own (growing) cache eager
+    for tree in (None, EAGLE_TREE):  # the target and the head compiled, each on its static store
         _same_proposals(target, head, _ids(26, seed=12), tree, compile=True)
         _same_proposals(target, head, _ids(9, seed=14), tree, compile=True)
 

@@ -18,7 +18,6 @@ from draftsmith.heads.eagle.formats import (
 )
 from draftsmith.heads.eagle.model import (
     EagleAttention,
-    EagleCache,
     EagleConfig,
     EagleDecoderLayer,
     EagleError,
@@ -31,7 +30,6 @@ from draftsmith.heads.eagle.model import (
 __all__ = [
     "EXPORT_FORMATS",
     "EagleAttention",
-    "EagleCache",
     "EagleConfig",
     "EagleDecoderLayer",
     "EagleError",
