@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
-from draftsmith.eval.runtime.sampling import draw
+from draftsmith.eval.runtime.sampling import draw_rows
 
 
 class DFlashDrafter(HeadDrafter):
@@ -104,11 +104,7 @@ class DFlashDrafter(HeadDrafter):
             return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
         q = sampling.probs(raw)  # [B, Bs-1, V]: exactly what each slot is drawn from
         # Slots past a row's budget take the argmax (never verified) and leave its generator alone.
-        tokens = torch.stack([
-            torch.stack([draw(q[b, i].to(g.device), g).reshape(()).to(device) if i < counts[b] else q[b, i].argmax()
-                         for i in range(Bs - 1)])
-            for b, g in enumerate(generators)
-        ])  # fmt: skip
+        tokens = torch.stack([draw_rows(q[:, i], generators, [i < c for c in counts]) for i in range(Bs - 1)], 1)
         return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
 
     def select(self, rows, kept) -> None:
