@@ -6,6 +6,9 @@ The head's cache is the runtime's one KV abstraction (`eval/runtime/kv.py`) with
   B = 4, and both equal target-only greedy decoding;
 - a real `EagleHead` (its attention writes the HF `StaticCache` the store hands it) proposes the
   same on both stores in a batch of rows of different lengths;
+- with `compile`, the head's warmed steps (catch-up widths, the tree's frontier with its
+  lookback) are what runs, padded to the warmed width, and decode the same (the compiler
+  stood in by the identity here: inductor is `tests/test_static.py`'s slow test);
 - sampling at T = 1 through an EAGLE-2 tree on the static store is distributed as the target
   (chi-square of the first two tokens against the exact joint, `tests/test_decoder.py`).
 Stand-in heads with hints (`test_eagle_drafter._oracle_head`) make drafts accepted often, so
@@ -14,9 +17,12 @@ rows accept different lengths and the static store's holes, lookback masks and c
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
+from draftsmith.eval.runtime import compiler as compiler_module
 from draftsmith.eval.runtime import generate_batch
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.kv import StaticRaggedCache
@@ -82,6 +88,38 @@ def test_a_real_head_proposes_the_same_on_both_stores(pairs):
         (growing, seen_growing), (static, seen_static) = _both_stores(target, head, PROMPTS, tree)
         assert growing.tokens == static.tokens == reference
         assert seen_static == seen_growing and len(seen_static) >= N_NEW // 2
+
+
+def test_the_warmed_steps_of_a_compiled_decode_run_and_agree(pairs, monkeypatch):
+    """`compile=True` with `Compiler.wrap` as the identity: the EAGLE cache warms one step per
+    catch-up width 1..K+1 and the frontier's, the decode runs them (padded) and equals the
+    growing store's."""
+    target, _ = pairs("llama")
+    head, _ = _oracle_head(target, PROMPTS[0], "eagle3", seed=3, num_new=N_NEW, draft_vocab=200)
+    head = copy.deepcopy(head)  # its own static caches: none warmed by an earlier test
+    monkeypatch.setattr(compiler_module, "compile_unavailable", lambda device: None)
+    ran = []
+
+    def wrap(self, fn):
+        def counted(*args):
+            ran.append((self.owner, args[0].shape[1], args[5].shape[-1]))  # ids' width, attend's span
+            return fn(*args)
+
+        return counted
+
+    monkeypatch.setattr(compiler_module.Compiler, "wrap", wrap)
+    for tree in (None, TREE):
+        growing = generate_batch(target, PROMPTS, Proposals(head, tree=tree), num_draft_tokens=K, max_new_tokens=N_NEW)
+        ran.clear()
+        drafter = Proposals(head, tree=tree)
+        out = generate_batch(target, PROMPTS, drafter, num_draft_tokens=K, max_new_tokens=N_NEW, compile=True)
+        assert out.tokens == growing.tokens and [r.accepted for r in out.rows] == [r.accepted for r in growing.rows]
+        widths = {(w, span) for owner, w, span in ran if owner == "the eagle"}
+        frontier = TREE["top_k"]
+        if tree is None:
+            assert {w for w, _ in widths} <= set(range(1, K + 2)) and (1, 1) in widths
+        else:  # the frontier's step takes the deepest lookback: (depth - 1) * width columns before it
+            assert (frontier, frontier * TREE["depth"]) in widths
 
 
 def test_sampling_through_a_tree_is_lossless_on_the_static_store(pairs):

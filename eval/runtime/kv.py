@@ -504,7 +504,8 @@ class StaticRaggedCache(RaggedCache):
         its physical extra inputs. Returns the seconds spent compiling; 0 without compilation."""
         before, step = self.compiler.seconds, make_step(call, self)
         for width, look in sorted(looks.items()):
-            if self.compiler.enabled and (key, width) not in self._compiled:  # off (or a failed compile), or done
+            done = self._compiled.get((key, width))  # a deeper lookback serves a shallower one too
+            if self.compiler.enabled and (done is None or done[0] < look):  # off (or a failed compile), or done
                 fn = self._compile(step, width, look, inputs(width), width, f"width {width}")
                 if fn is not None:
                     self._compiled[(key, width)] = (look, fn)
