@@ -112,7 +112,7 @@ def test_padded_calls_match_exact_calls(pairs):
     model, _ = pairs("llama")
     exact, padded = StaticRaggedCache(model, 1, 64), StaticRaggedCache(model, 1, 64)
     for layers in ((), (2,)):
-        padded._compiled[(layers, 8)] = padded._step((layers, False))
+        padded._compiled[(layers, 8)] = (0, kv_module.make_step(kv_module.hf_call(model, layers, False), padded))
     ids = _ids(20, seed=2)
     for kv in (exact, padded):
         _feed(model, kv, ids[:9])
