@@ -18,7 +18,7 @@ What one forward computes (DFlash, arXiv 2602.06036; the speculators `dflash` mo
   [k/v_proj(c_s) for the context | k/v_proj(slots)], with per-head RMSNorm on q and k (Qwen3's
   q_norm / k_norm) and RoPE at the positions. Inside a block attention is bidirectional; the
   caller's mask says which context columns each block sees (all s < p). The context's keys do
-  not depend on the block, so a decoder caches them per layer (`DFlashCache`);
+  not depend on the block, so a decoder caches them per layer (a HF `DynamicCache`);
 - output: lm_head(norm(h)) over the draft vocabulary (a reduced one maps back with d2t/t2d,
   `draftsmith.heads.vocab_map`).
 
@@ -38,7 +38,7 @@ import warnings
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
@@ -173,40 +173,6 @@ class DFlashConfig(PretrainedConfig):
         return llama_layer_config(self, self.num_hidden_layers)
 
 
-# ---------------------------------------------------------------------- the context cache
-class DFlashLayerCache:
-    """One draft layer's keys/values [N, kv_heads, S, head_dim] (None while empty)."""
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    @property
-    def is_initialized(self) -> bool:
-        return self.keys is not None
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=-2)
-            self.values = torch.cat([self.values, values], dim=-2)
-        return self.keys, self.values
-
-
-class DFlashCache:
-    """Per draft layer, the keys/values of what a forward fed: context columns (kept) and the
-    block's slots (cut again by the owner). `layers` is what `eval.runtime.kv.RaggedCache` moves."""
-
-    def __init__(self, num_layers: int):
-        self.layers = [DFlashLayerCache() for _ in range(num_layers)]
-
-    @property
-    def seq_len(self) -> int:
-        keys = self.layers[0].keys
-        return 0 if keys is None else keys.shape[-2]
-
-
 # ---------------------------------------------------------------------- the decoder layer
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
@@ -223,7 +189,7 @@ class DFlashAttention(nn.Module):
         self.q_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
         self.k_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
 
-    def forward(self, x, context, cos, sin, mask, cache: DFlashLayerCache | None) -> torch.Tensor:
+    def forward(self, x, context, cos, sin, mask, cache, layer_idx: int) -> torch.Tensor:
         N, Q, _ = x.shape
         fed = torch.cat([context, x], dim=1)  # [N, C + Q, H]
         q = self.q_norm(self.q_proj(x).view(N, Q, self.num_heads, self.head_dim)).transpose(1, 2)
@@ -231,7 +197,7 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(fed).view(N, fed.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, C + Q, hd]
         q, k = _rotate(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rotate(k, cos, sin)  # keys cached after RoPE
-        return self.o_proj(attend(q, k, v, mask, cache))
+        return self.o_proj(attend(q, k, v, mask, cache, layer_idx))
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -245,8 +211,8 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
 
-    def forward(self, x, context, cos, sin, mask, cache) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, cache)
+    def forward(self, x, context, cos, sin, mask, cache, layer_idx: int) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, cache, layer_idx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -334,14 +300,14 @@ class DFlashHead(PreTrainedModel):
             )
         return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
 
-    def forward(self, block_ids, context, *, positions, attention_mask, cache: DFlashCache | None = None):
+    def forward(self, block_ids, context, *, positions, attention_mask, cache: Cache | None = None):
         """Draft logits [N, Q, draft_vocab] of the Q block slots `block_ids [N, Q]` (blocks of
         `block_size`, possibly several packed per row), given C new context columns `context
         [N, C, H]` (`project`'s output, C may be 0). positions [N, C + Q]: the context's then the
         slots'. attention_mask: float additive [N or 1, 1, Q, S + C + Q] over the S columns
         already in `cache`, the context, then the slots (0 = attend, large negative = blocked)."""
         N, Q = block_ids.shape
-        C, S = context.shape[1], 0 if cache is None else cache.seq_len
+        C, S = context.shape[1], 0 if cache is None else cache.get_seq_length()
         if context.dim() != 3 or context.shape[0] != N or context.shape[-1] != self.config.hidden_size:
             raise DFlashError(f"forward: context {list(context.shape)} must be [{N}, C, {self.config.hidden_size}]")
         if tuple(positions.shape) != (N, C + Q):
@@ -355,7 +321,7 @@ class DFlashHead(PreTrainedModel):
         cos, sin = self.rotary_emb(x, positions)
         mask = attention_mask.to(dtype=x.dtype, device=x.device)
         for i, layer in enumerate(self.layers):
-            x = layer(x, context, cos, sin, mask, None if cache is None else cache.layers[i])
+            x = layer(x, context, cos, sin, mask, cache, i)
         return self.lm_head(self.norm(x))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

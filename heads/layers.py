@@ -85,11 +85,12 @@ def qkvo_projections(config, in_features: int, error: type[Exception]) -> tuple[
     )
 
 
-def attend(q, k, v, mask, cache) -> torch.Tensor:
-    """Attention of q [N, heads, Q, hd] over the cache's keys/values followed by k, v [N, kv_heads,
-    S, hd] (keys after RoPE, as HF caches them); [N, Q, heads * hd]."""
+def attend(q, k, v, mask, cache, layer_idx: int) -> torch.Tensor:
+    """Attention of q [N, heads, Q, hd] over what layer `layer_idx` of the HF cache `cache` (or
+    None) returns for k, v [N, kv_heads, S, hd] (keys after RoPE, as HF caches them: a growing
+    `DynamicCache` its past and them, a `StaticCache` its whole buffer); [N, Q, heads * hd]."""
     if cache is not None:
-        k, v = cache.append(k, v)
+        k, v = cache.update(k, v, layer_idx)
     groups = q.shape[1] // k.shape[1]
     out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from draftsmith.eval.runtime import DecodeStats, generate, generate_batch, row_seed
 from draftsmith.eval.runtime import kv as kv_module
@@ -29,7 +30,7 @@ from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, P
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
-from draftsmith.heads.eagle import EagleCache, EagleHead
+from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.medusa import MedusaHeads
 from fixtures import FAMILIES, VOCAB, tiny_config
 
@@ -485,17 +486,17 @@ def test_sampling_is_lossless_per_row(setup):
 def _forward(kv: RaggedCache, ids: list[list[int]]) -> None:
     """What a model forward does to the cache: append one column per fed token (value = id)."""
     x = torch.tensor(ids, dtype=torch.float32)[:, None, :, None]  # [B, 1, T, 1]
-    kv.cache.append(x, x + 0.5)
+    kv.cache.update(x, x + 0.5, 0)
 
 
 def _rows(kv: RaggedCache) -> list[list[int]]:
-    keys, values = kv.cache.keys[:, 0, :, 0], kv.cache.values[:, 0, :, 0]
+    keys, values = kv.cache.layers[0].keys[:, 0, :, 0], kv.cache.layers[0].values[:, 0, :, 0]
     assert torch.equal(values, keys + 0.5)
     return [keys[b][kv.valid[b]].long().tolist() for b in range(keys.shape[0])]
 
 
 def test_ragged_cache_moves(monkeypatch):
-    kv = RaggedCache(EagleCache(), 3, torch.device("cpu"))
+    kv = RaggedCache(DynamicCache(), 3, torch.device("cpu"))
     # A right-aligned prompt block: rows of 3, 1 and 2 real tokens.
     mask = kv.mask(chain_attend(3, [0, 2, 1], None, 3, kv.device), torch.float32)
     assert mask.shape == (3, 1, 3, 3)

@@ -20,6 +20,7 @@ import weakref
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import test_batched
 from draftsmith.eval.runtime import compiler as compiler_module
@@ -29,10 +30,10 @@ from draftsmith.eval.runtime.compiler import StaticCacheOverflow
 from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
 from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
 from draftsmith.eval.runtime.masks import chain_attend, spans
-from draftsmith.heads.eagle import EagleCache
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
 _forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
+OWN_CACHE = ("draft", "eagle3", "eagle-tree")  # drafters with a static KV cache of their own
 
 
 def _eos_stopping_row_1(references) -> int:
@@ -105,8 +106,9 @@ def test_static_greedy_equals_default_and_hf(name, setup, spy):
     assert sum(kv is target_kv for kv, *_ in spy["forward"]) == 1 + static.target_calls
     assert {physical for *_, physical in spy["forward"]} == {len(PROMPTS)}
     assert min(rows for _, rows, *_ in spy["forward"]) < len(PROMPTS)
-    # The draft model's greedy proposals are chain calls (`StaticRaggedCache.chain`) that commit to its own cache.
-    assert len({kv for kv, *_ in spy["append"]}) == (2 if name == "draft" else 1)
+    # The draft model's greedy proposals are chain calls (`StaticRaggedCache.chain`) that commit to its own
+    # cache; an EAGLE head drafts on a static cache of its own too.
+    assert len({kv for kv, *_ in spy["append"]}) == (2 if name in OWN_CACHE else 1)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
@@ -130,7 +132,7 @@ def test_static_mask_equals_the_dynamic_one(setup):
     """Same bookkeeping on both caches: on the live columns and the fed ones the static mask is
     the dynamic one; every later slot is blocked."""
     static = StaticRaggedCache(setup[0], 3, 16)
-    dynamic = RaggedCache(EagleCache(), 3, torch.device("cpu"))
+    dynamic = RaggedCache(DynamicCache(), 3, torch.device("cpu"))
 
     def both(fed, lo=None, hi=None, keep=None):
         live = static.length + fed
@@ -174,7 +176,7 @@ def test_compaction_and_tail_cuts_keep_rows_exact(name, setup, spy, monkeypatch)
                             max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
     assert result.tokens == setup[4]
     caches = {kv for kv, *_ in spy["compact"]}
-    assert len(caches) == (2 if name == "draft" else 1)  # the EAGLE head keeps its dynamic cache
+    assert len(caches) == (2 if name in OWN_CACHE else 1)  # the target's, and the draft's or the EAGLE head's
     assert len(spy["compact"]) >= 3 and all(after < before for _, before, after in spy["compact"])
     assert any(after < before + fed for _, before, fed, after in spy["append"])  # a common tail was cut
 
@@ -268,7 +270,7 @@ def test_unavailable_compiler_falls_back_with_a_message(setup, monkeypatch):
 
 
 @pytest.mark.slow
-def test_compiled_greedy_is_identical(setup, spy):
+def test_compiled_greedy_is_identical(setup, spy, monkeypatch):
     """Target only (width 1), a draft model (target width K + 1, narrower calls near the end
     padded to it; the draft's steps at widths 1 and 2) and Medusa (the target's hidden states
     out of the compiled step): the default path's tokens, with a row that finishes early;
@@ -290,14 +292,32 @@ def test_compiled_greedy_is_identical(setup, spy):
             caches.append(kv_module._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
             assert {(1, k, False), (2, k, False)} <= set(caches[1]._chains)  # greedy: chains
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
-        # narrower than a compiled width padded to it); only prefills and first catch-ups do not.
-        for kv, key in zip(caches, [(layers, False), ((), False)]):
+        # narrower than a compiled width padded to it); only prefills and first catch-ups, wider
+        # than every compiled width, run a step built uncompiled.
+        for kv in caches:
             assert kv.compiler.enabled and kv.compiler.error is None
-            kv._eager[key] = lambda *inputs: pytest.fail("an all-logits step ran uncompiled")
-        again = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
+        uncompiled = []
+        with monkeypatch.context() as patch:
+            patch.setattr(kv_module, "make_step", _counting(kv_module.make_step, uncompiled))
+            again = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
         assert again.tokens == result.tokens and again.compile_seconds == 0.0
-        for kv, key in zip(caches, [(layers, False), ((), False)]):
-            del kv._eager[key]
+        assert uncompiled and min(uncompiled) > k + 1, uncompiled
+
+
+def _counting(make_step, widths: list[int]):
+    """`make_step` whose steps record the width of every call they run (uncompiled: a compiled
+    step was built before and never calls back into Python)."""
+
+    def made(call, cache):
+        step = make_step(call, cache)
+
+        def counted(ids, *inputs):
+            widths.append(ids.shape[1])
+            return step(ids, *inputs)
+
+        return counted
+
+    return made
 
 
 def test_the_batched_benchmark_script(toy_dir, capsys):

@@ -1,7 +1,7 @@
 """The EAGLE drafter (chain and EAGLE-2 dynamic tree) through the real decoder.
 
 Stand-in heads follow the EagleHead contract (`draftsmith.heads.eagle`: keys/values appended to
-the `EagleCache` the drafter hands them), so these tests do not depend on the head's
+the HF `DynamicCache` the drafter hands them), so these tests do not depend on the head's
 implementation:
 - `FakeEagleHead`: fc(embed(token), feature) + a learned position embedding, one causal
   attention layer over its cache, an MLP and an lm_head over a (possibly reduced) draft
@@ -22,13 +22,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
+from transformers import DynamicCache, LlamaConfig
 
 from draftsmith.eval.runtime import generate
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime.sampling import SamplingConfig
 from draftsmith.eval.runtime.tree import depths
-from draftsmith.heads.eagle import EagleCache
 from fixtures import VOCAB
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -65,8 +65,11 @@ class FakeEagleHead(nn.Module):
             if hint_seq is not None:
                 order = torch.cat([hint_seq.unique(), order[~torch.isin(order, hint_seq)]])
             draft_ids = order[:draft_vocab].sort().values
+        # layer_config: the shape of its one attention layer's HF cache (one head as wide as the state)
+        layer = LlamaConfig(hidden_size=hidden, num_attention_heads=1, head_dim=hidden, num_hidden_layers=1)
         self.config = SimpleNamespace(
-            version=version, aux_layer_ids=aux, draft_vocab_size=draft_ids.numel(), vocab_size=vocab, hidden_size=hidden
+            version=version, aux_layer_ids=aux, draft_vocab_size=draft_ids.numel(), vocab_size=vocab, hidden_size=hidden,
+            layer_config=lambda: layer,
         )
         torch.manual_seed(seed)
         self.fc_aux = nn.Linear(len(aux) * hidden, hidden, bias=False) if version == "eagle3" else None
@@ -98,6 +101,9 @@ class FakeEagleHead(nn.Module):
         self.register_buffer("wrong", wrong)
         self.eval()
 
+    device = property(lambda self: self.fc.weight.device)
+    dtype = property(lambda self: self.fc.weight.dtype)
+
     def project(self, aux):
         return aux if self.fc_aux is None else self.fc_aux(aux)
 
@@ -112,21 +118,21 @@ class FakeEagleHead(nn.Module):
     def forward(self, input_ids, hidden, *, position_ids, attention_mask=None, cache=None):
         batch, num = input_ids.shape
         assert hidden.shape[:2] == (batch, num) and position_ids.shape == (batch, num)
-        past = 0 if cache is None else cache.seq_len
+        keys = num if cache is None else cache.get_mask_sizes(num, 0)[0]  # a static cache: all its columns
         if attention_mask is None:
-            causal = torch.ones(num, past + num, dtype=torch.bool).tril(diagonal=past)
+            causal = torch.ones(num, keys, dtype=torch.bool).tril(diagonal=keys - num)
             attention_mask = torch.zeros(causal.shape).masked_fill(~causal, float("-inf"))[None, None]
         else:
-            assert attention_mask.shape == (batch, 1, num, past + num), attention_mask.shape
+            assert attention_mask.shape == (batch, 1, num, keys), attention_mask.shape
             assert attention_mask.dtype.is_floating_point
         return self.decode(input_ids, hidden, position_ids, attention_mask, cache)
 
     def decode(self, input_ids, hidden, position_ids, attention_mask, cache):
-        """EagleHead.decode's contract: no checks, the mask covers what cache.append returns."""
+        """EagleHead.decode's contract: no checks, the mask covers what the cache's update returns."""
         x = self.fc(torch.cat([self.embed(input_ids), hidden], -1)) + self.pos(position_ids)
         q, k, v = self.q(x), self.k(x), self.v(x)
         if cache is not None:
-            k, v = cache.append(k, v)
+            k, v = (x[:, 0] for x in cache.update(k[:, None], v[:, None], 0))  # [B, heads = 1, S, hidden]
         scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]) + attention_mask[:, 0]  # [B, T, S]
         out = x + self.o(scores.softmax(-1) @ v)
         out = out + self.mlp(out)
@@ -159,9 +165,9 @@ class TableHead(nn.Module):
         return logits
 
     def forward(self, input_ids, hidden, *, position_ids, attention_mask=None, cache=None):
-        past = cache.seq_len
+        past = cache.get_seq_length()
         empty = hidden.new_zeros(*input_ids.shape, 1)
-        cache.append(empty, empty)
+        cache.update(empty, empty, 0)
         if attention_mask is not None:
             assert attention_mask.shape == (input_ids.shape[0], 1, input_ids.shape[1], past + input_ids.shape[1])
         return hidden, self.table[input_ids, position_ids]
@@ -343,7 +349,7 @@ def test_chain_proposal_is_the_draft_argmax(pairs):
 
 @pytest.mark.parametrize("version", ["eagle1", "eagle3"])
 def test_with_the_real_eagle_head(version, pairs):
-    """`EagleHead.for_target` with its own EagleCache (reduced vocabulary for eagle3): greedy chain
+    """`EagleHead.for_target` with its own DynamicCache (reduced vocabulary for eagle3): greedy chain
     and tree decodes equal target-only greedy, and the draft state before each proposal equals
     a fresh run of the head over the committed sequence."""
     from draftsmith.distill.vocab import build_vocab_map
@@ -388,7 +394,7 @@ def _path_logq(head, target, context, path, return_logits=False):
     """Cumulative log q of a path of target ids below `context`, drafted one step at a time
     (the head reads target ids; its logits are over the draft vocabulary)."""
     features = _fresh_features(target, head, context[:-1])
-    cache = EagleCache()
+    cache = DynamicCache()
     real = context.numel() - 1
     g, logits = head(context[None, 1:], features[None], position_ids=torch.arange(real)[None], cache=cache)
     g, logits = g[0, -1], logits[0, -1]

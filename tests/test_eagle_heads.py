@@ -11,7 +11,6 @@ from draftsmith.heads import eagle
 from draftsmith.heads.eagle import (
     SGLANG_KEYS,
     VLLM_KEYS,
-    EagleCache,
     EagleError,
     EagleHead,
     default_aux_layer_ids,
@@ -21,7 +20,7 @@ from draftsmith.heads.eagle import (
 )
 from fixtures import tiny_model
 from safetensors.torch import load_file
-from transformers import LlamaConfig
+from transformers import DynamicCache, LlamaConfig
 
 H, V, VD, L, I = 48, 320, 64, 4, 96  # toy hidden, vocab, draft vocab, target layers, intermediate
 HEADS, KV, HD = 4, 2, 12
@@ -154,35 +153,16 @@ def test_one_forward_equals_token_by_token_through_the_cache(targets, version):
     ids, hidden, pos = inputs(head, T=6)
     with torch.no_grad():
         full_out, full_logits = head(ids, hidden, position_ids=pos)
-        cache = EagleCache()
+        cache = DynamicCache()
         outs, logits = [], []
         for start, end in [(0, 2), (2, 3), (3, 4), (4, 5), (5, 6)]:  # a prefix of 2, then one token at a time
             sl = slice(start, end)
             o, lg = head(ids[:, sl], hidden[:, sl], position_ids=pos[:, sl], cache=cache)
             outs.append(o)
             logits.append(lg)
-    assert cache.seq_len == 6
+    assert cache.get_seq_length() == 6
     torch.testing.assert_close(torch.cat(outs, 1), full_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.cat(logits, 1), full_logits, rtol=1e-5, atol=1e-5)
-
-
-def test_cache_crop_keep_and_reset():
-    cache = EagleCache()
-    k = torch.arange(10.0).view(1, 1, 10, 1).expand(2, 2, 10, 3)
-    cache.append(k[..., :6, :], -k[..., :6, :])
-    cache.append(k[..., 6:, :], -k[..., 6:, :])
-    assert cache.seq_len == 10
-    cache.keep(4, [0, 2, 5])  # first 4, then entries 4, 6, 9
-    assert cache.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 9]
-    assert cache.values[0, 0, :, 0].tolist() == [-0.0, -1, -2, -3, -4, -6, -9]
-    cache.crop(5)
-    assert cache.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4]
-    with pytest.raises(EagleError, match="crop"):
-        cache.crop(6)
-    with pytest.raises(EagleError, match="keep"):
-        cache.keep(3, [2])  # entry 5 does not exist
-    cache.reset()
-    assert cache.seq_len == 0 and cache.keys is None
 
 
 def tree_attention_mask(parents: list[int], past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +195,7 @@ def test_tree_mask_matches_the_causal_chain_and_keep_compacts_to_it(targets):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
 
         # A prefix of 3 in the cache, then a tree of 4 nodes: 0 <- 1 <- 3 is a chain, 2 a sibling of 0.
-        ref_cache, tree_cache = EagleCache(), EagleCache()
+        ref_cache, tree_cache = DynamicCache(), DynamicCache()
         for cache in (ref_cache, tree_cache):
             head(ids[:, :3], hidden[:, :3], position_ids=pos[:, :3], cache=cache)
         chain = [3, 4, 6]  # the tokens of nodes 0, 1, 3
@@ -226,9 +206,10 @@ def test_tree_mask_matches_the_causal_chain_and_keep_compacts_to_it(targets):
         out = head(ids[:, nodes], hidden[:, nodes], position_ids=3 + depth[None], attention_mask=mask, cache=tree_cache)
     for x, y in zip(out, ref):
         torch.testing.assert_close(x[:, [0, 1, 3]], y, rtol=1e-5, atol=1e-5)
-    tree_cache.keep(3, [0, 1, 3])
-    torch.testing.assert_close(tree_cache.keys, ref_cache.keys, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tree_cache.values, ref_cache.values, rtol=1e-5, atol=1e-5)
+    kept, ref_layer = tree_cache.layers[0], ref_cache.layers[0]  # the prefix, then the path's nodes 0, 1, 3
+    path = torch.tensor([0, 1, 2, 3, 4, 6])
+    torch.testing.assert_close(kept.keys.index_select(-2, path), ref_layer.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kept.values.index_select(-2, path), ref_layer.values, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_masks_are_refused(targets):

@@ -36,13 +36,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
 
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.runtime import generate
 from draftsmith.eval.runtime.eagle import EagleDrafter
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.eval.runtime.peagle import PEagleDrafter
-from draftsmith.heads.eagle import EagleCache, EagleHead, PEagleHead, export_eagle, load_eagle
+from draftsmith.heads.eagle import EagleHead, PEagleHead, export_eagle, load_eagle
 from draftsmith.train.eagle import shifted, ttt_mask
 from draftsmith.train.peagle import chain_mask
 from fixtures import tiny_model, tiny_tokenizer
@@ -102,7 +103,7 @@ def draftsmith_logits(head: EagleHead, inputs: dict) -> dict:
     (step 1 reads step 0's output and the next tokens; positions one on: RoPE is relative)."""
     ids, n = inputs["input_ids"], inputs["input_ids"].shape[1]
     positions = torch.arange(n)[None]
-    cache = EagleCache()
+    cache = DynamicCache()
     with torch.no_grad():
         out, step0 = head(ids, head.project(inputs["hidden_states"]), position_ids=positions, cache=cache)
         mask = ttt_mask(n, 1, ids.device, head.dtype)

@@ -113,7 +113,7 @@ def test_padded_calls_match_exact_calls(pairs):
     model, _ = pairs("llama")
     exact, padded = StaticRaggedCache(model, 1, 64), StaticRaggedCache(model, 1, 64)
     for layers in ((), (2,)):
-        padded._compiled[(layers, 8)] = padded._step((layers, False))
+        padded._compiled[(layers, 8)] = (0, kv_module.make_step(kv_module.hf_call(model, layers, False), padded))
     ids = _ids(20, seed=2)
     for kv in (exact, padded):
         _feed(model, kv, ids[:9])
@@ -486,7 +486,7 @@ def test_a_real_eagle_head_proposes_the_same_on_the_static_path(version, pairs):
 def test_a_real_eagle_head_compiled(pairs):
     target, _ = pairs("llama")
     head = _real_head(target, "eagle3")
-    for tree in (None, EAGLE_TREE):  # the target compiled, the head's own (growing) cache eager
+    for tree in (None, EAGLE_TREE):  # the target and the head compiled, each on its static store
         _same_proposals(target, head, _ids(26, seed=12), tree, compile=True)
         _same_proposals(target, head, _ids(9, seed=14), tree, compile=True)
 

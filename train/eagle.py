@@ -117,7 +117,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
     post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
     target's logits [B,T,V]. Unrolling is the training-time test for EAGLE-3 and, at
     evaluation, simply how both versions draft past the first token (own output fed back)."""
-    from draftsmith.heads.eagle import EagleCache
+    from transformers import DynamicCache
 
     ids = batch["input_ids"]
     valid = batch["attention_mask"].bool()
@@ -125,7 +125,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
     positions = torch.arange(n, device=ids.device)[None].expand(ids.shape[0], n)
     step_ids = ids[:, 1:]  # token t+1 at position t
     losses, hits, counts = [], [], []
-    cache = EagleCache()
+    cache = DynamicCache()
     hidden = None
     for j in range(steps):
         # Step j at position t drafts token t+2+j; the target's distribution for it is its

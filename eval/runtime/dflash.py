@@ -9,7 +9,7 @@ known, and the last token is the anchor at position n_b - 1:
 All B - 1 drafts come from one forward: slot k's q_k depends on the context only, never on the
 drafts before it.
 
-The head's cache (`eval/runtime/kv.py`'s `RaggedCache` over a `DFlashCache`) holds, per draft
+The head's cache (`eval/runtime/kv.py`'s `RaggedCache` over a HF `DynamicCache`) holds, per draft
 layer, the keys/values of each row's context features and nothing else: a call feeds the
 features that arrived since the last one (the verified positions: the fed last token and the
 accepted drafts; rejected drafts never had features) together with the block, keeps the
@@ -25,11 +25,11 @@ x_1..x_{k-1} are. The cache is the growing store on every path (it is not a HF c
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
-from draftsmith.eval.runtime.sampling import draw
-from draftsmith.heads.dflash import DFlashCache
+from draftsmith.eval.runtime.sampling import draw_rows
 
 
 class DFlashDrafter(HeadDrafter):
@@ -52,7 +52,7 @@ class DFlashDrafter(HeadDrafter):
                 f"DFlash head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
             )
         batch = len(prompts)
-        self.kv = RaggedCache(DFlashCache(len(self.head.layers)), batch, self._param().device)
+        self.kv = RaggedCache(DynamicCache(), batch, self._param().device, dtype=self._param().dtype)
         self._real = [0] * batch
         self._pending = [[] for _ in range(batch)]
         if prefill:  # every prompt token but the last, right-aligned
@@ -104,11 +104,7 @@ class DFlashDrafter(HeadDrafter):
             return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
         q = sampling.probs(raw)  # [B, Bs-1, V]: exactly what each slot is drawn from
         # Slots past a row's budget take the argmax (never verified) and leave its generator alone.
-        tokens = torch.stack([
-            torch.stack([draw(q[b, i].to(g.device), g).reshape(()).to(device) if i < counts[b] else q[b, i].argmax()
-                         for i in range(Bs - 1)])
-            for b, g in enumerate(generators)
-        ])  # fmt: skip
+        tokens = torch.stack([draw_rows(q[:, i], generators, [i < c for c in counts]) for i in range(Bs - 1)], 1)
         return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
 
     def select(self, rows, kept) -> None:

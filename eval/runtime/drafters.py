@@ -42,7 +42,7 @@ from transformers import PreTrainedModel
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
 from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, model_cache
 from draftsmith.eval.runtime.masks import chain_attend
-from draftsmith.eval.runtime.sampling import SamplingConfig, draw
+from draftsmith.eval.runtime.sampling import SamplingConfig, draw_rows
 from draftsmith.eval.runtime.target import max_positions, right_aligned
 
 
@@ -203,12 +203,7 @@ class DraftModelDrafter(Drafter):
             else:
                 q = sampling.probs(logits)  # [B, V]: exactly what row b's token is drawn from
                 probs.append(q)
-                # Rows past their budget take the argmax (never verified) and leave their
-                # generator untouched: a row draws what it would draw alone.
-                token = torch.stack([
-                    draw(q[b].to(g.device), g).reshape(()).to(device) if i < num_tokens[b] else q[b].argmax()
-                    for b, g in enumerate(generators)
-                ])  # fmt: skip
+                token = draw_rows(q, generators, [i < k for k in num_tokens])  # rows past their budget: argmax
             tokens.append(token)
             if i + 1 < width:
                 logits = self._forward(token[:, None], (base + i)[:, None])

@@ -6,8 +6,9 @@ position t, the "pair" t is (token_{t+1}, f_t), fed at position t:
     f_t           the target's feature at t: eagle1 the last hidden state (post-norm),
                   eagle3 project(concat of the aux hidden states at t)
     head(pair t)  -> (g_t, logits over token_{t+2})
-The head's ragged cache (`eval/runtime/kv.py` over an `EagleCache`) holds each row's REAL pairs
-only: the pairs of the tokens a verification committed are fed at the next `propose` (their
+The head's ragged cache (`eval/runtime/kv.py`, either store: a HF `DynamicCache`, or on the static
+path a preallocated `StaticCache` whose steps `--compile` compiles like the target's) holds each
+row's REAL pairs only: the pairs of the tokens a verification committed are fed at the next `propose` (their
 features arrive with the verification), then the proposal drafts with the head's own g as the
 feature, one position further on per depth, and those speculative columns are cut again. Tokens
 go into the head as TARGET ids while its logits cover the draft vocabulary (`draft_to_target`).
@@ -25,18 +26,20 @@ EAGLE-2 dynamic tree (`tree={"depth": d, "top_k": k, "total_tokens": n}`), per r
        n. log q <= 0, so a child never scores above its parent: ties go to the earlier
        generated (shallower) node, so a kept node's ancestors are always kept.
 Nodes come back in generation order (parents first). `total_tokens` counts draft nodes only.
-The head's cache is the growing store on every path (it is not a HF cache).
+A frontier's attention over the earlier depths is `attend`'s lookback (kv.py): the cache's last
+columns are the proposal's earlier nodes, and each node sees its ancestors among them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from transformers import DynamicCache
+
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache
-from draftsmith.eval.runtime.masks import additive, chain_attend, spans
+from draftsmith.eval.runtime.kv import RaggedCache, capacity_for, model_cache
+from draftsmith.eval.runtime.masks import chain_attend, spans
 from draftsmith.eval.runtime.target import right_align, right_aligned
-from draftsmith.heads.eagle import EagleCache
 
 #: EAGLE-2's keys, all required (SafeAILab's defaults: depth 5-7, top_k 10, total ~60).
 TREE_KEYS = ("depth", "top_k", "total_tokens")
@@ -80,6 +83,7 @@ class EagleDrafter(HeadDrafter):
         self.max_depth = None if self.tree is None else self.tree["depth"] + 1
         self.typical = tuple(typical) if typical is not None else None
         self.kv: RaggedCache | None = None
+        self._capacity, self._compile = None, False  # the static store's columns (None: growing), set by `prepare`
         self.last_scores: torch.Tensor | None = None
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
@@ -88,23 +92,51 @@ class EagleDrafter(HeadDrafter):
         depth, top_k = min(self.tree["depth"], num_tokens - 1), self.tree["top_k"]
         return (min(self.tree["total_tokens"], top_k + depth * top_k * top_k),)
 
+    def _frontier(self, num_tokens: int) -> tuple[int, int]:
+        """A tree's (expansion depth, frontier width) for proposals of up to `num_tokens`."""
+        return min(self.tree["depth"], num_tokens - 1), min(self.tree["top_k"], self.head.config.draft_vocab_size)
+
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        """The static store holds a request's real pairs (`capacity`) and one proposal's drafts;
+        with `compile`, its steps are compiled for every catch-up width (1 to K + 1: the fed last
+        token and the accepted drafts, and the chain's one-token steps) and the tree's frontier."""
+        self.logits, self._compile, self._capacity = logits, compile, None
+        if capacity is None:
+            return 0.0
+        looks = dict.fromkeys(range(1, num_tokens + 2), 0)
+        drafts = num_tokens - 1
+        if self.tree is not None:
+            depth, width = self._frontier(num_tokens)
+            drafts = depth * width
+            if depth:
+                looks[width] = (depth - 1) * width  # the deepest frontier sees all the earlier ones
+        self._capacity = capacity_for(capacity + drafts)
+        kv = model_cache(self.head, "eagle", batch, self._capacity, compile)
+        param, size = self._param(), self.head.config.hidden_size
+        inputs = lambda width: (torch.zeros(batch, width, size, device=param.device, dtype=param.dtype),)  # noqa: E731
+        return kv.warm_up_call(self._step, looks, "eagle", inputs)
+
     def start(self, prompts, prefill, vocab_size) -> None:
-        batch, device = len(prompts), self._param().device
-        self.kv = RaggedCache(EagleCache(), batch, device)
+        batch, param = len(prompts), self._param()
+        if self._capacity is None:  # the growing store (HF's cache makes its layer at the first forward)
+            self.kv = RaggedCache(DynamicCache(), batch, param.device, dtype=param.dtype)
+        else:
+            self.kv = model_cache(self.head, "eagle", batch, self._capacity, self._compile)
         self._real, self._has, self._root = [0] * batch, [False] * batch, None
         self._pending = None  # (ids, features, positions, lo) of the pairs not yet fed
         if prefill:  # pair t = (prompt[t + 1], f_t): the prefill's own layout, one token on
-            ids, positions, lo = right_aligned([p[1:] for p in prompts], [0] * batch, device)
+            ids, positions, lo = right_aligned([p[1:] for p in prompts], [0] * batch, param.device)
             self._pending = (ids, self._features(prefill), positions, lo)
 
+    def _step(self, ids, positions, mask, cache, features):
+        """The head's forward as a cache call (`kv.py`): (out_hidden g, logits)."""
+        return self.head(ids, features, position_ids=positions, attention_mask=mask, cache=cache)
+
     def _feed(self, ids, features, positions, attend, keep=None):
-        """Feed W columns (ids [B, W], features [B, W, H]); `attend [B, W, cols]` says which of
-        the cache's columns from the first unreal one on, and of the fed ones, each sees."""
-        start = attend.shape[-1] - ids.shape[1]  # speculative columns already in the cache
-        real = self.kv.valid[:, : self.kv.length - start]
-        allowed = torch.cat([real[:, None, :].expand(-1, ids.shape[1], -1), attend], dim=-1)[:, None]
-        mask = additive(allowed, self._param().dtype)
-        out, logits = self.head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
+        """Feed W columns (ids [B, W], features [B, W, H]); `attend [B, W, L]` says which of the
+        fed columns, and of the cache's last L - W columns (this proposal's earlier drafts), each
+        sees."""
+        out, logits = self.kv.run(self._step, ids, positions, attend, features, key="eagle")
         self.kv.commit(torch.ones(ids.shape, dtype=torch.bool) if keep is None else keep)
         return out, logits
 
@@ -125,6 +157,10 @@ class EagleDrafter(HeadDrafter):
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        most = max(num_tokens)
+        drafts = most - 1 if self.tree is None else self._frontier(most)[0] * self._frontier(most)[1]
+        # Room for the catch-up and every draft: no compaction moves the columns in between.
+        self.kv.reserve(drafts + (0 if self._pending is None else self._pending[0].shape[1]))
         if self._pending is not None:
             self._catch_up()
         counts = [k if has else 0 for k, has in zip(num_tokens, self._has)]

@@ -2,8 +2,10 @@
 
 Column s of row b holds a real token of that row or a hole; `valid[b, s]` says which. Every
 forward feeds W new columns per row with explicit positions (= the number of the row's real
-tokens before it, plus the depth inside a tree) and `attend [B, W, W]` (bool: which fed columns
-each fed column sees; a chain is causal over the row's real span, a tree sees its ancestors).
+tokens before it, plus the depth inside a tree) and `attend [B, W, L]` (bool: which fed columns
+each fed column sees, in its last W columns; a chain is causal over the row's real span, a tree
+sees its ancestors; L > W: its first L - W columns are the cache's last ones, seen where both
+`attend` and `valid` say so: a draft head's tree sees its ancestors among earlier depths).
 The model gets a float additive 4-D mask built from `valid` and `attend`; afterwards `commit`
 says which fed columns each row keeps (a chain: the last token and its accepted drafts; a tree:
 the root and the accepted path, wherever its nodes sit). Keys are cached after RoPE, so a kept
@@ -16,8 +18,8 @@ exactly what sequential decoding of the path computes. No row is cut to another'
 Per-row counts live on the host, so no bookkeeping waits on the device.
 
 Two stores, chosen by a setting, behind the same moves:
-- `RaggedCache` (growing): a `transformers.DynamicCache` (or the EAGLE head's `EagleCache`);
-  finished rows leave the batch (`select` drops their rows).
+- `RaggedCache` (growing): a `transformers.DynamicCache`; finished rows leave the batch
+  (`select` drops their rows).
 - `StaticRaggedCache` (preallocated, compile-friendly): one HF `StaticCache`
   [B, kv_heads, capacity, head_dim] per layer, written at a pointer; a tail cut moves the
   pointer back, compaction is an in-place gather, nothing grows. The mask is built INSIDE the
@@ -31,6 +33,8 @@ tokens. The cache keeps each column's position instead, and a sliding layer's ma
 the keys `window` or more positions behind the query (HF takes {"full_attention": mask,
 "sliding_attention": mask} for a model with both kinds). Attention must take a 4-D float mask
 (eager or sdpa).
+A store serves any model with a HF cache: a HF causal LM (`forward`), or a draft head through
+a cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; the EAGLE head).
 """
 
 from __future__ import annotations
@@ -63,20 +67,46 @@ def capacity_for(columns: int) -> int:
     return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
 
 
+def layers_config(model):
+    """The config that shapes a model's KV cache: a HF model's own, or a draft head's decoder
+    layers as a llama config (`config.layer_config()`)."""
+    layer_config = getattr(model.config, "layer_config", None)
+    return model.config if layer_config is None else layer_config()
+
+
+def hf_call(model: PreTrainedModel, hidden_layers: tuple[int, ...], last_only: bool):
+    """A HF causal LM as a cache call: (ids, positions, mask, cache) -> (logits, the hidden
+    states of `hidden_layers`...); `last_only`: the last column's logits only."""
+
+    def call(ids, positions, mask, cache):
+        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+                    output_hidden_states=bool(hidden_layers), logits_to_keep=1 if last_only else 0)  # fmt: skip
+        return (out.logits, *(out.hidden_states[i] for i in hidden_layers))
+
+    return call
+
+
+def _result(out: tuple, hidden_layers: tuple[int, ...], last_only: bool) -> ForwardResult:
+    logits = out[0][:, -1:] if last_only else out[0]
+    return ForwardResult(logits=logits, hidden_states=dict(zip(hidden_layers, out[1:])))
+
+
 # ----------------------------------------------------------------------- the growing store
 
 
 class RaggedCache:
     """Which columns of a batch-shared KV cache are real, per row; and the moves on it.
 
-    `cache` is a `transformers.DynamicCache` of full-attention layers, or an `EagleCache`: both
-    hold keys/values [B, heads, S, head_dim] that the model appends to. The owner runs a
-    forward with `mask` (or through `forward` for a HF model), then `commit`s what each row keeps.
+    `cache` is a `transformers.DynamicCache` of full-attention layers (a HF model's or a draft
+    head's): keys/values [B, heads, S, head_dim] that the model appends to. The owner runs a
+    forward through `forward` (a HF model) or `run` (a cache call), then `commit`s what each row
+    keeps.
     """
 
-    def __init__(self, cache, batch: int, device: torch.device, window: int | None = None, mixed: bool = False):
+    def __init__(self, cache, batch: int, device: torch.device, window: int | None = None, mixed: bool = False,
+                 dtype: torch.dtype = torch.float32):  # fmt: skip
         self.cache = cache
-        self.device = device
+        self.device, self.dtype = device, dtype  # the model's: masks are built in its dtype
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.counts = [0] * batch  # real columns per row
         self.window, self.mixed = window, mixed
@@ -85,10 +115,11 @@ class RaggedCache:
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, batch: int, owner: str) -> RaggedCache:
-        window, mixed = attention_of(model, owner)
-        cache = DynamicCache(config=model.config)
+        config = layers_config(model)
+        window, mixed = attention_of(config, owner)
+        cache = DynamicCache(config=config)
         cache.layers = [DynamicLayer() for _ in cache.layers]  # sliding ones too: the mask applies the window
-        return cls(cache, batch, model.device, window, mixed)
+        return cls(cache, batch, model.device, window, mixed, model.dtype)
 
     @property
     def length(self) -> int:
@@ -100,49 +131,46 @@ class RaggedCache:
         return all(c == self.length for c in self.counts)
 
     def _holders(self) -> list:
-        """Objects with `.keys` / `.values` [B, ..., S, D] (layers that hold nothing skipped)."""
-        layers = getattr(self.cache, "layers", None)
-        if layers is None:  # an EagleCache: one layer
-            return [self.cache] if self.cache.keys is not None else []
-        return [layer for layer in layers if layer.is_initialized and layer.keys is not None and layer.keys.numel()]
+        """The cache's layers that hold something: `.keys` / `.values` [B, ..., S, D]."""
+        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
 
     def mask(self, attend: torch.Tensor, dtype: torch.dtype, positions: torch.Tensor | None = None):
         """Float additive mask [B, 1, W, S + W]: a fed column sees its row's real cache columns
-        and the fed columns `attend [B, W, W]` marks (and, with a sliding window, those within it
-        of the fed `positions [B, W]`; `layer_masks`)."""
-        batch, width = attend.shape[0], attend.shape[1]
+        and the fed columns `attend [B, W, L]` marks (L > W: the cache's last L - W columns only
+        where `attend` marks them too); with a sliding window, those within it of the fed
+        `positions [B, W]` (`layer_masks`)."""
+        batch, width, span = attend.shape
+        look, attend = span - width, attend.to(self.device)
         past = self.valid[:, None, :].expand(batch, width, self.length)
-        allowed = torch.cat([past, attend.to(self.device)], dim=-1)[:, None]
+        allowed = torch.cat([past, attend[..., look:]], dim=-1)[:, None]
+        if look:
+            allowed[..., self.length - look : self.length] &= attend[:, None, :, :look]
         keys = None if self.window is None else torch.cat([self.positions, positions], dim=1)
         return layer_masks(allowed, dtype, self.window, self.mixed, positions, keys)
 
-    @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
-        """`model` (a HF causal LM over `self.cache`) on ids [B, W] at positions [B, W];
-        `attend=None`: every fed column is real and causal (no mask at all while the cache is
-        dense). The bookkeeping is the caller's: `commit` afterwards."""
+        """`model` (a HF causal LM over `self.cache`) on ids [B, W] at positions [B, W] (`run`);
+        `logits_to_keep`: 0 every column's logits, 1 the last column's."""
+        hidden_layers, last = tuple(hidden_layers), logits_to_keep == 1
+        return _result(self.run(hf_call(model, hidden_layers, last), ids, positions, attend), hidden_layers, last)
+
+    @torch.inference_mode()
+    def run(self, call, ids, positions, attend=None, *inputs, key=None) -> tuple[torch.Tensor, ...]:
+        """The outputs of `call(ids, positions, mask, cache, *inputs)` for ids [B, W] at positions
+        [B, W] and `inputs` [B, W, ...]; `attend=None`: every fed column is real and causal (no
+        mask at all while the cache is dense). `key` names the call's compiled steps (the static
+        store's). The bookkeeping is the caller's: `commit` afterwards."""
         mask = None
         if self.window is not None:
             self._fed = positions.to(self.device)
         if attend is not None or not self.dense or self.window is not None:
             if attend is None:
                 attend = chain_attend(ids.shape[1], None, None, ids.shape[0], self.device)
-            mask = self.mask(attend, model.dtype, self._fed)
-        out = model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=bool(hidden_layers),
-            logits_to_keep=logits_to_keep,
-        )
-        hidden = {i: out.hidden_states[i] for i in hidden_layers}
-        return ForwardResult(logits=out.logits, hidden_states=hidden)
+            mask = self.mask(attend, self.dtype, self._fed)
+        return call(ids, positions, mask, self.cache, *inputs)
 
     def reserve(self, fed: int) -> None:
         """Room for `fed` more columns (the growing store always has it)."""
-
     def commit(self, keep: torch.Tensor) -> None:
         """The last forward added W columns; row b keeps those `keep [B, W]` marks. Columns kept
         by no row (past the last kept one) are cut right away."""
@@ -233,27 +261,19 @@ class RaggedCache:
 # ------------------------------------------------------------------- the preallocated store
 
 
-def make_step(model: PreTrainedModel, kv: StaticRaggedCache, hidden_layers: tuple[int, ...], last_only: bool):
+def make_step(call, kv: StaticRaggedCache):
     """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
     [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
-    [B, W, W]) -> (logits, hidden states of `hidden_layers`); `last_only`: the last column's
-    logits only."""
+    [B, W, L], *inputs [B, W, ...]) -> the outputs of `call(ids, positions, mask, cache, *inputs)`
+    (`hf_call`: logits, hidden states)."""
     layers, cache = list(kv.cache.layers), kv.cache
-    dtype, window, mixed = model.dtype, kv.window, kv.mixed
+    dtype, window, mixed = kv.dtype, kv.window, kv.mixed
 
-    def step(ids, positions, valid, slots, start, attend):
+    def step(ids, positions, valid, slots, start, attend, *inputs):
         for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
             layer.cumulative_length.copy_(start)
-        out = model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=static_mask(valid, slots, start, attend, positions, dtype, window, mixed),
-            cache=cache,
-            use_cache=True,
-            output_hidden_states=bool(hidden_layers),
-            logits_to_keep=1 if last_only else 0,
-        )
-        return out.logits, tuple(out.hidden_states[i] for i in hidden_layers)
+        return call(ids, positions, static_mask(valid, slots, start, attend, positions, dtype, window, mixed), cache,
+                    *inputs)  # fmt: skip
 
     return step
 
@@ -267,7 +287,7 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
     `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
 
     def chain(ids, positions, valid, slots, start, attend, keep, bias):
-        out, _ = step(ids, positions, valid, slots, start, attend)
+        out = step(ids, positions, valid, slots, start, attend)[0]
         rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
         fed = (rel >= 0) & (rel < width)
         # The catch-up's real columns, then every later slot: a step sees only slots before its own.
@@ -280,10 +300,28 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
             raw.append(out[:, -1])
             tokens.append((raw[-1].float() + bias).argmax(-1))
             if i + 1 < num_tokens:
-                out, _ = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)
+                out = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)[0]
         return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
 
     return chain
+
+
+def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [B, n, ...] padded with zeros to [B, width, ...]."""
+    return x if x.shape[1] == width else torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
+
+
+def _widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:
+    """attend [B, n, m + n] (m <= look) as [B, width, look + width]: the lookback is padded on
+    the left with True (`valid` alone decides there) and each padding column sees only itself."""
+    batch, n, span = attend.shape
+    if (n, span) == (width, look + width):
+        return attend
+    out = torch.zeros(batch, width, look + width, dtype=torch.bool, device=attend.device)
+    out[:, :n, : look + n - span] = True
+    out[:, :n, look + n - span : look + n] = attend
+    out[:, n:, look + n :] = torch.eye(width - n, dtype=torch.bool, device=attend.device)
+    return out
 
 
 class StaticRaggedCache(RaggedCache):
@@ -293,19 +331,19 @@ class StaticRaggedCache(RaggedCache):
     """
 
     def __init__(self, model: PreTrainedModel, batch: int, capacity: int, *, compile=False, owner: str = "the target"):
-        self.window, self.mixed = attention_of(model, owner)
-        cache = StaticCache(config=model.config, max_cache_len=capacity)
+        config = layers_config(model)
+        self.window, self.mixed = attention_of(config, owner)
+        cache = StaticCache(config=config, max_cache_len=capacity)
         cache.layers = [StaticLayer(max_cache_len=capacity) for _ in cache.layers]  # sliding ones: by the mask
-        text = model.config.get_text_config()
+        text = config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        self.device = model.device
+        self.device, self.dtype = model.device, model.dtype
         cache.early_initialization(batch, kv_heads, head_dim, model.dtype, self.device)
         self.cache, self.model, self.owner = cache, model, owner
         self.batch, self.capacity = batch, capacity
         self.compiler = Compiler(compile, self.device, owner)
-        self._eager: dict[tuple, object] = {}  # (hidden_layers, last_only) -> uncompiled step
-        self._compiled: dict[tuple, object] = {}  # (hidden_layers, width) -> compiled all-logits step
+        self._compiled: dict[tuple, tuple] = {}  # (key, width) -> (lookback, compiled step)
         self._chains: dict[tuple, object] = {}  # (width, tokens, logits) -> compiled greedy draft chain
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
@@ -330,8 +368,11 @@ class StaticRaggedCache(RaggedCache):
     @property
     def valid(self) -> torch.Tensor:
         """[rows in use, length] (a copy once rows were dropped)."""
-        valid = self._valid[:, : self._length]
-        return valid if self._rows is None else valid.index_select(0, self._rows)
+        return self._in_use(self._valid[:, : self._length])
+
+    def _in_use(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B physical rows, ...] cut to the rows in use."""
+        return x if self._rows is None else x.index_select(0, self._rows.to(x.device))
 
     def _physical(self, x: torch.Tensor, fill) -> torch.Tensor:
         """x [rows in use, ...] scattered into the B physical rows (`fill` on padding rows)."""
@@ -347,13 +388,12 @@ class StaticRaggedCache(RaggedCache):
         start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
         positions = self._physical(positions.to(self.device), torch.zeros)
         mask = static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
-        rows = (lambda m: m) if self._rows is None else (lambda m: m.index_select(0, self._rows))  # noqa: E731
-        return {k: rows(m) for k, m in mask.items()} if isinstance(mask, dict) else rows(mask)
+        return {k: self._in_use(m) for k, m in mask.items()} if isinstance(mask, dict) else self._in_use(mask)
 
     def _attend(self, attend: torch.Tensor) -> torch.Tensor:
-        width = attend.shape[-1]
-        eye = lambda b, *_: torch.eye(width, dtype=torch.bool).expand(b, width, width).clone()  # noqa: E731
-        return self._physical(attend.to(self.device), eye)
+        """attend of the rows in use on the physical rows: a padding row's columns see themselves."""
+        return self._physical(attend.to(self.device), lambda b, w, span: _widen_attend(
+            torch.zeros(b, 0, span - w, dtype=torch.bool), w, span - w))  # fmt: skip
 
     def commit(self, keep: torch.Tensor) -> None:
         width, start = keep.shape[1], self._length
@@ -412,52 +452,63 @@ class StaticRaggedCache(RaggedCache):
 
     # ------------------------------------------------------------------- the forward
 
-    def _step(self, key: tuple):
-        if key not in self._eager:
-            self._eager[key] = make_step(self.model, self, *key)
-        return self._eager[key]
-
-    def _inputs(self, ids, positions, attend):
-        """The step's inputs; the fed columns' positions go into `slots` (read by later calls)."""
-        ids, positions = ids.to(self.device), positions.to(self.device)
+    def _inputs(self, ids, positions, attend, *inputs):
+        """The step's inputs on the physical rows; the fed columns' positions go into `slots`
+        (read by later calls)."""
+        ids, positions, *inputs = (self._physical(x.to(self.device), torch.zeros) for x in (ids, positions, *inputs))
         start = torch.tensor(self._length, dtype=torch.long, device=self.device)
-        ids, positions = self._physical(ids, torch.zeros), self._physical(positions, torch.zeros)
         if self.window is not None:
             self._slots[:, self._length : self._length + positions.shape[1]] = positions
-        return ids, positions, self._valid, self._slots, start, self._attend(attend)
+        return ids, positions, self._valid, self._slots, start, self._attend(attend), *inputs
+
+    def _compile(self, fn, width: int, look: int, extra: tuple, room: int, what: str):
+        """`fn` (a step or a chain of this cache, fed `width` columns after a lookback of `look`
+        and `extra` inputs) compiled, and run once on holes written past the pointer (the content
+        is unchanged); None when compilation is off or failed."""
+        self.reserve(room)
+        rows = len(self.rows)
+        # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
+        ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
+        attend = _widen_attend(chain_attend(width, None, [0] * rows, rows, self.device), width, look)
+        inputs = (*self._inputs(ids, positions, attend), *extra)
+        # One eager call first: HF installs its hidden-state capturing hooks lazily, under a lock
+        # dynamo cannot trace.
+        fn(*inputs)
+        wrapped = self.compiler.wrap(fn)
+        return wrapped if self.compiler.first_calls(what, wrapped, *inputs) else None
 
     @torch.inference_mode()
     def warm_up(self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0,
                 logits: bool = False) -> float:  # fmt: skip
         """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
         the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
-        `vocab`-sized bias) and run it once (every column a hole written past the pointer: the
-        content is unchanged). Returns the seconds spent compiling; 0 without compilation."""
+        `vocab`-sized bias). Returns the seconds spent compiling; 0 without compilation."""
         hidden_layers = tuple(hidden_layers)
-        before = self.compiler.seconds
+        if not chain:
+            return self.warm_up_call(hf_call(self.model, hidden_layers, False), {w: 0 for w in widths}, hidden_layers)
+        before, step = self.compiler.seconds, make_step(hf_call(self.model, (), True), self)
         for width in sorted(set(widths)):
-            key = (width, chain, logits) if chain else (hidden_layers, width)
-            compiled = self._chains if chain else self._compiled
-            if not self.compiler.enabled or key in compiled:  # off (or a failed compile turned it off), or done
-                continue
-            self.reserve(width + max(chain - 1, 0))
-            rows = len(self.rows)
-            # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
-            ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
-            inputs = self._inputs(ids, positions, chain_attend(width, None, [0] * rows, rows, self.device))
-            if chain:
-                ones = torch.ones(self.batch, width, dtype=torch.bool, device=self.device)
-                fn = make_chain(self._step(((), True)), width, chain, logits)
-                inputs = (*inputs, ones, torch.zeros(vocab, device=self.device))
-            else:
-                fn = self._step((hidden_layers, False))
-            # One eager call first: HF installs its hidden-state capturing hooks lazily, under a
-            # lock dynamo cannot trace.
-            fn(*inputs)
-            wrapped = self.compiler.wrap(fn)
-            if self.compiler.first_calls(f"{f'a {chain}-token chain after ' if chain else ''}width {width}", wrapped,
-                                         *inputs):  # fmt: skip
-                compiled[key] = wrapped
+            if self.compiler.enabled and (width, chain, logits) not in self._chains:
+                extra = (torch.ones(self.batch, width, dtype=torch.bool, device=self.device),
+                         torch.zeros(vocab, device=self.device))  # fmt: skip
+                fn = self._compile(make_chain(step, width, chain, logits), width, 0, extra, width + chain - 1,
+                                   f"a {chain}-token chain after width {width}")  # fmt: skip
+                if fn is not None:
+                    self._chains[(width, chain, logits)] = fn
+        return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def warm_up_call(self, call, looks: dict[int, int], key, inputs=lambda width: ()) -> float:
+        """Compile `call`'s step (what `run(call, ..., key=key)` runs) for each width of `looks`
+        (width -> the widest lookback, L - W of `attend`, it serves), with `inputs(width)` as
+        its physical extra inputs. Returns the seconds spent compiling; 0 without compilation."""
+        before, step = self.compiler.seconds, make_step(call, self)
+        for width, look in sorted(looks.items()):
+            done = self._compiled.get((key, width))  # a deeper lookback serves a shallower one too
+            if self.compiler.enabled and (done is None or done[0] < look):  # off (or a failed compile), or done
+                fn = self._compile(step, width, look, inputs(width), width, f"width {width}")
+                if fn is not None:
+                    self._compiled[(key, width)] = (look, fn)
         return self.compiler.seconds - before
 
     @torch.inference_mode()
@@ -473,11 +524,12 @@ class StaticRaggedCache(RaggedCache):
                 and self._length + width + k - 1 <= self.capacity]  # fmt: skip
         k = min(fits, default=num_tokens)
         self.reserve(width + k - 1)  # nothing to do when the caller reserved the room (no compaction then)
-        fn = self._chains[(width, k, logits)] if fits else make_chain(self._step(((), True)), width, k, logits)
+        step = make_step(hf_call(self.model, (), True), self)
+        fn = self._chains[(width, k, logits)] if fits else make_chain(step, width, k, logits)
         keep = spans(width, lo, None, rows, "cpu")
         inputs = self._inputs(ids, positions, chain_attend(width, lo, None, rows, self.device))
         out = fn(*inputs, self._physical(keep.to(self.device), torch.zeros), bias.to(self.device))
-        out = [x[:, :num_tokens] if self._rows is None else x[:, :num_tokens].index_select(0, self._rows) for x in out]
+        out = [self._in_use(x[:, :num_tokens]) for x in out]
         if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
             out = [x.clone() for x in out]
         self.commit(keep)
@@ -488,51 +540,50 @@ class StaticRaggedCache(RaggedCache):
             self.commit(torch.ones(rows, num_tokens - 1, dtype=torch.bool))
         return out[0], (out[1] if logits else None)
 
-    @torch.inference_mode()
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
         """Write ids [rows, n] at the pointer and return their logits (`logits_to_keep`: 0 all, 1
-        the last column). Runs the smallest compiled width >= n that fits (padded: the padding
-        columns are holes that see only themselves), else the uncompiled step at width n."""
-        n, hidden_layers = ids.shape[1], tuple(hidden_layers)
+        the last column), through `run` (this cache's model; `model` is ignored)."""
+        hidden_layers, last = tuple(hidden_layers), logits_to_keep == 1
+        out = self.run(hf_call(self.model, hidden_layers, last), ids, positions, attend, key=hidden_layers)
+        return _result(out, hidden_layers, last)
+
+    @torch.inference_mode()
+    def run(self, call, ids, positions, attend=None, *inputs, key=None) -> tuple[torch.Tensor, ...]:
+        """Write ids [rows, n] (and `inputs` [rows, n, ...]) at the pointer; the outputs of `call`.
+        Runs the smallest width >= n compiled for `key` that fits (padded: the padding columns are
+        holes that see only themselves; a shorter lookback is padded too), else `call`'s step
+        uncompiled at width n."""
+        n = ids.shape[1]
         if attend is None:
             attend = chain_attend(n, None, None, ids.shape[0], self.device)
-        fits = [w for (k, w) in self._compiled if k == hidden_layers and n <= w and self._length + w <= self.capacity]
-        width = min(fits) if fits else n
+        look = attend.shape[-1] - n
+        fits = [(w, l) for (k, w), (l, _) in self._compiled.items()
+                if k == key and n <= w and look <= l and self._length + w <= self.capacity]  # fmt: skip
+        width, look = min(fits) if fits else (n, look)
         if self._length + width > self.capacity:
             raise StaticCacheOverflow(
                 f"static KV cache overflow ({self.owner}): {self._length} columns in use and {width} more were fed, "
                 f"but it was preallocated for {self.capacity}; nothing was written (call reserve first)"
             )
-        if width > n:
-            pad = width - n
-            ids, positions = torch.nn.functional.pad(ids, (0, pad)), torch.nn.functional.pad(positions, (0, pad))
-            attend = torch.nn.functional.pad(attend, (0, pad, 0, pad))
-            attend[:, n:, n:] |= torch.eye(pad, dtype=torch.bool, device=attend.device)
-        if fits:
-            logits, hidden = self._compiled[(hidden_layers, width)](*self._inputs(ids, positions, attend))
-            if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
-                logits, hidden = logits.clone(), tuple(h.clone() for h in hidden)
-            logits = logits[:, n - 1 : n] if logits_to_keep == 1 else logits[:, :n]
-        else:
-            logits, hidden = self._step((hidden_layers, logits_to_keep == 1))(*self._inputs(ids, positions, attend))
-        hidden = {i: h[:, :n] for i, h in zip(hidden_layers, hidden)}
-        if self._rows is not None:  # back to the rows in use
-            logits = logits.index_select(0, self._rows)
-            hidden = {i: h.index_select(0, self._rows) for i, h in hidden.items()}
-        return ForwardResult(logits=logits, hidden_states=hidden)
+        ids, positions, *inputs = (_widen(x, width) for x in (ids, positions, *inputs))
+        fn = self._compiled[(key, width)][1] if fits else make_step(call, self)
+        out = fn(*self._inputs(ids, positions, _widen_attend(attend, width, look), *inputs))
+        if fits and self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+            out = tuple(x.clone() for x in out)
+        return tuple(self._in_use(x[:, :n]) for x in out)
 
 
-#: Per model, role ("target", "draft"), compile mode and batch size, its static cache: the next
-#: request of that batch size reuses it (its compiled steps are the expensive part) when it holds
-#: enough columns, and replaces it with a larger one when not. A model used as its own draft
-#: keeps the two roles apart. So a model decodes one static-path request at a time.
+#: Per model, role ("target", "draft", "eagle"), compile mode and batch size, its static cache:
+#: the next request of that batch size reuses it (its compiled steps are the expensive part)
+#: when it holds enough columns, and replaces it with a larger one when not. A model used as its
+#: own draft keeps the two roles apart. So a model decodes one static-path request at a time.
 _STATIC_CACHES: weakref.WeakKeyDictionary[PreTrainedModel, dict] = weakref.WeakKeyDictionary()
 
 
 def model_cache(model: PreTrainedModel, role: str, batch: int, capacity: int | None, compile=False) -> RaggedCache:
-    """The KV cache of `model` for a request of `batch` rows: growing when `capacity` is None,
-    else the static store of at least `capacity` columns (made once per model, role, mode and
-    batch size; grown when too small), reset."""
+    """The KV cache of `model` (a HF model or a draft head) for a request of `batch` rows:
+    growing when `capacity` is None, else the static store of at least `capacity` columns (made
+    once per model, role, mode and batch size; grown when too small), reset."""
     if capacity is None:
         return RaggedCache.for_model(model, batch, f"the {role}")
     slots = _STATIC_CACHES.setdefault(model, {})

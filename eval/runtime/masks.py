@@ -6,14 +6,13 @@ masks of sliding-window models (`eval/runtime/kv.py` keeps the columns they inde
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 
-def attention_of(model: PreTrainedModel, owner: str) -> tuple[int | None, bool]:
-    """(window, mixed) of a model's layers: the sliding window (None: every layer attends to
-    everything) and whether full and sliding layers mix (HF then takes one mask per kind)."""
-    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+def attention_of(config, owner: str) -> tuple[int | None, bool]:
+    """(window, mixed) of a model config's layers: the sliding window (None: every layer attends
+    to everything) and whether full and sliding layers mix (HF then takes one mask per kind)."""
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
     odd = sorted(set(types) - {"full_attention", "sliding_attention"})
     if odd or len(windows) > 1:
@@ -82,13 +81,15 @@ def tree_attend(parents: list[list[int]], width: int, device) -> tuple[torch.Ten
 def static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, window=None, mixed=False):
     """The mask(s) [B, 1, W, capacity] of W columns at `positions [B, W]` written at `start` (0-d
     long): a fed column sees its row's real columns before `start` (valid [B, capacity], at
-    positions `slots [B, capacity]`) and the fed columns `attend [B, W, W]` marks, within the
-    sliding `window` if any (`layer_masks`); every slot past the fed ones is junk and blocked.
-    Pure tensor code: it runs inside the compiled step."""
-    width = attend.shape[-1]
+    positions `slots [B, capacity]`) and the fed columns `attend [B, W, L]` marks (L > W: the
+    L - W columns before `start` only where `attend` marks them too), within the sliding
+    `window` if any (`layer_masks`); every slot past the fed ones is junk and blocked. Pure
+    tensor code: it runs inside the compiled step."""
+    width, look = attend.shape[1], attend.shape[2] - attend.shape[1]
     rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
     fed = (rel >= 0) & (rel < width)
-    sees = attend.index_select(2, rel.clamp(0, width - 1))  # [B, W, capacity]
-    ok = (valid & (rel < 0)[None])[:, None, :] | (fed[None, None] & sees)
+    marked = (rel >= -look) & (rel < width)  # the columns `attend` covers
+    sees = attend.index_select(2, (rel + look).clamp(0, width + look - 1))  # [B, W, capacity]
+    ok = ((valid & (rel < 0)[None])[:, None, :] | fed[None, None]) & (sees | ~marked[None, None])
     keys = None if window is None else torch.where(fed[None], positions.index_select(1, rel.clamp(0, width - 1)), slots)
     return layer_masks(ok[:, None], dtype, window, mixed, positions, keys)

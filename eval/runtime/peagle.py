@@ -10,25 +10,25 @@ together with K - 1 placeholders, in ONE causal forward:
     outputs                           -> token n_b              | -> token n_b + d
 mask_d's token is the mask token, its feature project(mask_hidden); it sees its row's real pairs
 and the placeholders before it. The cache (`eval/runtime/kv.py`'s `RaggedCache` over an
-`EagleCache`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
+`DynamicCache`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
 pairs are fed once and nothing is rolled back after a verification.
 
 Lossless at any temperature: greedy takes each depth's argmax; sampling draws depth d from its
 own q_d = sampling.probs(logits_d) (the target's temperature, top-k, top-p) with the row's
 generator and hands q_d to the verifier as `probs`. Speculative sampling needs each draft drawn
 from the q it reports given everything before it, which holds since q_d depends on the context
-only, not on the drafts x_1..x_{d-1}. The cache is the growing store on every path (not a HF cache).
+only, not on the drafts x_1..x_{d-1}. The cache is the growing store on every path.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
 from draftsmith.eval.runtime.masks import additive, chain_attend
 from draftsmith.eval.runtime.sampling import draw
-from draftsmith.heads.eagle import EagleCache
 
 
 class PEagleDrafter(HeadDrafter):
@@ -51,7 +51,7 @@ class PEagleDrafter(HeadDrafter):
                 f"P-EAGLE head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
             )
         batch, device = len(prompts), self._param().device
-        self.kv = RaggedCache(EagleCache(), batch, device)
+        self.kv = RaggedCache(DynamicCache(), batch, device, dtype=self._param().dtype)
         self._real = [0] * batch
         self._pending = [[] for _ in range(batch)]
         if prefill:  # pair t = (prompt[t + 1], f_t) for every prompt token but the last, right-aligned

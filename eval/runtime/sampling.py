@@ -82,6 +82,14 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def draw_rows(q: torch.Tensor, generators, live: list[bool]) -> torch.Tensor:
+    """One token per row b of q [B, V], drawn with row b's generator where `live[b]`; elsewhere
+    the argmax (never verified), leaving that generator untouched, so a row draws what it would
+    draw alone."""
+    return torch.stack([draw(q[b].to(g.device), g).reshape(()).to(q.device) if on else q[b].argmax()
+                        for b, (g, on) in enumerate(zip(generators, live))])  # fmt: skip
+
+
 def verify_chain(
     p: torch.Tensor,
     draft_tokens: torch.Tensor,

@@ -20,7 +20,6 @@ from draftsmith.heads.eagle.formats import (
 )
 from draftsmith.heads.eagle.model import (
     EagleAttention,
-    EagleCache,
     EagleConfig,
     EagleDecoderLayer,
     EagleError,
@@ -34,7 +33,6 @@ from draftsmith.heads.eagle.peagle import PEagleConfig, PEagleHead
 __all__ = [
     "EXPORT_FORMATS",
     "EagleAttention",
-    "EagleCache",
     "EagleConfig",
     "EagleDecoderLayer",
     "EagleError",

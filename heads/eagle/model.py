@@ -2,7 +2,7 @@
 
     head = EagleHead.for_target(target, "eagle3", vocab_map=vmap)   # frozen embeddings, lm_head from the target
     h = head.project(torch.cat([hs[i] for i in head.config.aux_layer_ids], -1))   # eagle3: fc over the aux states
-    cache = EagleCache()
+    cache = DynamicCache()                                                    # HF's; the decoder may hand a StaticCache
     out, logits = head(next_ids, h, position_ids=pos, cache=cache)            # draft step 1
     out, logits = head(head.draft_to_target(logits.argmax(-1)), out, position_ids=pos + 1, cache=cache)  # step 2
     save_eagle(head, "out/eagle")                     # draftsmith layout (save_pretrained)
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
@@ -181,52 +181,6 @@ class EagleConfig(PretrainedConfig):
         return llama_layer_config(self, 1)
 
 
-# ---------------------------------------------------------------------- the draft's KV cache
-class EagleCache:
-    """The draft layer's own KV cache: keys/values [B, kv_heads, S, head_dim] (None while empty).
-
-    `append` concatenates (no in-place writes), so a cache can sit inside an autograd graph
-    during training-time test."""
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    @property
-    def seq_len(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add [B, kv, T, hd] entries; return the whole cache (old + new)."""
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=-2)
-            self.values = torch.cat([self.values, values], dim=-2)
-        return self.keys, self.values
-
-    def crop(self, length: int) -> None:
-        """Keep the first `length` entries (drop rejected drafts)."""
-        if not 0 <= length <= self.seq_len:
-            raise EagleError(f"cannot crop a draft cache of {self.seq_len} entries to {length}")
-        if self.keys is not None:
-            self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
-
-    def keep(self, base: int, indices) -> None:
-        """Keep the first `base` entries, then the entries base + i for i in `indices`, in that
-        order (the accepted path of a tree fed at position `base`)."""
-        indices = [int(i) for i in indices]
-        if base < 0 or base > self.seq_len or any(i < 0 or base + i >= self.seq_len for i in indices):
-            raise EagleError(f"cannot keep {base} + {indices} of a draft cache of {self.seq_len} entries")
-        if self.keys is None:
-            return
-        src = torch.tensor(list(range(base)) + [base + i for i in indices], dtype=torch.long, device=self.keys.device)
-        self.keys, self.values = self.keys.index_select(-2, src), self.values.index_select(-2, src)
-
-    def reset(self) -> None:
-        self.keys = self.values = None
-
-
 # ---------------------------------------------------------------------- the decoder layer
 class EagleAttention(nn.Module):
     """Llama attention (RoPE, GQA) whose q/k/v read `in_features` (2H for EAGLE-3)."""
@@ -237,13 +191,13 @@ class EagleAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(c, in_features, EagleError)
 
-    def forward(self, x, cos, sin, mask, cache: EagleCache | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, cache) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # keys are cached after RoPE, as in HF
-        return self.o_proj(attend(q, k, v, mask, cache))
+        return self.o_proj(attend(q, k, v, mask, cache, 0))
 
 
 class EagleDecoderLayer(nn.Module):
@@ -401,13 +355,16 @@ class EagleHead(PreTrainedModel):
         *,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        cache: EagleCache | None = None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out_hidden [B, T, H], logits [B, T, draft_vocab]) for input_ids [B, T] (token t+1 at
         position t) and hidden [B, T, H] (EAGLE-1: f_t; EAGLE-3: project(aux) or a previous out_hidden).
 
-        attention_mask: None = causal among the T new tokens, each sees the whole cache; else a float
-        additive mask [B, 1, T, cache.seq_len + T] (0 = attend, large negative = blocked)."""
+        cache: a HF cache (`DynamicCache`: the head's past columns; a `StaticCache` of the decoder's
+        static store: its whole buffer) or None. attention_mask: None = causal among the T new
+        tokens, each sees the whole (growing) cache; else a float additive mask [B, 1, T, S] over
+        the S columns the cache's layer returns (past + T for a growing one; 0 = attend, large
+        negative = blocked)."""
         if input_ids.dim() != 2 or tuple(hidden.shape[:2]) != tuple(input_ids.shape) or hidden.shape[-1] != self.config.hidden_size:
             raise EagleError(
                 f"forward: input_ids {list(input_ids.shape)} and hidden {list(hidden.shape)} must be [B, T] and "
@@ -418,15 +375,15 @@ class EagleHead(PreTrainedModel):
             position_ids = position_ids.unsqueeze(0)
         if position_ids.shape[-1] != T:
             raise EagleError(f"forward: position_ids {list(position_ids.shape)} do not cover the {T} new tokens")
-        past = 0 if cache is None else cache.seq_len
+        past = 0 if cache is None else cache.get_mask_sizes(T, 0)[0] - T
         mask = self._mask(attention_mask, B, T, past, self.embed_tokens.weight.dtype, input_ids.device)
         return self.decode(input_ids, hidden, position_ids.expand(B, T), mask, cache)
 
     def decode(self, input_ids, hidden, position_ids, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` without its checks, for the fast path's compiled steps: position_ids
-        [B, T], mask a float additive [B or 1, 1, T, S] over the S entries that
-        `cache.append(k, v)` returns (an `EagleCache`, a `StaticEagleCache.at(slot)`, or None
-        with S = T)."""
+        """`forward` without its checks, for the decoder's steps: position_ids [B, T], `cache` a
+        HF cache (growing or static) or None, mask a float additive [B or 1, 1, T, S] over the S
+        columns its layer returns (the past and the new ones; a static layer's whole buffer;
+        S = T without a cache)."""
         embeds = self.embed_tokens(input_ids)
         hidden = hidden.to(embeds.dtype)
         x = hidden if self.eagle3 else self.fc(torch.cat([embeds, hidden], dim=-1))
