@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.train import demo_target as dt
-from draftsmith.train.lm import LMTrainConfig, lr_at
+from draftsmith.train.lm import LMTrainConfig, bf16_is_fast, lr_at
 
 # Even smaller than micro, for the tests that rebuild: the pipeline, not the model, is tested.
 NANO = replace(dt.PRESETS["micro"], name="nano", target_steps=3, draft_steps=3, warmup_steps=1, num_train_prompts=8, num_heldout_prompts=4)
@@ -150,6 +150,16 @@ def test_presets_are_validated():
         replace(NANO, warmup_steps=100)
     with pytest.raises(ValueError, match="must divide"):
         dt.ModelShape(hidden=30, layers=1, heads=4, kv_heads=2, intermediate=8)
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, fast", [(False, False, False), (True, False, True), (False, True, True)])
+def test_bf16_autocast_only_where_the_cpu_has_bf16_units(monkeypatch, amx, avx512_bf16, fast):
+    """The cpu preset asks for bf16; a CPU without bf16 units emulates it (15x slower), so the
+    build trains in fp32 there."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    assert bf16_is_fast("cpu") is fast
+    assert bf16_is_fast("meta") is False
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
