@@ -293,31 +293,49 @@ def test_compiled_greedy_is_identical(setup, spy, monkeypatch):
             assert {(1, k, False), (2, k, False)} <= set(caches[1]._chains)  # greedy: chains
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups, wider
-        # than every compiled width, run a step built uncompiled.
+        # than every compiled width, run uncompiled (a first catch-up's chain with its drafts).
         for kv in caches:
             assert kv.compiler.enabled and kv.compiler.error is None
-        uncompiled = []
+        steps, chains = [], []
         with monkeypatch.context() as patch:
-            patch.setattr(kv_module, "make_step", _counting(kv_module.make_step, uncompiled))
+            _count_uncompiled(patch, steps, chains)
             again = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
         assert again.tokens == result.tokens and again.compile_seconds == 0.0
-        assert uncompiled and min(uncompiled) > k + 1, uncompiled
+        assert steps and min(steps) > k + 1, steps
+        assert min(chains, default=3) > 2, chains
 
 
-def _counting(make_step, widths: list[int]):
-    """`make_step` whose steps record the width of every call they run (uncompiled: a compiled
-    step was built before and never calls back into Python)."""
+def _count_uncompiled(patch, steps: list[int], chains: list[int]) -> None:
+    """Record the width of every uncompiled call: of a step outside a chain (`steps`), and of a
+    chain's catch-up (`chains`). A compiled step or chain was built before and never calls back
+    into Python, so only uncompiled ones are counted."""
+    make_step, make_chain, inside = kv_module.make_step, kv_module.make_chain, []
 
-    def made(call, cache):
+    def counted_step(call, cache):
         step = make_step(call, cache)
 
-        def counted(ids, *inputs):
-            widths.append(ids.shape[1])
+        def run(ids, *inputs):
+            if not inside:
+                steps.append(ids.shape[1])
             return step(ids, *inputs)
 
-        return counted
+        return run
 
-    return made
+    def counted_chain(step, width, *args):
+        chain = make_chain(step, width, *args)
+
+        def run(*inputs):
+            chains.append(width)
+            inside.append(True)
+            try:
+                return chain(*inputs)
+            finally:
+                inside.pop()
+
+        return run
+
+    patch.setattr(kv_module, "make_step", counted_step)
+    patch.setattr(kv_module, "make_chain", counted_chain)
 
 
 def test_the_batched_benchmark_script(toy_dir, capsys):

@@ -129,7 +129,8 @@ def model_card(m: dict) -> str:
     lines += [
         "",
         f"Training: AdamW, linear warm-up then cosine, batch {p['batch_size']} x {p['seq_len']} tokens, "
-        f"bf16 autocast: {p['bf16']}, on {m['device']} (torch {m['torch']}).",
+        f"bf16 autocast: {m['models']['target']['train']['bf16']} (the preset asks {p['bf16']}: on only where the device has "
+        f"bf16 units), on {m['device']} (torch {m['torch']}).",
         "",
         f"## Acceptance (K = {p['quality_k']}, {p['quality_prompts']} held-out prompts, {p['quality_new_tokens']} new tokens)",
         "",
