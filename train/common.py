@@ -186,3 +186,24 @@ def training_rows(recipe, data, first: int) -> tuple[list[int], list[int]]:
         raise RecipeError(f"{recipe.data} has no training rows")
     check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, first, f"data {recipe.data!r}")
     return train_rows, heldout_rows
+
+
+def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
+    """The mask token of a DFlash or P-EAGLE head (`choose_mask_token`): the recipe's
+    `mask_token_id`, else the target tokenizer's mask token, else an id the data never trains on;
+    with where it came from. RecipeError for an id outside the vocabulary."""
+    from draftsmith.heads.dflash import DFlashError, choose_mask_token
+    from draftsmith.heads.models import load_tokenizer
+    from draftsmith.train.recipe import RecipeError
+
+    if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
+        raise RecipeError(
+            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
+        )
+    # None when the target has no tokenizer: the data's counts decide
+    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
+    used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
+    try:
+        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
+    except DFlashError as err:
+        raise RecipeError(str(err)) from None

@@ -33,7 +33,7 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
-from draftsmith.train.common import to_device, training_rows
+from draftsmith.train.common import mask_token, to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -172,23 +172,6 @@ class DFlashObjective(torch.nn.Module):
         return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, self.vocab)
 
 
-def _mask_token(recipe: DFlashRecipe, data, vocab_size: int) -> tuple[int, str]:
-    from draftsmith.heads.dflash import DFlashError, choose_mask_token
-    from draftsmith.heads.models import load_tokenizer
-
-    if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
-        raise RecipeError(
-            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
-        )
-    # None when the target has no tokenizer: the data's counts decide
-    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
-    used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
-    try:
-        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
-    except DFlashError as err:
-        raise RecipeError(str(err)) from None
-
-
 @cleaned_up_on_error
 def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
@@ -204,7 +187,7 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     train_rows, heldout_rows = training_rows(recipe, data, first=1)
 
     vocab_map = draft_vocab_map(recipe, data, V)
-    mask_id, mask_source = _mask_token(recipe, data, V)
+    mask_id, mask_source = mask_token(recipe, data, V)
     try:
         head = DFlashHead.for_target(
             target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id,

@@ -33,7 +33,7 @@ from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
-from draftsmith.train.common import to_device, training_rows
+from draftsmith.train.common import mask_token, to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -183,23 +183,6 @@ class PEagleObjective(torch.nn.Module):
         return peagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, generator)
 
 
-def _mask_token(recipe: PEagleRecipe, data, vocab_size: int) -> tuple[int, str]:
-    """DFlash's rule (`choose_mask_token`): the recipe's id, the tokenizer's mask token, or an unused id."""
-    from draftsmith.heads.dflash import DFlashError, choose_mask_token
-    from draftsmith.heads.models import load_tokenizer
-
-    if recipe.mask_token_id is not None and recipe.mask_token_id >= vocab_size:
-        raise RecipeError(
-            f"mask_token_id = {recipe.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}"
-        )
-    tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
-    used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
-    try:
-        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
-    except DFlashError as err:
-        raise RecipeError(str(err)) from None
-
-
 @cleaned_up_on_error
 def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, PEagleHead, save_eagle
@@ -215,7 +198,7 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > V:
         raise RecipeError(f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary ({V})")
     vocab_map = draft_vocab_map(recipe, data, V)
-    mask_id, mask_source = _mask_token(recipe, data, V)
+    mask_id, mask_source = mask_token(recipe, data, V)
     try:
         head = PEagleHead.for_target(
             target, mask_token_id=mask_id, mask_token_source=mask_source, num_depths=recipe.num_depths,
