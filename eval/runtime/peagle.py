@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
 from draftsmith.eval.runtime.masks import additive, chain_attend
-from draftsmith.eval.runtime.sampling import draw
+from draftsmith.eval.runtime.sampling import draw_rows
 
 
 class PEagleDrafter(HeadDrafter):
@@ -104,11 +104,7 @@ class PEagleDrafter(HeadDrafter):
             return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
         q = sampling.probs(raw)  # [B, K, V]: exactly what each depth is drawn from
         # Depths past a row's budget take the argmax (never verified) and leave its generator alone.
-        tokens = torch.stack([
-            torch.stack([draw(q[b, d].to(g.device), g).reshape(()).to(device) if d < counts[b] else q[b, d].argmax()
-                         for d in range(K)])
-            for b, g in enumerate(generators)
-        ])  # fmt: skip
+        tokens = torch.stack([draw_rows(q[:, d], generators, [d < c for c in counts]) for d in range(K)], 1)
         return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
 
     def select(self, rows, kept) -> None:
