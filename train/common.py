@@ -207,3 +207,20 @@ def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
         return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
     except DFlashError as err:
         raise RecipeError(str(err)) from None
+
+
+def aux_states_and_teacher(target, cache, aux: tuple[int, ...], last: int, device):
+    """batch -> (the aux layers' states concatenated [B, T, n*H], the teacher's logits [B, T, V]):
+    from the offline hidden cache (which holds `aux` and `last`) when given, else from one frozen
+    target forward."""
+
+    def states(batch):
+        if cache is not None:
+            held, index = cached_states(cache, batch, device)  # [B, layers, T, H]
+            feats = torch.cat([held[:, index[i]] for i in aux], dim=-1)
+            return feats, target.get_output_embeddings()(held[:, index[last]].to(target.dtype)).float()
+        with torch.no_grad():
+            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
+
+    return states

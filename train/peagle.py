@@ -32,8 +32,8 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
-from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
-from draftsmith.train.common import mask_token, to_device, training_rows
+from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -217,15 +217,7 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     if recipe.hidden_cache:
         cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
 
-    def target_states(batch):
-        """(aux states concatenated [B, T, n*H], teacher logits [B, T, V])."""
-        if cache is not None:
-            states, index = cached_states(cache, batch, device)  # [B, layers, T, H]
-            feats = torch.cat([states[:, index[i]] for i in aux], dim=-1)
-            return feats, target.get_output_embeddings()(states[:, index[L]].to(target.dtype)).float()
-        with torch.no_grad():
-            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-        return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
+    target_states = aux_states_and_teacher(target, cache, aux, L, device)
 
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
