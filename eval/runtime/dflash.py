@@ -29,7 +29,6 @@ from transformers import DynamicCache
 
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
-from draftsmith.eval.runtime.sampling import draw_rows
 
 
 class DFlashDrafter(HeadDrafter):
@@ -100,12 +99,7 @@ class DFlashDrafter(HeadDrafter):
 
         raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k
         counts = [max(0, min(k, Bs - 1)) for k in num_tokens]
-        if sampling.greedy:
-            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
-        q = sampling.probs(raw)  # [B, Bs-1, V]: exactly what each slot is drawn from
-        # Slots past a row's budget take the argmax (never verified) and leave its generator alone.
-        tokens = torch.stack([draw_rows(q[:, i], generators, [i < c for c in counts]) for i in range(Bs - 1)], 1)
-        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
+        return self._one_pass_proposal(raw, counts, sampling, generators)
 
     def select(self, rows, kept) -> None:
         self.kv.select(rows, kept)

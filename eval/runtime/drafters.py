@@ -123,6 +123,19 @@ class HeadDrafter(Drafter):
         aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
         return self.head.project(aux)
 
+    def _one_pass_proposal(self, raw: torch.Tensor, counts: list[int], sampling: SamplingConfig,
+                           generators) -> Proposal:  # fmt: skip
+        """The proposal of a head that drafts every position in one forward (DFlash, P-EAGLE):
+        raw [B, K, V] target-vocabulary logits, position k drawn from its own q_k (which depends on
+        the context only, so speculative sampling with q_k stays exact); greedy takes the argmax.
+        Positions past a row's count take the argmax (never verified) and leave its generator alone."""
+        logits = raw if self.logits else None
+        if sampling.greedy:
+            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=logits)
+        q = sampling.probs(raw)  # [B, K, V]: exactly what each position is drawn from
+        tokens = torch.stack([draw_rows(q[:, k], generators, [k < c for c in counts]) for k in range(raw.shape[1])], 1)
+        return Proposal(tokens=tokens, counts=counts, probs=q, logits=logits)
+
 
 class DraftModelDrafter(Drafter):
     """Any HF causal LM that shares the target's vocabulary, over its own ragged KV cache.

@@ -28,7 +28,6 @@ from transformers import DynamicCache
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
 from draftsmith.eval.runtime.kv import RaggedCache
 from draftsmith.eval.runtime.masks import additive, chain_attend
-from draftsmith.eval.runtime.sampling import draw_rows
 
 
 class PEagleDrafter(HeadDrafter):
@@ -100,12 +99,7 @@ class PEagleDrafter(HeadDrafter):
         self.kv.compact_if_wasteful()
 
         raw = head.target_logits(logits[:, width - 1 :]).float()  # [B, K, V]: depth d drafts token n_b + d
-        if sampling.greedy:
-            return Proposal(tokens=raw.argmax(-1), counts=counts, logits=raw if self.logits else None)
-        q = sampling.probs(raw)  # [B, K, V]: exactly what each depth is drawn from
-        # Depths past a row's budget take the argmax (never verified) and leave its generator alone.
-        tokens = torch.stack([draw_rows(q[:, d], generators, [d < c for c in counts]) for d in range(K)], 1)
-        return Proposal(tokens=tokens, counts=counts, probs=q, logits=raw if self.logits else None)
+        return self._one_pass_proposal(raw, counts, sampling, generators)
 
     def select(self, rows, kept) -> None:
         self.kv.select(rows, kept)
