@@ -396,7 +396,9 @@ class Checkpoint:
                 with safe_open(str(file), framework="pt") as f:
                     self.where.update(dict.fromkeys(f.keys(), file.name))
         if not self.where:
-            raise ShardingError(f"target_sharding = {sharding} reads safetensors: {str(folder)!r} has no *.safetensors file")
+            raise ShardingError(
+                f"target_sharding = {sharding} reads safetensors: {str(folder)!r} has no *.safetensors file"
+            )
 
     def tensor(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
@@ -433,7 +435,9 @@ def load_partitioned(recipe, device: torch.device, dtype: torch.dtype):
 
     how = recipe.target_sharding
     if not (dist.is_available() and dist.is_initialized()):
-        raise ShardingError(f"target_sharding = {how} partitions the target over processes: start them with accelerate launch")
+        raise ShardingError(
+            f"target_sharding = {how} partitions the target over processes: start them with accelerate launch"
+        )
     partition = _fsdp2_partitioner(device) if how == "fsdp2" else _zero3_partitioner(dtype)
     folder = _local_folder(recipe.target)
     check_safetensors(folder, "target", ModelLoadError)
