@@ -19,8 +19,8 @@
   DeepSpeed ZeRO-3 (`deepspeed.zero.Init(module=layer)`: every parameter flattened and split over
   the processes). Hooks gather a layer's parameters for its forward (`GatheredParameters`) and
   partition them again after. What stays whole, and the same-number-of-forwards rule, are fsdp2's.
-  No DeepSpeed engine is built for the target (accelerate prepares one, for the trained model, under
-  any launch), so there is no prefetch of the next layer and no parameter offload.
+  No DeepSpeed engine is built for the target (one over the whole model would partition the
+  embeddings and lm_head too), so there is no prefetch of the next layer and no parameter offload.
 
 The estimate (`estimate_memory`): the target's parameter bytes at the recipe's dtype, counted on the
 meta device from the real config, divided over the shards, plus the trained head (trainable
