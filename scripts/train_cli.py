@@ -40,7 +40,7 @@ def add_commands(sub) -> None:
         m.add_argument("--init-from", metavar="PATH", help="warm start from the weights of a checkpoint or run folder")
         m.add_argument("--no-progress", action="store_true")
         m.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (nothing is loaded) and exit")
-        m.add_argument("--shards", type=positive_int("--shards"), help="with --estimate-memory: processes (fsdp2) or GPUs (device_map)")
+        m.add_argument("--shards", type=positive_int("--shards"), help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map)")
         m.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many fit")
         m.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, checked like the recipe's keys")
         m.set_defaults(func=cmd_train)

@@ -1,10 +1,10 @@
-"""`target_sharding`: the frozen target partitioned over processes (fsdp2) or spread over the
-devices of one process (device_map), and the memory estimate that refuses a target that cannot fit.
+"""`target_sharding`: the frozen target partitioned over processes (fsdp2, zero3) or spread over
+the devices of one process (device_map), and the memory estimate that refuses a target that cannot fit.
 
-- Two CPU processes with the target's decoder layers sharded by `fully_shard` (each holding half
-  of them) train what one process with the whole target trains on the same global batch: the same
-  loss at every step, the same final weights. The data's target check passes too, so the sharded
-  target's fingerprint is the whole target's.
+- Two CPU processes with the target's decoder layers partitioned by `fully_shard` or by DeepSpeed
+  ZeRO-3 (each holding half of them) train what one process with the whole target trains on the
+  same global batch: the same loss at every step, the same final weights. The data's target check
+  passes too, so the partitioned target's fingerprint is the whole target's.
 - The estimator's numbers on the toy config, against a count written out by hand.
 - The refusal: a device too small for the estimate stops the trainer with one line naming the numbers.
 """
@@ -55,6 +55,9 @@ def test_the_estimate_matches_a_hand_count(toy_dir, toy_data, tmp_path):
     whole = sharding.estimate_memory(load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "r")), "medusa")
     assert whole.target_share == whole.target_bytes and whole.gathered_layer == 0
     assert "target 282.9 KiB over 2 -> " in estimate.describe() and "(float32)" in estimate.describe()
+    zero3 = sharding.estimate_memory(medusa_recipe(toy_dir, toy_data, tmp_path, target_sharding="zero3"), "medusa", shards=2)
+    assert dataclasses.replace(zero3, sharding="fsdp2") == estimate  # ZeRO-3 partitions the same layers
+    assert zero3.target_share == estimate.target_share and zero3.gathered_layer == 4 * LAYER
 
 
 @pytest.mark.parametrize(
@@ -111,25 +114,24 @@ def test_a_target_that_cannot_fit_is_refused_with_the_numbers(toy_dir, toy_data,
         sharding.check_fits(estimate, 1000, "free on cuda:0")
 
 
-@pytest.mark.parametrize(
-    "value, message",
-    [
-        ("tensor_parallel", "target_sharding = 'tensor_parallel': expected one of none, device_map, fsdp2, zero3"),
-        ("zero3", "target_sharding = zero3 is not supported: accelerate prepares one DeepSpeed engine"),
-    ],
-)
-def test_a_bad_target_sharding_is_one_line_naming_the_key(value, message, toy_dir, toy_data, tmp_path):
+def test_a_bad_target_sharding_is_one_line_naming_the_key(toy_dir, toy_data, tmp_path):
     with pytest.raises(RecipeError) as err:
-        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding=value))
+        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="tensor_parallel"))
+    message = "target_sharding = 'tensor_parallel': expected one of none, device_map, fsdp2, zero3"
     assert message in str(err.value) and str(err.value).startswith("command line: ") and "\n" not in str(err.value)
 
 
-def test_sharding_needs_a_frozen_target_and_the_right_process_count(toy_dir, toy_data, tmp_path, capsys):
+@pytest.mark.parametrize("how", ["fsdp2", "zero3"])
+def test_sharding_needs_a_frozen_target_and_the_right_process_count(how, toy_dir, toy_data, tmp_path, capsys):
+    from draftsmith.train.draft import DraftRecipe
+
     with pytest.raises(RecipeError, match="medusa2 trains LoRA on it"):
-        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "a", mode="medusa2", target_sharding="fsdp2"))
-    recipe = write_recipe(tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="fsdp2"))
+        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "a", mode="medusa2", target_sharding=how))
+    with pytest.raises(RecipeError, match=f"target_sharding = {how} partitions the layers draft_init = truncate copies"):
+        load_recipe(DraftRecipe, None, recipe_values("draft", toy_dir, toy_data, tmp_path / "a", draft_init="truncate", target_sharding=how))
+    recipe = write_recipe(tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding=how))
     assert main_of("medusa")(["--recipe", str(recipe), "--no-progress"]) == 2
-    assert "partitions the target over processes, but 1 was started" in capsys.readouterr().err
+    assert f"target_sharding = {how} partitions the target over processes, but 1 was started" in capsys.readouterr().err
 
 
 def test_estimate_memory_prints_without_loading(toy_dir, toy_data, tmp_path, capsys):
@@ -157,15 +159,16 @@ def test_device_map_in_one_process_trains_what_the_whole_target_trains(toy_dir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_fsdp2_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(method, toy_dir, toy_data, tmp_path):
+@pytest.mark.parametrize("method, how", [("medusa", "fsdp2"), ("eagle", "fsdp2"), ("medusa", "zero3")])
+def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(method, how, toy_dir, toy_data, tmp_path):
+    """zero3 runs under a DDP launch here: the head's engine is independent of the target's partitioning."""
     keys = {"max_steps": 4, **({"lr": LR[method]} if method in LR else {})}
     reference = tmp_path / "whole"
     recipe = write_recipe(tmp_path / "whole.yaml", recipe_values(method, toy_dir, toy_data, reference, batch_size=4, **keys))
     assert main_of(method)(["--recipe", str(recipe), "--no-progress"]) == 0
 
     out = tmp_path / "sharded"
-    recipe = write_recipe(tmp_path / "sharded.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding="fsdp2", **keys))
+    recipe = write_recipe(tmp_path / "sharded.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding=how, **keys))
     args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/ddp.yaml", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(),
             METHODS[method][0], "--recipe", recipe, "--no-progress"]  # fmt: skip
@@ -173,8 +176,9 @@ def test_fsdp2_two_processes_with_the_target_partitioned_train_what_one_whole_ta
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())
     estimate = summary["memory_estimate"]
-    assert summary["processes"] == 2 and summary["target_sharding"] == "fsdp2" and estimate["shards"] == 2
-    # the main process holds half of the layers (FSDP2 shards dim 0; every toy dim 0 is even) and the rest whole
+    assert summary["processes"] == 2 and summary["target_sharding"] == how and estimate["shards"] == 2
+    # the main process holds half of the layers and the rest whole (FSDP2 shards dim 0, ZeRO-3 each flattened
+    # parameter: every toy dim 0 and size is even)
     held, layers = summary["target_bytes_held"], estimate["target_bytes"] - estimate["replicated_bytes"]
     assert held == estimate["replicated_bytes"] + layers // 2 < estimate["target_bytes"], summary
     assert "target: " in done.stdout and "held by each process" in done.stdout

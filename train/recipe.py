@@ -67,7 +67,7 @@ class RunRecipe:
     seed: int = 0
     device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
     dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
-    target_sharding: str = "none"  # none (whole per process), device_map (one process, several GPUs), fsdp2 (over processes)
+    target_sharding: str = "none"  # none (whole per process), device_map (one process, several GPUs), fsdp2 or zero3 (over processes)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # nan <= 0 is False: a nan would pass every check below
@@ -100,16 +100,14 @@ class RunRecipe:
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")
-        from draftsmith.train.sharding import TARGET_SHARDINGS, ZERO3_REFUSAL
+        from draftsmith.train.sharding import PARTITIONED, TARGET_SHARDINGS
 
         if self.target_sharding not in TARGET_SHARDINGS:
             raise ValueError(f"target_sharding = {self.target_sharding!r}: expected one of {', '.join(TARGET_SHARDINGS)}")
-        if self.target_sharding == "zero3":
-            raise ValueError(ZERO3_REFUSAL)
         if self.target_sharding != "none" and getattr(self, "mode", None) == "medusa2":
             raise ValueError(f"target_sharding = {self.target_sharding} needs a frozen target: medusa2 trains LoRA on it (use none)")
-        if self.target_sharding == "fsdp2" and getattr(self, "draft_init", None) == "truncate":
-            raise ValueError("target_sharding = fsdp2 partitions the layers draft_init = truncate copies: use device_map, or draft_init checkpoint/config")
+        if self.target_sharding in PARTITIONED and getattr(self, "draft_init", None) == "truncate":
+            raise ValueError(f"target_sharding = {self.target_sharding} partitions the layers draft_init = truncate copies: use device_map, or draft_init checkpoint/config")
 
 
 def _expected_type(cls, name):

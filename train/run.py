@@ -175,7 +175,8 @@ class TrainingRun:
         self.metrics_path = self.out / "metrics.jsonl"
         if self.accelerator.state.deepspeed_plugin is not None:
             # Models load whole on every process: the frozen target must stay a plain module and
-            # heads copy target weights; ZeRO-3 partitions the trainable model when it is prepared.
+            # heads copy target weights; ZeRO-3 partitions the trainable model when it is prepared
+            # (target_sharding zero3 partitions the target itself, layer by layer: train/sharding.py).
             from transformers.integrations import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()
@@ -197,9 +198,9 @@ class TrainingRun:
 
     def load_target(self):
         """The frozen target in the recipe's dtype, placed as `target_sharding` says (whole on this
-        process, spread over its GPUs, or partitioned over the processes: train/sharding.py) once
-        the memory estimate, printed first, fits; never given to the engine, so it has no
-        gradients and no optimizer state."""
+        process, spread over its GPUs, or partitioned over the processes by fsdp2 or ZeRO-3:
+        train/sharding.py) once the memory estimate, printed first, fits; never given to the
+        engine, so it has no gradients and no optimizer state."""
         from draftsmith.heads.models import load_causal_lm, resolve_dtype
         from draftsmith.train import sharding
 
@@ -211,8 +212,8 @@ class TrainingRun:
         self.print(self.memory_estimate.describe())
         try:
             sharding.check_fits(self.memory_estimate, *sharding.available_bytes(self.device))
-            if r.target_sharding == "fsdp2":
-                target = sharding.load_fsdp2(r, self.device, dtype)
+            if r.target_sharding in sharding.PARTITIONED:
+                target = sharding.load_partitioned(r, self.device, dtype)
             elif r.target_sharding == "device_map":
                 target = sharding.load_device_map(r, dtype, self._device_map, self._head_device)
             else:
@@ -526,7 +527,7 @@ def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
     parser.add_argument("--init-from", metavar="PATH", help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (from the target's config, nothing loaded) and exit")
-    parser.add_argument("--shards", type=int, help="with --estimate-memory: processes (fsdp2) or GPUs (device_map) the target is spread over")
+    parser.add_argument("--shards", type=int, help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map) the target is spread over")
     parser.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many of them fit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
     target_sharding: none        # whole on every process (the default)
     target_sharding: device_map  # one process; its decoder layers spread over the visible GPUs
     target_sharding: fsdp2       # every decoder layer partitioned over the processes (torch fully_shard)
+    target_sharding: zero3       # the same, partitioned by DeepSpeed ZeRO-3
 
 - `device_map` is accelerate's big-model loading: the device map is computed from the config on
   the meta device (no decoder layer split, each GPU filled up to its free memory), the trained head
@@ -14,14 +15,18 @@
   (under no_grad: the target never gets gradients). The embeddings, the final norm and lm_head
   (about 5% of a 70B model) stay whole on every process, because the heads copy or share them.
   Every process must run the target's forward the same number of times (the trainers do).
-- `zero3` is refused: accelerate prepares one DeepSpeed engine for the trained model; a frozen model
-  partitioned beside it would need a second engine (accelerate's multi-plugin set-up), which the
-  trainers do not build. fsdp2 partitions the target under any launch (DDP or DeepSpeed for the head).
+- `zero3` loads the target the same way, one decoder layer at a time, but partitions each with
+  DeepSpeed ZeRO-3 (`deepspeed.zero.Init(module=layer)`: every parameter flattened and split over
+  the processes). Hooks gather a layer's parameters for its forward (`GatheredParameters`) and
+  partition them again after. What stays whole, and the same-number-of-forwards rule, are fsdp2's.
+  No DeepSpeed engine is built for the target (one over the whole model would partition the
+  embeddings and lm_head too), so there is no prefetch of the next layer and no parameter offload.
 
 The estimate (`estimate_memory`): the target's parameter bytes at the recipe's dtype, counted on the
 meta device from the real config, divided over the shards, plus the trained head (trainable
 parameters x 16 bytes: fp32 weight, gradient and AdamW's two moments; frozen copies x 4) and an
-activation allowance (see `activation_bytes`).
+activation allowance (see `activation_bytes`). fsdp2 and zero3 count alike: layers divided over the
+processes, plus one gathered layer.
 """
 
 from __future__ import annotations
@@ -36,11 +41,7 @@ from pathlib import Path
 import torch
 
 TARGET_SHARDINGS = ("none", "device_map", "fsdp2", "zero3")
-ZERO3_REFUSAL = (
-    "target_sharding = zero3 is not supported: accelerate prepares one DeepSpeed engine, for the trained model, "
-    "and the trainers build no second one to partition the frozen target; use fsdp2 (several processes, any "
-    "engine for the head) or device_map (one process over several GPUs)"
-)
+PARTITIONED = ("fsdp2", "zero3")  # every decoder layer split over the processes, gathered for its forward
 HEADROOM = 0.9  # of a device's free memory: the CUDA context, fragmentation and the allocator's cache
 GIB = 1024**3
 
@@ -57,7 +58,7 @@ class MemoryEstimate:
     """Bytes per process (for device_map: on the fullest device)."""
 
     sharding: str
-    shards: int  # processes (fsdp2) or devices (device_map) the target is spread over
+    shards: int  # processes (fsdp2, zero3) or devices (device_map) the target is spread over
     dtype: str
     target_bytes: int  # the whole target at `dtype`
     replicated_bytes: int  # what is not a decoder layer (embeddings, final norm, lm_head): never split
@@ -70,7 +71,7 @@ class MemoryEstimate:
     @property
     def target_share(self) -> int:
         layers = self.target_bytes - self.replicated_bytes
-        if self.sharding == "fsdp2":
+        if self.sharding in PARTITIONED:
             return self.replicated_bytes + math.ceil(layers / self.shards)
         if self.sharding == "device_map":  # layers never split: the fullest device holds ceil(L / devices)
             return self.replicated_bytes + math.ceil(self.num_layers / self.shards) * self.layer_bytes
@@ -78,7 +79,7 @@ class MemoryEstimate:
 
     @property
     def gathered_layer(self) -> int:
-        return self.layer_bytes if self.sharding == "fsdp2" else 0
+        return self.layer_bytes if self.sharding in PARTITIONED else 0
 
     @property
     def head_bytes(self) -> int:
@@ -115,8 +116,12 @@ def gib(n: int) -> str:
 
 
 def held_bytes(model) -> int:
-    """The bytes of `model`'s parameters this process holds (its shards under fsdp2)."""
-    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in model.parameters())
+    """The bytes of `model`'s parameters this process holds (its shards under fsdp2 and zero3)."""
+
+    def local(p):  # a DTensor's shard (fsdp2); a ZeRO-3 parameter keeps its partition in ds_tensor
+        return p.to_local() if hasattr(p, "to_local") else getattr(p, "ds_tensor", p)
+
+    return sum(local(p).numel() * p.element_size() for p in model.parameters())
 
 
 def meta_target(recipe):
@@ -231,14 +236,15 @@ def _draft_parameters(recipe, target) -> int:
 
 def estimate_memory(recipe, method: str, shards: int | None = None, target=None) -> MemoryEstimate:
     """The per-process estimate for `recipe` (see the module docstring). `shards`: the processes
-    (fsdp2; default: this launch's WORLD_SIZE) or the GPUs (device_map; default: the visible ones)."""
+    (fsdp2, zero3; default: this launch's WORLD_SIZE) or the GPUs (device_map; default: the visible ones)."""
     target = meta_target(recipe) if target is None else target
     tc = target.config.get_text_config()
     dtype = next(target.parameters()).dtype
     layers = decoder_layers(target)
     total = parameter_bytes(target)
     if shards is None:
-        launched = {"fsdp2": int(os.environ.get("WORLD_SIZE", "1")), "device_map": max(1, torch.cuda.device_count())}
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        launched = {"fsdp2": processes, "zero3": processes, "device_map": max(1, torch.cuda.device_count())}
         shards = launched.get(recipe.target_sharding, 1)
     trainable, frozen = head_parameters(method, recipe, target)
     return MemoryEstimate(
@@ -263,8 +269,8 @@ def available_bytes(device: torch.device) -> tuple[int, str]:
 
 
 def fitting_shards(estimate: MemoryEstimate, free: int, most: int = 1024) -> int | None:
-    """The fewest processes (fsdp2) or devices (device_map) with which the estimate fits `free`."""
-    if estimate.sharding not in ("fsdp2", "device_map"):
+    """The fewest processes (fsdp2, zero3) or devices (device_map) with which the estimate fits `free`."""
+    if estimate.sharding not in (*PARTITIONED, "device_map"):
         return None
     return next((n for n in range(1, most + 1) if estimate.with_shards(n).total <= HEADROOM * free), None)
 
@@ -275,9 +281,9 @@ def check_fits(estimate: MemoryEstimate, free: int, where: str) -> None:
         return
     need = fitting_shards(estimate, free)
     if estimate.sharding == "none":
-        hint = "; set target_sharding: fsdp2 (several processes) or device_map (one process, several GPUs)"
+        hint = "; set target_sharding: fsdp2 or zero3 (several processes) or device_map (one process, several GPUs)"
     elif need is not None:
-        hint = f"; {need} {'processes' if estimate.sharding == 'fsdp2' else 'devices'} of this size would fit"
+        hint = f"; {need} {'processes' if estimate.sharding in PARTITIONED else 'devices'} of this size would fit"
     else:
         hint = "; even one layer per device does not fit: a smaller dtype, batch_size or max_length"
     raise ShardingError(
@@ -287,7 +293,7 @@ def check_fits(estimate: MemoryEstimate, free: int, where: str) -> None:
 
 def estimate_report(recipe, method: str, shards: int | None, device_gib: float | None) -> str:
     """`--estimate-memory`: the per-process estimate and, given a device size, the fewest
-    processes (fsdp2) or GPUs (device_map) that fit, or whether one device does (none)."""
+    processes (fsdp2, zero3) or GPUs (device_map) that fit, or whether one device does (none)."""
     estimate = estimate_memory(recipe, method, shards=shards)
     if device_gib is None:
         return estimate.describe()
@@ -296,23 +302,22 @@ def estimate_report(recipe, method: str, shards: int | None, device_gib: float |
         verdict = "fits" if estimate.total <= HEADROOM * free else "does not fit"
         return f"{estimate.describe()}\n{verdict} one {device_gib:g} GiB device ({HEADROOM:.0%} usable)"
     need = fitting_shards(estimate, free)
-    what = "processes" if recipe.target_sharding == "fsdp2" else "GPUs in one process"
+    what = "processes" if recipe.target_sharding in PARTITIONED else "GPUs in one process"
     if need is None:
         return f"{estimate.describe()}\nno number of {device_gib:g} GiB devices fits"
     fits = f"fits with {need} {what} of {device_gib:g} GiB ({HEADROOM:.0%} usable)"
     return f"{estimate.describe()}\n{fits}: {estimate.with_shards(need).describe()}"
 
 
-
 def check_process_count(sharding: str, processes: int) -> None:
     if sharding == "device_map" and processes > 1:
         raise ShardingError(
             f"target_sharding = device_map spreads the target over the GPUs of one process, but {processes} were "
-            "started: use fsdp2"
+            "started: use fsdp2 or zero3"
         )
-    if sharding == "fsdp2" and processes == 1:
+    if sharding in PARTITIONED and processes == 1:
         raise ShardingError(
-            "target_sharding = fsdp2 partitions the target over processes, but 1 was started: "
+            f"target_sharding = {sharding} partitions the target over processes, but 1 was started: "
             "launch N with accelerate launch --num_processes N"
         )
 
@@ -379,10 +384,10 @@ def _outputs_to(device: torch.device):
 class Checkpoint:
     """The tensors of a safetensors checkpoint folder, read one by one by name."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, sharding: str):
         from safetensors import safe_open
 
-        self.folder, self.where = folder, {}
+        self.folder, self.sharding, self.where = folder, sharding, {}
         index = folder / "model.safetensors.index.json"
         if index.is_file():
             self.where = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -391,14 +396,16 @@ class Checkpoint:
                 with safe_open(str(file), framework="pt") as f:
                     self.where.update(dict.fromkeys(f.keys(), file.name))
         if not self.where:
-            raise ShardingError(f"target_sharding = fsdp2 reads safetensors: {str(folder)!r} has no *.safetensors file")
+            raise ShardingError(
+                f"target_sharding = {sharding} reads safetensors: {str(folder)!r} has no *.safetensors file"
+            )
 
     def tensor(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
         if name not in self.where:
             raise ShardingError(
-                f"target_sharding = fsdp2: the checkpoint {str(self.folder)!r} has no tensor {name!r} "
+                f"target_sharding = {self.sharding}: the checkpoint {str(self.folder)!r} has no tensor {name!r} "
                 "(its names differ from the model's; load it with target_sharding: none or device_map)"
             )
         with safe_open(str(self.folder / self.where[name]), framework="pt") as f:
@@ -415,27 +422,27 @@ def _local_folder(path: str) -> Path:
     return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors"]))
 
 
-def load_fsdp2(recipe, device: torch.device, dtype: torch.dtype):
+def load_partitioned(recipe, device: torch.device, dtype: torch.dtype):
     """The target built on the meta device, each decoder layer loaded whole onto the CPU and at
-    once sharded over every process (`fully_shard`, resharded after each forward); the rest loaded
-    whole on `device`. Its fingerprint is taken from the whole tensors as they pass (a sharded
-    model cannot sample its own full weights without a collective)."""
+    once partitioned over every process (fsdp2: `fully_shard`, resharded after each forward; zero3:
+    DeepSpeed's `zero.Init`, gathered around each forward); the rest loaded whole on `device`. Its
+    fingerprint is taken from the whole tensors as they pass (a partitioned model cannot sample its
+    own full weights without a collective)."""
     import torch.distributed as dist
     from accelerate.utils import set_module_tensor_to_device
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from draftsmith.heads.models import ModelLoadError, check_safetensors, fingerprint_of, fingerprint_sample
 
+    how = recipe.target_sharding
     if not (dist.is_available() and dist.is_initialized()):
         raise ShardingError(
-            "target_sharding = fsdp2 partitions the target over processes: start them with accelerate launch"
+            f"target_sharding = {how} partitions the target over processes: start them with accelerate launch"
         )
+    partition = _fsdp2_partitioner(device) if how == "fsdp2" else _zero3_partitioner(dtype)
     folder = _local_folder(recipe.target)
     check_safetensors(folder, "target", ModelLoadError)
     target = meta_target(recipe)
-    checkpoint = Checkpoint(folder)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    checkpoint = Checkpoint(folder, how)
     prefix = {id(m): name for name, m in target.named_modules()}
     samples, placed = {}, set()
 
@@ -448,7 +455,7 @@ def load_fsdp2(recipe, device: torch.device, dtype: torch.dtype):
     for layer in decoder_layers(target):
         for local, _ in list(layer.named_parameters()):
             load(f"{prefix[id(layer)]}.{local}", "cpu")
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)  # the root default would keep it whole
+        partition(layer)
     for name, _ in list(target.named_parameters()):
         if name not in placed:
             load(name, device)
@@ -458,3 +465,46 @@ def load_fsdp2(recipe, device: torch.device, dtype: torch.dtype):
         target.tie_weights()
     target.draftsmith_fingerprint = fingerprint_of(target.config, samples)
     return target.eval()
+
+
+def _fsdp2_partitioner(device: torch.device):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return lambda layer: fully_shard(layer, mesh=mesh, reshard_after_forward=True)  # the root default keeps it whole
+
+
+def _zero3_partitioner(dtype: torch.dtype):
+    """ZeRO-3 partitioning of one layer at a time, moved to DeepSpeed's device for this process
+    (accelerate has set it) and split there, with the hooks that gather it for its forward."""
+    try:
+        import deepspeed
+    except ImportError:
+        raise ShardingError('target_sharding = zero3 needs DeepSpeed: pip install -e ".[deepspeed]"') from None
+    # Stage 3 without an optimizer: only the parameter partitioning is used (no engine, no batch sizes).
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "bf16": {"enabled": dtype == torch.bfloat16}, "fp16": {"enabled": dtype == torch.float16}}  # fmt: skip
+
+    def partition(layer) -> None:
+        deepspeed.zero.Init(module=layer, config_dict_or_path=config, dtype=dtype)
+        layer.register_forward_pre_hook(_gather_zero3)
+        layer.register_forward_hook(_release_zero3, always_call=True)
+
+    return partition
+
+
+def _gather_zero3(layer, args) -> None:
+    """Every process all-gathers the layer's partitions before its forward (a collective: all run it)."""
+    import deepspeed
+
+    layer._zero3_gathered = deepspeed.zero.GatheredParameters(list(layer.parameters()), modifier_rank=None)
+    layer._zero3_gathered.__enter__()
+
+
+def _release_zero3(layer, args, output) -> None:
+    """After the forward each process keeps its own partition again (nothing is written back)."""
+    gathered = layer.__dict__.pop("_zero3_gathered", None)
+    if gathered is not None:
+        gathered.__exit__(None, None, None)
