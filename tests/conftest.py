@@ -1,4 +1,5 @@
-"""Shared test setup: make `import fixtures` work from tests/, and cache the tiny models."""
+"""Shared test setup: make `import fixtures` work from tests/, cache the tiny models, and group
+the tests for pytest-xdist (`./run test` runs them on 2 workers with `--dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from fixtures import tiny_pair  # noqa: E402  (needs the path above)
+
+
+#: Files whose tests start two training processes of their own: one xdist group, so that at most
+#: one such pair runs at a time (beside the other worker) on a 2-core runner.
+TWO_PROCESS_FILES = ("test_distributed.py", "test_fsdp2.py", "test_target_sharding.py", "test_dp_generate.py")
+#: Groups handed out first under xdist: the longest units of work (the compiled tests share one
+#: worker's compiled graphs, see tests/test_static.py), so that neither worker is left alone with
+#: one at the end.
+FIRST = ("compiled", "two-processes")
+
+
+def _group(item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return marker.args[0] if marker.args else marker.kwargs.get("name", "default")
+    return "two-processes" if item.path.name in TWO_PROCESS_FILES else item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to each test id
+def pytest_collection_modifyitems(config, items):
+    """Every test gets an xdist group: its marked one, the two-process group, or else its file
+    (so that a module-scoped fixture is built on one worker only). Under xdist the tests are
+    then ordered longest group first (the FIRST groups, then by test count); a serial run keeps
+    the collection order."""
+    groups = [_group(item) for item in items]
+    for item, group in zip(items, groups):
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        counts = {g: groups.count(g) for g in set(groups)}
+
+        def rank(pair):
+            group = pair[1]
+            return (FIRST.index(group) if group in FIRST else len(FIRST), -counts[group], group)
+
+        items[:] = [item for item, _ in sorted(zip(items, groups), key=rank)]
 
 
 @pytest.fixture(scope="session")

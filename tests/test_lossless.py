@@ -80,6 +80,7 @@ def test_q_from_raw_logits_is_caught(path, pairs):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("compiled")  # with tests/test_static.py's compiled tests: the same compiled steps
 def test_the_compiled_path_passes_and_catches_raw_q(pairs):
     target, draft = pairs("llama")
     good = _check(target, DraftModelDrafter(draft), batch_size=BATCH, compile=True)

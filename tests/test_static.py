@@ -482,7 +482,11 @@ def test_a_real_eagle_head_proposes_the_same_on_the_static_path(version, pairs):
         _same_proposals(target, head, _ids(2, seed=13), tree, static_cache=True)
 
 
+COMPILED = pytest.mark.xdist_group("compiled")  # one worker: these share the session's compiled graphs
+
+
 @pytest.mark.slow
+@COMPILED
 def test_a_real_eagle_head_compiled(pairs):
     target, _ = pairs("llama")
     head = _real_head(target, "eagle3")
@@ -492,6 +496,7 @@ def test_a_real_eagle_head_compiled(pairs):
 
 
 @pytest.mark.slow
+@COMPILED
 def test_compiled_greedy_is_identical_for_every_drafter(pairs):
     target, draft = pairs("llama")
     prompts = [_ids(9, seed=11)]  # one prompt: every head kind compiles per prompt (oracle heads)
@@ -508,6 +513,7 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
 
 
 @pytest.mark.slow
+@COMPILED
 @pytest.mark.parametrize("kind", ["draft", "medusa-tree", "eagle-tree"])  # the EAGLE chain: its greedy identity
 def test_compiled_sampling_is_lossless(kind, pairs):
     target, draft = pairs("llama")
@@ -530,7 +536,7 @@ def test_cuda_graphs_greedy_is_identical(pairs):
 
 
 
-@pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=[pytest.mark.slow, COMPILED])])
 def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     """`draftsmith eval --static-cache / --compile` decodes the same tokens as the default path
     (greedy: the same acceptance counts) and says which path it timed. The prompts are the first
