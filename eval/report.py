@@ -55,7 +55,7 @@ KL_NOTE = (
 )
 
 
-def _markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+def table_markdown(columns: list[str], rows: list[list[str]]) -> str:
     """A Markdown table: the header of `columns`, then one line per row of cells."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
@@ -75,7 +75,7 @@ def summary_table(report: dict) -> str:
         ]  # fmt: skip
         for row in report["methods"]
     ]
-    return _markdown_table(columns, rows)
+    return table_markdown(columns, rows)
 
 
 def position_table(report: dict) -> str:
@@ -91,7 +91,7 @@ def position_table(report: dict) -> str:
         for row in report["methods"]
         if "alpha_per_position" in row
     ]
-    return _markdown_table(columns, rows)
+    return table_markdown(columns, rows)
 
 
 def theory_table(report: dict) -> str:
@@ -107,7 +107,7 @@ def theory_table(report: dict) -> str:
         for row in report["methods"]
         if "alpha" in row
     ]
-    return _markdown_table(columns, rows)
+    return table_markdown(columns, rows)
 
 
 def task_table(report: dict) -> str:
@@ -122,7 +122,7 @@ def task_table(report: dict) -> str:
            _num(t["speedup"], 2, "x")]  # fmt: skip
         for row, t in entries
     ]
-    return _markdown_table(columns, rows)
+    return table_markdown(columns, rows)
 
 
 def _turns(report: dict) -> str:
@@ -236,7 +236,7 @@ def compact_table(report: dict) -> str:
         ]  # fmt: skip
         for row in report["methods"]
     ]
-    return _markdown_table(["method", "alpha", "acc. rate", "tau", "speedup", "OOV", "KL"], rows)
+    return table_markdown(["method", "alpha", "acc. rate", "tau", "speedup", "OOV", "KL"], rows)
 
 
 def plot_acceptance(report: dict, path: str | Path) -> Path:
