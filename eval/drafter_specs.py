@@ -97,8 +97,8 @@ def load_drafters(specs: DrafterSpecs):
         drafters.update(_medusa_drafters(specs, target, device, dtype))
     if specs.eagle:
         drafters.update(_eagle_drafters(specs, target, device, dtype))
-    drafters.update(_dflash_drafters(dflash, target, device, dtype, specs.allow_target_mismatch))
-    drafters.update(_peagle_drafters(peagle, target, device, dtype, specs.allow_target_mismatch))
+    drafters.update(_one_pass_drafters("--dflash", dflash, target, device, dtype, specs.allow_target_mismatch))
+    drafters.update(_one_pass_drafters("--peagle", peagle, target, device, dtype, specs.allow_target_mismatch))
     return target, tokenizer, drafters, device, dtype
 
 
@@ -160,21 +160,6 @@ def dflash_names(values, taken=()) -> dict[str, str]:
     return out
 
 
-def _dflash_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
-    from draftsmith.eval.runtime.dflash import DFlashDrafter
-    from draftsmith.heads.dflash import DFlashError
-    from draftsmith.heads.dflash_formats import load_dflash
-
-    drafters = {}
-    for name, folder in names.items():
-        head = _load_checked(
-            "DFlash head", load_dflash, DFlashError, folder, target, device, dtype, allow_target_mismatch,
-            context=f"--dflash {folder}: ",
-        )  # fmt: skip
-        drafters[name] = DFlashDrafter(head, name=name)
-    return drafters
-
-
 def peagle_names(values, taken=()) -> dict[str, str]:
     """{method name: folder} of the --peagle flags (named as --draft's; one bare DIR is "peagle"),
     each folder checked to hold a P-EAGLE head (draftsmith's or speculators' layout) before anything loads."""
@@ -198,17 +183,25 @@ def peagle_names(values, taken=()) -> dict[str, str]:
     return out
 
 
-def _peagle_drafters(names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
+def _one_pass_drafters(flag: str, names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
+    """{method name: drafter} of the heads of `flag` ("--dflash" or "--peagle": heads that draft
+    every position in one forward), each loaded through `_load_checked`."""
+    from draftsmith.eval.runtime.dflash import DFlashDrafter
     from draftsmith.eval.runtime.peagle import PEagleDrafter
+    from draftsmith.heads.dflash import DFlashError
+    from draftsmith.heads.dflash_formats import load_dflash
     from draftsmith.heads.eagle import EagleError, load_eagle
 
+    what, load, error, drafter = {
+        "--dflash": ("DFlash head", load_dflash, DFlashError, DFlashDrafter),
+        "--peagle": ("P-EAGLE head", load_eagle, EagleError, PEagleDrafter),
+    }[flag]
     drafters = {}
     for name, folder in names.items():
         head = _load_checked(
-            "P-EAGLE head", load_eagle, EagleError, folder, target, device, dtype, allow_target_mismatch,
-            context=f"--peagle {folder}: ",
-        )  # fmt: skip
-        drafters[name] = PEagleDrafter(head, name=name)
+            what, load, error, folder, target, device, dtype, allow_target_mismatch, context=f"{flag} {folder}: "
+        )
+        drafters[name] = drafter(head, name=name)
     return drafters
 
 

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.eval.report import write_atomic
+from draftsmith.eval.report import table_markdown, write_atomic
+from draftsmith.eval.serving.profile import check_items
 from draftsmith.heads.artifacts import atomic_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -242,10 +243,7 @@ def task_breakdown(rows: Sequence[Mapping], value: str) -> list[dict]:
 
 def markdown_table(rows: Sequence[Mapping]) -> str:
     columns = _columns(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in columns) + " |")
-    return "\n".join(lines)
+    return table_markdown(columns, [[_cell(row.get(c)).replace("|", "\\|") for c in columns] for row in rows])
 
 
 def html_table(rows: Sequence[Mapping]) -> str:
@@ -314,11 +312,7 @@ def write_serving_report(
     same, PNGs embedded as base64, no external resource) into out_dir; NAME is "serving" or,
     for the engine load test, "engine". Every image is read and checked before anything is
     written; each file is written atomically."""
-    if not sections:
-        raise ValueError("write_serving_report: no sections; expected at least one Section")
-    for s in sections:
-        if not isinstance(s, Section):
-            raise TypeError(f"write_serving_report: {s!r} is not a Section")
+    sections = check_items(sections, Section, "write_serving_report: sections")
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{str(out_dir)!r} exists and is not a directory")

@@ -55,70 +55,59 @@ KL_NOTE = (
 )
 
 
+def table_markdown(columns: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table: the header of `columns`, then one line per row of cells."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def summary_table(report: dict) -> str:
     """One Markdown row per method: what a user compares first."""
-    lines = [
-        "| method | alpha | acc. rate | tau | tok/s | speedup | predicted | TTFT ms | latency p50 s | p90 s "
-        "| OOV | KL | TV |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    columns = ["method", "alpha", "acc. rate", "tau", "tok/s", "speedup", "predicted", "TTFT ms", "latency p50 s",
+               "p90 s", "OOV", "KL", "TV"]  # fmt: skip
+    rows = [
+        [
+            method_name(row), _num(row.get("alpha")), _num(row.get("acceptance_rate")), _num(row["tau"]),
+            _num(row["tokens_per_second"], 1), _num(row["speedup"], 2, "x"),
+            _num(row.get("predicted_speedup"), 2, "x"), _num(row["ttft_ms_p50"], 1),
+            _num(row["latency_s_p50"], 3), _num(row["latency_s_p90"], 3), _num(row.get("oov_mass_mean"), 3),
+            _num(_kl(row), 3), _num(row.get("tv_mean"), 3),
+        ]  # fmt: skip
+        for row in report["methods"]
     ]
-    for row in report["methods"]:
-        lines.append(
-            "| {method} | {alpha} | {rate} | {tau} | {tps} | {speedup} | {pred} | {ttft} | {p50} | {p90} | {oov} "
-            "| {kl} | {tv} |".format(
-                method=method_name(row),
-                alpha=_num(row.get("alpha")),
-                rate=_num(row.get("acceptance_rate")),
-                tau=_num(row["tau"]),
-                tps=_num(row["tokens_per_second"], 1),
-                speedup=_num(row["speedup"], 2, "x"),
-                pred=_num(row.get("predicted_speedup"), 2, "x"),
-                ttft=_num(row["ttft_ms_p50"], 1),
-                p50=_num(row["latency_s_p50"], 3),
-                p90=_num(row["latency_s_p90"], 3),
-                oov=_num(row.get("oov_mass_mean"), 3),
-                kl=_num(_kl(row), 3),
-                tv=_num(row.get("tv_mean"), 3),
-            )
-        )
-    return "\n".join(lines)
+    return table_markdown(columns, rows)
 
 
 def position_table(report: dict) -> str:
     """Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV."""
-    lines = [
-        "| method | measured alpha_i | expected alpha_i = E[sum min(p,q)] | OOV_i | KL(p||q) on draft vocab_i "
-        "| TV_i |",
-        "|---|---|---|---|---|---|",
+    columns = ["method", "measured alpha_i", "expected alpha_i = E[sum min(p,q)]", "OOV_i",
+               "KL(p||q) on draft vocab_i", "TV_i"]  # fmt: skip
+    rows = [
+        [
+            method_name(row), _positions(row["alpha_per_position"]),
+            _positions(row.get("expected_alpha_per_position")), _positions(row.get("oov_mass_per_position"), 3),
+            _positions(row.get("kl_draft_vocab_per_position"), 3), _positions(row.get("tv_per_position"), 3),
+        ]  # fmt: skip
+        for row in report["methods"]
+        if "alpha_per_position" in row
     ]
-    for row in report["methods"]:
-        if "alpha_per_position" not in row:
-            continue
-        lines.append(
-            f"| {method_name(row)} | {_positions(row['alpha_per_position'])} | "
-            f"{_positions(row.get('expected_alpha_per_position'))} | "
-            f"{_positions(row.get('oov_mass_per_position'), 3)} | "
-            f"{_positions(row.get('kl_draft_vocab_per_position'), 3)} | {_positions(row.get('tv_per_position'), 3)} |"
-        )
-    return "\n".join(lines)
+    return table_markdown(columns, rows)
 
 
 def theory_table(report: dict) -> str:
     """Leviathan's predictions from the measured alpha and cost ratio, beside the measurements."""
-    lines = [
-        "| method | alpha | c (draft/target step) | verify cost (x 1 step) | tau measured | tau predicted | speedup measured | predicted (Leviathan) | predicted (measured costs) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    columns = ["method", "alpha", "c (draft/target step)", "verify cost (x 1 step)", "tau measured", "tau predicted",
+               "speedup measured", "predicted (Leviathan)", "predicted (measured costs)"]  # fmt: skip
+    rows = [
+        [
+            method_name(row), _num(row["alpha"]), _num(row["draft_cost_ratio_c"], 3), _num(row["verify_cost_ratio"]),
+            _num(row["tau"]), _num(row["predicted_tau"]), _num(row["speedup"], 2, "x"),
+            _num(row["predicted_speedup"], 2, "x"), _num(row["predicted_speedup_measured_costs"], 2, "x"),
+        ]  # fmt: skip
+        for row in report["methods"]
+        if "alpha" in row
     ]
-    for row in report["methods"]:
-        if "alpha" not in row:
-            continue
-        lines.append(
-            f"| {method_name(row)} | {_num(row['alpha'])} | {_num(row['draft_cost_ratio_c'], 3)} | "
-            f"{_num(row['verify_cost_ratio'])} | {_num(row['tau'])} | {_num(row['predicted_tau'])} | "
-            f"{_num(row['speedup'], 2, 'x')} | {_num(row['predicted_speedup'], 2, 'x')} | "
-            f"{_num(row['predicted_speedup_measured_costs'], 2, 'x')} |"
-        )
-    return "\n".join(lines)
+    return table_markdown(columns, rows)
 
 
 def task_table(report: dict) -> str:
@@ -126,17 +115,14 @@ def task_table(report: dict) -> str:
     multi-turn prompts, per user turn: how acceptance differs by kind of prompt."""
     entries = [(row, t) for row in report["methods"] if "alpha" in row for t in row.get("tasks", [])]
     turns = any("turn" in t for _, t in entries)
-    lines = [
-        "| method | task |" + (" turn |" if turns else "") + " prompts | alpha | acc. rate | tau | speedup |",
-        "|---|---|" + ("---|" if turns else "") + "---|---|---|---|---|",
+    columns = ["method", "task"] + (["turn"] if turns else []) + ["prompts", "alpha", "acc. rate", "tau", "speedup"]
+    rows = [
+        [method_name(row), str(t["task"])] + ([str(t.get("turn", "-"))] if turns else [])
+        + [str(t["prompts"]), _num(t.get("alpha")), _num(t.get("acceptance_rate")), _num(t["tau"]),
+           _num(t["speedup"], 2, "x")]  # fmt: skip
+        for row, t in entries
     ]
-    for row, t in entries:
-        lines.append(
-            f"| {method_name(row)} | {t['task']} |" + (f" {t.get('turn', '-')} |" if turns else "")
-            + f" {t['prompts']} | {_num(t.get('alpha'))} | {_num(t.get('acceptance_rate'))} | {_num(t['tau'])} | "
-            f"{_num(t['speedup'], 2, 'x')} |"
-        )
-    return "\n".join(lines)
+    return table_markdown(columns, rows)
 
 
 def _turns(report: dict) -> str:
@@ -243,14 +229,14 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
 
 def compact_table(report: dict) -> str:
     """The demo's table: method, alpha, acceptance rate, tau, speedup, OOV, KL (Markdown)."""
-    lines = ["| method | alpha | acc. rate | tau | speedup | OOV | KL |", "|---|---|---|---|---|---|---|"]
-    for row in report["methods"]:
-        lines.append(
-            f"| {method_name(row)} | {_num(row.get('alpha'))} | {_num(row.get('acceptance_rate'))} | "
-            f"{_num(row['tau'])} | {_num(row['speedup'], 2, 'x')} | {_num(row.get('oov_mass_mean'), 3)} | "
-            f"{_num(_kl(row), 3)} |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [
+            method_name(row), _num(row.get("alpha")), _num(row.get("acceptance_rate")), _num(row["tau"]),
+            _num(row["speedup"], 2, "x"), _num(row.get("oov_mass_mean"), 3), _num(_kl(row), 3),
+        ]  # fmt: skip
+        for row in report["methods"]
+    ]
+    return table_markdown(["method", "alpha", "acc. rate", "tau", "speedup", "OOV", "KL"], rows)
 
 
 def plot_acceptance(report: dict, path: str | Path) -> Path:

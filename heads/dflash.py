@@ -42,6 +42,7 @@ from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
+from draftsmith.heads.layers import describe_mask_head
 from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
 from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
 
@@ -369,10 +370,6 @@ class DFlashHead(PreTrainedModel):
 
 def describe(head: DFlashHead) -> str:
     c = head.config
-    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    return (
-        f"DFlash head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward), "
-        f"aux layers {c.aux_layer_ids}, mask token {c.mask_token_id} ({c.mask_token_source}), "
-        f"draft vocabulary {c.draft_vocab_size}/{c.vocab_size}, {trained / 1e6:.2f}M trained parameters"
-    )
+    blocks = f"block {c.block_size} ({c.block_size - 1} drafts per forward)"
+    return describe_mask_head(head, f"DFlash head: {c.num_hidden_layers} layer(s), {blocks}")
 

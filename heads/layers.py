@@ -174,3 +174,14 @@ def draft_to_target_logits(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: 
     out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
     out[..., ids] = logits
     return out
+
+
+def describe_mask_head(head, what: str) -> str:
+    """The console line of a head that drafts with a mask token (DFlash, P-EAGLE): `what` (its
+    shape), then the target layers it reads, its mask token, its vocabulary, its trained size."""
+    c = head.config
+    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    return (
+        f"{what}, aux layers {c.aux_layer_ids}, mask token {c.mask_token_id} ({c.mask_token_source}), "
+        f"draft vocabulary {c.draft_vocab_size}/{c.vocab_size}, {trained / 1e6:.2f}M trained parameters"
+    )

@@ -144,10 +144,16 @@ def collate_rows(data, rows: list[int], max_length: int, pad_id: int) -> dict:
 
 def draft_vocab_map(recipe, data, vocab_size: int):
     """The recipe's reduced draft vocabulary: `recipe.vocab_map` loaded (checked against this data
-    and target), else counted on the data for `recipe.draft_vocab_size`; None = the full vocabulary."""
+    and target), else counted on the data for `recipe.draft_vocab_size` (at most the target's
+    `vocab_size`); None = the full vocabulary."""
     from draftsmith.distill.vocab import build_vocab_map, load_vocab_map
     from draftsmith.train.recipe import RecipeError
 
+    if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > vocab_size:
+        raise RecipeError(
+            f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary "
+            f"({vocab_size} tokens): give at most {vocab_size}, or leave it unset for the full vocabulary"
+        )
     if recipe.vocab_map:
         try:
             return load_vocab_map(recipe.vocab_map, expected_data_hash=data.data_hash, target_vocab_size=vocab_size)
@@ -209,10 +215,13 @@ def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
         raise RecipeError(str(err)) from None
 
 
-def aux_states_and_teacher(target, cache, aux: tuple[int, ...], last: int, device):
+def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int, device):
     """batch -> (the aux layers' states concatenated [B, T, n*H], the teacher's logits [B, T, V]):
-    from the offline hidden cache (which holds `aux` and `last`) when given, else from one frozen
-    target forward."""
+    from the offline hidden cache `recipe.hidden_cache` (checked to hold `aux` and `last` of this
+    target on this data) when the recipe names one, else from one frozen target forward."""
+    cache = None
+    if recipe.hidden_cache:
+        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {last})))
 
     def states(batch):
         if cache is not None:
@@ -224,3 +233,59 @@ def aux_states_and_teacher(target, cache, aux: tuple[int, ...], last: int, devic
         return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
 
     return states
+
+
+# ---------------------------------------------------------------------- heads over the target's states
+def target_sizes(target) -> tuple[int, int, int]:
+    """(decoder layers L, output vocabulary V, pad id (0 when the config names none)) of a target."""
+    layers = target.config.get_text_config().num_hidden_layers
+    vocab = target.get_output_embeddings().weight.shape[0]
+    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    return layers, vocab, pad_id
+
+
+def draft_vocab_ids(head, vocab_map, device) -> torch.Tensor | None:
+    """[Vd]: the target id of each draft id of a head with a reduced vocabulary; None with the full one."""
+    if vocab_map is None:
+        return None
+    return head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
+
+
+def prepare_head(run, objective):
+    """(model, optimizer, scheduler, head) of a head trainer (EAGLE, P-EAGLE, DFlash): AdamW over the
+    trainable parameters of `objective.head` (betas 0.9, 0.95 as EAGLE-3's and DFlash's recipes), the
+    objective and optimizer prepared by `run`, and the head unwrapped (what evaluation and saving use)."""
+    params = [p for p in objective.head.parameters() if p.requires_grad]
+    r = run.recipe
+    optimizer = torch.optim.AdamW(params, lr=r.lr, weight_decay=r.weight_decay, betas=(0.9, 0.95))
+    model, optimizer, scheduler = run.prepare(objective, optimizer)
+    return model, optimizer, scheduler, run.accelerator.unwrap_model(model).head
+
+
+def describe_top1(per: str):
+    """The console line of a head trainer's held-out evaluation: top-1 per `per` (the evaluation's
+    `top1_per_<per>`), then the simulated tau."""
+
+    def describe(ev: dict) -> str:
+        top1 = [round(a, 3) for a in ev[f"top1_per_{per}"]]
+        return f"top-1 per {per} {top1}, simulated tau {ev['tau_simulated']:.3f}"
+
+    return describe
+
+
+def head_summary(done, head, vocab_map, **method) -> dict:
+    """A head trainer's training summary: steps, the `method` fields, the target layers read, the
+    last evaluation, the draft vocabulary (its share of the data's tokens) and the throughput."""
+    return {
+        "steps": done.step, **method, "aux_layers": list(head.config.aux_layer_ids), "eval": done.last_eval,
+        "draft_vocab_size": head.config.draft_vocab_size,
+        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
+        "train_tokens_per_second": done.tokens_per_second,
+    }  # fmt: skip
+
+
+def save_head(run, model, head, save) -> None:
+    """`save(head, OUT/head, overwrite=True)` on the main process, with the parameters whole (ZeRO-3)."""
+    with run.gathered(model):
+        if run.is_main:
+            save(head, run.out / "head", overwrite=True)

@@ -199,19 +199,26 @@ def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> P
     return _train_once(ctx, root, "eagle3", "head", recipe_for, train, announce, report, log)
 
 
+def _one_pass_fields(ctx, budget: HeadsBudget) -> dict:
+    """The recipe fields of the demo's heads that draft every position in one forward (DFlash,
+    P-EAGLE): the target's last three layers above the embeddings (all of a tinier target's),
+    EAGLE-3's reduced vocabulary, lr 1e-3 (small heads on a small target) on 8 rows."""
+    layers = ctx.target.config.get_text_config().num_hidden_layers
+    aux = list(range(1, layers))[-3:] or None
+    return {"aux_layers": aux, "draft_vocab_size": budget.eagle_draft_vocab, "lr": 1e-3, "batch_size": 8}
+
+
 def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """A DFlash block drafter trained on the demo data: one block of K + 1 slots drafts the
     demo's K tokens in one forward."""
     from draftsmith.train.dflash import DFlashRecipe, train
 
-    layers = ctx.target.config.get_text_config().num_hidden_layers
     block = ctx.settings.num_draft_tokens + 1
 
     def recipe_for(out):
         return DFlashRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.dflash_steps), num_layers=1, block_size=block,
-            aux_layers=list(range(1, layers))[-3:] or None, draft_vocab_size=budget.eagle_draft_vocab,
-            max_anchors=32, lr=1e-3, batch_size=8,
+            **_run_fields(ctx, data, out, budget.max_length, budget.dflash_steps), **_one_pass_fields(ctx, budget),
+            num_layers=1, block_size=block, max_anchors=32,
         )  # fmt: skip
 
     report = _top1_report("DFlash head: top-1 per slot", "top1_per_slot")
@@ -224,14 +231,12 @@ def demo_peagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> 
     """A P-EAGLE head trained on the demo data: one forward drafts the demo's K tokens (K depths)."""
     from draftsmith.train.peagle import PEagleRecipe, train
 
-    layers = ctx.target.config.get_text_config().num_hidden_layers
     depths = ctx.settings.num_draft_tokens
 
     def recipe_for(out):
         return PEagleRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.peagle_steps), num_depths=depths,
-            aux_layers=list(range(1, layers))[-3:] or None, draft_vocab_size=budget.eagle_draft_vocab,
-            max_anchors=128, lr=1e-3, batch_size=8,
+            **_run_fields(ctx, data, out, budget.max_length, budget.peagle_steps), **_one_pass_fields(ctx, budget),
+            num_depths=depths, max_anchors=128,
         )  # fmt: skip
 
     report = _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
-from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.eval.runtime.masks import additive
+from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
+from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -127,12 +128,6 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
 
 
-def additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
-    """A bool [B, Q, S] mask as the float additive [B, 1, Q, S] the head reads."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-
-
 def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum)
     of one packed forward. `feats`: the aux states concatenated [B, T, n*H]; `teacher`: the
@@ -141,7 +136,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
     block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)
     positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)
+    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)[:, None]  # [B, 1, Q, S]
     logits = head(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
     logits = logits.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
     target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
@@ -178,11 +173,9 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.dflash_formats import save_dflash
 
     run = TrainingRun(recipe, "dflash")
-    device, out = run.device, Path(recipe.out)
+    device = run.device
     target, data = run.load_target_and_data()
-    L = target.config.get_text_config().num_hidden_layers
-    V = target.get_output_embeddings().weight.shape[0]
-    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    L, V, pad_id = target_sizes(target)
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
     train_rows, heldout_rows = training_rows(recipe, data, first=1)
 
@@ -198,19 +191,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
     aux = tuple(head.config.aux_layer_ids)
-    vocab = None  # draft id -> target id with a reduced vocabulary
-    if vocab_map is not None:
-        vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
-    cache = None  # offline: the aux layers and `last` (the teacher)
-    if recipe.hidden_cache:
-        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
+    vocab = draft_vocab_ids(head, vocab_map, device)
+    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device)  # offline when hidden_cache
 
-    target_states = aux_states_and_teacher(target, cache, aux, L, device)
-
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
-    model, optimizer, scheduler = run.prepare(DFlashObjective(head, recipe, vocab), optimizer)
-    head = run.accelerator.unwrap_model(model).head
+    model, optimizer, scheduler, head = prepare_head(run, DFlashObjective(head, recipe, vocab))
     step = run.start()
     rank = run.accelerator.process_index
 
@@ -255,23 +239,15 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
             "blocks": tau_n,
         }
 
-    def describe_eval(ev):
-        return f"top-1 per slot {[round(a, 3) for a in ev['top1_per_slot']]}, simulated tau {ev['tau_simulated']:.3f}"
-
     done = train_loop(
         run, model, optimizer, scheduler, step, micro_step, desc="dflash", progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe_eval,
+        evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot"),
     )  # fmt: skip
-    summary = {
-        "steps": done.step, "block_size": recipe.block_size, "num_layers": recipe.num_layers, "aux_layers": list(aux),
-        "mask_token_id": mask_id, "mask_token_source": mask_source, "eval": done.last_eval,
-        "draft_vocab_size": head.config.draft_vocab_size,
-        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
-        "train_tokens_per_second": done.tokens_per_second,
-    }  # fmt: skip
-    with run.gathered(model):
-        if run.is_main:
-            save_dflash(head, out / "head", overwrite=True)
+    summary = head_summary(
+        done, head, vocab_map, block_size=recipe.block_size, num_layers=recipe.num_layers, mask_token_id=mask_id,
+        mask_token_source=mask_source,
+    )  # fmt: skip
+    save_head(run, model, head, save_dflash)
     return run.finish(summary)
 
 

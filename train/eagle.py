@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
-from draftsmith.train.common import to_device, training_rows
+from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
+from draftsmith.train.common import target_sizes, to_device, training_rows
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -185,22 +185,13 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
 
     run = TrainingRun(recipe, "eagle")
-    device, out = run.device, Path(recipe.out)
+    device = run.device
     target, data = run.load_target_and_data()
-    L = target.config.get_text_config().num_hidden_layers
-    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    L, V, pad_id = target_sizes(target)
     # step 0 at position t drafts token t+2: position 2 is the first the head is trained on
     train_rows, heldout_rows = training_rows(recipe, data, first=2)
 
-    vocab_map = None
-    V = target.get_output_embeddings().weight.shape[0]
-    if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > V:
-        raise RecipeError(
-            f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary ({V} tokens): "
-            f"give at most {V}, or leave it unset for the full vocabulary"
-        )
-    if recipe.version == "eagle3":
-        vocab_map = draft_vocab_map(recipe, data, V)
+    vocab_map = draft_vocab_map(recipe, data, V) if recipe.version == "eagle3" else None
     try:
         head = EagleHead.for_target(
             target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
@@ -210,7 +201,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     except EagleError as err:
         raise RecipeError(str(err)) from None
     aux = tuple(head.config.aux_layer_ids)
-    vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device)) if vocab_map is not None else None
+    vocab = draft_vocab_ids(head, vocab_map, device)
     if vocab_map is not None:
         run.print(vocab_map.describe())
 
@@ -230,10 +221,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         feats = o.hidden_states[L] if recipe.version == "eagle1" else torch.cat([o.hidden_states[i] for i in aux], dim=-1)
         return feats.float(), o.logits.float()
 
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
-    model, optimizer, scheduler = run.prepare(EagleObjective(head, recipe, vocab), optimizer)
-    head = run.accelerator.unwrap_model(model).head
+    model, optimizer, scheduler, head = prepare_head(run, EagleObjective(head, recipe, vocab))
     step = run.start()
 
     def micro_step(step, micro):
@@ -267,21 +255,12 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
             "positions": tau_n,
         }
 
-    def describe(ev):
-        return f"top-1 per step {[round(a, 3) for a in ev['top1_per_step']]}, simulated tau {ev['tau_simulated']:.3f}"
-
     done = train_loop(
         run, model, optimizer, scheduler, step, micro_step, desc=recipe.version, progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe,
+        evaluate=evaluate if heldout_rows else None, describe=describe_top1("step"),
     )  # fmt: skip
-    summary = {
-        "steps": done.step, "version": recipe.version, "aux_layers": list(aux), "eval": done.last_eval,
-        "draft_vocab_size": head.config.draft_vocab_size, "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
-        "train_tokens_per_second": done.tokens_per_second,
-    }  # fmt: skip
-    with run.gathered(model):
-        if run.is_main:
-            save_eagle(head, out / "head", overwrite=True)
+    summary = head_summary(done, head, vocab_map, version=recipe.version)
+    save_head(run, model, head, save_eagle)
     return run.finish(summary)
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
-from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
+from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -189,14 +189,10 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle.peagle import describe
 
     run = TrainingRun(recipe, "peagle")
-    device, out = run.device, Path(recipe.out)
+    device = run.device
     target, data = run.load_target_and_data()
-    L = target.config.get_text_config().num_hidden_layers
-    V = target.get_output_embeddings().weight.shape[0]
-    pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
+    L, V, pad_id = target_sizes(target)
     train_rows, heldout_rows = training_rows(recipe, data, first=2)  # pair 0 drafts token 2
-    if recipe.draft_vocab_size is not None and recipe.draft_vocab_size > V:
-        raise RecipeError(f"draft_vocab_size = {recipe.draft_vocab_size} is larger than the target's vocabulary ({V})")
     vocab_map = draft_vocab_map(recipe, data, V)
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
@@ -209,20 +205,12 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
     aux = tuple(head.config.aux_layer_ids)
-    vocab = None  # draft id -> target id with a reduced vocabulary
+    vocab = draft_vocab_ids(head, vocab_map, device)
     if vocab_map is not None:
-        vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
         run.print(vocab_map.describe())
-    cache = None  # offline: the aux layers and `last` (the teacher)
-    if recipe.hidden_cache:
-        cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {L})))
+    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device)  # offline when hidden_cache
 
-    target_states = aux_states_and_teacher(target, cache, aux, L, device)
-
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
-    model, optimizer, scheduler = run.prepare(PEagleObjective(head, recipe, vocab), optimizer)
-    head = run.accelerator.unwrap_model(model).head
+    model, optimizer, scheduler, head = prepare_head(run, PEagleObjective(head, recipe, vocab))
     step = run.start()
     rank = run.accelerator.process_index
 
@@ -264,22 +252,14 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
             "chains": tau_n,
         }
 
-    def describe_eval(ev):
-        return f"top-1 per depth {[round(a, 3) for a in ev['top1_per_depth']]}, simulated tau {ev['tau_simulated']:.3f}"
-
     done = train_loop(
         run, model, optimizer, scheduler, step, micro_step, desc="peagle", progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe_eval,
+        evaluate=evaluate if heldout_rows else None, describe=describe_top1("depth"),
     )  # fmt: skip
-    summary = {
-        "steps": done.step, "num_depths": recipe.num_depths, "aux_layers": list(aux), "mask_token_id": mask_id,
-        "mask_token_source": mask_source, "eval": done.last_eval, "draft_vocab_size": head.config.draft_vocab_size,
-        "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
-        "train_tokens_per_second": done.tokens_per_second,
-    }  # fmt: skip
-    with run.gathered(model):
-        if run.is_main:
-            save_eagle(head, out / "head", overwrite=True)
+    summary = head_summary(
+        done, head, vocab_map, num_depths=recipe.num_depths, mask_token_id=mask_id, mask_token_source=mask_source
+    )
+    save_head(run, model, head, save_eagle)
     return run.finish(summary)
 
 

@@ -25,35 +25,24 @@ x_1..x_{k-1} are. The cache is the growing store on every path (it is not a HF c
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
-from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
+from draftsmith.eval.runtime.masks import additive
 
 
-class DFlashDrafter(HeadDrafter):
-    """DFlash drafting (a chain) over the target's hidden states `head.config.aux_layer_ids`."""
+class DFlashDrafter(OnePassDrafter):
+    """DFlash drafting (a chain) over the target's hidden states `head.config.aux_layer_ids`;
+    `_pending[b]`: row b's features [n, H] not yet fed."""
 
     def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
-        super().__init__(head.eval(), name, "DFlash")
+        super().__init__(head, name, "DFlash")
         self.block_size = int(head.config.block_size)
-        self.mask_token_id = int(head.config.mask_token_id)
-        self.kv: RaggedCache | None = None
-        self._real: list[int] = []  # context columns in the cache per row (= the next context position)
-        self._pending: list[list[torch.Tensor]] = []  # per row, features [n, H] not yet fed
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (min(num_tokens, self.block_size - 1),)
 
     def start(self, prompts, prefill, vocab_size) -> None:
-        if vocab_size != self.head.config.vocab_size:
-            raise ValueError(
-                f"DFlash head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
-            )
-        batch = len(prompts)
-        self.kv = RaggedCache(DynamicCache(), batch, self._param().device, dtype=self._param().dtype)
-        self._real = [0] * batch
-        self._pending = [[] for _ in range(batch)]
+        self._start_rows(len(prompts), vocab_size)
         if prefill:  # every prompt token but the last, right-aligned
             features = self._features(prefill)
             for b, prompt in enumerate(prompts):
@@ -67,12 +56,7 @@ class DFlashDrafter(HeadDrafter):
         batch, Bs, H = len(contexts), self.block_size, head.config.hidden_size
         pending = [torch.cat(p) if p else torch.zeros(0, H, device=device, dtype=dtype) for p in self._pending]
         fresh = [p.shape[0] for p in pending]
-        for b, context in enumerate(contexts):
-            if self._real[b] + fresh[b] != len(context) - 1:
-                raise RuntimeError(
-                    f"DFlash drafter out of step: row {b} has features of {self._real[b] + fresh[b]} positions, "
-                    f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
-                )
+        self._check_in_step(contexts, fresh, "features")
         # The new context columns, right-aligned (row b's real ones are [lo_b, W)), then the block.
         width = max(fresh)
         lo = [width - n for n in fresh]
@@ -90,22 +74,14 @@ class DFlashDrafter(HeadDrafter):
         # Every slot sees its row's cached context, its new context columns and the whole block.
         seen = torch.cat([self.kv.valid, real, torch.ones(batch, Bs, dtype=torch.bool, device=device)], dim=1)
         allowed = seen[:, None, :].expand(batch, Bs, seen.shape[1])
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        logits = head(block, context, positions=positions, attention_mask=mask[:, None], cache=self.kv.cache)
+        mask = additive(allowed, dtype)[:, None]
+        logits = head(block, context, positions=positions, attention_mask=mask, cache=self.kv.cache)
         self.kv.commit(torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1).cpu())
-        self._real = [r + n for r, n in zip(self._real, fresh)]
-        self._pending = [[] for _ in range(batch)]
-        self.kv.compact_if_wasteful()
+        self._fed(fresh)
 
         raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k
         counts = [max(0, min(k, Bs - 1)) for k in num_tokens]
         return self._one_pass_proposal(raw, counts, sampling, generators)
-
-    def select(self, rows, kept) -> None:
-        self.kv.select(rows, kept)
-        self._real = [self._real[i] for i in kept]
-        self._pending = [self._pending[i] for i in kept]
-        self.kv.compact_if_wasteful()
 
     def accepted(self, num_accepted, committed, hidden) -> None:
         # The features of the verified positions: the fed last token and the n_b accepted drafts.

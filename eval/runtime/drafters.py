@@ -37,7 +37,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
 from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, model_cache
@@ -122,6 +122,53 @@ class HeadDrafter(Drafter):
         param = self._param()
         aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
         return self.head.project(aux)
+
+
+class OnePassDrafter(HeadDrafter):
+    """A head that drafts every position of a call in ONE forward (DFlash, P-EAGLE), over a
+    `RaggedCache` of its rows' context columns: row b has `_real[b]` columns in the cache and
+    `_pending[b]`, what the verifications returned since, fed with the next call's forward (each
+    column once). A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
+
+    def __init__(self, head: torch.nn.Module, name: str, kind: str):
+        super().__init__(head.eval(), name, kind)
+        self.kind = kind
+        self.mask_token_id = int(head.config.mask_token_id)
+        self.kv: RaggedCache | None = None
+        self._real: list[int] = []  # context columns in the cache per row (= the next context position)
+        self._pending: list[list] = []  # per row, the pieces not yet fed
+
+    def _start_rows(self, batch: int, vocab_size: int) -> None:
+        """An empty cache and nothing pending for `batch` rows of a target with `vocab_size` outputs."""
+        if vocab_size != self.head.config.vocab_size:
+            raise ValueError(
+                f"{self.kind} head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
+            )
+        self.kv = RaggedCache(DynamicCache(), batch, self._param().device, dtype=self._param().dtype)
+        self._real = [0] * batch
+        self._pending = [[] for _ in range(batch)]
+
+    def _check_in_step(self, contexts, fresh: list[int], what: str) -> None:
+        """RuntimeError unless each row's cached and `fresh` columns (its `what`) cover all of its
+        context but the last token."""
+        for b, context in enumerate(contexts):
+            if self._real[b] + fresh[b] != len(context) - 1:
+                raise RuntimeError(
+                    f"{self.kind} drafter out of step: row {b} has {what} of {self._real[b] + fresh[b]} positions, "
+                    f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
+                )
+
+    def _fed(self, fresh: list[int]) -> None:
+        """After a forward fed each row's `fresh` pending columns (and `kv.commit` kept them)."""
+        self._real = [r + n for r, n in zip(self._real, fresh)]
+        self._pending = [[] for _ in self._pending]
+        self.kv.compact_if_wasteful()
+
+    def select(self, rows, kept) -> None:
+        self.kv.select(rows, kept)
+        self._real = [self._real[i] for i in kept]
+        self._pending = [self._pending[i] for i in kept]
+        self.kv.compact_if_wasteful()
 
     def _one_pass_proposal(self, raw: torch.Tensor, counts: list[int], sampling: SamplingConfig,
                            generators) -> Proposal:  # fmt: skip

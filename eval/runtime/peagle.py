@@ -23,36 +23,25 @@ only, not on the drafts x_1..x_{d-1}. The cache is the growing store on every pa
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
-from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache
+from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
 from draftsmith.eval.runtime.masks import additive, chain_attend
 
 
-class PEagleDrafter(HeadDrafter):
-    """P-EAGLE drafting (a chain, every depth from one forward) over `head.config.aux_layer_ids`."""
+class PEagleDrafter(OnePassDrafter):
+    """P-EAGLE drafting (a chain, every depth from one forward) over `head.config.aux_layer_ids`;
+    `_pending[b]`: row b's pairs (ids [n], features [n, H]) not yet fed."""
 
     def __init__(self, head: torch.nn.Module, *, name: str = "peagle"):
-        super().__init__(head.eval(), name, "P-EAGLE")
+        super().__init__(head, name, "P-EAGLE")
         self.num_depths = int(head.config.num_depths)
-        self.mask_token_id = int(head.config.mask_token_id)
-        self.kv: RaggedCache | None = None
-        self._real: list[int] = []  # real pairs in the cache per row (= the next pair's position)
-        self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per row, (ids [n], features [n, H])
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (min(num_tokens, self.num_depths),)
 
     def start(self, prompts, prefill, vocab_size) -> None:
-        if vocab_size != self.head.config.vocab_size:
-            raise ValueError(
-                f"P-EAGLE head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
-            )
-        batch, device = len(prompts), self._param().device
-        self.kv = RaggedCache(DynamicCache(), batch, device, dtype=self._param().dtype)
-        self._real = [0] * batch
-        self._pending = [[] for _ in range(batch)]
+        self._start_rows(len(prompts), vocab_size)
+        device = self._param().device
         if prefill:  # pair t = (prompt[t + 1], f_t) for every prompt token but the last, right-aligned
             features = self._features(prefill)
             for b, prompt in enumerate(prompts):
@@ -66,12 +55,7 @@ class PEagleDrafter(HeadDrafter):
         head, device, dtype = self.head, self._param().device, self._param().dtype
         batch, H = len(contexts), head.config.hidden_size
         fresh = [sum(ids.numel() for ids, _ in p) for p in self._pending]
-        for b, context in enumerate(contexts):
-            if self._real[b] + fresh[b] != len(context) - 1:
-                raise RuntimeError(
-                    f"P-EAGLE drafter out of step: row {b} has pairs of {self._real[b] + fresh[b]} positions, "
-                    f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
-                )
+        self._check_in_step(contexts, fresh, "pairs")
         # A row drafts from its newest pair's output, so only a row that feeds one this call drafts.
         counts = [min(k, self.num_depths) if fresh[b] else 0 for b, k in enumerate(num_tokens)]
         if max(counts) == 0:
@@ -94,18 +78,10 @@ class PEagleDrafter(HeadDrafter):
         _, logits = head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
         real = (offset >= 0) & (torch.arange(width + K - 1, device=device) < width)[None]
         self.kv.commit(real.cpu())  # the pairs stay, the placeholders go
-        self._real = [r + n for r, n in zip(self._real, fresh)]
-        self._pending = [[] for _ in range(batch)]
-        self.kv.compact_if_wasteful()
+        self._fed(fresh)
 
         raw = head.target_logits(logits[:, width - 1 :]).float()  # [B, K, V]: depth d drafts token n_b + d
         return self._one_pass_proposal(raw, counts, sampling, generators)
-
-    def select(self, rows, kept) -> None:
-        self.kv.select(rows, kept)
-        self._real = [self._real[i] for i in kept]
-        self._pending = [self._pending[i] for i in kept]
-        self.kv.compact_if_wasteful()
 
     def accepted(self, num_accepted, committed, hidden) -> None:
         # The pairs of the verified positions: (the token committed after each fed column, its feature)

@@ -230,6 +230,18 @@ def batch1_step_seconds(row: Mapping) -> float:
     return (row.get("drafter_seconds", 0.0) + row["target_seconds"]) / calls
 
 
+def check_items(items, cls: type, what: str) -> list:
+    """`items` as a list, once it is known to hold at least one item, each a `cls`; else
+    ValueError (empty) or TypeError (an item of another type), naming `what`."""
+    items = list(items)
+    if not items:
+        raise ValueError(f"{what} is empty; expected at least one {cls.__name__}")
+    for item in items:
+        if not isinstance(item, cls):
+            raise TypeError(f"{what} must hold {cls.__name__} objects, got {item!r}")
+    return items
+
+
 def _check_batch(value, what: str = "max_batch") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{what} = {value!r}; expected a batch size: an int >= 1")

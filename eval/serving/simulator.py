@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from draftsmith.eval.serving.profile import StepProfile, _check_batch, _is_number
+from draftsmith.eval.serving.profile import StepProfile, _check_batch, _is_number, check_items
 from draftsmith.eval.stats import percentile as _percentile
 
 Lengths = int | Sequence[int]  # a fixed length, or measured lengths to draw from (uniformly)
@@ -178,12 +178,7 @@ class SimulationResult:
 def simulate(profile: StepProfile, requests: Sequence[Request], max_batch: int, *, seed: int = 0) -> SimulationResult:
     """Run the continuous-batching server of the module docstring over `requests`."""
     _check_batch(max_batch)
-    requests = list(requests)
-    if not requests:
-        raise ValueError("requests is empty; expected at least one Request")
-    for r in requests:
-        if not isinstance(r, Request):
-            raise TypeError(f"requests must hold Request objects, got {r!r}")
+    requests = check_items(requests, Request, "requests")
     n = len(requests)
     order = sorted(range(n), key=lambda i: (requests[i].arrival_s, i))
     streams = [random.Random(f"{seed}:{i}") for i in range(n)]  # one stream per request (docstring)

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.eagle.model import EagleConfig, EagleError, EagleHead
+from draftsmith.heads.layers import describe_mask_head
 
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 # The config fields of a P-EAGLE head beyond EAGLE-3's (the export writes them, the import reads them).
@@ -117,10 +118,4 @@ class PEagleHead(EagleHead):
 
 
 def describe(head: PEagleHead) -> str:
-    c = head.config
-    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    return (
-        f"P-EAGLE head: {c.num_depths} depths per forward, aux layers {c.aux_layer_ids}, "
-        f"mask token {c.mask_token_id} ({c.mask_token_source}), draft vocabulary {c.draft_vocab_size}/{c.vocab_size}, "
-        f"{trained / 1e6:.2f}M trained parameters"
-    )
+    return describe_mask_head(head, f"P-EAGLE head: {head.config.num_depths} depths per forward")
