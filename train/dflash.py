@@ -34,6 +34,7 @@ from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -272,6 +273,8 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     with run.gathered(model):
         if run.is_main:
             save_dflash(head, out / "head", overwrite=True)
+    K, prompts = recipe.block_size - 1, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "dflash", out / "head", prompts, K, done.last_eval)
     return run.finish(summary)
 
 

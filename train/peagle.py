@@ -34,6 +34,7 @@ from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -280,6 +281,8 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     with run.gathered(model):
         if run.is_main:
             save_eagle(head, out / "head", overwrite=True)
+    K, prompts = recipe.num_depths, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "peagle", out / "head", prompts, K, done.last_eval)
     return run.finish(summary)
 
 
