@@ -320,10 +320,36 @@ def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
     return drafters
 
 
+CHAIN_KINDS = ("draft", "medusa", "eagle", "dflash", "peagle")
+
+
+def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mismatch: bool = False):
+    """The chain drafter `draftsmith eval` builds from one folder of `kind` (CHAIN_KINDS: a draft
+    model, Medusa heads, an EAGLE, DFlash or P-EAGLE head) over an already loaded `target`, with
+    the same checks (whole files, finite weights, trained on this target)."""
+    from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
+    from draftsmith.heads.models import load_causal_lm
+
+    if kind == "draft":
+        model = _checked(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), folder, "draft")
+        return DraftModelDrafter(model, name="draft")
+    if kind == "medusa":
+        heads = load_medusa_heads(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
+        return MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
+    if kind == "eagle":
+        from draftsmith.eval.runtime.eagle import EagleDrafter
+
+        head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
+        return EagleDrafter(head, name="eagle-chain")
+    builders = {"dflash": _dflash_drafters, "peagle": _peagle_drafters}
+    if kind not in builders:
+        raise SpecError(f"drafter kind {kind!r}: expected one of {', '.join(CHAIN_KINDS)}")
+    return builders[kind]({kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
+
+
 def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto", allow_target_mismatch=False):
     """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle):
     (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
     from draftsmith.heads.models import resolve_device, resolve_dtype
 
@@ -335,17 +361,9 @@ def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, de
     if draft:
         check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
     target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
-    if draft:
-        model = _checked(load_causal_lm(draft, device=device, dtype=dtype, role="draft"), draft, "draft")
-        return target, tokenizer, DraftModelDrafter(model, name="draft"), draft, None
-    if medusa:
-        heads = load_medusa_heads(medusa, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
-        drafter = MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
-        return target, tokenizer, drafter, medusa, heads
-    from draftsmith.eval.runtime.eagle import EagleDrafter
-
-    head = load_eagle_head(eagle, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
-    return target, tokenizer, EagleDrafter(head, name="eagle-chain"), eagle, None
+    kind, folder = next((k, f) for k, f in (("draft", draft), ("medusa", medusa), ("eagle", eagle)) if f is not None)
+    drafter = chain_drafter(kind, folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
+    return target, tokenizer, drafter, folder, (drafter.heads if kind == "medusa" else None)
 
 
 def eos_token_id(target, tokenizer):

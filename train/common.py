@@ -289,3 +289,95 @@ def save_head(run, model, head, save) -> None:
     with run.gathered(model):
         if run.is_main:
             save(head, run.out / "head", overwrite=True)
+
+
+# ---------------------------------------------------------------------- the serve check
+# Training says X, serving says Y: at the end of training the trained drafter is loaded from its
+# saved folder by the builders `draftsmith eval` uses and decodes a few held-out prompts, greedy,
+# as a chain of the same K the held-out simulated tau used. Both figures count the bonus token.
+# - simulated (`tau_simulated` of each trainer's evaluation): at every position of the real
+#   answer, 1 + the drafts accepted before the first miss, teacher-forced (the context is always
+#   the data's tokens), averaged over positions;
+# - decoded: tokens per target call of the real decoder along the target's own greedy
+#   continuation of the prompt (the drafter reads what it drafted and the states of what was
+#   accepted), over the calls that could draft all K (the last calls, cut short by the token
+#   budget, are left out).
+# With greedy data the continuation is the answer, so the two differ only by what serving adds
+# (the drafter's own predictions, the saved format, the prompt, the vocabulary map) and by
+# averaging: a chain of length L starting at a position is visited by the decoder about once
+# per L positions, so tokens per call are ~ 1 / mean(1 / L) <= mean(L), equal only while
+# acceptance does not change much along the text (rows the head knows, rows it does not).
+SERVE_CHECK_TOLERANCE = 0.10  # relative; a larger gap is a warning line
+
+
+def heldout_prompts(data, rows: list[int], n: int) -> list[list[int]]:
+    """The prompts (the tokens before each answer) of the first `n` held-out rows of a `DistillData`."""
+    with reading(data):
+        table = data.dataset.select(rows[:n]).with_format(None, columns=["input_ids", "prompt_length"])
+        return [list(r["input_ids"][: max(1, r["prompt_length"])]) for r in table]
+
+
+def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: int) -> tuple[float, int]:
+    """(tokens per target call, calls counted) of greedy chain decoding of `prompts` with `drafter`
+    at K = `k`, over the calls that drafted as many tokens as any call did (see above)."""
+    from draftsmith.eval.drafter_specs import eos_token_id
+    from draftsmith.eval.runtime import generate_batch
+
+    device = target.get_output_embeddings().weight.device
+    ids = [torch.tensor(p, dtype=torch.long, device=device) for p in prompts]
+    result = generate_batch(target, ids, drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
+                            eos_token_id=eos_token_id(target, None))  # fmt: skip
+    calls = [(p, a) for row in result.rows for p, a in zip(row.proposed, row.accepted)]
+    full = max((p for p, _ in calls), default=0)
+    kept = [a + 1 for p, a in calls if p == full] or [a + 1 for _, a in calls]
+    return sum(kept) / max(1, len(kept)), len(kept)
+
+
+def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dict | None, key="tau_simulated") -> dict:
+    """The serve check of a finished run (main process): the line `simulated tau X vs decoded tau
+    Y`, a warning line when they differ by more than 10%, and both in the metrics; returns what
+    the training summary records. `kind`/`folder`: the saved drafter (`chain_drafter`); `prompts`
+    from the held-out split (`heldout_prompts`, `serve_check_prompts` of them); the simulated tau
+    is `evaluation[key]` (the last held-out evaluation), measured at K = `k`. Skipped (and said
+    why) when off, without held-out rows, or on a partitioned target (fsdp2, zero3)."""
+    from draftsmith.eval.drafter_specs import SpecError, chain_drafter
+    from draftsmith.train.sharding import PARTITIONED
+
+    r, simulated = run.recipe, evaluation[key] if evaluation else None
+    if not r.serve_check_prompts or not run.is_main:
+        return {}
+    skipped = None
+    if simulated is None or not prompts:
+        skipped = "no held-out rows (heldout_fraction = 0)"
+    elif r.target_sharding in PARTITIONED:
+        skipped = f"the target is partitioned over the processes (target_sharding = {r.target_sharding})"
+    if skipped is None:
+        try:
+            # the trainer's own target: the heads' provenance is known to match (Medusa-2 adapts it)
+            drafter = chain_drafter(kind, folder, target, run.device, target.dtype, allow_target_mismatch=True)
+            tau, calls = decoded_tau(target, drafter, prompts, k, r.serve_check_new_tokens)
+        except (SpecError, ValueError) as err:
+            skipped = f"the decoder refused ({err})"
+    if skipped is not None:
+        run.print(f"serve check skipped: {skipped}")
+        return {"skipped": skipped}
+    ratio = tau / simulated
+    check = {
+        "tau_simulated": simulated, "tau_decoded": tau, "ratio": ratio, "num_draft_tokens": k,
+        "prompts": len(prompts), "new_tokens": r.serve_check_new_tokens, "target_calls": calls,
+        "agrees": abs(ratio - 1) <= SERVE_CHECK_TOLERANCE,
+    }  # fmt: skip
+    run.print(
+        f"serve check: simulated tau {simulated:.3f} vs decoded tau {tau:.3f} (x{ratio:.3f}; greedy chain, K = {k}, "
+        f"{len(prompts)} held-out prompts, {r.serve_check_new_tokens} new tokens, bonus token counted in both)"
+    )
+    if not check["agrees"]:
+        run.print(
+            f"WARNING: decoded tau is {abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the simulated one "
+            f"(more than {SERVE_CHECK_TOLERANCE:.0%}). Likely causes: teacher forcing vs own-prediction drift "
+            "(served, the drafter reads its own drafts), a chat template / prompt-format mismatch between the "
+            "data and serving, a vocab map mismatch (draft ids mapped to the wrong target ids), or acceptance "
+            "that varies along the text (the simulated tau averages positions, the decoder calls)"
+        )
+    run.log(run.step, {"serve_check": check})
+    return check

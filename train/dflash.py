@@ -35,6 +35,7 @@ from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -248,6 +249,8 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         mask_token_source=mask_source,
     )  # fmt: skip
     save_head(run, model, head, save_dflash)
+    K, prompts = recipe.block_size - 1, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "dflash", run.out / "head", prompts, K, done.last_eval)
     return run.finish(summary)
 
 

@@ -49,6 +49,7 @@ from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
 from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
+from draftsmith.train.common import serve_check
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -444,6 +445,9 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
             tokenizer.save_pretrained(tmp)
             shutil.rmtree(out / "draft", ignore_errors=True)
             tmp.rename(out / "draft")
+    prompts = [eval_rows.ids[i][: eval_rows.prompt_lengths[i]] for i in heldout_index[: recipe.serve_check_prompts]]
+    K, greedy = recipe.num_draft_tokens, "tau_simulated_greedy"  # the decoder's check is greedy
+    summary["serve_check"] = serve_check(run, target, "draft", out / "draft", prompts, K, done.last_eval, greedy)
     return run.finish(summary)
 
 

@@ -39,6 +39,7 @@ from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
 from draftsmith.train.common import target_sizes, to_device, training_rows
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -261,6 +262,8 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     )  # fmt: skip
     summary = head_summary(done, head, vocab_map, version=recipe.version)
     save_head(run, model, head, save_eagle)
+    K, prompts = recipe.eval_depth, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "eagle", run.out / "head", prompts, K, done.last_eval)
     return run.finish(summary)
 
 

@@ -38,6 +38,7 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
 from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, sync, to_device, training_rows
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -333,6 +334,8 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
             save_medusa(heads_module, out / "heads")
             if backbone is not None:
                 backbone.save_pretrained(str(out / "adapter"))
+    K, prompts = recipe.num_heads, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "medusa", out / "heads", prompts, K, done.last_eval)
     return run.finish(summary)
 
 

@@ -34,6 +34,7 @@ from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
+from draftsmith.train.common import heldout_prompts, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -260,6 +261,8 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         done, head, vocab_map, num_depths=recipe.num_depths, mask_token_id=mask_id, mask_token_source=mask_source
     )
     save_head(run, model, head, save_eagle)
+    K, prompts = recipe.num_depths, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
+    summary["serve_check"] = serve_check(run, target, "peagle", run.out / "head", prompts, K, done.last_eval)
     return run.finish(summary)
 
 

@@ -56,6 +56,8 @@ class RunRecipe:
     resume: bool | str = False  # true: the latest checkpoint in out; a path: that checkpoint
     init_from: str | None = None  # warm start, weights only: a checkpoint folder or a run folder
     log_every: int = 10
+    serve_check_prompts: int = 8  # held-out prompts decoded at the end (0 = off): simulated vs decoded tau
+    serve_check_new_tokens: int = 64  # tokens decoded per serve-check prompt (~16 target calls at tau 4)
     report_to: list = field(default_factory=list)  # trackers: wandb, tensorboard (metrics.jsonl always)
     tracker_project: str = "draftsmith"
     push_to_hub: bool = False  # push the result when training ends (`draftsmith push` does it later)
@@ -74,12 +76,13 @@ class RunRecipe:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name} = {value} must be a finite number")
-        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every"):
+        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every",
+                     "serve_check_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr = {self.lr} must be > 0")
-        for name in ("weight_decay", "warmup_steps", "grad_clip"):
+        for name in ("weight_decay", "warmup_steps", "grad_clip", "serve_check_prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 0")
         if not 0 <= self.heldout_fraction < 1:

@@ -43,7 +43,7 @@ from draftsmith.train.run_folder import refuse_earlier_run
 RUN_CONTROL_KEYS = frozenset(
     {"out", "resume", "init_from", "save_every", "keep_checkpoints", "log_every", "eval_every", "report_to",
      "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device", "allow_target_mismatch",
-     "target_sharding"}
+     "target_sharding", "serve_check_prompts", "serve_check_new_tokens"}
 )  # fmt: skip
 
 
