@@ -341,10 +341,9 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
 
         head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
         return EagleDrafter(head, name="eagle-chain")
-    builders = {"dflash": _dflash_drafters, "peagle": _peagle_drafters}
-    if kind not in builders:
+    if kind not in ("dflash", "peagle"):
         raise SpecError(f"drafter kind {kind!r}: expected one of {', '.join(CHAIN_KINDS)}")
-    return builders[kind]({kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
+    return _one_pass_drafters(f"--{kind}", {kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
 
 
 def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto", allow_target_mismatch=False):

@@ -60,15 +60,19 @@ def _stamp(built, target_fingerprint: str, budget: HeadsBudget) -> dict:
 
 
 def _trained_with(folder: Path, recipe) -> bool:
-    """True when `folder` was trained with `recipe` (its output path aside)."""
+    """True when `folder` was trained with `recipe`, keys that do not change the weights aside (the
+    run-control keys a resume may change too: output path, logging, the serve check...)."""
     from draftsmith.train.recipe import recipe_dict
+    from draftsmith.train.run import RUN_CONTROL_KEYS
 
     try:
         saved = read_json(folder / "recipe.json", "recipe")
     except ValueError:
         return False
     want = recipe_dict(recipe)
-    return {k: v for k, v in saved.items() if k != "out"} == {k: v for k, v in want.items() if k != "out"}
+    return {k: v for k, v in saved.items() if k not in RUN_CONTROL_KEYS} == {
+        k: v for k, v in want.items() if k not in RUN_CONTROL_KEYS
+    }
 
 
 def prepare_root(built, target, budget: HeadsBudget, log=print) -> Path:
