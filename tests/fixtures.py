@@ -36,3 +36,27 @@ def windowed_model(family: str, window: int = 5, seed: int = 0):
         model.get_output_embeddings().weight.mul_(HEAD_SCALE)
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def greedy_answers_batch(target, lengths=(4, 6, 4, 5, 4, 7, 4, 3), new_tokens: int = 40, seed: int = 0):
+    """(prompts, batch, states): random prompts of `lengths`, the target's greedy answers of
+    `new_tokens` as one right-padded batch (input_ids, attention_mask, loss_mask on the answers),
+    and the target's outputs on it with every hidden state: what a head is fitted to in a test."""
+    import torch
+
+    from draftsmith.eval.runtime import generate_batch
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in lengths]
+    out = generate_batch(target, prompts, None, max_new_tokens=new_tokens)
+    width = max(len(p) + new_tokens for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (p, o) in enumerate(zip(prompts, out.tokens)):
+        row = torch.cat([p, torch.tensor(o)])
+        ids[b, : len(row)], attention[b, : len(row)], loss_mask[b, len(p) : len(row)] = row, 1, True
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    with torch.no_grad():
+        states = target(ids, attention_mask=attention, output_hidden_states=True)
+    return prompts, batch, states

@@ -32,7 +32,7 @@ from draftsmith.train.dflash import (
     train,
 )
 from draftsmith.train.recipe import RecipeError, load_recipe
-from fixtures import VOCAB, tiny_model
+from fixtures import VOCAB, greedy_answers_batch, tiny_model
 
 FAMILIES = ("llama", "qwen2", "mistral")
 BLOCK = 4
@@ -148,19 +148,8 @@ def test_anchors_and_the_anchor_block_mask_match_a_reference():
 def fitted(pairs):
     """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
     target, _ = pairs("llama")
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in (4, 6, 4, 5, 4, 7, 4, 3)]
-    out = generate_batch(target, prompts, None, max_new_tokens=40)
-    width = max(len(p) + 40 for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
-    for b, (p, o) in enumerate(zip(prompts, out.tokens)):
-        row = torch.cat([p, torch.tensor(o)])
-        ids[b, : len(row)], attention[b, : len(row)], loss_mask[b, len(p) : len(row)] = row, 1, True
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    with torch.no_grad():
-        states = target(ids, attention_mask=attention, output_hidden_states=True)
+    prompts, batch, states = greedy_answers_batch(target)
+    loss_mask, attention = batch["loss_mask"], batch["attention_mask"]
     torch.manual_seed(0)
     head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2])
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)

@@ -21,7 +21,7 @@ from draftsmith.eval.runtime.peagle import PEagleDrafter
 from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
 from draftsmith.train.peagle import PEagleRecipe, chain_mask, cod_sample, main, pack_chains, peagle_losses, train
 from draftsmith.train.recipe import RecipeError, load_recipe
-from fixtures import VOCAB, tiny_model
+from fixtures import VOCAB, greedy_answers_batch, tiny_model
 
 FAMILIES = ("llama", "qwen2", "mistral")
 DEPTHS = 4
@@ -140,19 +140,7 @@ def test_the_chain_mask_matches_a_reference():
 def fitted(pairs):
     """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
     target, _ = pairs("llama")
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in (4, 6, 4, 5, 4, 7, 4, 3)]
-    out = generate_batch(target, prompts, None, max_new_tokens=40)
-    width = max(len(p) + 40 for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
-    for b, (p, o) in enumerate(zip(prompts, out.tokens)):
-        row = torch.cat([p, torch.tensor(o)])
-        ids[b, : len(row)], attention[b, : len(row)], loss_mask[b, len(p) : len(row)] = row, 1, True
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    with torch.no_grad():
-        states = target(ids, attention_mask=attention, output_hidden_states=True)
+    prompts, batch, states = greedy_answers_batch(target)
     torch.manual_seed(0)
     head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2])
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)

@@ -104,7 +104,7 @@ class HeadDrafter(Drafter):
     DFlash): it keeps the head, checks that it names its layers, and projects them."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
-        self.head, self.name = head, name
+        self.head, self.name, self.kind = head, name, kind
         self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
         if not self.target_layers:
             raise ValueError(
@@ -132,7 +132,6 @@ class OnePassDrafter(HeadDrafter):
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         super().__init__(head.eval(), name, kind)
-        self.kind = kind
         self.mask_token_id = int(head.config.mask_token_id)
         self.kv: RaggedCache | None = None
         self._real: list[int] = []  # context columns in the cache per row (= the next context position)
