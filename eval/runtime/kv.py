@@ -187,7 +187,10 @@ class RaggedCache:
         """Add `keep`'s columns to the per-row counts; returns the columns up to the last kept
         one. Read on the host (a mask built there costs no device wait)."""
         host = keep.cpu()
-        self.counts = [c + k for c, k in zip(self.counts, host.sum(1).tolist())]
+        per_row = host.sum(1).tolist()
+        self.counts = [c + k for c, k in zip(self.counts, per_row)]
+        if min(per_row) == keep.shape[1]:  # every row keeps every column
+            return keep.shape[1]
         kept = host.any(0).nonzero()
         return int(kept[-1]) + 1 if kept.numel() else 0
 

@@ -211,11 +211,14 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
             proposal = drafter.propose([contexts[r] for r in active], budget, sampling, [generators[r] for r in active])
         t1 = now()
         call = _Call(proposal, budget, typical is not None, size, device)
-        last = torch.tensor([contexts[r][-1] for r in active], device=device)
-        before = torch.tensor([len(contexts[r]) - 1 for r in active], device=device)  # real tokens before `last`
-        fed = torch.cat([last[:, None], call.tokens], dim=1)
+        # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
+        # then the proposal at its depths after it.
+        last = torch.tensor([[contexts[r][-1], len(contexts[r]) - 1] for r in active], device=device)
+        fed, positions = last[:, :1], last[:, 1:]
+        if call.tokens.shape[1]:
+            fed, positions = torch.cat([fed, call.tokens], dim=1), positions + call.offsets
         kv.reserve(max(widths[-1], fed.shape[1]))  # the widest call (compiled calls are padded to it)
-        out = kv.forward(model, fed, before[:, None] + call.offsets, call.attend, hidden_layers=layers)
+        out = kv.forward(model, fed, positions, call.attend, hidden_layers=layers)
         paths, emitted, lossy_kl = _verify(out.logits, call, sampling, typical, [generators[r] for r in active])
         kv.commit(call.keep(paths))  # row b keeps `last` and its accepted path
         if measure_distances:
@@ -227,8 +230,8 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
             new[r].extend(tokens if hit is None else tokens[: hit + 1])
             contexts[r].extend(tokens)
         alive = [i for i, (r, hit) in enumerate(zip(active, hits)) if hit is None and len(new[r]) < max_new_tokens]
-        index = torch.tensor(alive, dtype=torch.long, device=device)
-        if alive and len(alive) < size:
+        index = torch.tensor(alive, dtype=torch.long, device=device) if alive and len(alive) < size else None
+        if index is not None:
             kv.select(index, alive)  # static: they stay as padding rows
         kv.compact_if_wasteful()
         t2 = now()
@@ -247,7 +250,7 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
                 result.stopped[r] = "eos" if hits[i] is not None else "length"
                 row.new_tokens, row.total_seconds = len(new[r]), t2 - start
         if alive and drafter is not None:
-            if len(alive) < size:
+            if index is not None:
                 drafter.select(index, alive)
             committed, hidden = call.committed(emitted, paths, out.hidden_states, alive)
             drafter.accepted([len(paths[i]) for i in alive], committed, hidden)
@@ -329,11 +332,18 @@ class _Call:
         return any(parent == end for parent in self.parents[b])
 
     def keep(self, paths: list[list[int]]) -> torch.Tensor:
-        """[R, W] bool: column 0 (`last`) and the columns of each row's accepted path."""
-        keep = torch.zeros(len(paths), self.tokens.shape[1] + 1, dtype=torch.bool)
+        """[R, W] bool: column 0 (`last`) and the columns of each row's accepted path; on the
+        host (the cache reads it there)."""
+        width = self.tokens.shape[1] + 1
+        if not any(self.tree):  # chains: a path is the first n nodes, so the first n + 1 columns
+            kept = [len(path) + 1 for path in paths]
+            if min(kept) == width:
+                return torch.ones(len(paths), width, dtype=torch.bool)
+            return spans(width, None, kept, len(paths), "cpu")
+        keep = torch.zeros(len(paths), width, dtype=torch.bool)
         for b, path in enumerate(paths):
             keep[b, [0] + [i + 1 for i in path]] = True
-        return keep  # on the host: the cache reads it there
+        return keep
 
     def committed(self, emitted, paths, hidden, alive):
         """Of the rows `alive`: the tokens each emitted [R, W] (left-aligned, 0-padded), and the
@@ -358,6 +368,8 @@ def _verify(logits, call: _Call, sampling: SamplingConfig, typical, generators):
     KL estimate. One device->host copy for a greedy batch."""
     rows = len(call.counts)
     paths, emitted, kl = [], [], [0.0] * rows
+    if sampling.greedy and not call.tokens.shape[1]:  # no drafts: emit the argmax
+        return [[] for _ in range(rows)], [[t] for t in logits[:, 0].argmax(-1).tolist()], kl
     if sampling.greedy:
         # Chains: keep the drafts equal to the target's argmax before them, then emit the argmax
         # (a row's padding past its own count never counts). Trees walk the argmax down.
