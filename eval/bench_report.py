@@ -97,13 +97,9 @@ def _method_rows(methods, costs: dict, ref, eager) -> tuple[list[str], list[str]
         }
         if st is not None:
             results[m.key].update(
-                alpha=st.alpha,
-                alpha_per_position=st.alpha_per_position,
-                tau_counting_bonus=st.tau,
-                target_calls=st.target_calls,
-                drafter_seconds=st.drafter_seconds,
-                target_seconds=st.target_seconds,
-            )
+                alpha=st.alpha, alpha_per_position=st.alpha_per_position, tau_counting_bonus=st.tau,
+                target_calls=st.target_calls, drafter_seconds=st.drafter_seconds, target_seconds=st.target_seconds,
+            )  # fmt: skip
         if sc is not None:
             results[m.key].update(sc)
     return rows, warnings, results

@@ -76,15 +76,10 @@ def cmd_demo(args) -> int:
 
     try:
         settings = with_overrides(
-            QUICK if args.quick else DemoSettings(),
-            preset=args.preset,
-            num_prompts=args.prompts,
-            max_new_tokens=args.max_new_tokens,
-            num_draft_tokens=args.num_draft_tokens,
-            repeats=args.repeats,
-            temperature=args.temperature,
-            compile=args.compile,
-        )
+            QUICK if args.quick else DemoSettings(), preset=args.preset, num_prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, repeats=args.repeats,
+            temperature=args.temperature, compile=args.compile,
+        )  # fmt: skip
         if args.sampled_temperature is not None:
             settings = replace(settings, sampled_temperature=args.sampled_temperature or None)
     except ValueError as err:
