@@ -159,22 +159,29 @@ def test_device_map_in_one_process_trains_what_the_whole_target_trains(toy_dir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, how", [("medusa", "fsdp2"), ("eagle", "fsdp2"), ("medusa", "zero3")])
-def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(method, how, toy_dir, toy_data, tmp_path):
-    """zero3 runs under a DDP launch here: the head's engine is independent of the target's partitioning."""
+@pytest.mark.parametrize("method, how, launch", [
+    ("medusa", "fsdp2", "ddp"), ("eagle", "fsdp2", "ddp"), ("medusa", "zero3", "ddp"), ("medusa", "zero3", "zero2"),
+])  # fmt: skip
+def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(method, how, launch, toy_dir, toy_data,
+                                                                                      tmp_path):  # fmt: skip
+    """The head's engine (DDP, or DeepSpeed ZeRO-2) is independent of the target's partitioning."""
     keys = {"max_steps": 4, **({"lr": LR[method]} if method in LR else {})}
     reference = tmp_path / "whole"
     recipe = write_recipe(tmp_path / "whole.yaml", recipe_values(method, toy_dir, toy_data, reference, batch_size=4, **keys))
     assert main_of(method)(["--recipe", str(recipe), "--no-progress"]) == 0
 
     out = tmp_path / "sharded"
-    recipe = write_recipe(tmp_path / "sharded.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding=how, **keys))
-    args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/ddp.yaml", "--num_processes", "2",
+    # DeepSpeed must not be told `cpu` (accelerate would skip it); without CUDA it runs on the CPU over gloo.
+    device, env = ("cpu", {"ACCELERATE_USE_CPU": "true"}) if launch == "ddp" else ("auto", {})
+    values = recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding=how, device=device, **keys)
+    recipe = write_recipe(tmp_path / "sharded.yaml", values)
+    args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", f"recipes/accelerate/{launch}.yaml", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(),
             METHODS[method][0], "--recipe", recipe, "--no-progress"]  # fmt: skip
-    done = run_script(args, env=child_env(ACCELERATE_USE_CPU="true"))
+    done = run_script(args, env=child_env(**env))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["distributed"].endswith("DEEPSPEED" if launch == "zero2" else "MULTI_CPU"), summary["distributed"]
     estimate = summary["memory_estimate"]
     assert summary["processes"] == 2 and summary["target_sharding"] == how and estimate["shards"] == 2
     # the main process holds half of the layers and the rest whole (FSDP2 shards dim 0, ZeRO-3 each flattened
