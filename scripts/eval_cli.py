@@ -83,7 +83,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
-    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE heads; with --batch-sizes the batched decoder too)")
+    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE, DFlash and P-EAGLE heads; with --batch-sizes the batched decoder too)")
     ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")

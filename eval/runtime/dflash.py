@@ -20,7 +20,7 @@ own q_k = sampling.probs(logits_k) (the target's temperature, top-k, top-p) with
 generator and hands q_k to the verifier as `probs`: speculative sampling only needs each draft
 drawn from the q it reports, given everything before it, which holds since x_k ~ q_k whatever
 x_1..x_{k-1} are. On the static path the cache is the preallocated store (a HF `StaticCache`),
-whose step `--compile` compiles (`OnePassDrafter`: the widths of 1..K + 1 new columns + the block).
+whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 new columns + the block).
 """
 
 from __future__ import annotations

@@ -163,10 +163,13 @@ class OnePassDrafter(HeadDrafter):
     column once). Every forward feeds [the new context columns | a fixed tail of `_tail` columns
     (DFlash's block, P-EAGLE's placeholders)] and keeps the real context columns only. On the
     compiled path the context is widened (holes on the left, as in right-aligned rows) to the
-    narrowest compiled width, so a compiled step runs as it was traced: `prepare` compiles the
-    widths of 1..K + 1 new columns (the fed last token and up to K accepted drafts) + the tail;
-    the prompt's first catch-up is wider and runs uncompiled. A subclass builds the forward
-    (`propose`) and what it keeps (`accepted`)."""
+    compiled width, so a compiled step runs exactly as it was traced, never recompiled:
+    `prepare` compiles ONE width, K + 1 new columns (the fed last token and up to K accepted
+    drafts) + the tail, which every call after the prompt's fits (the prompt's first catch-up
+    is wider and runs uncompiled). One width rather than EAGLE's 1..K + 1: the tail is there
+    anyway and the static store's attention reads its whole buffer whatever the width, so the
+    <= K padding columns cost a little per-column arithmetic, while each width more costs a
+    compile. A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         super().__init__(head.eval(), name, kind)
@@ -182,7 +185,7 @@ class OnePassDrafter(HeadDrafter):
     def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
         size = max(self.proposal_sizes(num_tokens))
         self._tail = self._tail_for(size)
-        looks = {fresh + self._tail: 0 for fresh in range(1, size + 2)}
+        looks = {size + 1 + self._tail: 0}  # every later call is padded to it (class docstring)
         return self._prepare_store(batch, capacity, compile, logits, looks, size + 1 + self._tail)
 
     def _start_rows(self, batch: int, vocab_size: int) -> None:
@@ -207,8 +210,8 @@ class OnePassDrafter(HeadDrafter):
 
     def _context_width(self, fresh: list[int]) -> int:
         """The context columns of a forward feeding row b `fresh[b]` new ones: the narrowest
-        compiled width (less the tail) that holds them all, else the widest row's; the cache has
-        room for them and the tail afterwards."""
+        compiled width (less the tail) that holds them all, else the widest row's (uncompiled);
+        the cache has room for them and the tail afterwards."""
         widths = [w - self._tail for w in self.kv.compiled_widths(self.role) if w - self._tail >= max(fresh)]
         width = min(widths, default=max(fresh))
         self.kv.reserve(width + self._tail)

@@ -18,7 +18,7 @@ own q_d = sampling.probs(logits_d) (the target's temperature, top-k, top-p) with
 generator and hands q_d to the verifier as `probs`. Speculative sampling needs each draft drawn
 from the q it reports given everything before it, which holds since q_d depends on the context
 only, not on the drafts x_1..x_{d-1}. On the static path the cache is the preallocated store (a
-HF `StaticCache`), whose step `--compile` compiles (`OnePassDrafter`: 1..K + 1 pairs + K - 1 masks).
+HF `StaticCache`), whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 pairs + K - 1 masks).
 """
 
 from __future__ import annotations
