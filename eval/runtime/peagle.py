@@ -52,7 +52,7 @@ class PEagleDrafter(OnePassDrafter):
                     self._pending[b].append((ids, features[b, features.shape[1] - n :]))
 
     def _tail_for(self, size: int) -> int:
-        return size - 1
+        return max(size - 1, 0)
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
