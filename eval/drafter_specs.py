@@ -346,21 +346,23 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
     return _one_pass_drafters(f"--{kind}", {kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
 
 
-def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, device="auto", dtype="auto", allow_target_mismatch=False):
-    """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle):
-    (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
+def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, dflash=None, peagle=None, device="auto",
+                       dtype="auto", allow_target_mismatch=False):  # fmt: skip
+    """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle,
+    dflash, peagle): (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
     from draftsmith.heads.models import resolve_device, resolve_dtype
 
-    if sum(x is not None for x in (draft, medusa, eagle)) != 1:
-        raise SpecError("give one drafter to tune: --draft DIR, --medusa DIR or --eagle DIR")
+    folders = {"draft": draft, "medusa": medusa, "eagle": eagle, "dflash": dflash, "peagle": peagle}
+    if sum(x is not None for x in folders.values()) != 1:
+        raise SpecError("give one drafter to tune: --draft, --medusa, --eagle, --dflash or --peagle DIR")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     tokenizer = load_tokenizer(target_folder)
     if draft:
         check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
     target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
-    kind, folder = next((k, f) for k, f in (("draft", draft), ("medusa", medusa), ("eagle", eagle)) if f is not None)
+    kind, folder = next((k, f) for k, f in folders.items() if f is not None)
     drafter = chain_drafter(kind, folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
     return target, tokenizer, drafter, folder, (drafter.heads if kind == "medusa" else None)
 

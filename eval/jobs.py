@@ -244,9 +244,11 @@ class TuneJob:
     target: str
     prompts: str
     settings: EvalSettings  # at num_draft_tokens = k_max; the check decodes at the chosen K
-    draft: str | None = None  # exactly one of draft, medusa, eagle
+    draft: str | None = None  # exactly one of draft, medusa, eagle, dflash, peagle
     medusa: str | None = None
     eagle: str | None = None
+    dflash: str | None = None
+    peagle: str | None = None
     limit: int | None = None
     chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
     plain_prompts: str = "raw"  # plain "prompt" rows: raw text, or "chat" (one templated user turn)
@@ -275,8 +277,8 @@ def run_tune(job: TuneJob) -> dict:
     if job.tree_budgets and not job.medusa:
         raise SpecError("--tree-budgets applies to Medusa heads: give --medusa DIR")
     target, tokenizer, drafter, folder, heads = load_chain_drafter(
-        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, device=job.device, dtype=job.dtype,
-        allow_target_mismatch=job.allow_target_mismatch,
+        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, dflash=job.dflash, peagle=job.peagle,
+        device=job.device, dtype=job.dtype, allow_target_mismatch=job.allow_target_mismatch,
     )
     asked = _ask_prompts(
         job.prompts, target, tokenizer, job.settings, {f"the target {job.target!r}": max_positions(target.config)},
@@ -289,6 +291,10 @@ def run_tune(job: TuneJob) -> dict:
         num_heads = heads.config.num_heads
         print(f"note: {folder} has {num_heads} Medusa heads: K is searched up to {num_heads}, not {k_max}")
         k_max = heads.config.num_heads
+    elif max(drafter.proposal_sizes(k_max)) < k_max:  # a one-pass head drafts a fixed number of positions
+        most = max(drafter.proposal_sizes(k_max))
+        print(f"note: {folder} drafts at most {most} tokens per call: K is searched up to {most}, not {k_max}")
+        k_max = most
     budgets = list(job.tree_budgets or [4, 8, 16, 32])
     accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None
     if heads is not None and not accuracies:

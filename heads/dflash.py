@@ -306,9 +306,11 @@ class DFlashHead(PreTrainedModel):
         `block_size`, possibly several packed per row), given C new context columns `context
         [N, C, H]` (`project`'s output, C may be 0). positions [N, C + Q]: the context's then the
         slots'. attention_mask: float additive [N or 1, 1, Q, S + C + Q] over the S columns
-        already in `cache`, the context, then the slots (0 = attend, large negative = blocked)."""
+        already in `cache` (a growing `DynamicCache`; a `StaticCache`: the rest of its buffer),
+        the context, then the slots (0 = attend, large negative = blocked)."""
         N, Q = block_ids.shape
-        C, S = context.shape[1], 0 if cache is None else cache.get_seq_length()
+        C = context.shape[1]  # S: the columns the cache returns besides these (a StaticCache: its whole buffer)
+        S = 0 if cache is None else cache.get_mask_sizes(C + Q, 0)[0] - (C + Q)
         if context.dim() != 3 or context.shape[0] != N or context.shape[-1] != self.config.hidden_size:
             raise DFlashError(f"forward: context {list(context.shape)} must be [{N}, C, {self.config.hidden_size}]")
         if tuple(positions.shape) != (N, C + Q):

@@ -1,7 +1,7 @@
 """The measuring commands of `draftsmith`: what a drafter is worth against its target.
 
     draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle [NAME=]DIR ... | --dflash [NAME=]DIR ... | --peagle [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
-    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE [--k-max 8] [--write]
+    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR | --dflash DIR | --peagle DIR) --prompts FILE [--k-max 8] [--write]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
 
 The jobs themselves are `draftsmith.eval.jobs`; the drafters come from `draftsmith.eval.drafter_specs`.
@@ -83,7 +83,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
-    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE heads; with --batch-sizes the batched decoder too)")
+    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE, DFlash and P-EAGLE heads; with --batch-sizes the batched decoder too)")
     ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
@@ -112,6 +112,8 @@ def add_commands(sub) -> None:
     which.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
     which.add_argument("--medusa", help="folder of Medusa heads for this target")
     which.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target")
+    which.add_argument("--dflash", help="folder of a DFlash block drafter for this target")
+    which.add_argument("--peagle", help="folder of a P-EAGLE head for this target")
     tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
     _add_prompt_args(tu)
@@ -223,7 +225,7 @@ def cmd_tune(args) -> int:
 
     job = TuneJob(
         target=args.target, prompts=args.prompts, settings=_eval_settings(args, args.k_max, measure_distances=False),
-        draft=args.draft, medusa=args.medusa, eagle=args.eagle, limit=args.limit,
+        draft=args.draft, medusa=args.medusa, eagle=args.eagle, dflash=args.dflash, peagle=args.peagle, limit=args.limit,
         chat_template=args.chat_template, plain_prompts=args.plain_prompts,
         tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None, write=args.write, out=args.out,
         device=args.device, dtype=args.dtype, progress=not args.no_progress, allow_target_mismatch=args.allow_target_mismatch,

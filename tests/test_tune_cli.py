@@ -158,7 +158,7 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "one of the arguments --draft --medusa --eagle is required"),
+        ([], "one of the arguments --draft --medusa --eagle --dflash --peagle is required"),
         (["--draft", "D", "--eagle", "E"], "argument --eagle: not allowed with argument --draft"),
         (["--draft", "D", "--k-max", "0"], "--k-max must be >= 1, got 0"),
         (["--draft", "D", "--tree-budgets", "4,0"], "--tree-budgets '4,0': '0' is not a number of tree nodes"),

@@ -19,7 +19,8 @@ Lossless at any temperature: greedy takes each slot's argmax; sampling draws slo
 own q_k = sampling.probs(logits_k) (the target's temperature, top-k, top-p) with the row's
 generator and hands q_k to the verifier as `probs`: speculative sampling only needs each draft
 drawn from the q it reports, given everything before it, which holds since x_k ~ q_k whatever
-x_1..x_{k-1} are. The cache is the growing store on every path (it is not a HF cache).
+x_1..x_{k-1} are. On the static path the cache is the preallocated store (a HF `StaticCache`),
+whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 new columns + the block).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
-from draftsmith.eval.runtime.masks import additive
 
 
 class DFlashDrafter(OnePassDrafter):
@@ -37,6 +37,7 @@ class DFlashDrafter(OnePassDrafter):
     def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
         super().__init__(head, name, "DFlash")
         self.block_size = int(head.config.block_size)
+        self._tail = self.block_size
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (min(num_tokens, self.block_size - 1),)
@@ -50,6 +51,17 @@ class DFlashDrafter(OnePassDrafter):
                 if n:
                     self._pending[b].append(features[b, features.shape[1] - n :])
 
+    def _tail_for(self, size: int) -> int:
+        return self.block_size
+
+    def _step(self, ids, positions, mask, cache, features):
+        """The head's forward as a cache call (`kv.py`): the fed columns are [context | block], the
+        context's columns carrying their features, the block's (the last block_size) their ids;
+        the block's queries only, so its logits [B, block_size, draft_vocab]."""
+        block = self.block_size
+        return (self.head(ids[:, -block:], features[:, :-block], positions=positions,
+                          attention_mask=mask[:, :, -block:], cache=cache),)  # fmt: skip
+
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         head, device, dtype = self.head, self._param().device, self._param().dtype
@@ -58,25 +70,26 @@ class DFlashDrafter(OnePassDrafter):
         fresh = [p.shape[0] for p in pending]
         self._check_in_step(contexts, fresh, "features")
         # The new context columns, right-aligned (row b's real ones are [lo_b, W)), then the block.
-        width = max(fresh)
+        width = self._context_width(fresh)
         lo = [width - n for n in fresh]
-        context = torch.zeros(batch, width, H, device=device, dtype=dtype)
+        features = torch.zeros(batch, width + Bs, H, device=device, dtype=dtype)
         for b, p in enumerate(pending):
             if fresh[b]:
-                context[b, lo[b] :] = p
+                features[b, lo[b] : width] = p
         offset = torch.arange(width, device=device)[None] - torch.tensor(lo, device=device)[:, None]
         real = offset >= 0  # [B, W]
         ctx_pos = torch.where(real, torch.tensor(self._real, device=device)[:, None] + offset, 0)
         anchor = torch.tensor([len(c) - 1 for c in contexts], device=device)
         positions = torch.cat([ctx_pos, anchor[:, None] + torch.arange(Bs, device=device)[None]], dim=1)
-        block = torch.full((batch, Bs), self.mask_token_id, dtype=torch.long, device=device)
-        block[:, 0] = torch.tensor([c[-1] for c in contexts], device=device)
-        # Every slot sees its row's cached context, its new context columns and the whole block.
-        seen = torch.cat([self.kv.valid, real, torch.ones(batch, Bs, dtype=torch.bool, device=device)], dim=1)
-        allowed = seen[:, None, :].expand(batch, Bs, seen.shape[1])
-        mask = additive(allowed, dtype)[:, None]
-        logits = head(block, context, positions=positions, attention_mask=mask, cache=self.kv.cache)
-        self.kv.commit(torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1).cpu())
+        ids = torch.full((batch, width + Bs), self.mask_token_id, dtype=torch.long, device=device)
+        ids[:, width] = torch.tensor([c[-1] for c in contexts], device=device)
+        # Every slot sees its row's cached context, its new context columns and the whole block
+        # (a context column sees itself: its output is never read).
+        attend = torch.eye(width + Bs, dtype=torch.bool, device=device).repeat(batch, 1, 1)
+        attend[:, width:, :width] = real[:, None, :]
+        attend[:, width:, width:] = True
+        keep = torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1)
+        (logits,) = self._forward(ids, positions, attend, features, keep)
         self._fed(fresh)
 
         raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k

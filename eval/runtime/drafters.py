@@ -40,7 +40,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from draftsmith.eval.runtime.compiler import Compiler, compile_mode
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, model_cache
+from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
 from draftsmith.eval.runtime.masks import chain_attend
 from draftsmith.eval.runtime.sampling import SamplingConfig, draw_rows
 from draftsmith.eval.runtime.target import max_positions, right_aligned
@@ -101,15 +101,20 @@ class Drafter:
 
 class HeadDrafter(Drafter):
     """A drafter whose head reads the target's hidden states `head.config.aux_layer_ids` (EAGLE,
-    DFlash): it keeps the head, checks that it names its layers, and projects them."""
+    DFlash, P-EAGLE): it keeps the head, checks that it names its layers, projects them, and
+    keeps the head's KV store (`kv`): growing, or on the static path a preallocated one (role
+    `kind.lower()`) whose step (`_step`, a cache call of `kv.py`) `compile` compiles per width."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         self.head, self.name, self.kind = head, name, kind
+        self.role = kind.lower()  # the head's static cache, and its compiled steps' key
         self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
         if not self.target_layers:
             raise ValueError(
                 f"head.config.aux_layer_ids is empty: the {kind} head must name the target layers it reads"
             )
+        self.kv: RaggedCache | None = None
+        self._capacity, self._compile = None, False  # the static store's columns (None: growing), set by `prepare`
 
     def max_positions(self) -> int | None:
         return max_positions(self.head.config)
@@ -123,19 +128,65 @@ class HeadDrafter(Drafter):
         aux = torch.cat([hidden[i].to(device=param.device, dtype=param.dtype) for i in self.target_layers], dim=-1)
         return self.head.project(aux)
 
+    def _step(self, ids, positions, mask, cache, features):
+        """The head's forward as a cache call (`kv.py`), EAGLE's and P-EAGLE's: (out_hidden g, logits)."""
+        return self.head(ids, features, position_ids=positions, attention_mask=mask, cache=cache)
+
+    def _prepare_store(self, batch: int, capacity: int | None, compile, logits: bool, looks: dict[int, int],
+                       extra: int) -> float:  # fmt: skip
+        """`prepare` of the head's store: growing when `capacity` (the target's columns per row)
+        is None, else static with room for `extra` columns more (what one proposal feeds past a
+        row's real ones), its step warmed (compiled with `compile`) for each width of `looks`
+        (`warm_up_call`: width -> lookback), with features [batch, width, hidden] as its input.
+        Returns the seconds spent compiling."""
+        self.logits, self._compile = logits, compile
+        self._capacity = None if capacity is None else capacity_for(capacity + extra)
+        if self._capacity is None:
+            return 0.0
+        kv = model_cache(self.head, self.role, batch, self._capacity, compile)
+        param, size = self._param(), self.head.config.hidden_size
+        inputs = lambda width: (torch.zeros(batch, width, size, device=param.device, dtype=param.dtype),)  # noqa: E731
+        return kv.warm_up_call(self._step, looks, self.role, inputs)
+
+    def _new_store(self, batch: int) -> RaggedCache:
+        """The head's empty store for a request of `batch` rows (`start`), as `prepare` chose it."""
+        if self._capacity is None:  # the growing store (HF's cache makes its layers at the first forward)
+            param = self._param()
+            return RaggedCache(DynamicCache(), batch, param.device, dtype=param.dtype)
+        return model_cache(self.head, self.role, batch, self._capacity, self._compile)
+
 
 class OnePassDrafter(HeadDrafter):
     """A head that drafts every position of a call in ONE forward (DFlash, P-EAGLE), over a
     `RaggedCache` of its rows' context columns: row b has `_real[b]` columns in the cache and
     `_pending[b]`, what the verifications returned since, fed with the next call's forward (each
-    column once). A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
+    column once). Every forward feeds [the new context columns | a fixed tail of `_tail` columns
+    (DFlash's block, P-EAGLE's placeholders)] and keeps the real context columns only. On the
+    compiled path the context is widened (holes on the left, as in right-aligned rows) to the
+    compiled width, so a compiled step runs exactly as it was traced, never recompiled:
+    `prepare` compiles ONE width, K + 1 new columns (the fed last token and up to K accepted
+    drafts) + the tail, which every call after the prompt's fits (the prompt's first catch-up
+    is wider and runs uncompiled). One width rather than EAGLE's 1..K + 1: the tail is there
+    anyway and the static store's attention reads its whole buffer whatever the width, so the
+    <= K padding columns cost a little per-column arithmetic, while each width more costs a
+    compile. A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         super().__init__(head.eval(), name, kind)
         self.mask_token_id = int(head.config.mask_token_id)
-        self.kv: RaggedCache | None = None
+        self._tail = 0  # columns each forward feeds after the context (set by a subclass / `prepare`)
         self._real: list[int] = []  # context columns in the cache per row (= the next context position)
         self._pending: list[list] = []  # per row, the pieces not yet fed
+
+    def _tail_for(self, size: int) -> int:
+        """The tail's columns for proposals of up to `size` tokens."""
+        raise NotImplementedError
+
+    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
+        size = max(self.proposal_sizes(num_tokens))
+        self._tail = self._tail_for(size)
+        looks = {size + 1 + self._tail: 0}  # every later call is padded to it (class docstring)
+        return self._prepare_store(batch, capacity, compile, logits, looks, size + 1 + self._tail)
 
     def _start_rows(self, batch: int, vocab_size: int) -> None:
         """An empty cache and nothing pending for `batch` rows of a target with `vocab_size` outputs."""
@@ -143,7 +194,7 @@ class OnePassDrafter(HeadDrafter):
             raise ValueError(
                 f"{self.kind} head drafts over {self.head.config.vocab_size} tokens, the target outputs {vocab_size}"
             )
-        self.kv = RaggedCache(DynamicCache(), batch, self._param().device, dtype=self._param().dtype)
+        self.kv = self._new_store(batch)
         self._real = [0] * batch
         self._pending = [[] for _ in range(batch)]
 
@@ -156,6 +207,22 @@ class OnePassDrafter(HeadDrafter):
                     f"{self.kind} drafter out of step: row {b} has {what} of {self._real[b] + fresh[b]} positions, "
                     f"its context {len(context)} tokens (was a verification's `accepted` skipped?)"
                 )
+
+    def _context_width(self, fresh: list[int]) -> int:
+        """The context columns of a forward feeding row b `fresh[b]` new ones: the narrowest
+        compiled width (less the tail) that holds them all, else the widest row's (uncompiled);
+        the cache has room for them and the tail afterwards."""
+        widths = [w - self._tail for w in self.kv.compiled_widths(self.role) if w - self._tail >= max(fresh)]
+        width = min(widths, default=max(fresh))
+        self.kv.reserve(width + self._tail)
+        return width
+
+    def _forward(self, ids, positions, attend, features, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The head's step (`_step`) over the fed columns ids [B, W] at positions [B, W] with
+        `features [B, W, H]`, `attend [B, W, W]`; row b's cache keeps the columns `keep [B, W]` marks."""
+        out = self.kv.run(self._step, ids, positions, attend, features, key=self.role)
+        self.kv.commit(keep.cpu())
+        return out
 
     def _fed(self, fresh: list[int]) -> None:
         """After a forward fed each row's `fresh` pending columns (and `kv.commit` kept them)."""

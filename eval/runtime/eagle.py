@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from transformers import DynamicCache
-
 from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
-from draftsmith.eval.runtime.kv import RaggedCache, capacity_for, model_cache
 from draftsmith.eval.runtime.masks import chain_attend, spans
 from draftsmith.eval.runtime.target import right_align, right_aligned
 
@@ -82,8 +79,6 @@ class EagleDrafter(HeadDrafter):
         self.tree = None if tree is None else _check_tree(tree)
         self.max_depth = None if self.tree is None else self.tree["depth"] + 1
         self.typical = tuple(typical) if typical is not None else None
-        self.kv: RaggedCache | None = None
-        self._capacity, self._compile = None, False  # the static store's columns (None: growing), set by `prepare`
         self.last_scores: torch.Tensor | None = None
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
@@ -100,9 +95,6 @@ class EagleDrafter(HeadDrafter):
         """The static store holds a request's real pairs (`capacity`) and one proposal's drafts;
         with `compile`, its steps are compiled for every catch-up width (1 to K + 1: the fed last
         token and the accepted drafts, and the chain's one-token steps) and the tree's frontier."""
-        self.logits, self._compile, self._capacity = logits, compile, None
-        if capacity is None:
-            return 0.0
         looks = dict.fromkeys(range(1, num_tokens + 2), 0)
         drafts = num_tokens - 1
         if self.tree is not None:
@@ -110,33 +102,22 @@ class EagleDrafter(HeadDrafter):
             drafts = depth * width
             if depth:
                 looks[width] = (depth - 1) * width  # the deepest frontier sees all the earlier ones
-        self._capacity = capacity_for(capacity + drafts)
-        kv = model_cache(self.head, "eagle", batch, self._capacity, compile)
-        param, size = self._param(), self.head.config.hidden_size
-        inputs = lambda width: (torch.zeros(batch, width, size, device=param.device, dtype=param.dtype),)  # noqa: E731
-        return kv.warm_up_call(self._step, looks, "eagle", inputs)
+        return self._prepare_store(batch, capacity, compile, logits, looks, drafts)
 
     def start(self, prompts, prefill, vocab_size) -> None:
         batch, param = len(prompts), self._param()
-        if self._capacity is None:  # the growing store (HF's cache makes its layer at the first forward)
-            self.kv = RaggedCache(DynamicCache(), batch, param.device, dtype=param.dtype)
-        else:
-            self.kv = model_cache(self.head, "eagle", batch, self._capacity, self._compile)
+        self.kv = self._new_store(batch)
         self._real, self._has, self._root = [0] * batch, [False] * batch, None
         self._pending = None  # (ids, features, positions, lo) of the pairs not yet fed
         if prefill:  # pair t = (prompt[t + 1], f_t): the prefill's own layout, one token on
             ids, positions, lo = right_aligned([p[1:] for p in prompts], [0] * batch, param.device)
             self._pending = (ids, self._features(prefill), positions, lo)
 
-    def _step(self, ids, positions, mask, cache, features):
-        """The head's forward as a cache call (`kv.py`): (out_hidden g, logits)."""
-        return self.head(ids, features, position_ids=positions, attention_mask=mask, cache=cache)
-
     def _feed(self, ids, features, positions, attend, keep=None):
         """Feed W columns (ids [B, W], features [B, W, H]); `attend [B, W, L]` says which of the
         fed columns, and of the cache's last L - W columns (this proposal's earlier drafts), each
         sees."""
-        out, logits = self.kv.run(self._step, ids, positions, attend, features, key="eagle")
+        out, logits = self.kv.run(self._step, ids, positions, attend, features, key=self.role)
         self.kv.commit(torch.ones(ids.shape, dtype=torch.bool) if keep is None else keep)
         return out, logits
 

@@ -18,23 +18,20 @@ exactly what sequential decoding of the path computes. No row is cut to another'
 Per-row counts live on the host, so no bookkeeping waits on the device.
 
 Two stores, chosen by a setting, behind the same moves:
-- `RaggedCache` (growing): a `transformers.DynamicCache`; finished rows leave the batch
-  (`select` drops their rows).
+- `RaggedCache` (growing): a `transformers.DynamicCache`; finished rows leave it (`select`).
 - `StaticRaggedCache` (preallocated, compile-friendly): one HF `StaticCache`
   [B, kv_heads, capacity, head_dim] per layer, written at a pointer; a tail cut moves the
   pointer back, compaction is an in-place gather, nothing grows. The mask is built INSIDE the
   one step function from tensors (valid, pointer, attend), so every call of a width has the
   same shapes and `warm_up` can `torch.compile` it per width (a narrower call is padded up).
-  The B physical rows stay: a finished row becomes a padding row (token 0, no real column, it
-  sees only itself; its outputs are dropped).
+  The B physical rows stay: a finished row becomes a padding row (token 0, no real column).
 Sliding-window layers (Mistral, Qwen2's `use_sliding_window`, Gemma-2/3, gpt-oss) keep every
 column too: HF's own sliding layers drop states by column, which would count a row's holes as
 tokens. The cache keeps each column's position instead, and a sliding layer's mask also blocks
 the keys `window` or more positions behind the query (HF takes {"full_attention": mask,
-"sliding_attention": mask} for a model with both kinds). Attention must take a 4-D float mask
-(eager or sdpa).
-A store serves any model with a HF cache: a HF causal LM (`forward`), or a draft head through
-a cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; the EAGLE head).
+"sliding_attention": mask} for a model with both kinds); attention takes a 4-D float mask.
+A store serves any model with a HF cache: a HF causal LM (`forward`), or a draft head through a
+cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; EAGLE, DFlash, P-EAGLE).
 """
 
 from __future__ import annotations
@@ -171,6 +168,10 @@ class RaggedCache:
 
     def reserve(self, fed: int) -> None:
         """Room for `fed` more columns (the growing store always has it)."""
+    def compiled_widths(self, key) -> list[int]:
+        """The widths `run(..., key=key)` has compiled steps for (the growing store compiles none)."""
+        return []
+
     def commit(self, keep: torch.Tensor) -> None:
         """The last forward added W columns; row b keeps those `keep [B, W]` marks. Columns kept
         by no row (past the last kept one) are cut right away."""
@@ -513,6 +514,10 @@ class StaticRaggedCache(RaggedCache):
                 if fn is not None:
                     self._compiled[(key, width)] = (look, fn)
         return self.compiler.seconds - before
+
+    def compiled_widths(self, key) -> list[int]:
+        """The widths `run(..., key=key)` has compiled steps for, narrowest first."""
+        return sorted(width for k, width in self._compiled if k == key)
 
     @torch.inference_mode()
     def chain(self, ids, positions, lo: list[int], num_tokens: int, bias: torch.Tensor, logits: bool = False):

@@ -17,7 +17,8 @@ Lossless at any temperature: greedy takes each depth's argmax; sampling draws de
 own q_d = sampling.probs(logits_d) (the target's temperature, top-k, top-p) with the row's
 generator and hands q_d to the verifier as `probs`. Speculative sampling needs each draft drawn
 from the q it reports given everything before it, which holds since q_d depends on the context
-only, not on the drafts x_1..x_{d-1}. The cache is the growing store on every path.
+only, not on the drafts x_1..x_{d-1}. On the static path the cache is the preallocated store (a
+HF `StaticCache`), whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 pairs + K - 1 masks).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
-from draftsmith.eval.runtime.masks import additive, chain_attend
+from draftsmith.eval.runtime.masks import chain_attend
 
 
 class PEagleDrafter(OnePassDrafter):
@@ -50,6 +51,9 @@ class PEagleDrafter(OnePassDrafter):
                     ids = torch.as_tensor(list(prompt[1:]), dtype=torch.long, device=device)
                     self._pending[b].append((ids, features[b, features.shape[1] - n :]))
 
+    def _tail_for(self, size: int) -> int:
+        return max(size - 1, 0)
+
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         head, device, dtype = self.head, self._param().device, self._param().dtype
@@ -60,24 +64,23 @@ class PEagleDrafter(OnePassDrafter):
         counts = [min(k, self.num_depths) if fresh[b] else 0 for b, k in enumerate(num_tokens)]
         if max(counts) == 0:
             return Proposal.empty(batch, device)
-        K, width = max(counts), max(fresh)
-        lo = [width - n for n in fresh]
-        ids = torch.full((batch, width + K - 1), self.mask_token_id, dtype=torch.long, device=device)
-        features = torch.zeros(batch, width + K - 1, H, device=device, dtype=dtype)
-        features[:, width:] = head.mask_features(batch, K - 1).to(dtype)
+        # The placeholders: `prepare`'s K - 1 (extra ones change nothing: each sees only those before it).
+        self._tail = max(self._tail, max(counts) - 1)
+        width = self._context_width(fresh)
+        lo, fed = [width - n for n in fresh], width + self._tail
+        ids = torch.full((batch, fed), self.mask_token_id, dtype=torch.long, device=device)
+        features = torch.zeros(batch, fed, H, device=device, dtype=dtype)
+        features[:, width:] = head.mask_features(batch, self._tail).to(dtype)
         for b, pieces in enumerate(self._pending):
             if fresh[b]:
                 ids[b, lo[b] : width] = torch.cat([i for i, _ in pieces])
                 features[b, lo[b] : width] = torch.cat([f for _, f in pieces])
         # Pairs at their positions (padding at 0), then placeholder d one position past the last pair.
-        offset = torch.arange(width + K - 1, device=device)[None] - torch.tensor(lo, device=device)[:, None]
+        offset = torch.arange(fed, device=device)[None] - torch.tensor(lo, device=device)[:, None]
         positions = (torch.tensor(self._real, device=device)[:, None] + offset).clamp(min=0)
-        attend = chain_attend(width + K - 1, lo, None, batch, device)  # causal over the real pairs and masks
-        allowed = torch.cat([self.kv.valid[:, None, :].expand(-1, width + K - 1, -1), attend], dim=-1)[:, None]
-        mask = additive(allowed, dtype)
-        _, logits = head(ids, features, position_ids=positions, attention_mask=mask, cache=self.kv.cache)
-        real = (offset >= 0) & (torch.arange(width + K - 1, device=device) < width)[None]
-        self.kv.commit(real.cpu())  # the pairs stay, the placeholders go
+        attend = chain_attend(fed, lo, None, batch, device)  # causal over the real pairs and masks
+        keep = (offset >= 0) & (torch.arange(fed, device=device) < width)[None]  # the pairs stay, the placeholders go
+        _, logits = self._forward(ids, positions, attend, features, keep)
         self._fed(fresh)
 
         raw = head.target_logits(logits[:, width - 1 :]).float()  # [B, K, V]: depth d drafts token n_b + d

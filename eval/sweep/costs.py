@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from draftsmith.eval.runtime import Drafter, MedusaDrafter
+from draftsmith.eval.runtime.drafters import OnePassDrafter
 
 
 def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimum: int) -> torch.Tensor:
@@ -23,9 +24,10 @@ def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimu
 
 
 def draft_cost_per_step(drafter: Drafter) -> bool:
-    """True when the drafter's cost is per step whatever K (Medusa: every head in one forward),
-    False when it grows with every drafted token (a draft model, an EAGLE chain)."""
-    return isinstance(drafter, MedusaDrafter)
+    """True when the drafter's cost is per step whatever K (Medusa: every head in one forward;
+    DFlash, P-EAGLE: every position in one forward), False when it grows with every drafted
+    token (a draft model, an EAGLE chain)."""
+    return isinstance(drafter, (MedusaDrafter, OnePassDrafter))
 
 
 def chain_draft_seconds(drafter: Drafter, drafter_seconds: float, target_calls: int, drafts: int):
