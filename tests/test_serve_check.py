@@ -5,7 +5,8 @@ training_summary.json and metrics.jsonl, and a warning when they differ by more 
 The fixture target copies its last token (its layers add nothing to the residual stream, its
 output head is its embedding): every greedy answer is one token repeated. Medusa heads and a
 truncated draft predict that from the start, so both figures are high and must agree; a planted
-mismatch (another K, a shuffled vocabulary map) must make the check warn."""
+mismatch (another K, a shuffled vocabulary map) must make the check warn. The simulated tau
+follows the decoder's walk (`walk_tau`): heads that know some rows and not others agree too."""
 
 import json
 import types
@@ -109,13 +110,20 @@ def test_both_figures_are_printed_and_recorded(trained, kind):
 
 
 # Medusa heads and a truncated draft copy the target's own prediction from the start: both
-# figures are high and must agree. (EAGLE-3, DFlash and P-EAGLE learn it from scratch; at 30
-# steps they know some rows and not others, and the check warns: simulated ~2.4, decoded ~1.55.)
-@pytest.mark.parametrize("kind", ["medusa", "draft"])
-def test_a_head_that_learnt_the_task_serves_what_training_said(trained, kind):
-    check = trained(kind)[0]["serve_check"]
-    assert check["tau_simulated"] > 3.5, check  # K = 3: 4 at most, far from tau = 1
+# figures are high. EAGLE-3, DFlash and P-EAGLE learn it from scratch; at 30 steps they know some
+# rows and not others, so the chain's mean over every position (~2.4) is far above what the decoder
+# gets (~1.55): its calls crowd where chains are short. The simulated tau follows the decoder's
+# walk and agrees for every kind; measured decoded / simulated: medusa 0.97, eagle 1.00,
+# dflash 1.00, peagle 0.98, draft 1.00.
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "dflash", "peagle", "draft"])
+def test_the_simulated_walk_serves_what_training_said(trained, kind):
+    summary = trained(kind)[0]
+    check, evaluation = summary["serve_check"], summary["eval"]
     assert abs(check["tau_decoded"] / check["tau_simulated"] - 1) <= 0.10 and check["agrees"], check
+    if kind in ("medusa", "draft"):
+        assert check["tau_simulated"] > 3.5, check  # K = 3: 4 at most, far from tau = 1
+    else:  # acceptance varies along the text: the mean over positions would have warned
+        assert check["tau_decoded"] < 0.8 * evaluation["tau_simulated_mean"], (check, evaluation)
 
 
 def fake_run(recipe_values: dict, printed: list, logged: list):

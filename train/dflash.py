@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.distill.acceptance import simulated_tau, walk_tau
 from draftsmith.distill.losses import divergence
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
@@ -99,6 +99,22 @@ def sample_anchors(loss_mask, attention_mask, block_size: int, max_anchors: int,
     return anchors, valid
 
 
+def anchor_chunks(loss_mask, attention_mask, chunk: int):
+    """(starts [B, T] bool, then (anchors [B, A], valid [B, A]) per chunk of <= `chunk` positions):
+    an anchor at every position p whose block's first draft (the token at p + 1) is trained, as
+    the decoder calls there (the last prompt token included), in chunks that bound one forward."""
+    B, T = loss_mask.shape
+    starts = torch.zeros(B, T, dtype=torch.bool, device=loss_mask.device)
+    starts[:, :-1] = loss_mask[:, 1:].bool() & attention_mask[:, 1:].bool()
+    chunks = []
+    for lo in range(0, T, chunk):
+        width = min(chunk, T - lo)
+        if starts[:, lo : lo + width].any():
+            anchors = torch.arange(lo, lo + width, device=loss_mask.device)[None].expand(B, width)
+            chunks.append((anchors, starts[:, lo : lo + width]))
+    return starts, chunks
+
+
 def anchor_block_mask(anchors, attention_mask, block_size: int) -> torch.Tensor:
     """Bool [B, A*Bs, T + A*Bs]: slot (a, k) of row b sees the row's real context columns
     s < anchors[b, a] and the Bs slots of its own block; no other block, nothing at or after
@@ -142,6 +158,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     logits = logits.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
     target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
     label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
+    label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
     targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
     targets = targets.view(B, A, Bs - 1, -1)
     if vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
@@ -218,25 +235,30 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
 
     @torch.no_grad()
     def evaluate():
-        """Per-slot top-1 of held-out blocks (fixed anchors) and their simulated greedy tau: a
-        block's chain ends at its first miss (context features are the target's, as in decoding)."""
+        """Per-slot top-1 of held-out blocks anchored at every position the decoder could call at
+        (`max_anchors` per forward) and their greedy tau along the decoder's walk: a block's chain
+        ends at its first miss (context features are the target's, as in decoding)."""
         hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
         count_sums = torch.zeros_like(hit_sums)
-        tau_sum = tau_n = 0.0
-        for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
+        tau_sum = tau_n = walk_tokens = walk_calls = 0.0
+        for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
-            anchors, valid = anchors_for(batch, recipe.seed + start)
-            _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
-            hit_sums += hits.sum((0, 1)).double().cpu()
-            count_sums += label.sum((0, 1)).double().cpu()
-            # Slots past a row's trained tokens count as misses: the chain stops there.
-            tau = simulated_tau([hits[..., k].double() for k in range(hits.shape[-1])])
-            first = label[..., 0]
-            tau_sum += float(tau[first].sum())
-            tau_n += float(first.sum())
+            starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], recipe.max_anchors)
+            chains = torch.zeros(*starts.shape, recipe.block_size - 1, dtype=torch.bool)  # [B, T, slot]
+            for anchors, valid in chunks:
+                _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
+                hit_sums += hits.sum((0, 1)).double().cpu()
+                count_sums += label.sum((0, 1)).double().cpu()
+                chains[:, anchors[0].cpu()] = hits.cpu()  # slots past a row's trained tokens: misses
+            tokens, calls = walk_tau(chains, starts)
+            walk_tokens, walk_calls = walk_tokens + tokens, walk_calls + calls
+            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts.cpu()].sum())
+            tau_n += float(starts.sum())
         return {
             "top1_per_slot": (hit_sums / count_sums.clamp(min=1)).tolist(),
-            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced
+            # greedy, teacher-forced, the bonus token counted: along the decoder's walk, and over every block
+            "tau_simulated": walk_tokens / walk_calls if walk_calls else 1.0,
+            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
             "blocks": tau_n,
         }
 

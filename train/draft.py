@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.distill.acceptance import simulated_tau, walk_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
 from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
@@ -248,7 +248,7 @@ def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[
 
 @torch.no_grad()
 def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRecipe, pad_id: int, device) -> dict:
-    sums = {"accept": 0.0, "greedy": 0.0, "tau": 0.0, "tau_greedy": 0.0, "n": 0.0}
+    sums = dict.fromkeys(["accept", "greedy", "tau", "tau_greedy", "n", "walk", "walk_greedy", "calls", "calls_greedy"], 0.0)
     for start in range(0, len(index), recipe.batch_size):
         batch = to_device(collate(rows, index[start : start + recipe.batch_size], recipe.max_length, pad_id), device)
         p_logits = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
@@ -261,15 +261,21 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         sums["accept"] += float(accept[valid].sum())
         sums["greedy"] += float(greedy[valid].sum())
         K = recipe.num_draft_tokens
-        sums["tau"] += float(simulated_tau(chain_along_text(accept, valid, K))[valid].sum())
-        sums["tau_greedy"] += float(simulated_tau(chain_along_text(greedy, valid, K))[valid].sum())
+        for key, a in (("", accept), ("_greedy", greedy)):
+            alphas = chain_along_text(a, valid, K)
+            sums["tau" + key] += float(simulated_tau(alphas)[valid].sum())
+            tokens, calls = walk_tau(torch.stack(alphas, -1), valid)  # the decoder's walk (expected, sampled)
+            sums["walk" + key], sums["calls" + key] = sums["walk" + key] + tokens, sums["calls" + key] + calls
         sums["n"] += float(valid.sum())
     n = max(1.0, sums["n"])
     return {
         "acceptance": sums["accept"] / n,  # mean sum(min(p, q)) at the recipe's temperature
         "acceptance_greedy": sums["greedy"] / n,
-        "tau_simulated": sums["tau"] / n if sums["n"] else 1.0,  # counts the bonus token
-        "tau_simulated_greedy": sums["tau_greedy"] / n if sums["n"] else 1.0,
+        # tokens per call along the decoder's walk (the bonus token counted), and the chain's mean over positions
+        "tau_simulated": sums["walk"] / sums["calls"] if sums["calls"] else 1.0,
+        "tau_simulated_greedy": sums["walk_greedy"] / sums["calls_greedy"] if sums["calls_greedy"] else 1.0,
+        "tau_simulated_mean": sums["tau"] / n if sums["n"] else 1.0,
+        "tau_simulated_greedy_mean": sums["tau_greedy"] / n if sums["n"] else 1.0,
         "positions": sums["n"],
     }
 

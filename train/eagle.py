@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.distill.acceptance import simulated_tau, walk_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
@@ -242,17 +242,24 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         """Per-step top-1 and the chain's tau over `eval_depth` draft steps (greedy; the data's
         tokens, the head's own features fed back): a position's chain ends at its first miss."""
         hit_sums = None
-        tau_sum = tau_n = 0.0
+        tau_sum = tau_n = walk_tokens = walk_calls = 0.0
         for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
             hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
+            # The decoder calls at every trained position of the answer, an out-of-vocabulary one too (a miss).
+            n = hits[0].shape[1]
+            starts = shifted(batch["loss_mask"], 2, False)[:, :n] & batch["attention_mask"].bool()[:, 1:]
+            tokens, calls = walk_tau(torch.stack(hits, -1), starts)
+            walk_tokens, walk_calls = walk_tokens + tokens, walk_calls + calls
             tau_sum += float(simulated_tau([h.double() for h in hits])[counts[0]].sum())
             tau_n += float(counts[0].sum())
         return {
             "top1_per_step": [a / max(1.0, b) for a, b in hit_sums],
-            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced tokens
+            # greedy, teacher-forced tokens, the bonus token counted: along the decoder's walk, and over every position
+            "tau_simulated": walk_tokens / walk_calls if walk_calls else 1.0,
+            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
             "positions": tau_n,
         }
 
