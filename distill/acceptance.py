@@ -1,5 +1,6 @@
-"""Expected accepted length from per-position acceptance: the `tau_simulated` every trainer's
-held-out evaluation reports, and the tau the chain tuner (eval/tune.py) predicts for each K.
+"""Expected accepted length from per-position acceptance: of one chain (`simulated_tau`, the tau
+the chain tuner eval/tune.py predicts for each K), and along the decoder's walk (`walk_tau`, the
+`tau_simulated` every trainer's held-out evaluation reports).
 
 A chain of K drafts is verified left to right and stops at the first rejection; draft i is
 accepted with probability alpha_i given that drafts 1..i-1 were. One target call then yields
@@ -13,8 +14,9 @@ always right give K + 1.
 The decoder does not start a chain at every position, though: a call whose context ends at
 position t emits L(t) tokens (its accepted drafts and the bonus token), so the next call is at
 t + L(t). Its tokens per call are the mean of L over the positions that walk visits, which weights
-short chains more (about 1 / mean(1 / L) when acceptance does not drift along the text, never more
-than the mean over all positions). `walk_tau` follows that walk on teacher-forced chains. With
+short chains more: about 1 / mean(1 / L) <= mean(L) over a stretch of text, so a head that knows
+some rows and not others gets far less than the mean over all positions. `walk_tau` follows that
+walk on teacher-forced chains. With
 P(L(t) = 1 + j) = prod_{i<=j} alpha_i(t) * (1 - alpha_{j+1}(t)) (alpha_{K+1} = 0), the walk visits
 position s with probability
 

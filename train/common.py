@@ -295,18 +295,19 @@ def save_head(run, model, head, save) -> None:
 # Training says X, serving says Y: at the end of training the trained drafter is loaded from its
 # saved folder by the builders `draftsmith eval` uses and decodes a few held-out prompts, greedy,
 # as a chain of the same K the held-out simulated tau used. Both figures count the bonus token.
-# - simulated (`tau_simulated` of each trainer's evaluation): at every position of the real
-#   answer, 1 + the drafts accepted before the first miss, teacher-forced (the context is always
-#   the data's tokens), averaged over positions;
+# - simulated (`tau_simulated` of each trainer's evaluation): 1 + the drafts accepted before the
+#   first miss, teacher-forced (the context is always the data's tokens), averaged over the calls
+#   of the decoder's walk along the real answer (a call at t emits L(t) tokens, the next one is
+#   at t + L(t): `distill.acceptance.walk_tau`);
 # - decoded: tokens per target call of the real decoder along the target's own greedy
 #   continuation of the prompt (the drafter reads what it drafted and the states of what was
 #   accepted), over the calls that could draft all K (the last calls, cut short by the token
 #   budget, are left out).
 # With greedy data the continuation is the answer, so the two differ only by what serving adds
-# (the drafter's own predictions, the saved format, the prompt, the vocabulary map) and by
-# averaging: a chain of length L starting at a position is visited by the decoder about once
-# per L positions, so tokens per call are ~ 1 / mean(1 / L) <= mean(L), equal only while
-# acceptance does not change much along the text (rows the head knows, rows it does not).
+# (the drafter's own predictions, the saved format, the prompt, the vocabulary map). The mean
+# over every position (`tau_simulated_mean`) is not what the decoder gets: a chain of length L
+# is visited about once per L positions, so tokens per call are ~ 1 / mean(1 / L) <= mean(L),
+# equal only while acceptance does not change along the text (rows the head knows, rows it does not).
 SERVE_CHECK_TOLERANCE = 0.10  # relative; a larger gap is a warning line
 
 
@@ -376,8 +377,7 @@ def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dic
             f"WARNING: decoded tau is {abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the simulated one "
             f"(more than {SERVE_CHECK_TOLERANCE:.0%}). Likely causes: teacher forcing vs own-prediction drift "
             "(served, the drafter reads its own drafts), a chat template / prompt-format mismatch between the "
-            "data and serving, a vocab map mismatch (draft ids mapped to the wrong target ids), or acceptance "
-            "that varies along the text (the simulated tau averages positions, the decoder calls)"
+            "data and serving, or a vocab map mismatch (draft ids mapped to the wrong target ids)"
         )
     run.log(run.step, {"serve_check": check})
     return check
