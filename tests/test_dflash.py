@@ -29,6 +29,7 @@ from draftsmith.train.dflash import (
     anchor_chunks,
     block_inputs,
     dflash_losses,
+    every_block,
     main,
     sample_anchors,
     slot_weights,
@@ -190,17 +191,13 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=5)
-    starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], 5)
+    chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
     assert all(starts[b, len(p) - 1] and not starts[b, len(p) - 2] for b, p in enumerate(prompts))
-    chains = torch.zeros(*starts.shape, BLOCK - 1, dtype=torch.bool)
+    (anchors, valid), = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]
     with torch.no_grad():
-        for anchors, valid in chunks:
-            _, hits, _, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
-            chains[:, anchors[0]] = hits
-        (anchors, valid), = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]
         _, whole, label, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
-    assert torch.equal(whole, chains)  # chunks change nothing
+    assert torch.equal(whole, chains) and torch.equal(trained, label.sum((0, 1)).double())  # chunks change nothing
     drafted = anchors[..., None] + torch.arange(1, BLOCK)  # slot k drafts the token at p + k: none past the batch
     padded = torch.nn.functional.pad(batch["loss_mask"], (0, BLOCK))
     assert torch.equal(label, padded.gather(1, drafted.flatten(1)).view_as(label) & valid[..., None])

@@ -173,6 +173,24 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     return loss, hits, label, weight_sum
 
 
+@torch.no_grad()
+def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, vocab):
+    """(chains [B, T, Bs-1] bool, starts [B, T], hits [Bs-1], trained [Bs-1]) of held-out rows: the
+    greedy hits of the block anchored at each position (`anchor_chunks`, `max_anchors` per
+    forward; slots past a row's trained tokens are misses), where the decoder can call, and the
+    per-slot hit and trained counts."""
+    starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], recipe.max_anchors)
+    chains = torch.zeros(*starts.shape, recipe.block_size - 1, dtype=torch.bool)
+    hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
+    count_sums = torch.zeros_like(hit_sums)
+    for anchors, valid in chunks:
+        _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
+        hit_sums += hits.sum((0, 1)).double().cpu()
+        count_sums += label.sum((0, 1)).double().cpu()
+        chains[:, anchors[0].cpu()] = hits.cpu()
+    return chains, starts.cpu(), hit_sums, count_sums
+
+
 class DFlashObjective(torch.nn.Module):
     """The head and its loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
 
@@ -243,16 +261,11 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         tau_sum = tau_n = walk_tokens = walk_calls = 0.0
         for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
-            starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], recipe.max_anchors)
-            chains = torch.zeros(*starts.shape, recipe.block_size - 1, dtype=torch.bool)  # [B, T, slot]
-            for anchors, valid in chunks:
-                _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
-                hit_sums += hits.sum((0, 1)).double().cpu()
-                count_sums += label.sum((0, 1)).double().cpu()
-                chains[:, anchors[0].cpu()] = hits.cpu()  # slots past a row's trained tokens: misses
+            chains, starts, hits, trained = every_block(head, batch, feats, teacher, recipe, vocab)
+            hit_sums, count_sums = hit_sums + hits, count_sums + trained
             tokens, calls = walk_tau(chains, starts)
             walk_tokens, walk_calls = walk_tokens + tokens, walk_calls + calls
-            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts.cpu()].sum())
+            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
             tau_n += float(starts.sum())
         return {
             "top1_per_slot": (hit_sums / count_sums.clamp(min=1)).tolist(),

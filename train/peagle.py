@@ -181,6 +181,33 @@ def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, gene
     return loss, hits, label, anchor, depth
 
 
+@torch.no_grad()
+def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, vocab):
+    """(chains [B, n, K] bool, starts [B, n], hits [K], trained [K]) of held-out rows: the greedy
+    hits of the chain anchored at each pair (nothing dropped; the chains of `max_anchors` anchors
+    per forward, every pair as their context; depths past a row's trained tokens are misses),
+    where the decoder can call (the pair's own draft is trained), and the per-depth counts."""
+    K = recipe.num_depths
+    starts = pair_targets(batch).cpu()
+    B, n = starts.shape
+    chunk = recipe.max_anchors or n
+    chains = torch.zeros(B, n, K, dtype=torch.bool)
+    hit_sums, count_sums = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
+    for lo in range(0, n, chunk):
+        if not starts[:, lo : lo + chunk].any():
+            continue
+        window = (lo, min(n, lo + chunk))
+        out = peagle_losses(head, batch, feats, teacher, recipe, vocab, drop=False, window=window)
+        _, hits, label, anchor, depth = (x.cpu() for x in out)
+        mine = label & (anchor >= window[0]) & (anchor < window[1])  # each pair once over the chunks
+        rows = torch.arange(B)[:, None].expand_as(anchor)
+        chains[rows[mine], anchor[mine], depth[mine]] = hits[mine]
+        for d in range(K):
+            hit_sums[d] += float(hits[mine & (depth == d)].sum())
+            count_sums[d] += float((mine & (depth == d)).sum())
+    return chains, starts, hit_sums, count_sums
+
+
 class PEagleObjective(torch.nn.Module):
     """The head and its packed loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
 
@@ -244,25 +271,11 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         tau_sum = tau_n = walk_tokens = walk_calls = 0.0
         for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
-            starts = pair_targets(batch).cpu()  # [B, n]: the decoder calls where depth 0 drafts a trained token
-            B, n = starts.shape
-            chunk = recipe.max_anchors or n
-            grid = torch.zeros(B, n, K, dtype=torch.float64)  # [row, anchor, depth]
-            for lo in range(0, n, chunk):
-                if not starts[:, lo : lo + chunk].any():
-                    continue
-                window = (lo, min(n, lo + chunk))
-                _, hits, label, anchor, depth = (x.cpu() for x in peagle_losses(
-                    head, batch, feats, teacher, recipe, vocab, drop=False, window=window))  # fmt: skip
-                mine = label & (anchor >= window[0]) & (anchor < window[1])  # each pair once over the chunks
-                rows = torch.arange(B)[:, None].expand_as(anchor)
-                grid[rows[mine], anchor[mine], depth[mine]] = hits[mine].double()
-                for d in range(K):
-                    hit_sums[d] += float(hits[mine & (depth == d)].sum())
-                    count_sums[d] += float(mine[depth == d].sum())
-            tokens, calls = walk_tau(grid, starts)
+            chains, starts, hits, trained = every_chain(head, batch, feats, teacher, recipe, vocab)
+            hit_sums, count_sums = hit_sums + hits, count_sums + trained
+            tokens, calls = walk_tau(chains, starts)
             walk_tokens, walk_calls = walk_tokens + tokens, walk_calls + calls
-            tau_sum += float(simulated_tau(grid.unbind(-1))[starts].sum())
+            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
             tau_n += float(starts.sum())
         return {
             "top1_per_depth": (hit_sums / count_sums.clamp(min=1)).tolist(),
