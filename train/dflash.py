@@ -17,8 +17,9 @@ One forward per batch trains many blocks at once (DFlash, arXiv 2602.06036):
   w_k = exp(-(k - 1) / decay_gamma) (early slots matter most: a chain stops at its first miss),
   averaged over the trained slots; slot 0 (the anchor) is not trained;
 - online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
-  folder holding the aux layers and `last`); held-out per-slot top-1 accuracy and the blocks'
-  simulated greedy tau every `eval_every` steps; checkpoints and `resume=true` as the others.
+  folder holding the aux layers and `last`); every `eval_every` steps, held-out per-slot top-1
+  accuracy and the greedy tau along the decoder's walk of blocks anchored at every held-out
+  position (`every_block`, `walk_tau`); checkpoints and `resume=true` as the others.
 The result is `OUT/head/` (`save_dflash`, without the target's tensors), for `draftsmith eval --dflash`.
 """
 
