@@ -190,3 +190,16 @@ def test_off_and_without_heldout_rows(copy_target, tmp_path):
     assert skipped == {"skipped": "no held-out rows (heldout_fraction = 0)"}
     with pytest.raises(ValueError, match="serve_check_prompts = -1 must be >= 0"):
         MedusaRecipe(**common(target, data, tmp_path / "bad", serve_check_prompts=-1))
+
+
+def test_the_served_walk_covers_the_serve_checks_prompts_and_tokens():
+    from draftsmith.train.common import served_walk
+
+    recipe = types.SimpleNamespace(serve_check_prompts=3, serve_check_new_tokens=6)
+    starts = torch.zeros(4, 12, dtype=torch.bool)
+    starts[:, 2:11] = True  # held-out rows 2..5, each a call possible at 2..10
+    chains = torch.ones(4, 12, 2, dtype=torch.bool)  # K = 2, every draft right
+    # Row 2 only; 6 new tokens: the decoder's full calls start at answer tokens 0 and 3 (3 tokens each)
+    assert served_walk(chains, starts, 2, recipe) == (6.0, 2.0)
+    assert served_walk(chains, starts, 0, recipe) == (18.0, 6.0)  # rows 0, 1 and 2
+    assert served_walk(chains, starts, 3, recipe) == (0.0, 0.0)  # past the serve check's prompts
