@@ -21,11 +21,15 @@ from draftsmith.eval.runtime import generate, generate_batch
 from draftsmith.eval.runtime.dflash import DFlashDrafter
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
+from draftsmith.distill.acceptance import walk_tau
+from draftsmith.train.common import decoded_tau
 from draftsmith.train.dflash import (
     DFlashRecipe,
     anchor_block_mask,
+    anchor_chunks,
     block_inputs,
     dflash_losses,
+    every_block,
     main,
     sample_anchors,
     slot_weights,
@@ -178,6 +182,30 @@ def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     # A budget below the block (K = 2): the drafter proposes only K of its B - 1 tokens.
     out = generate_batch(target, prompts[:4], DFlashDrafter(head), num_draft_tokens=2, max_new_tokens=24)
     assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+
+
+def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
+    """Held-out evaluation's blocks, one anchored at every position (in chunks), walked as the
+    decoder walks: greedy decoding of the same prompts makes the same calls, so the same tau."""
+    target, head, prompts = fitted
+    _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=5)
+    chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None)
+    assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
+    assert all(starts[b, len(p) - 1] and not starts[b, len(p) - 2] for b, p in enumerate(prompts))
+    (anchors, valid), = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]
+    with torch.no_grad():
+        _, whole, label, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
+    assert torch.equal(whole, chains) and torch.equal(trained, label.sum((0, 1)).double())  # chunks change nothing
+    drafted = anchors[..., None] + torch.arange(1, BLOCK)  # slot k drafts the token at p + k: none past the batch
+    padded = torch.nn.functional.pad(batch["loss_mask"], (0, BLOCK))
+    assert torch.equal(label, padded.gather(1, drafted.flatten(1)).view_as(label) & valid[..., None])
+    tokens, calls = walk_tau(chains, starts)
+    # The decoder leaves out calls cut short by the budget, the walk those running past the answer:
+    # 41 new tokens make them the same calls.
+    tau, decoder_calls = decoded_tau(target, DFlashDrafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
+    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
 
 
 class Checked(DFlashDrafter):

@@ -19,7 +19,9 @@ from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime import generate, generate_batch
 from draftsmith.eval.runtime.peagle import PEagleDrafter
 from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
-from draftsmith.train.peagle import PEagleRecipe, chain_mask, cod_sample, main, pack_chains, peagle_losses, train
+from draftsmith.distill.acceptance import walk_tau
+from draftsmith.train.common import decoded_tau
+from draftsmith.train.peagle import PEagleRecipe, chain_mask, cod_sample, every_chain, main, pack_chains, peagle_losses, train
 from draftsmith.train.recipe import RecipeError, load_recipe
 from fixtures import VOCAB, greedy_answers_batch, tiny_model
 
@@ -157,6 +159,38 @@ def fitted(pairs):
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 2, losses  # the fixture's loss falls
     return target, head.eval(), prompts
+
+
+def test_the_walk_over_every_chain_is_what_the_decoder_gets(fitted):
+    """Held-out evaluation's chains, one anchored at every pair (a few anchors per forward),
+    walked as the decoder walks: greedy decoding of the same prompts makes the same calls."""
+    target, head, prompts = fitted
+    _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=DEPTHS, max_anchors=7)
+    chains, starts, hits, trained = every_chain(head, batch, feats, states.logits, recipe, None)
+    assert starts.sum(1).tolist() == [40] * len(prompts)  # pair P - 2 drafts the answer's first token
+    whole = every_chain(head, batch, feats, states.logits, PEagleRecipe(**{**vars(recipe), "max_anchors": None}), None)
+    assert torch.equal(whole[0], chains) and torch.equal(whole[3], trained)  # chunks change nothing
+    # every chain whole: depth d >= 1 at each trained position p (anchor p - d), so 40 - (d - 1) per row
+    assert trained.tolist() == [len(prompts) * (40.0 - max(0, d - 1)) for d in range(DEPTHS)]
+    tokens, calls = walk_tau(chains, starts)
+    # 41 new tokens: the calls the decoder keeps (not cut by the budget) are the walk's (inside the answer).
+    tau, decoder_calls = decoded_tau(target, PEagleDrafter(head), [p.tolist() for p in prompts], DEPTHS, 41)
+    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+
+
+def test_a_window_keeps_the_chains_anchored_in_it():
+    trained = torch.zeros(30, dtype=torch.bool)
+    trained[4:27] = True
+    every = set(zip(*(x.tolist() for x in cod_sample(trained, 4, 0.7, 0.2, None, drop=False))))
+    parts = set()
+    for lo in range(0, 30, 6):
+        anchor, depth = cod_sample(trained, 4, 0.7, 0.2, 6, drop=False, window=(lo, lo + 6))
+        assert torch.equal(anchor[depth == 0], torch.arange(30))  # every pair, the chains' context
+        assert ((anchor[depth > 0] >= lo) & (anchor[depth > 0] < lo + 6)).all()
+        parts |= set(zip(anchor.tolist(), depth.tolist()))
+    assert parts == every and sum(d == 3 for _, d in every) == 23 - 2  # no depth cut short by few seeds
 
 
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):

@@ -11,6 +11,8 @@ import math
 import numpy as np
 import torch
 
+from draftsmith.distill.acceptance import walk_tau
+
 
 def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
     """Every round(1/f)-th row is held out: deterministic, spread over the whole data."""
@@ -295,18 +297,20 @@ def save_head(run, model, head, save) -> None:
 # Training says X, serving says Y: at the end of training the trained drafter is loaded from its
 # saved folder by the builders `draftsmith eval` uses and decodes a few held-out prompts, greedy,
 # as a chain of the same K the held-out simulated tau used. Both figures count the bonus token.
-# - simulated (`tau_simulated` of each trainer's evaluation): at every position of the real
-#   answer, 1 + the drafts accepted before the first miss, teacher-forced (the context is always
-#   the data's tokens), averaged over positions;
+# - simulated (`tau_simulated_served` of each trainer's evaluation): 1 + the drafts accepted before
+#   the first miss, teacher-forced (the context is always the data's tokens), averaged over the
+#   calls of the decoder's walk along the real answers of the same prompts, as far as the decoder
+#   goes (a call at t emits L(t) tokens, the next one is at t + L(t): `distill.acceptance.walk_tau`,
+#   `served_walk`; `tau_simulated` is that walk over every held-out row and token);
 # - decoded: tokens per target call of the real decoder along the target's own greedy
 #   continuation of the prompt (the drafter reads what it drafted and the states of what was
 #   accepted), over the calls that could draft all K (the last calls, cut short by the token
 #   budget, are left out).
 # With greedy data the continuation is the answer, so the two differ only by what serving adds
-# (the drafter's own predictions, the saved format, the prompt, the vocabulary map) and by
-# averaging: a chain of length L starting at a position is visited by the decoder about once
-# per L positions, so tokens per call are ~ 1 / mean(1 / L) <= mean(L), equal only while
-# acceptance does not change much along the text (rows the head knows, rows it does not).
+# (the drafter's own predictions, the saved format, the prompt, the vocabulary map). The mean
+# over every position (`tau_simulated_mean`) is not what the decoder gets: a chain of length L
+# is visited about once per L positions, so tokens per call are ~ 1 / mean(1 / L) <= mean(L),
+# equal only while acceptance does not change along the text (rows the head knows, rows it does not).
 SERVE_CHECK_TOLERANCE = 0.10  # relative; a larger gap is a warning line
 
 
@@ -315,6 +319,28 @@ def heldout_prompts(data, rows: list[int], n: int) -> list[list[int]]:
     with reading(data):
         table = data.dataset.select(rows[:n]).with_format(None, columns=["input_ids", "prompt_length"])
         return [list(r["input_ids"][: max(1, r["prompt_length"])]) for r in table]
+
+
+def served_walk(chains, starts, first_row: int, recipe) -> tuple[float, float]:
+    """`walk_tau` of a held-out batch whose first row is held-out row `first_row`, over what the
+    serve check decodes: its rows among the first `serve_check_prompts`, each up to the call whose
+    first draft is answer token `serve_check_new_tokens` - 2 (the decoder keeps the calls whose K
+    drafts end before the token budget; the walk those whose drafts end inside the answer)."""
+    keep = max(0, min(starts.shape[0], recipe.serve_check_prompts - first_row))
+    starts = torch.as_tensor(starts[:keep]).bool()
+    return walk_tau(chains[:keep], starts & (starts.long().cumsum(1) <= recipe.serve_check_new_tokens - 1))
+
+
+def heldout_walks(chains, starts, first_row: int, recipe) -> torch.Tensor:
+    """[2, 2] float64 (tokens, calls): `walk_tau` of a held-out batch, then its `served_walk`."""
+    return torch.tensor([walk_tau(chains, starts), served_walk(chains, starts, first_row, recipe)], dtype=torch.float64)
+
+
+def walk_taus(walks: torch.Tensor, key: str = "tau_simulated") -> dict:
+    """{key: tokens per call over every held-out row, key_served: over the serve check's prompts}
+    of summed `heldout_walks` (1.0 without a call), counting the bonus token."""
+    every, served = (float(t / c) if c else 1.0 for t, c in walks.tolist())
+    return {key: every, f"{key}_served": served}
 
 
 def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: int) -> tuple[float, int]:
@@ -333,12 +359,14 @@ def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: i
     return sum(kept) / max(1, len(kept)), len(kept)
 
 
-def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dict | None, key="tau_simulated") -> dict:
+def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dict | None,
+                key="tau_simulated_served") -> dict:  # fmt: skip
     """The serve check of a finished run (main process): the line `simulated tau X vs decoded tau
     Y`, a warning line when they differ by more than 10%, and both in the metrics; returns what
     the training summary records. `kind`/`folder`: the saved drafter (`chain_drafter`); `prompts`
     from the held-out split (`heldout_prompts`, `serve_check_prompts` of them); the simulated tau
-    is `evaluation[key]` (the last held-out evaluation), measured at K = `k`. Skipped (and said
+    is `evaluation[key]` (the last held-out evaluation's walk over those prompts, `served_walk`),
+    measured at K = `k`. Skipped (and said
     why) when off, without held-out rows, or on a partitioned target (fsdp2, zero3)."""
     from draftsmith.eval.drafter_specs import SpecError, chain_drafter
     from draftsmith.train.sharding import PARTITIONED
@@ -376,8 +404,7 @@ def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dic
             f"WARNING: decoded tau is {abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the simulated one "
             f"(more than {SERVE_CHECK_TOLERANCE:.0%}). Likely causes: teacher forcing vs own-prediction drift "
             "(served, the drafter reads its own drafts), a chat template / prompt-format mismatch between the "
-            "data and serving, a vocab map mismatch (draft ids mapped to the wrong target ids), or acceptance "
-            "that varies along the text (the simulated tau averages positions, the decoder calls)"
+            "data and serving, or a vocab map mismatch (draft ids mapped to the wrong target ids)"
         )
     run.log(run.step, {"serve_check": check})
     return check

@@ -17,8 +17,9 @@ One forward per batch trains many blocks at once (DFlash, arXiv 2602.06036):
   w_k = exp(-(k - 1) / decay_gamma) (early slots matter most: a chain stops at its first miss),
   averaged over the trained slots; slot 0 (the anchor) is not trained;
 - online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
-  folder holding the aux layers and `last`); held-out per-slot top-1 accuracy and the blocks'
-  simulated greedy tau every `eval_every` steps; checkpoints and `resume=true` as the others.
+  folder holding the aux layers and `last`); every `eval_every` steps, held-out per-slot top-1
+  accuracy and the greedy tau along the decoder's walk of blocks anchored at every held-out
+  position (`every_block`, `walk_tau`); checkpoints and `resume=true` as the others.
 The result is `OUT/head/` (`save_dflash`, without the target's tensors), for `draftsmith eval --dflash`.
 """
 
@@ -35,7 +36,7 @@ from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
-from draftsmith.train.common import heldout_prompts, serve_check
+from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -99,6 +100,22 @@ def sample_anchors(loss_mask, attention_mask, block_size: int, max_anchors: int,
     return anchors, valid
 
 
+def anchor_chunks(loss_mask, attention_mask, chunk: int):
+    """(starts [B, T] bool, then (anchors [B, A], valid [B, A]) per chunk of <= `chunk` positions):
+    an anchor at every position p whose block's first draft (the token at p + 1) is trained, as
+    the decoder calls there (the last prompt token included), in chunks that bound one forward."""
+    B, T = loss_mask.shape
+    starts = torch.zeros(B, T, dtype=torch.bool, device=loss_mask.device)
+    starts[:, :-1] = loss_mask[:, 1:].bool() & attention_mask[:, 1:].bool()
+    chunks = []
+    for lo in range(0, T, chunk):
+        width = min(chunk, T - lo)
+        if starts[:, lo : lo + width].any():
+            anchors = torch.arange(lo, lo + width, device=loss_mask.device)[None].expand(B, width)
+            chunks.append((anchors, starts[:, lo : lo + width]))
+    return starts, chunks
+
+
 def anchor_block_mask(anchors, attention_mask, block_size: int) -> torch.Tensor:
     """Bool [B, A*Bs, T + A*Bs]: slot (a, k) of row b sees the row's real context columns
     s < anchors[b, a] and the Bs slots of its own block; no other block, nothing at or after
@@ -142,6 +159,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     logits = logits.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
     target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
     label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
+    label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
     targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
     targets = targets.view(B, A, Bs - 1, -1)
     if vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
@@ -154,6 +172,24 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & label
     return loss, hits, label, weight_sum
+
+
+@torch.no_grad()
+def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, vocab):
+    """(chains [B, T, Bs-1] bool, starts [B, T], hits [Bs-1], trained [Bs-1]) of held-out rows: the
+    greedy hits of the block anchored at each position (`anchor_chunks`, `max_anchors` per
+    forward; slots past a row's trained tokens are misses), where the decoder can call, and the
+    per-slot hit and trained counts."""
+    starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], recipe.max_anchors)
+    chains = torch.zeros(*starts.shape, recipe.block_size - 1, dtype=torch.bool)
+    hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
+    count_sums = torch.zeros_like(hit_sums)
+    for anchors, valid in chunks:
+        _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
+        hit_sums += hits.sum((0, 1)).double().cpu()
+        count_sums += label.sum((0, 1)).double().cpu()
+        chains[:, anchors[0].cpu()] = hits.cpu()
+    return chains, starts.cpu(), hit_sums, count_sums
 
 
 class DFlashObjective(torch.nn.Module):
@@ -218,25 +254,25 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
 
     @torch.no_grad()
     def evaluate():
-        """Per-slot top-1 of held-out blocks (fixed anchors) and their simulated greedy tau: a
-        block's chain ends at its first miss (context features are the target's, as in decoding)."""
+        """Per-slot top-1 of held-out blocks anchored at every position the decoder could call at
+        (`max_anchors` per forward) and their greedy tau along the decoder's walk: a block's chain
+        ends at its first miss (context features are the target's, as in decoding)."""
         hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
         count_sums = torch.zeros_like(hit_sums)
         tau_sum = tau_n = 0.0
+        walks = torch.zeros(2, 2, dtype=torch.float64)
         for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
-            anchors, valid = anchors_for(batch, recipe.seed + start)
-            _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
-            hit_sums += hits.sum((0, 1)).double().cpu()
-            count_sums += label.sum((0, 1)).double().cpu()
-            # Slots past a row's trained tokens count as misses: the chain stops there.
-            tau = simulated_tau([hits[..., k].double() for k in range(hits.shape[-1])])
-            first = label[..., 0]
-            tau_sum += float(tau[first].sum())
-            tau_n += float(first.sum())
+            chains, starts, hits, trained = every_block(head, batch, feats, teacher, recipe, vocab)
+            hit_sums, count_sums = hit_sums + hits, count_sums + trained
+            walks += heldout_walks(chains, starts, start, recipe)
+            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
+            tau_n += float(starts.sum())
         return {
             "top1_per_slot": (hit_sums / count_sums.clamp(min=1)).tolist(),
-            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced
+            # greedy, teacher-forced, the bonus token counted: along the decoder's walk, and over every block
+            **walk_taus(walks),  # every held-out row, and the serve check's prompts
+            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
             "blocks": tau_n,
         }
 

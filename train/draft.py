@@ -49,7 +49,7 @@ from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
 from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
-from draftsmith.train.common import serve_check
+from draftsmith.train.common import heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -248,7 +248,8 @@ def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[
 
 @torch.no_grad()
 def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRecipe, pad_id: int, device) -> dict:
-    sums = {"accept": 0.0, "greedy": 0.0, "tau": 0.0, "tau_greedy": 0.0, "n": 0.0}
+    sums = dict.fromkeys(["accept", "greedy", "tau", "tau_greedy", "n"], 0.0)
+    walks = {key: torch.zeros(2, 2, dtype=torch.float64) for key in ("", "_greedy")}
     for start in range(0, len(index), recipe.batch_size):
         batch = to_device(collate(rows, index[start : start + recipe.batch_size], recipe.max_length, pad_id), device)
         p_logits = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
@@ -261,15 +262,19 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         sums["accept"] += float(accept[valid].sum())
         sums["greedy"] += float(greedy[valid].sum())
         K = recipe.num_draft_tokens
-        sums["tau"] += float(simulated_tau(chain_along_text(accept, valid, K))[valid].sum())
-        sums["tau_greedy"] += float(simulated_tau(chain_along_text(greedy, valid, K))[valid].sum())
+        for key, a in (("", accept), ("_greedy", greedy)):
+            alphas = chain_along_text(a, valid, K)
+            sums["tau" + key] += float(simulated_tau(alphas)[valid].sum())
+            walks[key] += heldout_walks(torch.stack(alphas, -1), valid, start, recipe)  # sampled: the expected walk
         sums["n"] += float(valid.sum())
     n = max(1.0, sums["n"])
     return {
         "acceptance": sums["accept"] / n,  # mean sum(min(p, q)) at the recipe's temperature
         "acceptance_greedy": sums["greedy"] / n,
-        "tau_simulated": sums["tau"] / n if sums["n"] else 1.0,  # counts the bonus token
-        "tau_simulated_greedy": sums["tau_greedy"] / n if sums["n"] else 1.0,
+        # tokens per call along the decoder's walk (the bonus token counted), and the chain's mean over positions
+        **walk_taus(walks[""]), **walk_taus(walks["_greedy"], "tau_simulated_greedy"),
+        "tau_simulated_mean": sums["tau"] / n if sums["n"] else 1.0,
+        "tau_simulated_greedy_mean": sums["tau_greedy"] / n if sums["n"] else 1.0,
         "positions": sums["n"],
     }
 
@@ -446,7 +451,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
             shutil.rmtree(out / "draft", ignore_errors=True)
             tmp.rename(out / "draft")
     prompts = [eval_rows.ids[i][: eval_rows.prompt_lengths[i]] for i in heldout_index[: recipe.serve_check_prompts]]
-    K, greedy = recipe.num_draft_tokens, "tau_simulated_greedy"  # the decoder's check is greedy
+    K, greedy = recipe.num_draft_tokens, "tau_simulated_greedy_served"  # the decoder's check is greedy
     summary["serve_check"] = serve_check(run, target, "draft", out / "draft", prompts, K, done.last_eval, greedy)
     return run.finish(summary)
 

@@ -39,7 +39,7 @@ from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
 from draftsmith.train.common import target_sizes, to_device, training_rows
-from draftsmith.train.common import heldout_prompts, serve_check
+from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -243,16 +243,23 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         tokens, the head's own features fed back): a position's chain ends at its first miss."""
         hit_sums = None
         tau_sum = tau_n = 0.0
-        for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
+        walks = torch.zeros(2, 2, dtype=torch.float64)
+        for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
             _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
             hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
+            # The decoder calls at every trained position of the answer, an out-of-vocabulary one too (a miss).
+            n = hits[0].shape[1]
+            starts = shifted(batch["loss_mask"], 2, False)[:, :n] & batch["attention_mask"].bool()[:, 1:]
+            walks += heldout_walks(torch.stack(hits, -1).cpu(), starts.cpu(), start, recipe)
             tau_sum += float(simulated_tau([h.double() for h in hits])[counts[0]].sum())
             tau_n += float(counts[0].sum())
         return {
             "top1_per_step": [a / max(1.0, b) for a, b in hit_sums],
-            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced tokens
+            # greedy, teacher-forced tokens, the bonus token counted: along the decoder's walk, and over every position
+            **walk_taus(walks),  # every held-out row, and the serve check's prompts
+            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
             "positions": tau_n,
         }
 

@@ -38,7 +38,7 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
 from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, sync, to_device, training_rows
-from draftsmith.train.common import heldout_prompts, serve_check
+from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -175,6 +175,7 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
     rank_hits = torch.zeros(K, R, dtype=torch.float64)
     counted = torch.zeros(K, dtype=torch.float64)
     tau_sum = tau_n = 0.0
+    walks = torch.zeros(2, 2, dtype=torch.float64)  # (every held-out row, the serve check's) x (tokens, calls)
     drift_sum = drift_n = 0.0
     for start in range(0, len(rows), recipe.batch_size):
         batch = collate_rows(data, rows[start : start + recipe.batch_size], recipe.max_length, pad_id)
@@ -198,7 +199,10 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
             if k == 0:
                 head0_valid = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
                 head0_valid[:, : T - 2] = mask
-        # The chain at positions where head 0 is evaluated: heads accepted until the first miss.
+        # The chain at positions where head 0 is evaluated: heads accepted until the first miss;
+        # the decoder's walk over those chains, and their mean over every position.
+        chains, starts = torch.stack(correct_top1, -1).cpu(), head0_valid.cpu()
+        walks += heldout_walks(chains, starts, start, recipe)
         tau_sum += float(simulated_tau(correct_top1)[head0_valid].sum())
         tau_n += float(head0_valid.sum())
     acc = (rank_hits / counted.clamp(min=1)[:, None]).tolist()
@@ -206,7 +210,8 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
         "top1": [a[0] for a in acc],
         "top5": [sum(a[:5]) for a in acc],
         "rank_accuracy": acc,
-        "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the target's own token
+        **walk_taus(walks),  # along the decoder's walk: every held-out row, the serve check's; bonus token counted
+        "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,  # the chain's length averaged over every position
         "positions": tau_n,
         **({"kl_drift": drift_sum / max(1.0, drift_n)} if drift_n else {}),
     }

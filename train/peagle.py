@@ -16,7 +16,8 @@ its own chain's earlier depths (`chain_mask`). Every element's target is the tar
 distribution for the token it predicts, restricted to the draft vocabulary (out-of-vocabulary
 argmaxes masked); loss = `loss` (default soft CE; nla / lk_hybrid are the LK losses) averaged over
 the trained elements of every depth alike, as speculators does. Embeddings train and are saved.
-Held-out: per-depth top-1 over every chain (no dropping) and the chains' simulated greedy tau.
+Held-out: per-depth top-1 over every chain (no dropping; `max_anchors` chains per forward) and
+the chains' greedy tau along the decoder's walk (`walk_tau`).
 The result is `OUT/head/` (`save_eagle`), for `draftsmith eval --peagle` and
 `draftsmith export --format vllm` (speculators `peagle`).
 """
@@ -34,7 +35,7 @@ from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
-from draftsmith.train.common import heldout_prompts, serve_check
+from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -85,24 +86,26 @@ class PEagleRecipe(RunRecipe):
 
 # ---------------------------------------------------------------------- the packed chains
 def cod_sample(trained: torch.Tensor, num_depths: int, ratio: float, ratio_min: float, max_anchors: int | None,
-               generator=None, drop: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+               generator=None, drop: bool = True, window: tuple[int, int] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(anchor [N], depth [N]) of one row of n pairs; `trained [n]` marks the pairs whose target is
     trained. Depth 0: every pair (the context). The seeds are the trained positions (at most
     `max_anchors`, drawn at random); depth d draws int((seeds - d) * max(ratio^d, ratio_min))
     positions among the candidates (trained positions one past a depth d - 1 element), or keeps
     them all when fewer, or always with `drop=False` (held-out: every chain). An element at
-    position p of depth d has anchor p - d."""
+    position p of depth d has anchor p - d. `window = (lo, hi)`: only the chains anchored in
+    lo..hi-1 (their depth 1 is seeded at lo+1..hi), every pair still packed as their context."""
     trained = trained.cpu().bool()
     n = trained.shape[0]
     valid = trained.nonzero().flatten()
-    seeds = valid
+    seeds = valid if window is None else valid[(valid > window[0]) & (valid <= window[1])]
     if max_anchors is not None and seeds.numel() > max_anchors:
         seeds = seeds[torch.randperm(seeds.numel(), generator=generator)[:max_anchors]].sort().values
     anchors, depths = [torch.arange(n)], [torch.zeros(n, dtype=torch.long)]
     candidates = seeds[seeds >= 1]  # depth 1 at p is anchored at p - 1 >= 0
     for d in range(1, num_depths):
         size = int(max(0, seeds.numel() - d) * max(ratio**d, ratio_min))
-        if size <= 0 or candidates.numel() == 0:
+        if candidates.numel() == 0 or (drop and size <= 0):
             break
         if drop and candidates.numel() > size:
             picked = candidates[torch.randperm(candidates.numel(), generator=generator)[:size]].sort().values
@@ -116,10 +119,10 @@ def cod_sample(trained: torch.Tensor, num_depths: int, ratio: float, ratio_min: 
     return torch.cat(anchors), torch.cat(depths)
 
 
-def pack_chains(trained: torch.Tensor, recipe: PEagleRecipe, generator=None, drop: bool = True):
+def pack_chains(trained: torch.Tensor, recipe: PEagleRecipe, generator=None, drop: bool = True, window=None):
     """(anchor, depth, real) [B, N]: each row's `cod_sample`, padded to the longest (real False)."""
     rows = [cod_sample(trained[b], recipe.num_depths, recipe.down_sample_ratio, recipe.down_sample_ratio_min,
-                       recipe.max_anchors, generator, drop) for b in range(trained.shape[0])]  # fmt: skip
+                       recipe.max_anchors, generator, drop, window) for b in range(trained.shape[0])]  # fmt: skip
     N = max(a.numel() for a, _ in rows)
     anchor = torch.zeros(len(rows), N, dtype=torch.long)
     depth = torch.zeros_like(anchor)
@@ -141,16 +144,22 @@ def chain_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor, co
     return allowed | torch.eye(anchor.shape[1], dtype=torch.bool, device=anchor.device)[None]
 
 
-def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, generator=None, drop: bool = True):
+def pair_targets(batch) -> torch.Tensor:
+    """[B, T - 1] bool: pair t's target, the token t + 2, is trained (the last pair has none)."""
+    trained = batch["loss_mask"][:, 2:].bool() & batch["attention_mask"][:, 2:].bool()
+    return torch.cat([trained, torch.zeros(trained.shape[0], 1, dtype=torch.bool, device=trained.device)], dim=1)
+
+
+def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, generator=None, drop: bool = True,
+                  window=None):  # fmt: skip
     """(loss, hits [B, N], trained [B, N], anchor, depth) of one packed forward. `feats`: the aux
-    states concatenated [B, T, n*H]; `teacher`: the target's logits [B, T, V]."""
+    states concatenated [B, T, n*H]; `teacher`: the target's logits [B, T, V]; `drop`, `window`:
+    `cod_sample`'s."""
     ids, valid = batch["input_ids"], batch["attention_mask"].bool()
     B, T = ids.shape
     n = T - 1  # pairs t = 0..T-2 (token t+1 exists)
-    # pair t's target: the token t+2, the target's prediction at t+1
-    trained = batch["loss_mask"][:, 2:].bool() & valid[:, 2:]
-    trained = torch.cat([trained, torch.zeros(B, 1, dtype=torch.bool, device=ids.device)], dim=1)  # [B, n]
-    anchor, depth, real = (x.to(ids.device) for x in pack_chains(trained, recipe, generator, drop))
+    trained = pair_targets(batch)  # [B, n]: pair t's target, the token t+2, the target's prediction at t+1
+    anchor, depth, real = (x.to(ids.device) for x in pack_chains(trained, recipe, generator, drop, window))
     position = (anchor + depth).clamp(max=n - 1)  # the position each element sits at and predicts from
     rows = torch.arange(B, device=ids.device)[:, None]
     is_pair = depth == 0
@@ -170,6 +179,33 @@ def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, gene
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & label
     return loss, hits, label, anchor, depth
+
+
+@torch.no_grad()
+def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, vocab):
+    """(chains [B, n, K] bool, starts [B, n], hits [K], trained [K]) of held-out rows: the greedy
+    hits of the chain anchored at each pair (nothing dropped; the chains of `max_anchors` anchors
+    per forward, every pair as their context; depths past a row's trained tokens are misses),
+    where the decoder can call (the pair's own draft is trained), and the per-depth counts."""
+    K = recipe.num_depths
+    starts = pair_targets(batch).cpu()
+    B, n = starts.shape
+    chunk = recipe.max_anchors or n
+    chains = torch.zeros(B, n, K, dtype=torch.bool)
+    hit_sums, count_sums = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
+    for lo in range(0, n, chunk):
+        if not starts[:, lo : lo + chunk].any():
+            continue
+        window = (lo, min(n, lo + chunk))
+        out = peagle_losses(head, batch, feats, teacher, recipe, vocab, drop=False, window=window)
+        _, hits, label, anchor, depth = (x.cpu() for x in out)
+        mine = label & (anchor >= window[0]) & (anchor < window[1])  # each pair once over the chunks
+        rows = torch.arange(B)[:, None].expand_as(anchor)
+        chains[rows[mine], anchor[mine], depth[mine]] = hits[mine]
+        for d in range(K):
+            hit_sums[d] += float(hits[mine & (depth == d)].sum())
+            count_sums[d] += float((mine & (depth == d)).sum())
+    return chains, starts, hit_sums, count_sums
 
 
 class PEagleObjective(torch.nn.Module):
@@ -227,29 +263,25 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
 
     @torch.no_grad()
     def evaluate():
-        """Per-depth top-1 over every held-out chain (nothing dropped) and the chains' simulated
-        greedy tau: a chain ends at its first miss, or where its row's trained tokens end."""
+        """Per-depth top-1 over every held-out chain (nothing dropped; `max_anchors` anchors per
+        forward) and the chains' greedy tau along the decoder's walk: a chain ends at its first
+        miss, or where its row's trained tokens end."""
         K = recipe.num_depths
         hit_sums, count_sums = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
         tau_sum = tau_n = 0.0
-        for _, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
+        walks = torch.zeros(2, 2, dtype=torch.float64)
+        for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher = target_states(batch)
-            _, hits, label, anchor, depth = peagle_losses(head, batch, feats, teacher, recipe, vocab, drop=False)
-            B, n = anchor.shape[0], batch["input_ids"].shape[1] - 1
-            grid = torch.zeros(B, n, K, dtype=torch.float64, device=hits.device)  # [row, anchor, depth]
-            first = torch.zeros(B, n, dtype=torch.bool, device=hits.device)
-            rows = torch.arange(B, device=hits.device)[:, None].expand_as(anchor)
-            grid[rows[label], anchor[label], depth[label]] = hits[label].double()
-            first[rows[label & (depth == 0)], anchor[label & (depth == 0)]] = True
-            for d in range(K):
-                hit_sums[d] += float(hits[depth == d].sum())
-                count_sums[d] += float(label[depth == d].sum())
-            tau = simulated_tau([grid[..., d] for d in range(K)])
-            tau_sum += float(tau[first].sum())
-            tau_n += float(first.sum())
+            chains, starts, hits, trained = every_chain(head, batch, feats, teacher, recipe, vocab)
+            hit_sums, count_sums = hit_sums + hits, count_sums + trained
+            walks += heldout_walks(chains, starts, start, recipe)
+            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
+            tau_n += float(starts.sum())
         return {
             "top1_per_depth": (hit_sums / count_sums.clamp(min=1)).tolist(),
-            "tau_simulated": tau_sum / tau_n if tau_n else 1.0,  # counts the bonus token; greedy, teacher-forced
+            # greedy, teacher-forced, the bonus token counted: along the decoder's walk, and over every chain
+            **walk_taus(walks),  # every held-out row, and the serve check's prompts
+            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
             "chains": tau_n,
         }
 
