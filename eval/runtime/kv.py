@@ -187,13 +187,10 @@ class RaggedCache:
     def _count(self, keep: torch.Tensor) -> int:
         """Add `keep`'s columns to the per-row counts; returns the columns up to the last kept
         one. Read on the host (a mask built there costs no device wait)."""
-        host = keep.cpu()
-        per_row = host.sum(1).tolist()
-        self.counts = [c + k for c, k in zip(self.counts, per_row)]
-        if min(per_row) == keep.shape[1]:  # every row keeps every column
-            return keep.shape[1]
-        kept = host.any(0).nonzero()
-        return int(kept[-1]) + 1 if kept.numel() else 0
+        host, width = keep.cpu(), keep.shape[1]
+        self.counts = [c + k for c, k in zip(self.counts, host.sum(1).tolist())]
+        kept = None if host.all() else host.any(0).nonzero()  # None: every row keeps every column
+        return width if kept is None else int(kept[-1]) + 1 if kept.numel() else 0
 
     def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
         """`commit` of the fed columns [lo_b, hi_b) (None: all)."""
