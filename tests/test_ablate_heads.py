@@ -25,7 +25,8 @@ def toy_ctx(toy_dir, tmp_path):
     cpu = torch.device("cpu")
     target = load_causal_lm(build / "target", device=cpu, dtype=torch.float32, role="target")
     tokenizer = load_tokenizer(build / "target")
-    return DemoContext(target, tokenizer, DemoTarget(build), cpu, torch.float32, DemoSettings(preset="micro"), progress=False)
+    settings = DemoSettings(preset="micro")
+    return DemoContext(target, tokenizer, DemoTarget(build), cpu, torch.float32, settings, progress=False)
 
 
 @pytest.mark.slow  # ~25 s on 2 loaded cores: 4 trainings and an interleaved evaluation
@@ -45,11 +46,13 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
             assert len(values) == 2 and all(math.isfinite(v) for v in values), (row["loss"], metric)
             assert row[metric]["min"] <= row[metric]["mean"] <= row[metric]["max"]
         assert 1.0 <= row["tau"]["mean"] <= 4.0 and 0.0 <= row["alpha"]["mean"] <= 1.0
-    recipes = {name: json.loads((out / "runs" / name / "recipe.json").read_text()) for name in ("soft_ce-seed0", "lk_hybrid-seed1")}
+    names = ("soft_ce-seed0", "lk_hybrid-seed1")
+    recipes = {name: json.loads((out / "runs" / name / "recipe.json").read_text()) for name in names}
     assert recipes["soft_ce-seed0"]["loss"] == "soft_ce" and recipes["lk_hybrid-seed1"]["seed"] == 1
     assert recipes["soft_ce-seed0"]["max_steps"] == 2 and recipes["soft_ce-seed0"]["block_size"] == 4
     saved = json.loads((out / "heads_ablation.json").read_text())
-    assert saved["rows"] == record["rows"] and set(saved["runs"]) == {f"{l}/seed{s}" for l in ("soft_ce", "lk_hybrid") for s in (0, 1)}
+    runs = {f"{loss}/seed{seed}" for loss in ("soft_ce", "lk_hybrid") for seed in (0, 1)}
+    assert saved["rows"] == record["rows"] and set(saved["runs"]) == runs
     md = (out / "heads_ablation.md").read_text()
     assert "| soft_ce |" in md and "| lk_hybrid |" in md and "K = 3" in md
     assert not list(out.glob("*.tmp*"))

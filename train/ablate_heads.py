@@ -36,7 +36,7 @@ class HeadAblationSettings:
     method: str = "dflash"  # dflash | eagle3 | peagle
     losses: str = DEFAULT_LOSSES  # comma-separated DIVERGENCES; soft_ce is every trainer's default
     seeds: str = "0,1"  # comma-separated; two give the spread of each loss
-    steps: int = 100  # training steps per head (x 8 rows): the budget every head shares; ~1 min each for DFlash on 2 cores
+    steps: int = 100  # per head (x 8 rows), the budget every head shares: ~2.5 min per DFlash head on 2 busy cores
     prompts: int = 12  # held-out prompts for the evaluation
     max_new_tokens: int = 48
     preset: str = "cpu"  # demo target preset (cpu, gpu, micro)
@@ -84,7 +84,8 @@ def run_head_ablation(settings: HeadAblationSettings, log=print) -> dict:
     built = ensure_demo_target(preset, cache_dir=settings.cache_dir, device=device, progress=True)
     target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
     tokenizer = load_tokenizer(built.target)
-    ctx = DemoContext(target, tokenizer, built, device, dtype, DemoSettings(preset=preset.name), progress=False, log=log)
+    demo = DemoSettings(preset=preset.name)
+    ctx = DemoContext(target, tokenizer, built, device, dtype, demo, progress=False, log=log)
     budget = BUDGETS[preset.name]
     data = demo_data(ctx, budget, prepare_root(built, target, budget, log=log), log=log)
     return ablate_heads(ctx, budget, data, settings, log=log)
@@ -103,8 +104,8 @@ def ablate_heads(ctx, budget, data: Path, settings: HeadAblationSettings, log=pr
     t0 = time.perf_counter()
     for loss, seed in runs:
         name = f"{loss}/seed{seed}"
-        recipe = replace(_recipe(settings.method, ctx, budget, data, out / "runs" / f"{loss}-seed{seed}", settings.steps),
-                         loss=loss, seed=seed, serve_check_prompts=0)  # fmt: skip
+        base = _recipe(settings.method, ctx, budget, data, out / "runs" / f"{loss}-seed{seed}", settings.steps)
+        recipe = replace(base, loss=loss, seed=seed, serve_check_prompts=0)  # no serve check: the evaluation follows
         training[name] = _train_run(settings.method, recipe, name, log)
         folders[name] = Path(recipe.out) / "head"
         k = _natural_k(settings.method, recipe)
@@ -178,10 +179,13 @@ def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:
 
     drafters = {name: _drafter(settings.method, folder, ctx, name) for name, folder in folders.items()}
     prompts = load_prompts(ctx.built.heldout_prompts, ctx.tokenizer, limit=settings.prompts)
-    eval_settings = EvalSettings(num_draft_tokens=k, max_new_tokens=settings.max_new_tokens, repeats=1, measure_distances=False)
+    eval_settings = EvalSettings(
+        num_draft_tokens=k, max_new_tokens=settings.max_new_tokens, repeats=1, measure_distances=False
+    )
     log(f"== evaluating {len(drafters)} heads and target-only, greedy, K = {k}, {len(prompts)} prompts")
     with cpu_decode_threads(ctx.device):
-        report = evaluate(ctx.target, drafters, prompts, eval_settings, eos_token_id=ctx.tokenizer.eos_token_id, progress=False)
+        eos = ctx.tokenizer.eos_token_id
+        report = evaluate(ctx.target, drafters, prompts, eval_settings, eos_token_id=eos, progress=False)
     return {row["method"]: row for row in report["methods"]}, len(prompts)
 
 
@@ -205,20 +209,21 @@ def _table_lines(settings, k: int, num_prompts: int, rows: list[dict]) -> list[s
     """heads_ablation.md: the table (mean [min-max] over the seeds), then the best loss against soft CE."""
     seeds = ", ".join(map(str, settings.seed_values))
     lines = [
-        f"Loss ablation of the {settings.method} head on the demo target ({settings.preset}): {settings.steps} steps x 8 rows "
-        f"per head, the demo's recipe otherwise; seeds {seeds}; greedy, K = {k}, {num_prompts} held-out prompts x "
-        f"{settings.max_new_tokens} tokens, 1 timed pass, all heads interleaved; mean [min-max] over the seeds; tau counts "
-        "the bonus token; simulated tau = the trainer's held-out, teacher-forced estimate.",
+        f"Loss ablation of the {settings.method} head on the demo target ({settings.preset}): "
+        f"{settings.steps} steps x 8 rows per head, the demo's recipe otherwise; seeds {seeds}; greedy, K = {k}, "
+        f"{num_prompts} held-out prompts x {settings.max_new_tokens} tokens, 1 timed pass, all heads interleaved; "
+        "mean [min-max] over the seeds; tau counts the bonus token; simulated tau = the trainer's held-out, "
+        "teacher-forced estimate.",
         "",
         "| loss | alpha | tau | speedup | simulated tau |",
         "|---|---:|---:|---:|---:|",
     ]
     fmt = {"alpha": "{:.3f}", "tau": "{:.2f}", "speedup": "{:.2f}", "tau_simulated": "{:.2f}"}
     for r in rows:
-        cells = [
-            f"{fmt[m].format(r[m]['mean'])} [{fmt[m].format(r[m]['min'])}-{fmt[m].format(r[m]['max'])}]" for m in METRICS
-        ]
-        cells[2] = cells[2].replace(" [", "x [")
+        cells = []
+        for m in METRICS:
+            mean, low, high = (fmt[m].format(r[m][key]) for key in ("mean", "min", "max"))
+            cells.append(f"{mean}{'x' if m == 'speedup' else ''} [{low}-{high}]")
         lines.append(f"| {r['loss']} | " + " | ".join(cells) + " |")
     best = max(rows, key=lambda r: r["alpha"]["mean"])
     base = next((r for r in rows if r["loss"] == "soft_ce"), None)
