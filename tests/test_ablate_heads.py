@@ -54,7 +54,7 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
     runs = {f"{loss}/seed{seed}" for loss in ("soft_ce", "lk_hybrid") for seed in (0, 1)}
     assert saved["rows"] == record["rows"] and set(saved["runs"]) == runs
     md = (out / "heads_ablation.md").read_text()
-    assert "| soft_ce |" in md and "| lk_hybrid |" in md and "K = 3" in md
+    assert "| soft_ce |" in md and "| lk_hybrid |" in md and "K = 3" in md and "best alpha: " in md
     assert not list(out.glob("*.tmp*"))
     # A second call reuses every trained head (a head with a training summary is not retrained).
     logs.clear()
