@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from draftsmith.distill.losses import DIVERGENCES
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.runtime import generate, generate_batch
@@ -143,6 +145,47 @@ def test_anchors_and_the_anchor_block_mask_match_a_reference():
     assert positions[0].tolist() == [p + k for p in anchors[0].tolist() for k in range(BLOCK)]
     weights = slot_weights(BLOCK, 4.0)
     assert weights[0] == 0 and torch.allclose(weights[1:], torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
+
+
+@pytest.fixture(scope="module")
+def short_answers(pairs):
+    """(target, batch, states): three short greedy answers of the tiny llama target."""
+    target, _ = pairs("llama")
+    _, batch, states = greedy_answers_batch(target, lengths=(4, 6, 3), new_tokens=12)
+    return target, batch, states
+
+
+@pytest.mark.parametrize("loss", DIVERGENCES)
+def test_each_loss_trains_and_keeps_the_slot_weights(short_answers, loss):
+    target, batch, states = short_answers
+    torch.manual_seed(0)
+    head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    anchors, valid = sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0))
+
+    def loss_of(recipe):
+        return dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)[0]
+
+    recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, loss=loss)
+    with torch.no_grad():  # slot 1 alone (gamma -> 0) differs from the slots near-evenly weighted
+        assert loss_of(replace(recipe, decay_gamma=1e-3)) != loss_of(replace(recipe, decay_gamma=1e3))
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(4):
+        value = loss_of(recipe)
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+
+
+def test_an_unknown_loss_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match="loss = 'kl': expected one of forward_kl, .*lk_hybrid"):
+        DFlashRecipe(target="t", data="d", out="o", loss="kl")
+    path = tmp_path / "r.yaml"
+    path.write_text("target: t\ndata: d\nout: o\nloss: kl\n")
+    assert main(["--recipe", str(path), "--no-progress"]) == 2
 
 
 # ------------------------------------------------------------------------- the decoder

@@ -187,15 +187,42 @@ def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=p
     return _train_once(ctx, root, "distilled-draft", "draft", recipe_for, train, announce, report, log)
 
 
+def eagle_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
+    """The demo's EAGLE-3 recipe: training-time test over 4 steps, reduced vocabulary, 8 rows."""
+    from draftsmith.train.eagle import EagleRecipe
+
+    return EagleRecipe(
+        **_run_fields(ctx, data, out, budget.max_length, steps), version="eagle3",
+        draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
+    )  # fmt: skip
+
+
+def dflash_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
+    """The demo's DFlash recipe: one block of K + 1 slots drafts the demo's K tokens."""
+    from draftsmith.train.dflash import DFlashRecipe
+
+    return DFlashRecipe(
+        **_run_fields(ctx, data, out, budget.max_length, steps), **_one_pass_fields(ctx, budget),
+        num_layers=1, block_size=ctx.settings.num_draft_tokens + 1, max_anchors=32,
+    )  # fmt: skip
+
+
+def peagle_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
+    """The demo's P-EAGLE recipe: one forward drafts the demo's K tokens (K depths)."""
+    from draftsmith.train.peagle import PEagleRecipe
+
+    return PEagleRecipe(
+        **_run_fields(ctx, data, out, budget.max_length, steps), **_one_pass_fields(ctx, budget),
+        num_depths=ctx.settings.num_draft_tokens, max_anchors=128,
+    )  # fmt: skip
+
+
 def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """An EAGLE-3 head trained on the demo data (training-time test, reduced vocabulary)."""
-    from draftsmith.train.eagle import EagleRecipe, train
+    from draftsmith.train.eagle import train
 
     def recipe_for(out):
-        return EagleRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.eagle_steps), version="eagle3",
-            draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
-        )  # fmt: skip
+        return eagle_recipe(ctx, budget, data, out, budget.eagle_steps)
 
     report = _top1_report("EAGLE-3 head: top-1 per draft step", "top1_per_step")
 
@@ -215,15 +242,12 @@ def _one_pass_fields(ctx, budget: HeadsBudget) -> dict:
 def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """A DFlash block drafter trained on the demo data: one block of K + 1 slots drafts the
     demo's K tokens in one forward."""
-    from draftsmith.train.dflash import DFlashRecipe, train
+    from draftsmith.train.dflash import train
 
     block = ctx.settings.num_draft_tokens + 1
 
     def recipe_for(out):
-        return DFlashRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.dflash_steps), **_one_pass_fields(ctx, budget),
-            num_layers=1, block_size=block, max_anchors=32,
-        )  # fmt: skip
+        return dflash_recipe(ctx, budget, data, out, budget.dflash_steps)
 
     report = _top1_report("DFlash head: top-1 per slot", "top1_per_slot")
 
@@ -233,15 +257,12 @@ def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> 
 
 def demo_peagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
     """A P-EAGLE head trained on the demo data: one forward drafts the demo's K tokens (K depths)."""
-    from draftsmith.train.peagle import PEagleRecipe, train
+    from draftsmith.train.peagle import train
 
     depths = ctx.settings.num_draft_tokens
 
     def recipe_for(out):
-        return PEagleRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.peagle_steps), **_one_pass_fields(ctx, budget),
-            num_depths=depths, max_anchors=128,
-        )  # fmt: skip
+        return peagle_recipe(ctx, budget, data, out, budget.peagle_steps)
 
     report = _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")
 

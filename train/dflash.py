@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.distill.acceptance import simulated_tau
-from draftsmith.distill.losses import divergence
+from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
@@ -55,6 +55,7 @@ class DFlashRecipe(RunRecipe):
     vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
     max_anchors: int = 64  # blocks trained per row and step (more: more signal per target forward)
     decay_gamma: float = 4.0  # slot k's weight exp(-(k-1)/gamma) (DFlash: gamma ~4 for 8-16 slots)
+    loss: str = "soft_ce"  # divergence to the target per slot: any of DIVERGENCES (DFlash: soft CE)
     hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
     lr: float = 6e-4  # the DFlash recipes' peak lr at 8B; tiny heads take ~1e-3
     grad_clip: float = 1.0
@@ -71,6 +72,8 @@ class DFlashRecipe(RunRecipe):
             raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1")
         if not self.decay_gamma > 0:
             raise ValueError(f"decay_gamma = {self.decay_gamma} must be > 0")
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
         if self.mask_token_id is not None and self.mask_token_id < 0:
@@ -165,7 +168,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     if vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
         label = label & head.t2d[targets.argmax(-1)]
         targets = targets[..., vocab]
-    per_slot = divergence("soft_ce", logits.float(), targets.float(), label, reduction="none")
+    per_slot = divergence(recipe.loss, logits.float(), targets.float(), label, reduction="none")
     weights = slot_weights(Bs, recipe.decay_gamma, ids.device)[1:] * label
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
