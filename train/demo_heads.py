@@ -18,8 +18,9 @@ equals the one the demo would run now.
 
 from __future__ import annotations
 
+
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from draftsmith.distill.data import read_json, write_json_atomic
@@ -70,6 +71,9 @@ def _trained_with(folder: Path, recipe) -> bool:
     except ValueError:
         return False
     want = recipe_dict(recipe)
+    # a key the saved recipe lacks (added to the trainer since) was trained at its default
+    defaults = {f.name: f.default for f in fields(recipe) if f.default is not MISSING}
+    saved = {**{k: defaults[k] for k in want.keys() - saved.keys() if k in defaults}, **saved}
     return {k: v for k, v in saved.items() if k not in RUN_CONTROL_KEYS} == {
         k: v for k, v in want.items() if k not in RUN_CONTROL_KEYS
     }
