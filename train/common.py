@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from draftsmith.distill.acceptance import walk_tau
+from draftsmith.distill.acceptance import simulated_tau, walk_tau
 
 
 def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
@@ -341,6 +341,30 @@ def walk_taus(walks: torch.Tensor, key: str = "tau_simulated") -> dict:
     of summed `heldout_walks` (1.0 without a call), counting the bonus token."""
     every, served = (float(t / c) if c else 1.0 for t, c in walks.tolist())
     return {key: every, f"{key}_served": served}
+
+
+def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: str, unit: str) -> dict:
+    """Held-out evaluation of a one-pass head (DFlash blocks, P-EAGLE chains) over `batches`
+    (`heldout_batches`): `every(batch, feats, teacher)` gives the chains at every position the
+    decoder could call at ((chains [B, T, width] hits, starts [B, T], hits and trained counts per
+    slot)). Returns the per-slot top-1 (`top1_per_{per}`), the greedy, teacher-forced tau along the
+    decoder's walk (`walk_taus`: every held-out row, and the serve check's prompts), the mean over
+    every chain (`tau_simulated_mean`) and the chain count (`unit`), the bonus token counted."""
+    hit_sums = count_sums = torch.zeros(width, dtype=torch.float64)
+    tau_sum = tau_n = 0.0
+    walks = torch.zeros(2, 2, dtype=torch.float64)
+    for start, batch in batches:
+        chains, starts, hits, trained = every(batch, *target_states(batch))
+        hit_sums, count_sums = hit_sums + hits, count_sums + trained
+        walks += heldout_walks(chains, starts, start, recipe)
+        tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
+        tau_n += float(starts.sum())
+    return {
+        f"top1_per_{per}": (hit_sums / count_sums.clamp(min=1)).tolist(),
+        **walk_taus(walks),
+        "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
+        unit: tau_n,
+    }
 
 
 def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: int) -> tuple[float, int]:

@@ -30,13 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.eval.runtime.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
-from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
+from draftsmith.train.common import heldout_prompts, one_pass_evaluation, serve_check
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -260,24 +259,9 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         """Per-slot top-1 of held-out blocks anchored at every position the decoder could call at
         (`max_anchors` per forward) and their greedy tau along the decoder's walk: a block's chain
         ends at its first miss (context features are the target's, as in decoding)."""
-        hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
-        count_sums = torch.zeros_like(hit_sums)
-        tau_sum = tau_n = 0.0
-        walks = torch.zeros(2, 2, dtype=torch.float64)
-        for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
-            feats, teacher = target_states(batch)
-            chains, starts, hits, trained = every_block(head, batch, feats, teacher, recipe, vocab)
-            hit_sums, count_sums = hit_sums + hits, count_sums + trained
-            walks += heldout_walks(chains, starts, start, recipe)
-            tau_sum += float(simulated_tau(chains.double().unbind(-1))[starts].sum())
-            tau_n += float(starts.sum())
-        return {
-            "top1_per_slot": (hit_sums / count_sums.clamp(min=1)).tolist(),
-            # greedy, teacher-forced, the bonus token counted: along the decoder's walk, and over every block
-            **walk_taus(walks),  # every held-out row, and the serve check's prompts
-            "tau_simulated_mean": tau_sum / tau_n if tau_n else 1.0,
-            "blocks": tau_n,
-        }
+        batches = heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
+        every = lambda batch, feats, teacher: every_block(head, batch, feats, teacher, recipe, vocab)  # noqa: E731
+        return one_pass_evaluation(batches, target_states, every, recipe.block_size - 1, recipe, "slot", "blocks")
 
     done = train_loop(
         run, model, optimizer, scheduler, step, micro_step, desc="dflash", progress=progress,
