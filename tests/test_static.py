@@ -514,6 +514,20 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
 
 @pytest.mark.slow
 @COMPILED
+def test_compiled_medusa_heads_take_prompts_of_every_length(pairs):
+    """The heads' first input is the prefill's last state, a view whose strides follow the prompt's
+    length: more lengths than dynamo's recompile limit (8) must still decode on the compiled heads."""
+    target, _ = pairs("llama")
+    medusa, _ = _oracle(target, _ids(9, seed=11), 6)
+    drafter = MedusaDrafter(medusa, target.config.num_hidden_layers)
+    for length in range(5, 15):
+        prompt = _ids(length, seed=length)
+        out = generate(target, drafter, prompt, max_new_tokens=6, num_draft_tokens=NUM_HEADS, compile=True)
+        assert out.tokens == _hf_greedy(target, prompt, 6), length
+
+
+@pytest.mark.slow
+@COMPILED
 @pytest.mark.parametrize("kind", ["draft", "medusa-tree", "eagle-tree"])  # the EAGLE chain: its greedy identity
 def test_compiled_sampling_is_lossless(kind, pairs):
     target, draft = pairs("llama")

@@ -508,7 +508,10 @@ class MedusaDrafter(Drafter):
         depth = [min(k, self.num_heads) if has else 0 for k, has in zip(num_tokens, self._has)]
         if max(depth) == 0:  # also when no row has a state yet (every prompt one token long)
             return Proposal.empty(len(depth))
-        h = self._h.to(device=self._param[0], dtype=self._param[1])
+        # a copy in standard strides: the prefill's state is a view whose strides follow the prompt's
+        # length (even with one row, where `.contiguous()` keeps them), and compiled heads recompile
+        # for every new stride
+        h = self._h.to(device=self._param[0], dtype=self._param[1]).clone(memory_format=torch.contiguous_format)
         used = self._heads_used(max(depth))
         if self._compiled is not None and self._compiled[0] == h.shape[0] and self._compiled[1] >= used:
             logits, top = self._compiled[2](h)
