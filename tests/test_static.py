@@ -514,12 +514,17 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
 
 @pytest.mark.slow
 @COMPILED
-def test_compiled_medusa_heads_take_prompts_of_every_length(pairs):
-    """The heads' first input is the prefill's last state, a view whose strides follow the prompt's
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_compiled_heads_take_prompts_of_every_length(kind, pairs):
+    """A head's first input comes from the prefill, whose shapes and strides follow the prompt's
     length: more lengths than dynamo's recompile limit (8) must still decode on the compiled heads."""
     target, _ = pairs("llama")
-    medusa, _ = _oracle(target, _ids(9, seed=11), 6)
-    drafter = MedusaDrafter(medusa, target.config.num_hidden_layers)
+    if kind == "medusa":
+        medusa, _ = _oracle(target, _ids(9, seed=11), 6)
+        drafter = MedusaDrafter(medusa, target.config.num_hidden_layers)
+    else:
+        eagle, _ = _oracle_head(target, _ids(9, seed=11), "eagle3", 11, num_new=6, draft_vocab=200)
+        drafter = EagleDrafter(eagle)
     for length in range(5, 15):
         prompt = _ids(length, seed=length)
         out = generate(target, drafter, prompt, max_new_tokens=6, num_draft_tokens=NUM_HEADS, compile=True)

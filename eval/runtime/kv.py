@@ -187,10 +187,10 @@ class RaggedCache:
     def _count(self, keep: torch.Tensor) -> int:
         """Add `keep`'s columns to the per-row counts; returns the columns up to the last kept
         one. Read on the host (a mask built there costs no device wait)."""
-        host, width = keep.cpu(), keep.shape[1]
+        host = keep.cpu()
         self.counts = [c + k for c, k in zip(self.counts, host.sum(1).tolist())]
-        kept = None if host.all() else host.any(0).nonzero()  # None: every row keeps every column
-        return width if kept is None else int(kept[-1]) + 1 if kept.numel() else 0
+        kept = host.any(0).nonzero() if not host.all() else None  # None: every row keeps every column
+        return keep.shape[1] if kept is None else int(kept[-1]) + 1 if kept.numel() else 0
 
     def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
         """`commit` of the fed columns [lo_b, hi_b) (None: all)."""
@@ -308,8 +308,8 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
 
 
 def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
-    """x [B, n, ...] padded with zeros to [B, width, ...]."""
-    return x if x.shape[1] == width else torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
+    """x [B, n, ...] zero-padded to [B, width, ...], a copy in standard strides (compiled steps guard on them)."""
+    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
 
 
 def _widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:
