@@ -155,21 +155,12 @@ def _train_run(method: str, recipe, name: str, log) -> dict:
 
 
 def _drafter(method: str, folder: Path, ctx, name: str):
-    from draftsmith.heads.eagle import load_eagle
+    """The head as `draftsmith eval` loads it (`chain_drafter`, with its checks), named `name`."""
+    from draftsmith.eval.drafter_specs import chain_drafter
 
-    if method == "dflash":
-        from draftsmith.eval.runtime.dflash import DFlashDrafter
-        from draftsmith.heads.dflash_formats import load_dflash
-
-        return DFlashDrafter(load_dflash(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name=name)
-    head = load_eagle(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype)
-    if method == "peagle":
-        from draftsmith.eval.runtime.peagle import PEagleDrafter
-
-        return PEagleDrafter(head, name=name)
-    from draftsmith.eval.runtime.eagle import EagleDrafter
-
-    return EagleDrafter(head, name=name)
+    drafter = chain_drafter("eagle" if method == "eagle3" else method, folder, ctx.target, ctx.device, ctx.dtype)
+    drafter.name = name
+    return drafter
 
 
 def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:

@@ -501,17 +501,17 @@ class MedusaDrafter(Drafter):
     def start(self, prompts, prefill, vocab_size) -> None:
         self._has = [len(p) >= 2 for p in prompts]
         states = prefill.get(self.target_layers[0])
-        self._h = states[:, -1] if states is not None else None  # right-aligned: column -1 is real
+        # right-aligned: column -1 is real. A copy in standard strides: the view's follow the prompt's
+        # length (even with one row, where `.contiguous()` keeps them), and compiled heads would
+        # recompile for every new stride (`accepted`'s states are gathered, so already standard).
+        self._h = states[:, -1].clone(memory_format=torch.contiguous_format) if states is not None else None
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         depth = [min(k, self.num_heads) if has else 0 for k, has in zip(num_tokens, self._has)]
         if max(depth) == 0:  # also when no row has a state yet (every prompt one token long)
             return Proposal.empty(len(depth))
-        # a copy in standard strides: the prefill's state is a view whose strides follow the prompt's
-        # length (even with one row, where `.contiguous()` keeps them), and compiled heads recompile
-        # for every new stride
-        h = self._h.to(device=self._param[0], dtype=self._param[1]).clone(memory_format=torch.contiguous_format)
+        h = self._h.to(device=self._param[0], dtype=self._param[1])
         used = self._heads_used(max(depth))
         if self._compiled is not None and self._compiled[0] == h.shape[0] and self._compiled[1] >= used:
             logits, top = self._compiled[2](h)

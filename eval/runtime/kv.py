@@ -168,6 +168,7 @@ class RaggedCache:
 
     def reserve(self, fed: int) -> None:
         """Room for `fed` more columns (the growing store always has it)."""
+
     def compiled_widths(self, key) -> list[int]:
         """The widths `run(..., key=key)` has compiled steps for (the growing store compiles none)."""
         return []
@@ -185,8 +186,7 @@ class RaggedCache:
             self._cut(self.length)
 
     def _count(self, keep: torch.Tensor) -> int:
-        """Add `keep`'s columns to the per-row counts; returns the columns up to the last kept
-        one. Read on the host (a mask built there costs no device wait)."""
+        """Add `keep`'s columns to the per-row counts (on the host: no device wait); the columns up to the last kept."""
         host = keep.cpu()
         self.counts = [c + k for c, k in zip(self.counts, host.sum(1).tolist())]
         kept = host.any(0).nonzero() if not host.all() else None  # None: every row keeps every column
