@@ -319,6 +319,41 @@ def test_measured_acceptance_matches_theory_prompt_lookup(pairs):
     assert _assert_alpha_matches_theory(stats) >= 1
 
 
+def _latest_ngram_follow(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Prompt lookup by brute force: the tokens after the latest earlier occurrence of the
+    context's last n-gram, n from max_ngram down."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        ends = [e for e in range(n, len(context)) if context[e - n : e] == context[-n:]]
+        if ends:
+            return context[ends[-1] : ends[-1] + k]
+    return []
+
+
+def test_prompt_lookup_tables_follow_the_latest_match():
+    """The incremental n-gram tables propose what a search of the whole context finds, as rows
+    grow, skip calls (K = 0), leave the batch, and as a new request reuses the drafter."""
+    rng = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        ints = lambda hi, n=1: torch.randint(0, hi, (n,), generator=rng).tolist()  # noqa: E731
+        drafter = PromptLookupDrafter(max_ngram=1 + trial % 4, min_ngram=1 + trial % 4 // 2)
+        rows = [ints(4, 1 + ints(6)[0]) for _ in range(3)]
+        drafter.start(rows, {}, 4)
+        for step in range(25):
+            ks = ints(5, len(rows))
+            got = drafter.propose(rows, ks, None, None)
+            for b, (row, k) in enumerate(zip(rows, ks)):
+                want = _latest_ngram_follow(row, k, drafter.max_ngram, drafter.min_ngram) if k else []
+                assert got.tokens[b, : got.counts[b]].tolist() == want, (trial, step, row, k)
+            for row in rows:
+                row.extend(ints(4, 1 + ints(3)[0]))
+            if step == 12 and len(rows) > 1:
+                drafter.select(None, [0, 2][: len(rows) - 1])
+                rows = [rows[i] for i in [0, 2][: len(rows) - 1]]
+        rows = [ints(4, 2) for _ in rows]  # a new request without `start`: shorter contexts
+        got = drafter.propose(rows, [3] * len(rows), None, None)
+        assert got.counts == [len(_latest_ngram_follow(r, 3, drafter.max_ngram, drafter.min_ngram)) for r in rows]
+
+
 def test_measured_acceptance_matches_theory_greedy(pairs):
     """At T=0 the acceptance of a reached draft is decided (argmax match): equal counts."""
     target, draft = pairs("mistral")

@@ -1,5 +1,7 @@
 """torch.compile for the decoding runtime: one `Compiler` (mode, seconds spent compiling, and a
-fallback with a warning when compilation is unavailable or fails) for every compiled step.
+fallback with a warning when compilation is unavailable or fails) for every compiled step, and
+the static store's step and greedy chain (`make_step`, `make_chain`) with the padding that
+lets a narrower call run a wider compiled step (`widen`, `widen_attend`).
 
 Compiled steps keep only dynamo's tensor guards (shapes, dtypes, devices of the weights, the
 cache and the inputs): checking the ~1,000 module/config guards cost 0.1-0.3 ms per call on
@@ -18,6 +20,8 @@ import types
 import warnings
 
 import torch
+
+from draftsmith.eval.runtime.masks import static_mask
 
 
 class StaticCacheOverflow(ValueError):
@@ -140,3 +144,69 @@ class Compiler:
         finally:
             self.seconds += time.perf_counter() - started
         return True
+
+
+# ------------------------------------------------- the static store's step, chain and padding
+
+
+def make_step(call, kv):
+    """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
+    [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
+    [B, W, L], *inputs [B, W, ...]) -> the outputs of `call(ids, positions, mask, cache, *inputs)`
+    (`hf_call`: logits, hidden states)."""
+    layers, cache = list(kv.cache.layers), kv.cache
+    dtype, window, mixed = kv.dtype, kv.window, kv.mixed
+
+    def step(ids, positions, valid, slots, start, attend, *inputs):
+        for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
+            layer.cumulative_length.copy_(start)
+        return call(ids, positions, static_mask(valid, slots, start, attend, positions, dtype, window, mixed), cache,
+                    *inputs)  # fmt: skip
+
+    return step
+
+
+def make_chain(step, width: int, num_tokens: int, logits: bool):
+    """A greedy draft chain over a static cache's `step` (its last-logits variant), as one
+    function: (ids [B, p], positions, valid, slots, start, attend, keep [B, p], bias [V]) ->
+    (tokens [B, k], then with `logits` their logits [B, k, V]). It feeds the p catch-up columns
+    (`keep`: the real ones), then k - 1 times the argmax of (logits + bias) at the next
+    position and slot; `bias` is -inf on ids the target lacks. Pure tensor code: `valid` and
+    `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
+
+    def chain(ids, positions, valid, slots, start, attend, keep, bias):
+        out = step(ids, positions, valid, slots, start, attend)[0]
+        rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
+        fed = (rel >= 0) & (rel < width)
+        # The catch-up's real columns, then every later slot: a step sees only slots before its own.
+        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid) | (rel >= width)
+        slots = torch.where(fed, positions.index_select(1, rel[0].clamp(0, width - 1)), slots)
+        slots = torch.where(rel >= width, positions[:, -1:] + 1 + rel - width, slots)
+        one = torch.ones(ids.shape[0], 1, 1, dtype=torch.bool, device=ids.device)
+        tokens, raw = [], []
+        for i in range(num_tokens):
+            raw.append(out[:, -1])
+            tokens.append((raw[-1].float() + bias).argmax(-1))
+            if i + 1 < num_tokens:
+                out = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)[0]
+        return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
+
+    return chain
+
+
+def widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [B, n, ...] zero-padded to [B, width, ...], a copy in standard strides (compiled steps guard on them)."""
+    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
+
+
+def widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:
+    """attend [B, n, m + n] (m <= look) as [B, width, look + width]: the lookback is padded on
+    the left with True (`valid` alone decides there) and each padding column sees only itself."""
+    batch, n, span = attend.shape
+    if (n, span) == (width, look + width):
+        return attend
+    out = torch.zeros(batch, width, look + width, dtype=torch.bool, device=attend.device)
+    out[:, :n, : look + n - span] = True
+    out[:, :n, look + n - span : look + n] = attend
+    out[:, n:, look + n :] = torch.eye(width - n, dtype=torch.bool, device=attend.device)
+    return out

@@ -260,7 +260,7 @@ class DraftModelDrafter(Drafter):
     keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded with
     -inf, or cut) so that q and p cover the same tokens. On the static path the cache is
     preallocated and a greedy proposal is ONE call (the catch-up and every draft step,
-    `kv.make_chain`); with `compile` that chain is compiled for catch-ups of 1 and 2 tokens
+    `compiler.make_chain`); with `compile` that chain is compiled for catch-ups of 1 and 2 tokens
     (after a correction; after a bonus), sampled proposals' width-1 and width-2 steps instead
     (the draws come from the rows' generators between steps).
     """
@@ -353,7 +353,9 @@ class DraftModelDrafter(Drafter):
 class PromptLookupDrafter(Drafter):
     """Prompt lookup decoding, per row: find the latest earlier occurrence of the context's last
     n-gram (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
-    Deterministic (q = 1 on each token); costs no model call."""
+    Deterministic (q = 1 on each token); costs no model call. Each row keeps a table of every
+    n-gram but the context's last, to the end of its latest occurrence, updated with the tokens
+    that arrived since the last call: a lookup costs the same at any context length."""
 
     name = "prompt-lookup"
 
@@ -361,24 +363,36 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._tables: list[dict] = []  # per row: n-gram -> the end of its latest occurrence
+        self._done: list[int] = []  # per row: the ends indexed so far are 1..done
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return tuple(range(num_tokens + 1))  # whatever follows the match, or nothing
 
-    def _lookup(self, context: list[int], num_tokens: int) -> list[int]:
-        seq = torch.tensor(context)
+    def start(self, prompts, prefill, vocab_size) -> None:
+        self._tables, self._done = [{} for _ in prompts], [0] * len(prompts)
+
+    def select(self, rows, kept) -> None:
+        self._tables, self._done = [self._tables[i] for i in kept], [self._done[i] for i in kept]
+
+    def _lookup(self, b: int, context: list[int], num_tokens: int) -> list[int]:
+        while len(self._tables) <= b:  # no `start`: a fresh table
+            self._tables.append({}), self._done.append(0)
+        if self._done[b] >= len(context):  # shorter than at the last call: another request
+            self._tables[b], self._done[b] = {}, 0
+        table = self._tables[b]
+        for end in range(self._done[b] + 1, len(context)):  # every n-gram but the context's last
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                table[tuple(context[end - n : end])] = end
+        self._done[b] = len(context) - 1
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            # Windows starting at 0..length-n-1: every earlier n-gram except the suffix itself.
-            hits = (seq[:-1].unfold(0, n, 1) == seq[-n:]).all(-1).nonzero().flatten()
-            if hits.numel():
-                start = int(hits[-1]) + n  # the latest match is usually the most relevant
-                follow = context[start : start + num_tokens]
-                if follow:
-                    return follow
+            end = table.get(tuple(context[-n:]))
+            if end is not None:  # the latest match is usually the most relevant
+                return context[end : end + num_tokens]
         return []
 
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
-        found = [self._lookup(c, k) if k > 0 else [] for c, k in zip(contexts, num_tokens)]
+        found = [self._lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, num_tokens))]
         width = max(map(len, found))
         tokens = torch.tensor([f + [0] * (width - len(f)) for f in found], dtype=torch.long).view(len(found), width)
         return Proposal(tokens=tokens, counts=[len(f) for f in found])

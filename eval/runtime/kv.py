@@ -43,7 +43,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from draftsmith.eval.runtime.compiler import CAPACITY_STEP, Compiler, StaticCacheOverflow, compile_mode
+from draftsmith.eval.runtime.compiler import (
+    CAPACITY_STEP,
+    Compiler,
+    StaticCacheOverflow,
+    compile_mode,
+    make_chain,
+    make_step,
+    widen,
+    widen_attend,
+)
 from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_masks, spans, static_mask
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
@@ -104,7 +113,8 @@ class RaggedCache:
                  dtype: torch.dtype = torch.float32):  # fmt: skip
         self.cache = cache
         self.device, self.dtype = device, dtype  # the model's: masks are built in its dtype
-        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self._valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self._tail = 0  # columns after `_valid` that every row holds (made a tensor when read)
         self.counts = [0] * batch  # real columns per row
         self.window, self.mixed = window, mixed
         self.positions = torch.zeros(batch, 0, dtype=torch.long, device=device)  # per column (sliding windows)
@@ -120,7 +130,19 @@ class RaggedCache:
 
     @property
     def length(self) -> int:
-        return self.valid.shape[1]
+        return self._valid.shape[1] + self._tail
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[B, length] bool: which columns of each row are real."""
+        if self._tail:
+            ones = torch.ones(len(self.counts), self._tail, dtype=torch.bool, device=self.device)
+            self._valid, self._tail = torch.cat([self._valid, ones], dim=1), 0
+        return self._valid
+
+    @valid.setter
+    def valid(self, value: torch.Tensor) -> None:
+        self._valid, self._tail = value, 0
 
     @property
     def dense(self) -> bool:
@@ -193,8 +215,18 @@ class RaggedCache:
         return keep.shape[1] if kept is None else int(kept[-1]) + 1 if kept.numel() else 0
 
     def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
-        """`commit` of the fed columns [lo_b, hi_b) (None: all)."""
-        self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+        """`commit` of the fed columns [lo_b, hi_b) (None: 0 / all); no tensor is built when
+        every row keeps the same first columns (batch-1 chains)."""
+        kept = width if hi is None else hi[0]
+        if any(lo or ()) or any(h != kept for h in hi or ()):
+            return self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+        self._check_length(self.length + width)
+        self.counts = [c + kept for c in self.counts]
+        if self.window is not None:
+            self.positions = torch.cat([self.positions, self._fed[:, :kept]], dim=1)
+        self._tail += kept
+        if kept < width:
+            self._cut(self.length)
 
     def retain(self, start: int, keep: list[int]) -> None:
         """Of the columns from `start` on (all committed whole), row b keeps the first keep_b;
@@ -248,7 +280,11 @@ class RaggedCache:
         for holder in self._holders():
             holder.keys = holder.keys[..., :length, :]
             holder.values = holder.values[..., :length, :]
-        self.valid, self.positions = self.valid[:, :length], self.positions[:, :length]
+        if self._valid.shape[1] > length:
+            self.valid = self._valid[:, :length]
+        self._tail = length - self._valid.shape[1]
+        if self.window is not None:
+            self.positions = self.positions[:, :length]
 
     def _check_length(self, expected: int) -> None:
         for holder in self._holders():
@@ -260,69 +296,6 @@ class RaggedCache:
 
 
 # ------------------------------------------------------------------- the preallocated store
-
-
-def make_step(call, kv: StaticRaggedCache):
-    """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
-    [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
-    [B, W, L], *inputs [B, W, ...]) -> the outputs of `call(ids, positions, mask, cache, *inputs)`
-    (`hf_call`: logits, hidden states)."""
-    layers, cache = list(kv.cache.layers), kv.cache
-    dtype, window, mixed = kv.dtype, kv.window, kv.mixed
-
-    def step(ids, positions, valid, slots, start, attend, *inputs):
-        for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
-            layer.cumulative_length.copy_(start)
-        return call(ids, positions, static_mask(valid, slots, start, attend, positions, dtype, window, mixed), cache,
-                    *inputs)  # fmt: skip
-
-    return step
-
-
-def make_chain(step, width: int, num_tokens: int, logits: bool):
-    """A greedy draft chain over a static cache's `step` (its last-logits variant), as one
-    function: (ids [B, p], positions, valid, slots, start, attend, keep [B, p], bias [V]) ->
-    (tokens [B, k], then with `logits` their logits [B, k, V]). It feeds the p catch-up columns
-    (`keep`: the real ones), then k - 1 times the argmax of (logits + bias) at the next
-    position and slot; `bias` is -inf on ids the target lacks. Pure tensor code: `valid` and
-    `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
-
-    def chain(ids, positions, valid, slots, start, attend, keep, bias):
-        out = step(ids, positions, valid, slots, start, attend)[0]
-        rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
-        fed = (rel >= 0) & (rel < width)
-        # The catch-up's real columns, then every later slot: a step sees only slots before its own.
-        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid) | (rel >= width)
-        slots = torch.where(fed, positions.index_select(1, rel[0].clamp(0, width - 1)), slots)
-        slots = torch.where(rel >= width, positions[:, -1:] + 1 + rel - width, slots)
-        one = torch.ones(ids.shape[0], 1, 1, dtype=torch.bool, device=ids.device)
-        tokens, raw = [], []
-        for i in range(num_tokens):
-            raw.append(out[:, -1])
-            tokens.append((raw[-1].float() + bias).argmax(-1))
-            if i + 1 < num_tokens:
-                out = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)[0]
-        return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
-
-    return chain
-
-
-def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
-    """x [B, n, ...] zero-padded to [B, width, ...], a copy in standard strides (compiled steps guard on them)."""
-    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
-
-
-def _widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:
-    """attend [B, n, m + n] (m <= look) as [B, width, look + width]: the lookback is padded on
-    the left with True (`valid` alone decides there) and each padding column sees only itself."""
-    batch, n, span = attend.shape
-    if (n, span) == (width, look + width):
-        return attend
-    out = torch.zeros(batch, width, look + width, dtype=torch.bool, device=attend.device)
-    out[:, :n, : look + n - span] = True
-    out[:, :n, look + n - span : look + n] = attend
-    out[:, n:, look + n :] = torch.eye(width - n, dtype=torch.bool, device=attend.device)
-    return out
 
 
 class StaticRaggedCache(RaggedCache):
@@ -393,7 +366,7 @@ class StaticRaggedCache(RaggedCache):
 
     def _attend(self, attend: torch.Tensor) -> torch.Tensor:
         """attend of the rows in use on the physical rows: a padding row's columns see themselves."""
-        return self._physical(attend.to(self.device), lambda b, w, span: _widen_attend(
+        return self._physical(attend.to(self.device), lambda b, w, span: widen_attend(
             torch.zeros(b, 0, span - w, dtype=torch.bool), w, span - w))  # fmt: skip
 
     def commit(self, keep: torch.Tensor) -> None:
@@ -405,6 +378,16 @@ class StaticRaggedCache(RaggedCache):
         used = self._count(keep)
         self._valid[:, start : start + width] = self._physical(keep.to(self.device), torch.zeros)
         self._length = start + used  # the common tail: the pointer moves back
+
+    def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
+        kept = width if hi is None else hi[0]
+        if any(lo or ()) or any(h != kept for h in hi or ()) or self._rows is not None:
+            return self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+        if self._length + width > self.capacity:
+            raise RuntimeError(f"static ragged cache out of step: {width} columns committed at {self._length}")
+        self.counts = [c + kept for c in self.counts]
+        self._valid[:, self._length : self._length + kept] = True  # the columns past the pointer are holes
+        self._length += kept
 
     def retain(self, start: int, keep: list[int]) -> None:
         width = self._length - start
@@ -470,7 +453,7 @@ class StaticRaggedCache(RaggedCache):
         rows = len(self.rows)
         # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
         ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
-        attend = _widen_attend(chain_attend(width, None, [0] * rows, rows, self.device), width, look)
+        attend = widen_attend(chain_attend(width, None, [0] * rows, rows, self.device), width, look)
         inputs = (*self._inputs(ids, positions, attend), *extra)
         # One eager call first: HF installs its hidden-state capturing hooks lazily, under a lock
         # dynamo cannot trace.
@@ -570,9 +553,10 @@ class StaticRaggedCache(RaggedCache):
                 f"static KV cache overflow ({self.owner}): {self._length} columns in use and {width} more were fed, "
                 f"but it was preallocated for {self.capacity}; nothing was written (call reserve first)"
             )
-        ids, positions, *inputs = (_widen(x, width) for x in (ids, positions, *inputs))
+        if fits:  # padded to the compiled width, in the standard strides its guards expect
+            ids, positions, *inputs = (widen(x, width) for x in (ids, positions, *inputs))
         fn = self._compiled[(key, width)][1] if fits else make_step(call, self)
-        out = fn(*self._inputs(ids, positions, _widen_attend(attend, width, look), *inputs))
+        out = fn(*self._inputs(ids, positions, widen_attend(attend, width, look), *inputs))
         if fits and self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
             out = tuple(x.clone() for x in out)
         return tuple(self._in_use(x[:, :n]) for x in out)

@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 from draftsmith.eval.runtime.compiler import compile_mode
 from draftsmith.eval.runtime.drafters import Drafter, Proposal
 from draftsmith.eval.runtime.kv import capacity_for, model_cache
-from draftsmith.eval.runtime.masks import chain_attend, spans, tree_attend
+from draftsmith.eval.runtime.masks import chain_attend, tree_attend
 from draftsmith.eval.runtime.sampling import (
     SamplingConfig,
     acceptance_probability,
@@ -194,7 +194,7 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         kv.reserve(ids.shape[1])
         attend = chain_attend(ids.shape[1], lo, None, batch, device) if any(lo) else None
         prefill = kv.forward(model, ids, positions, attend, hidden_layers=layers, logits_to_keep=1).hidden_states
-        kv.commit(spans(ids.shape[1], lo, None, batch, "cpu"))
+        kv.commit_spans(ids.shape[1], lo)
     if drafter is not None:
         drafter.start(contexts, prefill, vocab)
     result.prefill_seconds = now() - start
@@ -212,15 +212,16 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         t1 = now()
         call = _Call(proposal, budget, typical is not None, size, device)
         # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
-        # then the proposal at its depths after it.
-        last = torch.tensor([[contexts[r][-1], len(contexts[r]) - 1] for r in active], device=device)
+        # then the proposal at its depths after it (one host->device copy of ids and positions).
+        last = torch.tensor([[contexts[r][-1]] + [len(contexts[r]) - 1 + d for d in call.depths[i]]
+                             for i, r in enumerate(active)], device=device)  # fmt: skip
         fed, positions = last[:, :1], last[:, 1:]
-        if call.tokens.shape[1]:
-            fed, positions = torch.cat([fed, call.tokens], dim=1), positions + call.offsets
+        if call.width:
+            fed = torch.cat([fed, call.tokens], dim=1)
         kv.reserve(max(widths[-1], fed.shape[1]))  # the widest call (compiled calls are padded to it)
         out = kv.forward(model, fed, positions, call.attend, hidden_layers=layers)
         paths, emitted, lossy_kl = _verify(out.logits, call, sampling, typical, [generators[r] for r in active])
-        kv.commit(call.keep(paths))  # row b keeps `last` and its accepted path
+        call.commit(kv, paths)  # row b keeps `last` and its accepted path
         if measure_distances:
             for i, r in enumerate(active):
                 _add_distances(stats[r], out.logits[i], call, i, paths[i], sampling, typical)
@@ -302,13 +303,12 @@ class _Call:
         self.tree = [bool(c) and (typical or trees) for c in self.counts]
         if proposal is not None and proposal.parents is not None:
             self._trees(proposal, budget, device)
-        width = max(self.counts, default=0)
-        self.tokens = self.tokens[:, :width]
-        self.attend = None
-        self.offsets = torch.arange(width + 1, device=device)[None]
+        self.width = width = max(self.counts, default=0)
+        self.tokens = self.tokens if self.tokens.shape[1] == width else self.tokens[:, :width]
+        self.attend, self.depths = None, [range(width + 1)] * rows  # per row, each fed column's depth
         if proposal is not None and proposal.parents is not None:
             self.attend, fed_depths = tree_attend(self.parents, width + 1, device)
-            self.offsets = torch.tensor([d + [0] * (width + 1 - len(d)) for d in fed_depths], device=device)
+            self.depths = [d + [0] * (width + 1 - len(d)) for d in fed_depths]
 
     def _trees(self, proposal: Proposal, budget: list[int], device) -> None:
         """Every row's tree, cut to the row's depth budget (the call emits at most depth + 1)."""
@@ -331,19 +331,14 @@ class _Call:
         end = path[-1] if path else -1
         return any(parent == end for parent in self.parents[b])
 
-    def keep(self, paths: list[list[int]]) -> torch.Tensor:
-        """[R, W] bool: column 0 (`last`) and the columns of each row's accepted path; on the
-        host (the cache reads it there)."""
-        width = self.tokens.shape[1] + 1
+    def commit(self, kv, paths: list[list[int]]) -> None:
+        """Row b of `kv` keeps column 0 (`last`) and the columns of its accepted path."""
         if not any(self.tree):  # chains: a path is the first n nodes, so the first n + 1 columns
-            kept = [len(path) + 1 for path in paths]
-            if min(kept) == width:
-                return torch.ones(len(paths), width, dtype=torch.bool)
-            return spans(width, None, kept, len(paths), "cpu")
-        keep = torch.zeros(len(paths), width, dtype=torch.bool)
+            return kv.commit_spans(self.width + 1, None, [len(path) + 1 for path in paths])
+        keep = torch.zeros(len(paths), self.width + 1, dtype=torch.bool)  # on the host: the cache reads it there
         for b, path in enumerate(paths):
             keep[b, [0] + [i + 1 for i in path]] = True
-        return keep
+        kv.commit(keep)
 
     def committed(self, emitted, paths, hidden, alive):
         """Of the rows `alive`: the tokens each emitted [R, W] (left-aligned, 0-padded), and the
@@ -351,7 +346,7 @@ class _Call:
         width = max(len(emitted[i]) for i in alive)
         device = self.tokens.device
         committed = torch.tensor([emitted[i] + [0] * (width - len(emitted[i])) for i in alive], device=device)
-        index = torch.tensor(alive, device=device)
+        index = torch.tensor(alive, device=device) if any(self.tree) or len(alive) < len(paths) else None
         if any(self.tree):  # gather `last` and the path's columns to the front
             cols = [[0] + [j + 1 for j in paths[i]] for i in alive]
             cols = torch.tensor([c + [0] * (width - len(c)) for c in cols], device=device)
@@ -366,24 +361,19 @@ def _verify(logits, call: _Call, sampling: SamplingConfig, typical, generators):
     """Per row: the accepted path (node indices, root to leaf; a chain's is its first n nodes),
     the tokens it emits (the path's tokens, then the correction or bonus) and the typical rule's
     KL estimate. One device->host copy for a greedy batch."""
-    rows = len(call.counts)
-    paths, emitted, kl = [], [], [0.0] * rows
-    if sampling.greedy and not call.tokens.shape[1]:  # no drafts: emit the argmax
-        return [[] for _ in range(rows)], [[t] for t in logits[:, 0].argmax(-1).tolist()], kl
+    paths, emitted, kl = [], [], [0.0] * len(call.counts)
     if sampling.greedy:
         # Chains: keep the drafts equal to the target's argmax before them, then emit the argmax
         # (a row's padding past its own count never counts). Trees walk the argmax down.
         argmax = logits.argmax(-1)  # [R, W]: no float copy needed, a cast keeps the order
-        n, _ = verify_chain_greedy(argmax, call.tokens)
-        n = torch.minimum(n, torch.tensor(call.counts, device=n.device))
-        ids = torch.cat([n[:, None], argmax, call.tokens], dim=1).tolist()  # one device->host copy
-        width = argmax.shape[1]
+        ids = (torch.cat([argmax, call.tokens], dim=1) if call.width else argmax).tolist()  # one copy to the host
         for b, row in enumerate(ids):
-            argmax_b, tokens, k = row[1 : width + 1], row[width + 1 :], call.counts[b]
+            argmax_b, tokens, k = row[: call.width + 1], row[call.width + 1 :], call.counts[b]
             if call.tree[b]:
                 path, nxt = verify_tree_greedy(argmax_b[: k + 1], call.parents[b], tokens[:k])
             else:
-                path, nxt = list(range(row[0])), argmax_b[row[0]]
+                n, nxt = verify_chain_greedy(argmax_b[: k + 1], tokens[:k])
+                path = list(range(n))
             paths.append(path)
             emitted.append([tokens[i] for i in path] + [nxt])
         return paths, emitted, kl

@@ -53,6 +53,8 @@ def spans(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, de
 def chain_attend(width: int, lo: list[int] | None, hi: list[int] | None, batch: int, device) -> torch.Tensor:
     """[B, W, W]: each fed column sees the real fed columns [lo_b, hi_b) up to itself, and itself
     (so no query row is fully blocked: a padding column's output is never read)."""
+    if lo is None and hi is None:  # every column real: causal
+        return torch.ones(batch, width, width, dtype=torch.bool, device=device).tril()
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     eye = torch.eye(width, dtype=torch.bool, device=device)
     return (causal[None] & spans(width, lo, hi, batch, device)[:, None, :]) | eye[None]
@@ -87,9 +89,12 @@ def static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, wind
     tensor code: it runs inside the compiled step."""
     width, look = attend.shape[1], attend.shape[2] - attend.shape[1]
     rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
-    fed = (rel >= 0) & (rel < width)
-    marked = (rel >= -look) & (rel < width)  # the columns `attend` covers
     sees = attend.index_select(2, (rel + look).clamp(0, width + look - 1))  # [B, W, capacity]
-    ok = ((valid & (rel < 0)[None])[:, None, :] | fed[None, None]) & (sees | ~marked[None, None])
-    keys = None if window is None else torch.where(fed[None], positions.index_select(1, rel.clamp(0, width - 1)), slots)
+    past = valid & (rel < 0)  # the row's real columns before `start`
+    # On the L columns `attend` covers it decides (a lookback column only where real too); before them `past`.
+    ok = torch.where(((rel >= -look) & (rel < width))[None, None], sees & (past | (rel >= 0))[:, None], past[:, None])
+    keys = None
+    if window is not None:  # the fed columns' positions, then the cache's
+        fed = ((rel >= 0) & (rel < width))[None]
+        keys = torch.where(fed, positions.index_select(1, rel.clamp(0, width - 1)), slots)
     return layer_masks(ok[:, None], dtype, window, mixed, positions, keys)

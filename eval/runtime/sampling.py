@@ -147,19 +147,12 @@ def verify_chain(
     return num_accepted, draw(final, generator)
 
 
-def verify_chain_greedy(
-    target_argmax: torch.Tensor, draft_tokens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy verification: the longest prefix that matches the target's argmax, then the
-    target's argmax at the first mismatch (or the bonus position).
-
-    target_argmax: [B, K+1], draft_tokens: [B, K]. Returns num_accepted [B], next_token [B].
-    """
-    k = draft_tokens.shape[1]
-    match = target_argmax[:, :k] == draft_tokens
-    num_accepted = match.long().cumprod(-1).sum(-1)
-    next_token = target_argmax.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)
-    return num_accepted, next_token
+def verify_chain_greedy(target_argmax: list[int], draft_tokens: list[int]) -> tuple[int, int]:
+    """Greedy verification of one row: the longest prefix of the K drafts that matches the
+    target's argmax before each, then the target's argmax at the first mismatch (or the bonus
+    position). target_argmax: K + 1 ids; returns (num_accepted, next_token)."""
+    n = next((i for i, (t, x) in enumerate(zip(target_argmax, draft_tokens)) if t != x), len(draft_tokens))
+    return n, target_argmax[n]
 
 
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
