@@ -377,7 +377,8 @@ class PromptLookupDrafter(Drafter):
 
     def _lookup(self, b: int, context: list[int], num_tokens: int) -> list[int]:
         while len(self._tables) <= b:  # no `start`: a fresh table
-            self._tables.append({}), self._done.append(0)
+            self._tables.append({})
+            self._done.append(0)
         if self._done[b] >= len(context):  # shorter than at the last call: another request
             self._tables[b], self._done[b] = {}, 0
         table = self._tables[b]

@@ -113,8 +113,8 @@ class RaggedCache:
                  dtype: torch.dtype = torch.float32):  # fmt: skip
         self.cache = cache
         self.device, self.dtype = device, dtype  # the model's: masks are built in its dtype
-        self._valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
-        self._tail = 0  # columns after `_valid` that every row holds (made a tensor when read)
+        # `valid` is `_head`, then `_tail` columns that every row holds (made a tensor when read).
+        self._head, self._tail = torch.zeros(batch, 0, dtype=torch.bool, device=device), 0
         self.counts = [0] * batch  # real columns per row
         self.window, self.mixed = window, mixed
         self.positions = torch.zeros(batch, 0, dtype=torch.long, device=device)  # per column (sliding windows)
@@ -130,19 +130,19 @@ class RaggedCache:
 
     @property
     def length(self) -> int:
-        return self._valid.shape[1] + self._tail
+        return self._head.shape[1] + self._tail
 
     @property
     def valid(self) -> torch.Tensor:
         """[B, length] bool: which columns of each row are real."""
         if self._tail:
             ones = torch.ones(len(self.counts), self._tail, dtype=torch.bool, device=self.device)
-            self._valid, self._tail = torch.cat([self._valid, ones], dim=1), 0
-        return self._valid
+            self._head, self._tail = torch.cat([self._head, ones], dim=1), 0
+        return self._head
 
     @valid.setter
     def valid(self, value: torch.Tensor) -> None:
-        self._valid, self._tail = value, 0
+        self._head, self._tail = value, 0
 
     @property
     def dense(self) -> bool:
@@ -218,8 +218,12 @@ class RaggedCache:
         """`commit` of the fed columns [lo_b, hi_b) (None: 0 / all); no tensor is built when
         every row keeps the same first columns (batch-1 chains)."""
         kept = width if hi is None else hi[0]
-        if any(lo or ()) or any(h != kept for h in hi or ()):
-            return self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+        uniform = not any(lo or ()) and all(h == kept for h in hi or ())
+        if not (uniform and self._commit_prefix(width, kept)):
+            self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
+
+    def _commit_prefix(self, width: int, kept: int) -> bool:
+        """Every row keeps the first `kept` of the `width` fed columns: True once done."""
         self._check_length(self.length + width)
         self.counts = [c + kept for c in self.counts]
         if self.window is not None:
@@ -227,6 +231,7 @@ class RaggedCache:
         self._tail += kept
         if kept < width:
             self._cut(self.length)
+        return True
 
     def retain(self, start: int, keep: list[int]) -> None:
         """Of the columns from `start` on (all committed whole), row b keeps the first keep_b;
@@ -280,9 +285,9 @@ class RaggedCache:
         for holder in self._holders():
             holder.keys = holder.keys[..., :length, :]
             holder.values = holder.values[..., :length, :]
-        if self._valid.shape[1] > length:
-            self.valid = self._valid[:, :length]
-        self._tail = length - self._valid.shape[1]
+        if self._head.shape[1] > length:
+            self.valid = self._head[:, :length]
+        self._tail = length - self._head.shape[1]
         if self.window is not None:
             self.positions = self.positions[:, :length]
 
@@ -369,25 +374,25 @@ class StaticRaggedCache(RaggedCache):
         return self._physical(attend.to(self.device), lambda b, w, span: widen_attend(
             torch.zeros(b, 0, span - w, dtype=torch.bool), w, span - w))  # fmt: skip
 
+    def _check_length(self, expected: int) -> None:
+        if expected > self.capacity:
+            raise RuntimeError(f"static ragged cache out of step: {expected} columns committed, of {self.capacity}")
+
     def commit(self, keep: torch.Tensor) -> None:
         width, start = keep.shape[1], self._length
-        if start + width > self.capacity:
-            raise RuntimeError(
-                f"static ragged cache out of step: {width} columns committed at {start} of {self.capacity}"
-            )
+        self._check_length(start + width)
         used = self._count(keep)
         self._valid[:, start : start + width] = self._physical(keep.to(self.device), torch.zeros)
         self._length = start + used  # the common tail: the pointer moves back
 
-    def commit_spans(self, width: int, lo: list[int] | None = None, hi: list[int] | None = None) -> None:
-        kept = width if hi is None else hi[0]
-        if any(lo or ()) or any(h != kept for h in hi or ()) or self._rows is not None:
-            return self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
-        if self._length + width > self.capacity:
-            raise RuntimeError(f"static ragged cache out of step: {width} columns committed at {self._length}")
+    def _commit_prefix(self, width: int, kept: int) -> bool:
+        if self._rows is not None:  # padding rows must stay holes: `commit` writes row by row
+            return False
+        self._check_length(self._length + width)
         self.counts = [c + kept for c in self.counts]
         self._valid[:, self._length : self._length + kept] = True  # the columns past the pointer are holes
         self._length += kept
+        return True
 
     def retain(self, start: int, keep: list[int]) -> None:
         width = self._length - start
