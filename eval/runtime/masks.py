@@ -89,10 +89,12 @@ def static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, wind
     tensor code: it runs inside the compiled step."""
     width, look = attend.shape[1], attend.shape[2] - attend.shape[1]
     rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
-    sees = attend.index_select(2, (rel + look).clamp(0, width + look - 1))  # [B, W, capacity]
+    sees = attend.index_select(2, (rel + look if look else rel).clamp(0, width + look - 1))  # [B, W, capacity]
     past = valid & (rel < 0)  # the row's real columns before `start`
-    # On the L columns `attend` covers it decides (a lookback column only where real too); before them `past`.
-    ok = torch.where(((rel >= -look) & (rel < width))[None, None], sees & (past | (rel >= 0))[:, None], past[:, None])
+    if look:  # a lookback column is seen only where it is real too
+        sees = sees & (past | (rel >= 0))[:, None]
+    # On the L columns `attend` covers it decides; before them `past`; every later slot is blocked.
+    ok = torch.where(((rel >= -look) & (rel < width))[None, None], sees, past[:, None])
     keys = None
     if window is not None:  # the fed columns' positions, then the cache's
         fed = ((rel >= 0) & (rel < width))[None]
