@@ -178,8 +178,9 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
         out = step(ids, positions, valid, slots, start, attend)[0]
         rel = torch.arange(valid.shape[1], device=valid.device)[None] - start  # slot - start
         fed = (rel >= 0) & (rel < width)
-        # The catch-up's real columns, then every later slot: a step sees only slots before its own.
-        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid) | (rel >= width)
+        # The catch-up's real columns; each draft's slot joins once it is fed (`static_mask`: a
+        # step's `valid` ends before its own slot).
+        valid = torch.where(fed, keep.index_select(1, rel[0].clamp(0, width - 1)), valid)
         slots = torch.where(fed, positions.index_select(1, rel[0].clamp(0, width - 1)), slots)
         slots = torch.where(rel >= width, positions[:, -1:] + 1 + rel - width, slots)
         one = torch.ones(ids.shape[0], 1, 1, dtype=torch.bool, device=ids.device)
@@ -188,6 +189,7 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
             raw.append(out[:, -1])
             tokens.append((raw[-1].float() + bias).argmax(-1))
             if i + 1 < num_tokens:
+                valid = valid | (rel == width + i - 1) if i else valid
                 out = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)[0]
         return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
 
@@ -195,8 +197,19 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
 
 
 def widen(x: torch.Tensor, width: int) -> torch.Tensor:
-    """x [B, n, ...] zero-padded to [B, width, ...], a copy in standard strides (compiled steps guard on them)."""
+    """x [B, n, ...] as [B, width, ...] in standard strides (compiled steps guard on them): x
+    itself when it already is, else a zero-padded copy."""
+    if x.shape[1] == width and x.stride() == _standard_strides(x.shape):
+        return x
     return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], 1)
+
+
+def _standard_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:

@@ -326,6 +326,8 @@ class StaticRaggedCache(RaggedCache):
         self._chains: dict[tuple, object] = {}  # (width, tokens, logits) -> compiled greedy draft chain
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
+        self._causal: dict[tuple[int, int], torch.Tensor] = {}  # (rows, width) -> a chain's attend, made once
+        self._starts: dict[int, torch.Tensor] = {}  # the pointer as a step input (0-d long), made once per value
         self.reset()
 
     def reset(self) -> None:
@@ -364,7 +366,7 @@ class StaticRaggedCache(RaggedCache):
         """The step's mask(s) [rows, 1, W, capacity], for inspection."""
         if positions is None:  # only a sliding window reads them
             positions = torch.zeros(attend.shape[:2], dtype=torch.long)
-        start, attend = torch.tensor(self._length, device=self.device), self._attend(attend)
+        start, attend = self._start(), self._attend(attend)
         positions = self._physical(positions.to(self.device), torch.zeros)
         mask = static_mask(self._valid, self._slots, start, attend, positions, dtype, self.window, self.mixed)
         return {k: self._in_use(m) for k, m in mask.items()} if isinstance(mask, dict) else self._in_use(mask)
@@ -445,10 +447,15 @@ class StaticRaggedCache(RaggedCache):
         """The step's inputs on the physical rows; the fed columns' positions go into `slots`
         (read by later calls)."""
         ids, positions, *inputs = (self._physical(x.to(self.device), torch.zeros) for x in (ids, positions, *inputs))
-        start = torch.tensor(self._length, dtype=torch.long, device=self.device)
         if self.window is not None:
             self._slots[:, self._length : self._length + positions.shape[1]] = positions
-        return ids, positions, self._valid, self._slots, start, self._attend(attend), *inputs
+        return ids, positions, self._valid, self._slots, self._start(), self._attend(attend), *inputs
+
+    def _start(self) -> torch.Tensor:
+        start = self._starts.get(self._length)
+        if start is None:
+            start = self._starts[self._length] = torch.tensor(self._length, device=self.device)
+        return start
 
     def _compile(self, fn, width: int, look: int, extra: tuple, room: int, what: str):
         """`fn` (a step or a chain of this cache, fed `width` columns after a lookback of `look`
@@ -548,7 +555,9 @@ class StaticRaggedCache(RaggedCache):
         uncompiled at width n."""
         n = ids.shape[1]
         if attend is None:
-            attend = chain_attend(n, None, None, ids.shape[0], self.device)
+            attend = self._causal.get((ids.shape[0], n))
+            if attend is None:
+                attend = self._causal[(ids.shape[0], n)] = chain_attend(n, None, None, ids.shape[0], self.device)
         look = attend.shape[-1] - n
         fits = [(w, l) for (k, w), (l, _) in self._compiled.items()
                 if k == key and n <= w and look <= l and self._length + w <= self.capacity]  # fmt: skip
@@ -564,7 +573,7 @@ class StaticRaggedCache(RaggedCache):
         out = fn(*self._inputs(ids, positions, widen_attend(attend, width, look), *inputs))
         if fits and self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
             out = tuple(x.clone() for x in out)
-        return tuple(self._in_use(x[:, :n]) for x in out)
+        return tuple(self._in_use(x if width == n else x[:, :n]) for x in out)
 
 
 #: Per model, role ("target", "draft", "eagle"), compile mode and batch size, its static cache:

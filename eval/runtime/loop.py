@@ -212,12 +212,13 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         t1 = now()
         call = _Call(proposal, budget, typical is not None, size, device)
         # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
-        # then the proposal at its depths after it (one host->device copy of ids and positions).
-        last = torch.tensor([[contexts[r][-1]] + [len(contexts[r]) - 1 + d for d in call.depths[i]]
-                             for i, r in enumerate(active)], device=device)  # fmt: skip
-        fed, positions = last[:, :1], last[:, 1:]
+        # then the proposal at its depths after it (one host->device copy of ids and positions,
+        # each [B, W + 1] in standard strides).
+        host = [[[contexts[r][-1]] * (call.width + 1) for r in active],
+                [[len(contexts[r]) - 1 + d for d in call.depths[i]] for i, r in enumerate(active)]]  # fmt: skip
+        fed, positions = torch.tensor(host, device=device).view(2, size, call.width + 1)
         if call.width:
-            fed = torch.cat([fed, call.tokens], dim=1)
+            fed = torch.cat([fed[:, :1], call.tokens], dim=1)
         kv.reserve(max(widths[-1], fed.shape[1]))  # the widest call (compiled calls are padded to it)
         out = kv.forward(model, fed, positions, call.attend, hidden_layers=layers)
         paths, emitted, lossy_kl = _verify(out.logits, call, sampling, typical, [generators[r] for r in active])
@@ -291,9 +292,10 @@ class _Call:
                 "a tree proposal must be deterministic (probs=None): its nodes are verified with q one-hot, "
                 "so a sampled tree would not be lossless"
             )
+        self.device = device
         if proposal is None:
             self.counts = [0] * rows
-            self.tokens = torch.zeros(rows, 0, dtype=torch.long, device=device)
+            self.tokens = None  # nothing fed after `last`
         else:
             self.counts = [min(c, k) if proposal.parents is None else c for c, k in zip(proposal.counts, budget)]
             self.tokens = proposal.tokens.to(device)
@@ -304,7 +306,8 @@ class _Call:
         if proposal is not None and proposal.parents is not None:
             self._trees(proposal, budget, device)
         self.width = width = max(self.counts, default=0)
-        self.tokens = self.tokens if self.tokens.shape[1] == width else self.tokens[:, :width]
+        if self.tokens is not None and self.tokens.shape[1] != width:
+            self.tokens = self.tokens[:, :width]
         self.attend, self.depths = None, [range(width + 1)] * rows  # per row, each fed column's depth
         if proposal is not None and proposal.parents is not None:
             self.attend, fed_depths = tree_attend(self.parents, width + 1, device)
@@ -344,7 +347,7 @@ class _Call:
         """Of the rows `alive`: the tokens each emitted [R, W] (left-aligned, 0-padded), and the
         target states of its committed fed columns (`last` and the path) in its first columns."""
         width = max(len(emitted[i]) for i in alive)
-        device = self.tokens.device
+        device = self.device
         committed = torch.tensor([emitted[i] + [0] * (width - len(emitted[i])) for i in alive], device=device)
         index = torch.tensor(alive, device=device) if any(self.tree) or len(alive) < len(paths) else None
         if any(self.tree):  # gather `last` and the path's columns to the front
@@ -380,7 +383,8 @@ def _verify(logits, call: _Call, sampling: SamplingConfig, typical, generators):
     p = sampling.probs(logits.float())  # [R, W, V]
     probs = call.proposal.probs if call.proposal is not None else None
     for b, g in enumerate(generators):
-        k, tokens = call.counts[b], call.tokens[b, : call.counts[b]]
+        k = call.counts[b]
+        tokens = call.tokens[b, :k] if k else torch.zeros(0, dtype=torch.long, device=p.device)
         if not call.tree[b]:
             # Speculative sampling: accept x_i with prob min(1, p_i(x_i) / q_i(x_i)); at the
             # first rejection sample from norm(max(0, p_i - q_i)); after K acceptances sample

@@ -82,19 +82,18 @@ def tree_attend(parents: list[list[int]], width: int, device) -> tuple[torch.Ten
 
 def static_mask(valid, slots, start, attend, positions, dtype: torch.dtype, window=None, mixed=False):
     """The mask(s) [B, 1, W, capacity] of W columns at `positions [B, W]` written at `start` (0-d
-    long): a fed column sees its row's real columns before `start` (valid [B, capacity], at
-    positions `slots [B, capacity]`) and the fed columns `attend [B, W, L]` marks (L > W: the
-    L - W columns before `start` only where `attend` marks them too), within the sliding
-    `window` if any (`layer_masks`); every slot past the fed ones is junk and blocked. Pure
+    long): a fed column sees its row's real columns (valid [B, capacity], at positions `slots
+    [B, capacity]`; every slot from `start` on is False there: a hole, or junk past the pointer)
+    and the fed columns `attend [B, W, L]` marks (L > W: the L - W columns before `start` only
+    where `attend` marks them too), within the sliding `window` if any (`layer_masks`). Pure
     tensor code: it runs inside the compiled step."""
     width, look = attend.shape[1], attend.shape[2] - attend.shape[1]
     rel = torch.arange(valid.shape[1], device=valid.device) - start  # slot - start
     sees = attend.index_select(2, (rel + look if look else rel).clamp(0, width + look - 1))  # [B, W, capacity]
-    past = valid & (rel < 0)  # the row's real columns before `start`
     if look:  # a lookback column is seen only where it is real too
-        sees = sees & (past | (rel >= 0))[:, None]
-    # On the L columns `attend` covers it decides; before them `past`; every later slot is blocked.
-    ok = torch.where(((rel >= -look) & (rel < width))[None, None], sees, past[:, None])
+        sees = sees & (valid | (rel >= 0))[:, None]
+    # On the L columns `attend` covers it decides; elsewhere `valid` (False from the fed block on).
+    ok = torch.where(((rel >= -look) & (rel < width))[None, None], sees, valid[:, None])
     keys = None
     if window is not None:  # the fed columns' positions, then the cache's
         fed = ((rel >= 0) & (rel < width))[None]
