@@ -145,6 +145,10 @@ def test_static_mask_equals_the_dynamic_one(setup):
         _forward(dynamic, [[0] * fed] * len(dynamic.counts))
         for kv in (static, dynamic):
             kv.commit(spans(fed, lo, hi if keep is None else keep, rows, kv.device))
+        assert holes_from_the_pointer(static)
+
+    def holes_from_the_pointer(kv):  # what `static_mask` relies on: no slot from the pointer on is real
+        return not bool(kv._valid[:, kv.length :].any())
 
     both(4, [0, 3, 1])  # a right-aligned prompt block
     both(3, None, [3, 1, 0], keep=[2, 1, 0])  # row 2 a padding row; the third column is cut
@@ -165,6 +169,14 @@ def test_static_mask_equals_the_dynamic_one(setup):
     for kv in (static, dynamic):
         kv.commit(keep)
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [9, 6]
+    assert holes_from_the_pointer(static)
+    both(3)  # three columns every row keeps (a draft model's drafts), then its rollback:
+    for kv in (static, dynamic):  # of them row 0 keeps 1, row 1 none
+        kv.retain(kv.length - 3, [1, 0])
+    assert static.counts == dynamic.counts == [10, 6]
+    assert torch.equal(static.valid, dynamic.valid) and holes_from_the_pointer(static)
+    static.reserve(static.capacity - static.length + 1)  # no room left: compacts
+    assert static.length == max(static.counts) and holes_from_the_pointer(static)
 
 
 @pytest.mark.parametrize("name", ["draft", "eagle3"])
