@@ -37,7 +37,6 @@ cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; EAGLE
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -54,6 +53,7 @@ from draftsmith.eval.runtime.compiler import (
     widen_attend,
 )
 from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_masks, spans, static_mask
+from draftsmith.eval.runtime.target import ForwardResult, forward_result, hf_call, layers_config
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
 #: attention then never reads more than 4/3 of the live cache, and a compaction (one gather of
@@ -61,40 +61,10 @@ from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_mask
 COMPACT_WHEN = 0.25
 
 
-@dataclass
-class ForwardResult:
-    logits: torch.Tensor  # [B, n, V] for the fed tokens (or the last `logits_to_keep`)
-    hidden_states: dict[int, torch.Tensor]  # layer index (HF numbering: 0 = embeddings) -> [B, n, H]
-
-
 def capacity_for(columns: int) -> int:
     """A static cache's capacity for `columns`: rounded up so similar requests share one cache
     (and one set of compiled graphs)."""
     return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
-
-
-def layers_config(model):
-    """The config that shapes a model's KV cache: a HF model's own, or a draft head's decoder
-    layers as a llama config (`config.layer_config()`)."""
-    layer_config = getattr(model.config, "layer_config", None)
-    return model.config if layer_config is None else layer_config()
-
-
-def hf_call(model: PreTrainedModel, hidden_layers: tuple[int, ...], last_only: bool):
-    """A HF causal LM as a cache call: (ids, positions, mask, cache) -> (logits, the hidden
-    states of `hidden_layers`...); `last_only`: the last column's logits only."""
-
-    def call(ids, positions, mask, cache):
-        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
-                    output_hidden_states=bool(hidden_layers), logits_to_keep=1 if last_only else 0)  # fmt: skip
-        return (out.logits, *(out.hidden_states[i] for i in hidden_layers))
-
-    return call
-
-
-def _result(out: tuple, hidden_layers: tuple[int, ...], last_only: bool) -> ForwardResult:
-    logits = out[0][:, -1:] if last_only else out[0]
-    return ForwardResult(logits=logits, hidden_states=dict(zip(hidden_layers, out[1:])))
 
 
 # ----------------------------------------------------------------------- the growing store
@@ -171,7 +141,7 @@ class RaggedCache:
         """`model` (a HF causal LM over `self.cache`) on ids [B, W] at positions [B, W] (`run`);
         `logits_to_keep`: 0 every column's logits, 1 the last column's."""
         hidden_layers, last = tuple(hidden_layers), logits_to_keep == 1
-        return _result(self.run(hf_call(model, hidden_layers, last), ids, positions, attend), hidden_layers, last)
+        return forward_result(self.run(hf_call(model, hidden_layers, last), ids, positions, attend), hidden_layers, last)
 
     @torch.inference_mode()
     def run(self, call, ids, positions, attend=None, *inputs, key=None) -> tuple[torch.Tensor, ...]:
@@ -326,7 +296,7 @@ class StaticRaggedCache(RaggedCache):
         self._chains: dict[tuple, object] = {}  # (width, tokens, logits) -> compiled greedy draft chain
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
-        self._causal: dict[tuple[int, int], torch.Tensor] = {}  # (rows, width) -> a chain's attend, made once
+        self._made: dict[tuple, torch.Tensor] = {}  # what `_chain_inputs` made, per (rows, width)
         self._starts: dict[int, torch.Tensor] = {}  # the pointer as a step input (0-d long), made once per value
         self.reset()
 
@@ -524,28 +494,40 @@ class StaticRaggedCache(RaggedCache):
                 and self._length + width + k - 1 <= self.capacity]  # fmt: skip
         k = min(fits, default=num_tokens)
         self.reserve(width + k - 1)  # nothing to do when the caller reserved the room (no compaction then)
-        step = make_step(hf_call(self.model, (), True), self)
-        fn = self._chains[(width, k, logits)] if fits else make_chain(step, width, k, logits)
-        keep = spans(width, lo, None, rows, "cpu")
-        inputs = self._inputs(ids, positions, chain_attend(width, lo, None, rows, self.device))
-        out = fn(*inputs, self._physical(keep.to(self.device), torch.zeros), bias.to(self.device))
-        out = [self._in_use(x[:, :num_tokens]) for x in out]
+        if fits:
+            fn = self._chains[(width, k, logits)]
+        else:
+            fn = make_chain(make_step(hf_call(self.model, (), True), self), width, k, logits)
+        if any(lo):
+            attend, keep = chain_attend(width, lo, None, rows, self.device), spans(width, lo, None, rows, self.device)
+        else:
+            attend, keep = self._chain_inputs(rows, width)
+        out = fn(*self._inputs(ids, positions, attend), self._physical(keep, torch.zeros), bias.to(self.device))
+        out = [self._in_use(x if k == num_tokens else x[:, :num_tokens]) for x in out]
         if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
             out = [x.clone() for x in out]
-        self.commit(keep)
+        self.commit_spans(width, lo, None)
         if num_tokens > 1:
             if self.window is not None:
                 drafts = positions[:, -1:].to(self.device) + torch.arange(1, num_tokens, device=self.device)
                 self._slots[:, self._length : self._length + num_tokens - 1] = self._physical(drafts, torch.zeros)
-            self.commit(torch.ones(rows, num_tokens - 1, dtype=torch.bool))
+            self.commit_spans(num_tokens - 1)
         return out[0], (out[1] if logits else None)
+
+    def _chain_inputs(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain's causal attend [rows, W, W] and all-real keep [rows, W], made once per shape."""
+        made = self._made.get((rows, width))
+        if made is None:
+            keep = torch.ones(rows, width, dtype=torch.bool, device=self.device)
+            made = self._made[(rows, width)] = (chain_attend(width, None, None, rows, self.device), keep)
+        return made
 
     def forward(self, model, ids, positions, attend=None, *, hidden_layers=(), logits_to_keep=0) -> ForwardResult:
         """Write ids [rows, n] at the pointer and return their logits (`logits_to_keep`: 0 all, 1
         the last column), through `run` (this cache's model; `model` is ignored)."""
         hidden_layers, last = tuple(hidden_layers), logits_to_keep == 1
         out = self.run(hf_call(self.model, hidden_layers, last), ids, positions, attend, key=hidden_layers)
-        return _result(out, hidden_layers, last)
+        return forward_result(out, hidden_layers, last)
 
     @torch.inference_mode()
     def run(self, call, ids, positions, attend=None, *inputs, key=None) -> tuple[torch.Tensor, ...]:
@@ -555,9 +537,7 @@ class StaticRaggedCache(RaggedCache):
         uncompiled at width n."""
         n = ids.shape[1]
         if attend is None:
-            attend = self._causal.get((ids.shape[0], n))
-            if attend is None:
-                attend = self._causal[(ids.shape[0], n)] = chain_attend(n, None, None, ids.shape[0], self.device)
+            attend = self._chain_inputs(ids.shape[0], n)[0]
         look = attend.shape[-1] - n
         fits = [(w, l) for (k, w), (l, _) in self._compiled.items()
                 if k == key and n <= w and look <= l and self._length + w <= self.capacity]  # fmt: skip

@@ -1,8 +1,12 @@
-"""Small helpers the loop and the drafters share: prompt checks, ragged blocks, device timing."""
+"""Small helpers the loop, the caches and the drafters share: a HF causal LM as a cache call,
+prompt checks, ragged blocks, device timing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from transformers import PreTrainedModel
 
 
 def synchronize(device: torch.device) -> None:
@@ -62,3 +66,33 @@ def right_align(x: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[
     src = torch.arange(width, device=x.device)[None] - torch.tensor(lo, device=x.device)[:, None]
     src = src.clamp(min=0).view(*src.shape, *(1,) * (x.dim() - 2)).expand(-1, -1, *x.shape[2:])
     return x[:, :width].gather(1, src), lo
+
+
+@dataclass
+class ForwardResult:
+    logits: torch.Tensor  # [B, n, V] for the fed tokens (or the last `logits_to_keep`)
+    hidden_states: dict[int, torch.Tensor]  # layer index (HF numbering: 0 = embeddings) -> [B, n, H]
+
+
+def layers_config(model):
+    """The config that shapes a model's KV cache: a HF model's own, or a draft head's decoder
+    layers as a llama config (`config.layer_config()`)."""
+    layer_config = getattr(model.config, "layer_config", None)
+    return model.config if layer_config is None else layer_config()
+
+
+def hf_call(model: PreTrainedModel, hidden_layers: tuple[int, ...], last_only: bool):
+    """A HF causal LM as a cache call: (ids, positions, mask, cache) -> (logits, the hidden
+    states of `hidden_layers`...); `last_only`: the last column's logits only."""
+
+    def call(ids, positions, mask, cache):
+        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+                    output_hidden_states=bool(hidden_layers), logits_to_keep=1 if last_only else 0)  # fmt: skip
+        return (out.logits, *(out.hidden_states[i] for i in hidden_layers))
+
+    return call
+
+
+def forward_result(out: tuple, hidden_layers: tuple[int, ...], last_only: bool) -> ForwardResult:
+    logits = out[0][:, -1:] if last_only else out[0]
+    return ForwardResult(logits=logits, hidden_states=dict(zip(hidden_layers, out[1:])))
