@@ -141,7 +141,8 @@ class RaggedCache:
         """`model` (a HF causal LM over `self.cache`) on ids [B, W] at positions [B, W] (`run`);
         `logits_to_keep`: 0 every column's logits, 1 the last column's."""
         hidden_layers, last = tuple(hidden_layers), logits_to_keep == 1
-        return forward_result(self.run(hf_call(model, hidden_layers, last), ids, positions, attend), hidden_layers, last)
+        out = self.run(hf_call(model, hidden_layers, last), ids, positions, attend)
+        return forward_result(out, hidden_layers, last)
 
     @torch.inference_mode()
     def run(self, call, ids, positions, attend=None, *inputs, key=None) -> tuple[torch.Tensor, ...]:
