@@ -211,7 +211,8 @@ class RaggedCache:
         if width < 0 or any(not 0 <= k <= width for k in keep):
             raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
         cut = start + max(keep, default=0)
-        self.valid = torch.cat([self.valid[:, :start], spans(cut - start, None, keep, len(keep), self.device)], 1)
+        if any(k != keep[0] for k in keep):  # else every row keeps [start, cut): cutting the tail is all
+            self.valid = torch.cat([self.valid[:, :start], spans(cut - start, None, keep, len(keep), self.device)], 1)
         self.counts = [c - width + k for c, k in zip(self.counts, keep)]
         self._cut(cut)
 
@@ -371,10 +372,14 @@ class StaticRaggedCache(RaggedCache):
         width = self._length - start
         if width < 0 or any(not 0 <= k <= width for k in keep):
             raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
-        kept = spans(width, None, keep, len(keep), self.device)
-        self._valid[:, start : self._length] = self._physical(kept, torch.zeros)
+        cut = start + max(keep, default=0)
+        if any(k != keep[0] for k in keep):
+            self._valid[:, start : self._length] = self._physical(spans(width, None, keep, len(keep), self.device),
+                                                                  torch.zeros)  # fmt: skip
+        else:  # every row keeps [start, cut): the rest become holes past the pointer
+            self._valid[:, cut : self._length] = False
         self.counts = [c - width + k for c, k in zip(self.counts, keep)]
-        self._length = start + max(keep, default=0)
+        self._length = cut
 
     def select(self, rows: torch.Tensor, kept: list[int]) -> None:
         """Keep rows `kept` (indices into the rows in use); the others turn into padding rows."""

@@ -50,12 +50,8 @@ def right_aligned(pieces: list[list[int]], starts: list[int], device) -> tuple[t
     lo = [width - len(p) for p in pieces]
     ids = [[0] * l + p for l, p in zip(lo, pieces)]
     positions = [[0] * l + list(range(s, s + len(p))) for l, s, p in zip(lo, starts, pieces)]
-    shape = (len(pieces), width)
-    return (
-        torch.tensor(ids, dtype=torch.long, device=device).view(shape),
-        torch.tensor(positions, dtype=torch.long, device=device).view(shape),
-        lo,
-    )
+    ids, positions = torch.tensor([ids, positions], dtype=torch.long, device=device).view(2, len(pieces), width)
+    return ids, positions, lo
 
 
 def right_align(x: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
