@@ -189,7 +189,8 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
             raw.append(out[:, -1])
             tokens.append((raw[-1].float() + bias).argmax(-1))
             if i + 1 < num_tokens:
-                valid = valid | (rel == width + i - 1) if i else valid
+                if i:  # the draft the previous step fed is real for this one
+                    valid = valid | (rel == width + i - 1)
                 out = step(tokens[-1][:, None], positions[:, -1:] + 1 + i, valid, slots, start + width + i, one)[0]
         return (torch.stack(tokens, 1), torch.stack(raw, 1)) if logits else (torch.stack(tokens, 1),)
 

@@ -374,8 +374,8 @@ class StaticRaggedCache(RaggedCache):
             raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged cache")
         cut = start + max(keep, default=0)
         if any(k != keep[0] for k in keep):
-            self._valid[:, start : self._length] = self._physical(spans(width, None, keep, len(keep), self.device),
-                                                                  torch.zeros)  # fmt: skip
+            kept = spans(width, None, keep, len(keep), self.device)
+            self._valid[:, start : self._length] = self._physical(kept, torch.zeros)
         else:  # every row keeps [start, cut): the rest become holes past the pointer
             self._valid[:, cut : self._length] = False
         self.counts = [c - width + k for c, k in zip(self.counts, keep)]
