@@ -352,6 +352,7 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
                 results = [Answer(a, r) for a, r in _generate_batch(model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id)]
             else:
                 results = backend([_turn_request(conv, ids, budget) for (conv, ids, _), budget in zip(batch, budgets)])
+            before = generated
             for (conv, ids, mask), result in zip(batch, results):
                 if result.refused is not None:
                     skip(conv, result.refused, f"turn {conv.num_turns}: the answer was refused ({result.refused})")
@@ -371,7 +372,7 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
                         conv.messages.append(message)
                 conv.num_turns += 1
             if progress is not None:
-                progress.update(len(batch))
+                _advance(progress, len(batch), generated - before)
         round_index += 1
     rows = [_row(c) for c in convs if c.skipped is None]
     stats = {
@@ -513,6 +514,15 @@ def generate_dataset(
     while processes > 1 and len(store.complete_shards(out)) < num_shards:  # polled: no collective to time out
         time.sleep(1.0)
     return finish(out, vocab_size=model.get_output_embeddings().weight.shape[0], num_shards=num_shards, log=log)
+
+
+def _advance(bar, turns: int, tokens: int) -> None:
+    """The progress bar `turns` further, showing answer tokens per second since it started."""
+    bar.answer_tokens = getattr(bar, "answer_tokens", 0) + tokens
+    elapsed = bar.format_dict.get("elapsed") or 0
+    bar.update(turns)
+    if elapsed > 0:
+        bar.set_postfix_str(f"{bar.answer_tokens / elapsed:,.1f} tok/s")
 
 
 def _overflow_hint(model) -> str:

@@ -194,6 +194,7 @@ def cache_hidden_states(
         "layers": list(layers),
         "layers_spec": layers_spec if isinstance(layers_spec, str) else ",".join(map(str, layers_spec)) or "none",
         "dtype": str(dtype).removeprefix("torch."),
+        "model_dtype": str(model.dtype).removeprefix("torch."),  # the forward's: states stored in it are unrounded
         "topk_logits": topk,
         "topk_tail": bool(topk),  # caches made before the tail was stored lack it: no loss is defined on them
         "data": str(data.dir.resolve()),
@@ -237,7 +238,7 @@ def cache_hidden_states(
     import time
 
     start = time.perf_counter()
-    cached_tokens = 0
+    cached_tokens, forward_seconds = 0, 0.0  # forward: the target's alone (the trainers' yardstick), no disk
     try:
         for k in todo:
             lo, hi = k * shard_size, min(len(data), (k + 1) * shard_size)
@@ -247,7 +248,12 @@ def cache_hidden_states(
             tensors = {}
             for b in range(0, len(order), batch_size):
                 batch = order[b : b + batch_size]
-                for i, item in zip(batch, extract(model, [rows[i] for i in batch], layers, topk=topk, pad_id=pad_id)):
+                t0 = time.perf_counter()
+                items = extract(model, [rows[i] for i in batch], layers, topk=topk, pad_id=pad_id)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize(model.device)
+                forward_seconds += time.perf_counter() - t0
+                for i, item in zip(batch, items):
                     if layers:
                         tensors[f"{lo + i}.hidden"] = item["hidden"].to(dtype).cpu().contiguous()
                     if topk:
@@ -267,7 +273,14 @@ def cache_hidden_states(
     manifest["complete"] = True
     manifest["num_shards"] = num_shards
     manifest["bytes"] = sum(p.stat().st_size for p in out.glob("hidden-*.safetensors"))
-    manifest["last_run"] = {"tokens": cached_tokens, "seconds": seconds, "tokens_per_second": cached_tokens / seconds if seconds else None, "device": str(model.device)}
+    manifest["last_run"] = {
+        "tokens": cached_tokens, "seconds": seconds, "tokens_per_second": cached_tokens / seconds if seconds else None,
+        # the target's forward (and its top-k with --topk-logits) alone, real tokens per second: what a head
+        # trainer's train_tokens_per_second from this cache compares with
+        "forward_seconds": forward_seconds,
+        "forward_tokens_per_second": cached_tokens / forward_seconds if forward_seconds else None,
+        "device": str(model.device),
+    }  # fmt: skip
     store.write_json_atomic(out / MANIFEST, manifest)
     return manifest
 
@@ -287,7 +300,8 @@ class HiddenStateCache:
         self._open = {}
 
     def check(self, *, target_fingerprint: str | None = None, layers=None, data_hash: str | None = None, hidden_size: int | None = None) -> None:
-        """Raise CacheError when the cache was made from another target, layers or data."""
+        """Raise CacheError when the cache was made from another target or data, or lacks one of `layers`
+        (it may hold more: one cache of (2, L//2, L-3, last) serves EAGLE-3, P-EAGLE, DFlash and Medusa)."""
         m = self.manifest
         if target_fingerprint is not None and m["target"]["fingerprint"] != target_fingerprint:
             raise CacheError(
@@ -297,10 +311,19 @@ class HiddenStateCache:
             )
         if hidden_size is not None and m["hidden_size"] != hidden_size:
             raise CacheError(f"hidden-state cache {str(self.dir)!r} holds hidden size {m['hidden_size']}, expected {hidden_size}")
-        if layers is not None and tuple(layers) != self.layers:
-            raise CacheError(f"hidden-state cache {str(self.dir)!r} holds layers {list(self.layers)}, the trainer needs {list(layers)}")
+        missing = [i for i in layers if i not in self.layers] if layers is not None else []
+        if missing:  # a superset is fine: a trainer reads the layers it needs by id (`layer_index`)
+            raise CacheError(
+                f"hidden-state cache {str(self.dir)!r} holds layers {list(self.layers)}, "
+                f"the trainer needs {list(layers)} (missing {missing}): rerun `draftsmith cache-hidden` "
+                "with --layers naming them all"
+            )
         if data_hash is not None and m["data_hash"] != data_hash:
             raise CacheError(f"hidden-state cache {str(self.dir)!r} was made from data {m['data_hash'][:12]}, the trainer reads data {data_hash[:12]}")
+
+    def layer_index(self, layers) -> list[int]:
+        """Where each of `layers` (HF hidden_states ids, `check`ed to be cached) sits along a sample's `hidden`."""
+        return [self.layers.index(i) for i in layers]
 
     def __len__(self) -> int:
         return self.manifest["samples"]
@@ -321,6 +344,14 @@ class HiddenStateCache:
             if self.manifest.get("topk_tail"):
                 item["topk_tail"] = f.get_tensor(f"{index}.topk_tail")
         return item
+
+    def top1_is_argmax(self, dtype) -> bool:
+        """Whether the cached top-1 ids are the argmax of lm_head(stored last state) computed in `dtype`,
+        as a trainer would compute it: the cache holds top-k logits, its states are stored in the dtype
+        the forward ran in (unrounded) and that is `dtype`. A rounded state (a float32 forward stored in
+        bf16) moves the argmax of near-ties (0.4% of positions on a random 30-layer target)."""
+        m = self.manifest
+        return bool(m["topk_logits"]) and m.get("model_dtype") == m["dtype"] == str(dtype).removeprefix("torch.")
 
     def require_topk(self) -> int:
         """The k of a cache a trainer reads top-k teacher logits from; CacheError when it holds

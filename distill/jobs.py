@@ -255,4 +255,6 @@ def run_cache_hidden(job: CacheHiddenJob) -> dict:
     print(f"wrote {human_bytes(manifest['bytes'])} ({manifest['bytes'] / max(1, manifest['tokens']):.0f} B/token on disk) to {job.out}")
     if run.get("tokens_per_second"):
         print(f"extraction: {run['tokens']} tokens in {run['seconds']:.1f} s ({run['tokens_per_second']:.0f} tokens/s on {run['device']})")
+    if run.get("forward_tokens_per_second"):  # the yardstick of the head trainers' train_tokens_per_second
+        print(f"target forward alone: {run['forward_tokens_per_second']:.0f} tokens/s ({run['forward_seconds']:.1f} s)")
     return manifest

@@ -201,13 +201,18 @@ def evaluate(
     decodes = {name: [] for name in runs}  # (latency, ttft) per decode
     task_pooled: dict[tuple[str, str], DecodeStats] = {}  # (method, task) -> counters
     task_pass: dict[tuple[str, str], list[float]] = {}  # (method, task) -> tokens/s per pass
+    greedy = settings.temperature == 0
+    answers = {name: [] for name in runs}  # greedy: each method's tokens of the first pass, per prompt
     for rep in range(settings.repeats):
         totals = {name: [0, 0.0] for name in runs}
         task_totals: dict[tuple[str, str], list] = {}
         for i, prompt in enumerate(prompts):
             for name, drafter in runs.items():
                 bar.set_postfix_str(f"pass {rep + 1}/{settings.repeats} {name}")
-                stats = decode(drafter, prompt, settings.seed + 1000 * rep + i).stats
+                result = decode(drafter, prompt, settings.seed + 1000 * rep + i)
+                stats = result.stats
+                if greedy and rep == 0:
+                    answers[name].append(result.tokens)
                 pooled[name] = pooled[name] + stats if name in pooled else stats
                 totals[name][0] += stats.new_tokens
                 totals[name][1] += stats.total_seconds
@@ -247,6 +252,8 @@ def evaluate(
             "lossy_kl_per_token": stats.lossy_kl_per_token,
             "compile_seconds": compile_seconds[name] + stats.compile_seconds,  # warm-up compilation, never in the timings
         }
+        if name != BASELINE and greedy:  # lossless at greedy: exactly the target's own tokens
+            row["identical_to_target_only"] = answers[name] == answers[BASELINE]
         if name != BASELINE:
             row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))
         if by_task:

@@ -31,6 +31,17 @@ def atomic_file(path, suffix: str = ""):
         raise
 
 
+def file_sha256(path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_text_atomic(path, text: str) -> None:
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -1,4 +1,4 @@
 """The shipped recipes (<family>/<method>.yaml) and accelerate configs (accelerate/), as package data.
 
-`draftsmith train <method> --recipe demo/medusa` and `draftsmith.train.recipe_files` find them here.
+`draftsmith train <method> --recipe smollm2/medusa` and `draftsmith.train.recipe_files` find them here.
 """

@@ -15,7 +15,7 @@ from dataclasses import fields
 from draftsmith.train.ablate import AblationSettings, run_ablation
 
 HELP = {
-    "preset": "demo target preset (cpu, gpu, micro)",
+    "target": "demo target (smollm2, micro)",
     "steps": "training steps per run (the shared budget)",
     "prompts": "held-out prompts for the evaluation",
     "cache_dir": "demo cache (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)",

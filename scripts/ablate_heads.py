@@ -20,7 +20,7 @@ HELP = {
     "seeds": "comma-separated seeds (the spread of each loss)",
     "steps": "training steps per head (the shared budget)",
     "prompts": "held-out prompts for the evaluation",
-    "preset": "demo target preset (cpu, gpu, micro)",
+    "target": "demo target (smollm2, micro)",
     "cache_dir": "demo cache (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)",
 }
 

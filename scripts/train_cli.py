@@ -1,6 +1,6 @@
 """`draftsmith train`: a trainer of train/ run from anywhere, with a shipped recipe or a file.
 
-    draftsmith train medusa --recipe demo/medusa max_steps=50 loss=forward_kl
+    draftsmith train medusa --recipe smollm2/medusa max_steps=50 loss=forward_kl
     draftsmith train eagle --recipe my-eagle3.yaml --accelerate-config zero2 --num-processes 8
 
 Without --accelerate-config / --num-processes the loop runs in this process (as
@@ -27,13 +27,13 @@ TRAINERS = {
 
 def add_commands(sub) -> None:
     tr = sub.add_parser(
-        "train", help="train a drafter with a recipe: a shipped NAME (demo/medusa, llama3/eagle3, ...) or a YAML file",
+        "train", help="train a drafter with a recipe: a shipped NAME (smollm2/medusa, llama3/eagle3, ...) or a YAML file",
         description=__doc__.split("\n\n")[0],
     )  # fmt: skip
     methods = tr.add_subparsers(dest="method", required=True, metavar="{" + ",".join(TRAINERS) + "}")
     for method in TRAINERS:  # one parser per trainer: the overrides are then its only positionals
         m = methods.add_parser(method, help=f"train/{method}.py")
-        m.add_argument("--recipe", required=True, help="a shipped recipe NAME (<family>/<method>, e.g. demo/medusa) or a YAML file")
+        m.add_argument("--recipe", required=True, help="a shipped recipe NAME (<family>/<method>, e.g. smollm2/medusa) or a YAML file")
         m.add_argument("--accelerate-config", help="launch with `accelerate launch`: a shipped config NAME (ddp, fsdp2, zero2, zero3, zero3_offload) or a file")
         m.add_argument("--num-processes", type=positive_int("--num-processes"), help="processes for `accelerate launch` (default: the config's)")
         m.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint given")

@@ -25,7 +25,7 @@ def toy_ctx(toy_dir, tmp_path):
     cpu = torch.device("cpu")
     target = load_causal_lm(build / "target", device=cpu, dtype=torch.float32, role="target")
     tokenizer = load_tokenizer(build / "target")
-    settings = DemoSettings(preset="micro")
+    settings = DemoSettings(target="micro")
     return DemoContext(target, tokenizer, DemoTarget(build), cpu, torch.float32, settings, progress=False)
 
 
@@ -35,9 +35,9 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
 
     out = tmp_path / "ablation"
     settings = HeadAblationSettings(losses="soft_ce,lk_hybrid", seeds="0,1", steps=2, prompts=2, max_new_tokens=6,
-                                    preset="micro", out=str(out), device="cpu")  # fmt: skip
+                                    target="micro", out=str(out), device="cpu")  # fmt: skip
     logs = []
-    record = ablate_heads(toy_ctx, BUDGETS["micro"], toy_data, settings, log=logs.append)
+    record = ablate_heads(toy_ctx, BUDGETS["micro", "default"], toy_data, None, settings, log=logs.append)
     assert record["num_draft_tokens"] == 3  # the demo's block of K + 1 = 4 slots
     assert [r["loss"] for r in record["rows"]] == ["soft_ce", "lk_hybrid"]
     for row in record["rows"]:
@@ -58,7 +58,7 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
     assert not list(out.glob("*.tmp*"))
     # A second call reuses every trained head (a head with a training summary is not retrained).
     logs.clear()
-    ablate_heads(toy_ctx, BUDGETS["micro"], toy_data, settings, log=logs.append)
+    ablate_heads(toy_ctx, BUDGETS["micro", "default"], toy_data, None, settings, log=logs.append)
     assert not any(line.startswith("== dflash") for line in logs)
 
 

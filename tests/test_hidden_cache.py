@@ -60,11 +60,15 @@ def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_c
     ])  # fmt: skip
     assert code == 0, err
     assert "disk estimate" in stdout and "B/token" in stdout
+    assert "target forward alone:" in stdout  # the yardstick of the trainers' train_tokens_per_second
     data = DistillData(toy_data)
     cache = HiddenStateCache(out)
     cache.check(target_fingerprint=target_fingerprint(target), layers=(1, 2), data_hash=data.data_hash, hidden_size=48)
     assert len(cache) == len(data) == 6
     assert cache.manifest["bytes_per_token"] == 2 * 48 * 4 + 4 * 8 + 4
+    run = cache.manifest["last_run"]
+    assert run["forward_tokens_per_second"] >= run["tokens_per_second"] > 0
+    assert 0 < run["forward_seconds"] <= run["seconds"]
     for index in (0, 3, 5):
         ids = torch.tensor([data[index]["input_ids"]])
         with torch.no_grad():

@@ -40,7 +40,7 @@ LAUNCH_CONFIGS = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
 
 def test_there_are_recipes_for_every_family():
     families = {p.parent.name for p in RECIPES}
-    assert {"demo", "llama3", "qwen2.5", "qwen3", "mistral"} <= families
+    assert {"smollm2", "llama3", "qwen2.5", "qwen3", "mistral"} <= families
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))

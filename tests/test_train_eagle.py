@@ -87,8 +87,16 @@ def test_offline_cache_and_mismatches(toy_dir, toy_data, tmp_path, run_cli):
     # eagle3 on a 2-layer target reads aux (0, 1) and needs `last` for the teacher
     summary = train(recipe(toy_dir, toy_data, tmp_path / "offline", hidden_cache=str(cache), max_steps=3), progress=False)
     assert summary["aux_layers"] == [0, 1]
-    with pytest.raises(CacheError, match="the trainer needs"):
-        train(recipe(toy_dir, toy_data, tmp_path / "o2", hidden_cache=str(cache), aux_layers=[1], max_steps=2), progress=False)
+    # a cache holding more layers than the head reads serves it (aux [1] + last of (0, 1, last))
+    summary = train(recipe(toy_dir, toy_data, tmp_path / "o2", hidden_cache=str(cache), aux_layers=[1], max_steps=2),
+                    progress=False)  # fmt: skip
+    assert summary["aux_layers"] == [1] and summary["train_tokens_per_second"] > 0
+    fewer = tmp_path / "fewer"
+    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last",
+                            "--dtype", "fp32", "--out", fewer, "--no-progress", "--device", "cpu"])  # fmt: skip
+    assert code == 0, err
+    with pytest.raises(CacheError, match=r"holds layers \[1, 2\], the trainer needs \[0, 1, 2\] \(missing \[0\]\)"):
+        train(recipe(toy_dir, toy_data, tmp_path / "o3", hidden_cache=str(fewer), max_steps=2), progress=False)
 
 
 def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):

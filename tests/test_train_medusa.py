@@ -150,6 +150,14 @@ def test_offline_cache_trains_and_mismatches_are_errors(toy_dir, toy_data, tmp_p
     out = tmp_path / "offline"
     recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, hidden_cache=good, loss="forward_kl", max_steps=4))
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    # a cache holding more layers than `last` (one cache for every head) trains the same heads
+    more = tmp_path / "cache-more"
+    assert run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "0,last,1",
+                    "--dtype", "fp32", "--out", more, "--no-progress", "--device", "cpu"])[0] == 0  # fmt: skip
+    superset = base(toy_dir, toy_data, tmp_path / "superset", hidden_cache=more, loss="forward_kl", max_steps=4)
+    recipe = write_recipe(tmp_path / "s.yaml", **superset)
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    assert losses(tmp_path / "superset") == pytest.approx(losses(out), abs=1e-6)
     wrong = tmp_path / "cache-1"
     assert run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1", "--out", wrong, "--no-progress", "--device", "cpu"])[0] == 0
     recipe = write_recipe(tmp_path / "w.yaml", **base(toy_dir, toy_data, tmp_path / "o2", hidden_cache=wrong))

@@ -1,15 +1,15 @@
 """Which divergence and which data make the best draft? An ablation on the demo target.
 
-    python scripts/ablate_distill.py                     # cpu demo target, ~25 min on 2 cores
+    python scripts/ablate_distill.py                     # SmolLM2 demo target
     python scripts/ablate_distill.py --steps 50 --prompts 6 --out runs/ablate-quick
 
     from draftsmith.train.ablate import AblationSettings, run_ablation
     run_ablation(AblationSettings(steps=50, prompts=6, out="runs/ablate-quick"))
 
-Same draft initialisation (the demo's independent 0.9M draft), same budget (steps x batch),
-same seed for every run:
-  - `ce / fixed`: plain cross-entropy on fixed text (the standard-library sources the target
-    was trained on): the usual way a small draft is trained, the baseline;
+Same draft initialisation (the target's first layers, as the demo's distilled draft), same
+budget (steps x batch), same seed for every run:
+  - `ce / fixed`: plain cross-entropy on fixed text (the standard library's sources): the usual
+    way a small draft is trained, the baseline;
   - forward KL, reverse KL, JSD (beta 0.5), TV and a KL+TV hybrid against the target's
     distributions (computed online by the frozen target), each on three data sources:
     fixed text, the target's own greedy answers (`draftsmith generate`), and on-policy samples
@@ -32,13 +32,15 @@ DIVERGENCE_RUNS = ("forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_RUNS = ("fixed", "generated", "on-policy")
 
 
-def fixed_text(corpus, out: Path, max_chars: int) -> Path:
-    """The target's own training text (stdlib sources) as JSONL rows: the 'fixed' data."""
+def fixed_text(out: Path, max_chars: int) -> Path:
+    """The standard library's sources (files sorted by path) as JSONL rows: the 'fixed' data."""
+    import sysconfig
+
     rows, total = [], 0
-    for rel in corpus.train_files:
-        text = corpus.text(rel)
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
         if not text.strip():
-            continue  # empty __init__.py files
+            continue  # empty modules
         rows.append(json.dumps({"text": text}))
         total += len(text)
         if total >= max_chars:
@@ -49,7 +51,7 @@ def fixed_text(corpus, out: Path, max_chars: int) -> Path:
 
 @dataclass(frozen=True)
 class AblationSettings:
-    preset: str = "cpu"  # demo target preset (cpu, gpu, micro)
+    target: str = "smollm2"  # demo target (smollm2, micro)
     steps: int = 100  # training steps per run: the budget every run shares
     batch_size: int = 8
     lr: float = 1e-3
@@ -84,21 +86,16 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     from draftsmith.eval.report import write_atomic
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
     from draftsmith.train.demo import DemoContext, DemoSettings
-    from draftsmith.train.demo_heads import BUDGETS, demo_data, prepare_root
-    from draftsmith.train.demo_target import demo_corpus, ensure_demo_target, get_preset
+    from draftsmith.heads.draft import draft_by_truncation
 
-    preset = get_preset(settings.preset)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    built = ensure_demo_target(preset, cache_dir=settings.cache_dir, device=device, progress=True)
-    tokenizer = load_tokenizer(built.target)
-    target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
-    ctx = DemoContext(target, tokenizer, built, device, dtype, DemoSettings(preset=preset.name), progress=True)
-    budget = BUDGETS[preset.name]
-    generated = demo_data(ctx, budget, prepare_root(built, target, budget), log=log)
-    fixed = fixed_text(demo_corpus(preset), out / "fixed.jsonl", max_chars=2_000_000)
+    ctx = _demo_context(settings.target, settings.cache_dir, device, dtype, log)
+    built, target, tokenizer = ctx.built, ctx.target, ctx.tokenizer
+    budget, _, generated, _ = ctx.distill_data()
+    fixed = fixed_text(out / "fixed.jsonl", max_chars=2_000_000)
     results = {}
     for loss, data in settings.runs():
         name = f"{loss}/{data}"
@@ -106,7 +103,7 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
         results[name] = _train_run(settings, built, budget, generated, fixed, loss, data, run_out, device, log)
 
     # One evaluation per mode, every draft interleaved with target-only on the same prompts.
-    initial = load_causal_lm(built.draft, device=device, dtype=dtype, role="draft")
+    initial = draft_by_truncation(target, budget.draft_layers)
     drafters = {"initial draft": DraftModelDrafter(initial, name="initial")}
     for name in results:
         folder = out / "runs" / name.replace("/", "-") / "draft"
@@ -114,13 +111,24 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.prompts)
     reports = _evaluate(settings, target, drafters, prompts, tokenizer.eos_token_id, device, log)
     table = _rows(drafters, results, reports)
-    text = "\n".join(_table_lines(settings, preset.name, len(prompts), table))
+    text = "\n".join(_table_lines(settings, settings.target, len(prompts), table))
     write_atomic(out / "ablation.md", text + "\n")
     record = {"rows": table, "training": results, "args": asdict(settings)}
     write_atomic(out / "ablation.json", json.dumps(record, indent=2, default=str))
     log(text)
     log(f"\nwrote {out / 'ablation.md'} and {out / 'ablation.json'}")
     return record
+
+
+def _demo_context(name: str, cache_dir, device, dtype, log):
+    """The demo target (built or loaded from its cache) and a `DemoContext` over it (default budget)."""
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer
+    from draftsmith.train.demo import DemoContext, DemoSettings
+    from draftsmith.train.demo_target import ensure_demo_target
+
+    built = ensure_demo_target(name, cache_dir=cache_dir, progress=True, log=log)
+    target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
+    return DemoContext(target, load_tokenizer(built.target), built, device, dtype, DemoSettings(target=name), log=log)
 
 
 def _train_run(
@@ -136,7 +144,7 @@ def _train_run(
             target=str(built.target), out=str(run_out), data=str(generated), fixed_data=str(fixed),
             data_mode="fixed" if data == "fixed" else "generated",
             on_policy_fraction=1.0 if data == "on-policy" else 0.0,
-            draft_init="checkpoint", draft_path=str(built.draft), loss=loss, temperature=1.0,
+            draft_init="truncate", draft_layers=budget.draft_layers, loss=loss, temperature=1.0,
             lr=settings.lr, batch_size=settings.batch_size, max_length=budget.max_length, max_steps=settings.steps,
             warmup_steps=min(20, settings.steps // 5), eval_every=settings.steps, save_every=settings.steps + 1,
             num_draft_tokens=settings.num_draft_tokens, device=device.type,

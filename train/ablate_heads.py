@@ -39,7 +39,7 @@ class HeadAblationSettings:
     steps: int = 100  # per head (x 8 rows), the budget every head shares: ~2.5 min per DFlash head on 2 busy cores
     prompts: int = 12  # held-out prompts for the evaluation
     max_new_tokens: int = 48
-    preset: str = "cpu"  # demo target preset (cpu, gpu, micro)
+    target: str = "smollm2"  # demo target (smollm2, micro)
     out: str = "runs/ablate-heads"
     cache_dir: str | None = None  # demo cache (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)
     device: str = "auto"
@@ -73,25 +73,17 @@ class HeadAblationSettings:
 
 def run_head_ablation(settings: HeadAblationSettings, log=print) -> dict:
     """The demo target (built or loaded from its cache) and the demo's data, then `ablate_heads`."""
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-    from draftsmith.train.demo import DemoContext, DemoSettings
-    from draftsmith.train.demo_heads import BUDGETS, demo_data, prepare_root
-    from draftsmith.train.demo_target import ensure_demo_target, get_preset
+    from draftsmith.heads.models import resolve_device, resolve_dtype
+    from draftsmith.train.ablate import _demo_context
 
-    preset = get_preset(settings.preset)
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
-    built = ensure_demo_target(preset, cache_dir=settings.cache_dir, device=device, progress=True)
-    target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
-    tokenizer = load_tokenizer(built.target)
-    demo = DemoSettings(preset=preset.name)
-    ctx = DemoContext(target, tokenizer, built, device, dtype, demo, progress=False, log=log)
-    budget = BUDGETS[preset.name]
-    data = demo_data(ctx, budget, prepare_root(built, target, budget, log=log), log=log)
-    return ablate_heads(ctx, budget, data, settings, log=log)
+    ctx = _demo_context(settings.target, settings.cache_dir, device, resolve_dtype(settings.dtype, device), log)
+    ctx.progress = False
+    budget, _, data, cache = ctx.distill_data()
+    return ablate_heads(ctx, budget, data, cache, settings, log=log)
 
 
-def ablate_heads(ctx, budget, data: Path, settings: HeadAblationSettings, log=print) -> dict:
+def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSettings, log=print) -> dict:
     """Train one head per (loss, seed) on `data` (a head with a training summary is reused),
     evaluate them all in one interleaved run, write the table and the JSON. `ctx` is a
     `DemoContext` (the target, its build folder and the demo's K), `budget` its `HeadsBudget`."""
@@ -104,7 +96,7 @@ def ablate_heads(ctx, budget, data: Path, settings: HeadAblationSettings, log=pr
     t0 = time.perf_counter()
     for loss, seed in runs:
         name = f"{loss}/seed{seed}"
-        base = _recipe(settings.method, ctx, budget, data, out / "runs" / f"{loss}-seed{seed}", settings.steps)
+        base = _recipe(settings.method, ctx, budget, data, cache, out / "runs" / f"{loss}-seed{seed}", settings.steps)
         recipe = replace(base, loss=loss, seed=seed, serve_check_prompts=0)  # no serve check: the evaluation follows
         training[name] = _train_run(settings.method, recipe, name, log)
         folders[name] = Path(recipe.out) / "head"
@@ -125,11 +117,12 @@ def ablate_heads(ctx, budget, data: Path, settings: HeadAblationSettings, log=pr
     return record
 
 
-def _recipe(method: str, ctx, budget, data: Path, out: Path, steps: int):
+def _recipe(method: str, ctx, budget, data: Path, cache: Path, out: Path, steps: int):
     from draftsmith.train.demo_heads import dflash_recipe, eagle_recipe, peagle_recipe
 
     build = {"dflash": dflash_recipe, "eagle3": eagle_recipe, "peagle": peagle_recipe}[method]
-    return build(ctx, budget, data, str(out), steps)
+    recipe = build(ctx, budget, data, cache, str(out))
+    return replace(recipe, max_steps=steps, eval_every=steps, save_every=steps + 1)
 
 
 def _natural_k(method: str, recipe) -> int:
@@ -200,7 +193,7 @@ def _table_lines(settings, k: int, num_prompts: int, rows: list[dict]) -> list[s
     """heads_ablation.md: the table (mean [min-max] over the seeds), then the best loss against soft CE."""
     seeds = ", ".join(map(str, settings.seed_values))
     lines = [
-        f"Loss ablation of the {settings.method} head on the demo target ({settings.preset}): "
+        f"Loss ablation of the {settings.method} head on the demo target ({settings.target}): "
         f"{settings.steps} steps x 8 rows per head, the demo's recipe otherwise; seeds {seeds}; greedy, K = {k}, "
         f"{num_prompts} held-out prompts x {settings.max_new_tokens} tokens, 1 timed pass, all heads interleaved; "
         "mean [min-max] over the seeds; tau counts the bonus token; simulated tau = the trainer's held-out, "

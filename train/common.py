@@ -166,15 +166,23 @@ def draft_vocab_map(recipe, data, vocab_size: int):
     return None
 
 
-def cached_states(cache, batch: dict, device) -> tuple[torch.Tensor, dict[int, int]]:
-    """The offline cache's hidden states of the batch's rows, right-padded to its width
-    [B, layers, T, H] (fp32), and the index of each cached HF layer id along `layers`."""
-    width = batch["input_ids"].shape[1]
-    stacks = []
-    for row in batch["rows"]:
-        h = cache[row]["hidden"][:, :width].float()  # [layers, T, H]
-        stacks.append(torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1])))
-    return torch.stack(stacks).to(device), {layer: i for i, layer in enumerate(cache.layers)}
+def cached_states(cache, batch: dict, device, layers, top1: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the offline cache's hidden states of `layers` (HF ids, in that order; the cache may hold more)
+    for the batch's rows, right-padded to its width [B, len(layers), T, H] fp32, cast on the one copy
+    into place; with `top1`, the target's top-1 id at each position [B, T] long (0 past a row's end)
+    from a cache of top-k logits (`cache-hidden --topk-logits k`), else None)."""
+    B, width = batch["input_ids"].shape
+    pick = cache.layer_index(layers)
+    states = torch.zeros(B, len(pick), width, cache.manifest["hidden_size"])
+    top1 = torch.zeros(B, width, dtype=torch.long) if top1 else None
+    for r, row in enumerate(batch["rows"]):
+        item = cache[row]
+        h = item["hidden"][pick, :width]  # [len(layers), t, H]
+        states[r, :, : h.shape[1]] = h
+        if top1 is not None:
+            ids = item["topk_ids"][:width, 0]  # the top-k are sorted: the first is the argmax
+            top1[r, : ids.shape[0]] = ids
+    return states.to(device), (top1.to(device) if top1 is not None else None)
 
 
 def heldout_batches(data, rows: list[int], batch_size: int, max_length: int, pad_id: int, device):
@@ -217,22 +225,82 @@ def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
         raise RecipeError(str(err)) from None
 
 
-def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int, device):
-    """batch -> (the aux layers' states concatenated [B, T, n*H], the teacher's logits [B, T, V]):
-    from the offline hidden cache `recipe.hidden_cache` (checked to hold `aux` and `last` of this
-    target on this data) when the recipe names one, else from one frozen target forward."""
-    cache = None
+def on_draft_vocab(logits: torch.Tensor, vocab, t2d) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's logits [..., V] as a head with a reduced draft vocabulary learns them: (those of the
+    draft tokens [..., Vd] fp32, in_vocab [...] bool: the target's argmax is a draft token; a position
+    where it is not teaches nothing the head can draft and is masked). (logits fp32, None) without."""
+    if vocab is None:
+        return logits.float(), None
+    return logits[..., vocab].float(), t2d[logits.argmax(-1)]
+
+
+def vocab_argmax(hidden: torch.Tensor, lm_head, chunk: int = 8192) -> torch.Tensor:
+    """[...] long: the argmax of lm_head(hidden) over the whole vocabulary, `chunk` rows of the weight at
+    a time (never a [..., V] tensor); the first index on ties, as torch.argmax."""
+    weight, bias = lm_head.weight, lm_head.bias
+    best = index = None
+    for lo in range(0, weight.shape[0], chunk):
+        z = torch.nn.functional.linear(hidden, weight[lo : lo + chunk], None if bias is None else bias[lo : lo + chunk])
+        value, at = z.max(-1)  # the first maximum of the slice
+        if best is None:
+            best, index = value, at
+        else:
+            later = value > best  # strictly: an equal value in a later slice keeps the earlier index
+            best, index = torch.where(later, value, best), torch.where(later, at + lo, index)
+    return index
+
+
+def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int, device, vocab=None, t2d=None):
+    """batch -> (the aux layers' states concatenated [B, T, n*H], teacher, in_vocab): the target's
+    logits on the head's vocabulary and its argmax mask as `on_draft_vocab` makes them (`vocab` [Vd]:
+    the target id of each draft id, `t2d` [V] bool; None: the whole vocabulary). From the offline
+    hidden cache `recipe.hidden_cache` (checked to hold `aux` and `last` of this target on this data;
+    it may hold more) when the recipe names one, else from one frozen target forward.
+
+    Offline the teacher is the cached last state projected on the lm_head rows of the draft tokens
+    only ([Vd, H]: at Vd = 8192 of 49k, a sixth of the full projection, and no [B, T, V] tensor to
+    index every step). The argmax over the whole vocabulary (in_vocab) is the cache's top-1 id when it
+    is that of the stored state (`cache-hidden --topk-logits 1` with --dtype the forward's:
+    `HiddenStateCache.top1_is_argmax`), else computed once per data row over vocabulary slices
+    (`vocab_argmax`) and kept: it is a function of the row alone, so later epochs skip the full
+    projection for 1 byte per token. Teacher, masks and losses equal the full-vocabulary path's
+    (tests/test_draft_teacher.py)."""
+    cache, lm_head = None, target.get_output_embeddings()
     if recipe.hidden_cache:
         cache = open_hidden_cache(recipe.hidden_cache, target, data, tuple(sorted(set(aux) | {last})))
+    use_top1 = vocab is not None and cache is not None and cache.top1_is_argmax(lm_head.weight.dtype)
+    if vocab is not None:
+        draft_weight = lm_head.weight.detach()[vocab]  # [Vd, H]
+        draft_bias = None if lm_head.bias is None else lm_head.bias.detach()[vocab]
+    known: dict[int, torch.Tensor] = {}  # data row -> [t] bool: in_vocab of its real positions
+
+    def in_vocab_of(batch, last_state):
+        rows, real = batch["rows"], batch["attention_mask"].sum(1).tolist()
+        todo = [r for r, row in enumerate(rows) if row not in known or known[row].numel() < real[r]]
+        if todo:
+            with torch.no_grad():
+                hits = t2d[vocab_argmax(last_state[todo], lm_head)].cpu()  # [len(todo), T]
+            known.update({rows[r]: hits[i, : real[r]] for i, r in enumerate(todo)})
+        in_vocab = torch.zeros(batch["input_ids"].shape, dtype=torch.bool)
+        for r, row in enumerate(rows):
+            in_vocab[r, : real[r]] = known[row][: real[r]]
+        return in_vocab.to(device)
 
     def states(batch):
-        if cache is not None:
-            held, index = cached_states(cache, batch, device)  # [B, layers, T, H]
-            feats = torch.cat([held[:, index[i]] for i in aux], dim=-1)
-            return feats, target.get_output_embeddings()(held[:, index[last]].to(target.dtype)).float()
+        if cache is None:
+            with torch.no_grad():
+                o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           output_hidden_states=True)  # fmt: skip
+            feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
+            return feats, *on_draft_vocab(o.logits, vocab, t2d)
+        held, top1 = cached_states(cache, batch, device, (*aux, last), use_top1)  # [B, n + 1, T, H], [B, T] | None
+        feats = torch.cat(held[:, : len(aux)].unbind(1), dim=-1)
+        last_state = held[:, -1].to(lm_head.weight.dtype)
         with torch.no_grad():
-            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-        return torch.cat([o.hidden_states[i] for i in aux], dim=-1).float(), o.logits.float()
+            if vocab is None:
+                return feats, lm_head(last_state).float(), None
+            teacher = torch.nn.functional.linear(last_state, draft_weight, draft_bias).float()  # [B, T, Vd]
+        return feats, teacher, (t2d[top1] if top1 is not None else in_vocab_of(batch, last_state))
 
     return states
 
@@ -345,11 +413,12 @@ def walk_taus(walks: torch.Tensor, key: str = "tau_simulated") -> dict:
 
 def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: str, unit: str) -> dict:
     """Held-out evaluation of a one-pass head (DFlash blocks, P-EAGLE chains) over `batches`
-    (`heldout_batches`): `every(batch, feats, teacher)` gives the chains at every position the
-    decoder could call at ((chains [B, T, width] hits, starts [B, T], hits and trained counts per
-    slot)). Returns the per-slot top-1 (`top1_per_{per}`), the greedy, teacher-forced tau along the
-    decoder's walk (`walk_taus`: every held-out row, and the serve check's prompts), the mean over
-    every chain (`tau_simulated_mean`) and the chain count (`unit`), the bonus token counted."""
+    (`heldout_batches`): `every(batch, feats, teacher, in_vocab)` (what `target_states(batch)` gives)
+    gives the chains at every position the decoder could call at ((chains [B, T, width] hits, starts
+    [B, T], hits and trained counts per slot)). Returns the per-slot top-1 (`top1_per_{per}`), the
+    greedy, teacher-forced tau along the decoder's walk (`walk_taus`: every held-out row, and the
+    serve check's prompts), the mean over every chain (`tau_simulated_mean`) and the chain count
+    (`unit`), the bonus token counted."""
     hit_sums = count_sums = torch.zeros(width, dtype=torch.float64)
     tau_sum = tau_n = 0.0
     walks = torch.zeros(2, 2, dtype=torch.float64)

@@ -1,46 +1,51 @@
-"""`draftsmith demo`: the whole job on the embedded target, in one command.
+"""`draftsmith demo`: the whole job on a real target, in one command.
 
-    draftsmith demo                 # cpu preset: builds the target once (~15 min), then ~2-5 min
-    draftsmith demo --quick         # micro preset, a smoke run in about a minute
-    draftsmith demo --preset gpu --device cuda
+    draftsmith demo                   # SmolLM2-135M-Instruct: imported, answered, every drafter trained, ranked
+    draftsmith demo --budget long     # each head trained longer: how acceptance grows with tokens trained
+    draftsmith demo --quick           # the micro target, a smoke run in about a minute
 
-  1. build or load the demo target (`draftsmith.train.demo_target`, cached);
-  2. prepare every drafter method the toolkit has (training them, with small budgets, where
-     they need it; the small draft is trained with the target, as in the classic baseline;
-     Medusa heads on the target's own answers, `draftsmith.train.demo_heads`, cached);
+  1. build or load the demo target (`draftsmith.train.demo_target`, cached): the GGUF import and
+     the instruction prompts;
+  2. prepare every drafter method the toolkit has (`draftsmith.train.demo_heads`, cached): the
+     target's own answers, one hidden-state cache, then each drafter trained from it;
   3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
-  4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) at greedy and one at T = 1 (a
-     shorter pass), headed by how much the target's greedy answers loop (loops inflate acceptance), and
-     write report.json, report.md and acceptance.png (acceptance by draft position) to the output folder.
+  4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) at greedy and one at
+     T = 1, headed by how much the target's greedy answers loop (loops inflate acceptance), with
+     whether every greedy row decoded exactly target-only's tokens and each trainer's tokens/s
+     beside the target's forward-only tokens/s; write report.json, report.md and acceptance.png.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from draftsmith.train.demo_card import cpu_decode_threads, greedy_repetition, repetition_line, stage_summary
-from draftsmith.train.demo_heads import BUDGETS, demo_data, demo_distilled_draft, demo_eagle, demo_medusa, heads_root, prepare_root
-from draftsmith.train.demo_heads import demo_dflash, demo_peagle
-from draftsmith.train.demo_target import DemoTarget, DemoTargetError, ensure_demo_target, get_preset
+from draftsmith.eval.evaluator import BASELINE
+from draftsmith.train.demo_card import cpu_decode_threads, greedy_repetition, repetition_line
+from draftsmith.train.demo_heads import budget_dict, demo_cache, demo_data, get_budget, heads_root, learning_curve
+from draftsmith.train.demo_heads import prepare_root, train_demo_drafter, training_speeds
+from draftsmith.train.demo_target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    preset: str = "cpu"  # the target to build or load
-    num_prompts: int = 24  # held-out prompts; 24 x 64 tokens keeps the eval to a few minutes on CPU
-    max_new_tokens: int = 64  # prompts are <= ~190 tokens; the target was trained on 256
-    num_draft_tokens: int = 3  # K = 3: a small draft's acceptance decays fast past position 3
-    repeats: int = 3  # timed passes; speedup is their median
+    target: str = "smollm2"  # the demo target (train/demo_target.py): smollm2, or micro for --quick
+    budget: str = "default"  # the training budget (train/demo_heads.py BUDGETS): default, or long
+    num_prompts: int = 8  # held-out prompts; 8 x 64 tokens is ~40 s of target-only decoding per row on 2 CPU cores
+    max_new_tokens: int = 64
+    num_draft_tokens: int = 3  # K = 3 for every row; `tune` picks each drafter's own K from this pass
+    repeats: int = 1  # timed passes; speedup is their median
     temperature: float = 0.0  # greedy: acceptance is then a property of the models alone
     sampled_temperature: float | None = 1.0  # a second table at this T (None: none); sampling is how most serve
-    sampled_repeats: int = 1  # its timed passes: it is there for acceptance, so one keeps the demo short
+    sampled_repeats: int = 1  # its timed passes
     seed: int = 0
     compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and every drafter
+    tune: bool = True  # a third table: each chain drafter at the K `tune` picks (acceptance measured at K <= 6)
+    tune_prompts: int = 4  # prompts the acceptance per position and the costs are measured on
 
     @property
     def fast_path(self) -> dict:
@@ -48,7 +53,7 @@ class DemoSettings:
         return {"static_cache": True, "compile": self.compile} if self.compile else {}
 
     def __post_init__(self):
-        for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "repeats", "sampled_repeats"):
+        for name in ("num_prompts", "max_new_tokens", "num_draft_tokens", "repeats", "sampled_repeats", "tune_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
@@ -63,8 +68,8 @@ class DemoSettings:
 
 
 # --quick: the micro target (built in seconds) and a handful of short decodes. It checks that
-# the pipeline runs, not what the numbers are: the micro target is nearly flat.
-QUICK = DemoSettings(preset="micro", num_prompts=4, max_new_tokens=16, repeats=1)
+# the pipeline runs, not what the numbers are: the micro target has random weights.
+QUICK = DemoSettings(target="micro", num_prompts=4, max_new_tokens=16, repeats=1, tune_prompts=2)
 
 
 @dataclass
@@ -79,37 +84,26 @@ class DemoContext:
     settings: DemoSettings
     progress: bool = True
     log: Callable = print
-    _medusa: object = None  # trained heads, shared by the chain and tree methods
-    _heads_cache: tuple | None = None  # (budget, root, data): the self-distillation data, made once
-    _eagle: object = None  # the trained EAGLE-3 head, shared by the chain and tree methods
-    _dflash_folder: Path | None = None  # the trained DFlash head, for the report
-    _peagle_folder: Path | None = None  # the trained P-EAGLE head, for the report
-
-    def eagle_head(self):
-        if self._eagle is None:
-            from draftsmith.heads.eagle import load_eagle
-
-            budget, root, data = self.distill_data()
-            self._eagle = load_eagle(demo_eagle(self, budget, root, data, log=self.log), target=self.target, device=self.device, dtype=self.dtype)
-        return self._eagle
+    folders: dict = field(default_factory=dict)  # trained artifacts by name, for the report
+    _loaded: dict = field(default_factory=dict)  # loaded heads shared by a chain and a tree row
+    _data: tuple | None = None  # (budget, root, data, cache): the self-distillation data, made once
 
     def distill_data(self):
-        """The target's own answers (made once, cached): (budget, cache root, data folder)."""
-        if self._heads_cache is None:
-            budget = BUDGETS[self.settings.preset]
-            root = prepare_root(self.built, self.target, budget, log=self.log)
-            self._heads_cache = (budget, root, demo_data(self, budget, root, log=self.log))
-        return self._heads_cache
+        """The target's own answers and their hidden-state cache (made once, cached):
+        (budget, cache root, data folder, hidden cache folder)."""
+        if self._data is None:
+            budget = get_budget(self.settings.target, self.settings.budget)
+            root = prepare_root(heads_root(self.built, self.settings.budget), self.target, budget, log=self.log)
+            data = demo_data(self, budget, root, log=self.log)
+            self._data = (budget, root, data, demo_cache(self, budget, root, data, log=self.log))
+        return self._data
 
-    def medusa_heads(self):
-        """Self-distillation data + Medusa-1 heads for this target (trained once, cached)."""
-        if self._medusa is None:
-            from draftsmith.heads.medusa import load_medusa
-
-            budget, root, data = self.distill_data()
-            folder = demo_medusa(self, budget, root, data, log=self.log)
-            self._medusa = load_medusa(folder, target=self.target, device=self.device, dtype=self.dtype)
-        return self._medusa
+    def trained(self, name: str, load):
+        """`load(folder, target=, device=, dtype=)` of the trained artifact `name`, loaded once."""
+        if name not in self._loaded:
+            self.folders[name] = train_demo_drafter(self, name, log=self.log)
+            self._loaded[name] = load(self.folders[name], target=self.target, device=self.device, dtype=self.dtype)
+        return self._loaded[name]
 
 
 @dataclass(frozen=True)
@@ -125,40 +119,39 @@ def _prompt_lookup(ctx: DemoContext):
     return PromptLookupDrafter(max_ngram=3)
 
 
-def _small_draft(ctx: DemoContext):
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter
-    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm
+def _load_draft(folder, *, target, device, dtype):
+    from draftsmith.heads.models import load_causal_lm
 
-    check_vocab_compatible(ctx.built.target, ctx.built.draft, target_tokenizer=ctx.tokenizer)
-    draft = load_causal_lm(ctx.built.draft, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, name="small-draft")
+    return load_causal_lm(folder, device=device, dtype=dtype, role="draft")
 
 
 def _distilled_draft(ctx: DemoContext):
     from draftsmith.eval.runtime.drafters import DraftModelDrafter
-    from draftsmith.heads.models import load_causal_lm
 
-    budget, root, data = ctx.distill_data()
-    folder = demo_distilled_draft(ctx, budget, root, data, log=ctx.log)
-    draft = load_causal_lm(folder, device=ctx.device, dtype=ctx.dtype, role="draft")
-    return DraftModelDrafter(draft, name="distilled-draft")
+    return DraftModelDrafter(ctx.trained("distilled-draft", _load_draft), name="distilled-draft")
+
+
+def _medusa_heads(ctx: DemoContext):
+    from draftsmith.heads.medusa import load_medusa
+
+    return ctx.trained("medusa", load_medusa)
 
 
 def _medusa_chain(ctx: DemoContext):
     from draftsmith.eval.runtime.drafters import MedusaDrafter
 
     layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(ctx.medusa_heads(), layers, name="medusa-chain")
+    return MedusaDrafter(_medusa_heads(ctx), layers, name="medusa-chain")
 
 
-MEDUSA_TREE_NODES = 16  # verify 17 tokens per call: cheap on any device for a target this size
+MEDUSA_TREE_NODES = 16  # verify 17 tokens per call
 
 
 def _medusa_tree(ctx: DemoContext):
-    from draftsmith.eval.runtime.drafters import MedusaDrafter
     from draftsmith.eval.medusa_tree import build_medusa_tree
+    from draftsmith.eval.runtime.drafters import MedusaDrafter
 
-    heads = ctx.medusa_heads()
+    heads = _medusa_heads(ctx)
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
     layers = ctx.target.config.get_text_config().num_hidden_layers
     return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
@@ -167,57 +160,62 @@ def _medusa_tree(ctx: DemoContext):
 EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as the Medusa tree
 
 
+def _eagle_head(ctx: DemoContext):
+    from draftsmith.heads.eagle import load_eagle
+
+    return ctx.trained("eagle3", load_eagle)
+
+
 def _eagle_chain(ctx: DemoContext):
     from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), name="eagle3-chain")
+    return EagleDrafter(_eagle_head(ctx), name="eagle3-chain")
 
 
 def _eagle_tree(ctx: DemoContext):
     from draftsmith.eval.runtime.eagle import EagleDrafter
 
-    return EagleDrafter(ctx.eagle_head(), tree=EAGLE_TREE, name="eagle3-tree")
+    return EagleDrafter(_eagle_head(ctx), tree=EAGLE_TREE, name="eagle3-tree")
 
 
 def _dflash(ctx: DemoContext):
     from draftsmith.eval.runtime.dflash import DFlashDrafter
     from draftsmith.heads.dflash_formats import load_dflash
 
-    budget, root, data = ctx.distill_data()
-    folder = demo_dflash(ctx, budget, root, data, log=ctx.log)
-    ctx._dflash_folder = folder
-    return DFlashDrafter(load_dflash(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name="dflash")
+    return DFlashDrafter(ctx.trained("dflash", load_dflash), name="dflash")
 
 
 def _peagle(ctx: DemoContext):
     from draftsmith.eval.runtime.peagle import PEagleDrafter
     from draftsmith.heads.eagle import load_eagle
 
-    budget, root, data = ctx.distill_data()
-    folder = demo_peagle(ctx, budget, root, data, log=ctx.log)
-    ctx._peagle_folder = folder
-    return PEagleDrafter(load_eagle(folder, target=ctx.target, device=ctx.device, dtype=ctx.dtype), name="peagle")
+    return PEagleDrafter(ctx.trained("peagle", load_eagle), name="peagle")
 
 
-# Every drafter method of the toolkit, in report order (each trained with a small demo budget).
+# Every drafter method of the toolkit, in report order (each trained with the demo budget). No
+# independent small draft: no smaller model with SmolLM2's tokenizer can be had offline, so the
+# draft-model row is the target's own first layers, distilled.
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
-    DemoMethod("small-draft", "independent small Llama trained on the same data (built with the target)", _small_draft),
-    DemoMethod("distilled-draft", "the small draft distilled from the target (KL + TV) on the target's own answers", _distilled_draft),
-    DemoMethod("medusa-chain", "Medusa-1 heads trained on the target's own answers; top-1 of each head", _medusa_chain),
-    DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies", _medusa_tree),
-    DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain", _eagle_chain),
+    DemoMethod("distilled-draft", "the target's first layers (+ its embeddings and lm_head), distilled (KL + TV) "
+               "on the target's own answers", _distilled_draft),
+    DemoMethod("medusa-chain", "Medusa-1 heads over the target's lm_head, trained on its own answers; top-1 of each head",
+               _medusa_chain),
+    DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k "
+               "accuracies", _medusa_tree),
+    DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; "
+               "top-1 chain", _eagle_chain),
     DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
-    DemoMethod("dflash", "DFlash block drafter (one forward drafts all K tokens) on the target's own answers", _dflash),
-    DemoMethod("peagle", "P-EAGLE head (mask placeholders: one forward drafts all K depths) on the target's own answers", _peagle),
-]
+    DemoMethod("dflash", "DFlash block drafter (one forward drafts a block) on the target's own answers", _dflash),
+    DemoMethod("peagle", "P-EAGLE head (mask placeholders: one forward drafts every depth) on the target's own answers",
+               _peagle),
+]  # fmt: skip
 
 TABLE_NOTE = """\
 alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions.
 acc. rate: the share of drafted tokens the target accepted (accepted / proposed; a tree proposes all its nodes).
 tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
-speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes);
-  on a CPU a tiny draft costs about half a target step, so speculation may well lose there.
+speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes).
 OOV: target probability outside the draft's vocabulary (EAGLE-3's reduced vocabulary; else 0).
 KL: KL(target || draft) on the draft's vocabulary, raw distributions along the decoded text (- : none).
 Every row decodes exactly what the target alone would produce (lossless)."""
@@ -240,17 +238,18 @@ def run_demo(
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     started = time.perf_counter()
-    preset = get_preset(settings.preset)  # unknown preset: a clear error before any work
+    spec = get_target(settings.target)  # unknown target or budget: a clear error before any work
+    budget = get_budget(spec.name, settings.budget)
     device_t = resolve_device(device)
     dtype_t = resolve_dtype(dtype, device_t)
-    out = Path(out) if out else Path("runs") / f"demo-{preset.name}"
+    out = Path(out) if out else Path("runs") / f"demo-{spec.name}"
     if out.exists() and not out.is_dir():
         raise DemoTargetError(f"--out {str(out)!r} exists and is not a folder")
 
     t = time.perf_counter()
-    built = ensure_demo_target(preset, cache_dir=cache_dir, force=force_build, device=device_t, progress=progress, log=log)
+    built = ensure_demo_target(spec.name, cache_dir=cache_dir, force=force_build, progress=progress, log=log)
     build_s = time.perf_counter() - t
-    log(stage_summary(built.manifest))
+    log(describe_build(built.manifest))
 
     tokenizer = load_tokenizer(built.target)
     target = load_causal_lm(built.target, device=device_t, dtype=dtype_t, role="target")
@@ -276,88 +275,163 @@ def run_demo(
         # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
         repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
         report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress)
+        tuned = tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log) if settings.tune else None
         sampled = None
         if settings.second_temperature is not None:
-            sampled_settings = replace(eval_settings, temperature=settings.second_temperature, repeats=settings.sampled_repeats)
+            # the KL/TV pass is the greedy table's: this one measures acceptance and speed
+            sampled_settings = replace(eval_settings, temperature=settings.second_temperature,
+                                       repeats=settings.sampled_repeats, measure_distances=False)
             sampled = evaluate(target, drafters, prompts, sampled_settings, eos_token_id=eos, progress=progress)
     eval_s = time.perf_counter() - t
 
     report["target"] = describe_target(built.target, target, device_t, dtype_t)
-    report["drafts"] = {"small-draft": str(built.draft)}
-    if ctx._medusa is not None:
-        report["drafts"]["medusa"] = str(heads_root(built) / "medusa" / "heads")
-    if ctx._heads_cache is not None:
-        report["drafts"]["distilled-draft"] = str(heads_root(built) / "distilled-draft" / "draft")
-    if ctx._eagle is not None:
-        report["drafts"]["eagle3"] = str(heads_root(built) / "eagle3" / "head")
-    if ctx._dflash_folder is not None:
-        report["drafts"]["dflash"] = str(ctx._dflash_folder)
-    if ctx._peagle_folder is not None:
-        report["drafts"]["peagle"] = str(ctx._peagle_folder)
+    report["drafts"] = {name: str(folder) for name, folder in ctx.folders.items()}
     report["prompts_file"] = str(built.heldout_prompts)
+    root = heads_root(built, settings.budget)
     report["demo"] = {
         "settings": asdict(settings),
+        "budget": budget_dict(budget),
         "methods": {m.name: m.what for m in METHODS},
-        "demo_target": {
-            "folder": str(built.folder),
-            "preset": built.manifest["preset"],
-            "models": {k: {kk: v[kk] for kk in ("parameters", "tokens_seen", "final_train_loss", "heldout_perplexity")} for k, v in built.manifest["models"].items()},
-            "quality": {k: v for k, v in built.manifest["quality"].items() if k != "samples"},
-        },
+        "demo_target": {"folder": str(built.folder), "what": spec.what, "source": built.manifest["source"],
+                        "prompts": built.manifest["prompts"]},
         "target_repetition": repetition,
+        "tuned": tuned,
+        "identical_to_target_only": identical_rows(report, tuned),
+        "training_tokens_per_second": training_speeds(root),
+        "learning_curves": {name: learning_curve(folder) for name, folder in ctx.folders.items()},
         "sampled": None if sampled is None else {"mode": sampled["mode"], "repeats": settings.sampled_repeats, "methods": sampled["methods"]},
         "seconds": {"build_or_load": build_s, "prepare": prepare_s, "evaluate": eval_s, "total": time.perf_counter() - started},
         "torch_version": torch.__version__,
-    }
+    }  # fmt: skip
     json_path, md_path = write_report(report, out)
     png_path = plot_acceptance(report, out / "acceptance.png")
     write_atomic(md_path, render_markdown(report) + demo_markdown(report))
     log("")
-    log(f"draftsmith demo - {preset.name} target ({report['target']['parameters'] / 1e6:.2f}M params), {report['mode']}, "
-        f"K = {settings.num_draft_tokens}, {len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens")
+    log(f"draftsmith demo - {spec.what}, {report['mode']}, K = {settings.num_draft_tokens}, "
+        f"{len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens, budget {settings.budget}")
     log(f"the target's {repetition_line(repetition)}: loops inflate every drafter's acceptance, prompt lookup's most")
     log(compact_table(report))
+    if tuned is not None:
+        log(f"\ngreedy, each chain drafter at the K `tune` picks (measured at K <= {TUNE_K_MAX}):")
+        log(tuned_table(tuned))
     if sampled is not None:
         log(f"\n{sampled['mode']}, the same prompts, {settings.sampled_repeats} timed pass(es):")
         log(compact_table(sampled))
     log(TABLE_NOTE)
+    log(speeds_line(report["demo"]["training_tokens_per_second"]))
+    log(identity_line(report["demo"]["identical_to_target_only"]))
     log(f"\nwrote {json_path}, {md_path} and {png_path} ({report['demo']['seconds']['total']:.0f} s in all)")
     return report, out
 
 
+TUNE_K_MAX = 6  # acceptance per position measured this deep predicts every K <= 6
+
+
+def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSettings, eos, progress, log) -> dict:
+    """Each chain drafter at the K that `tune` picks: acceptance per position at K_max and the
+    measured costs (draft time, the verify curve v(n)) on `tune_prompts` prompts, `tune_chain`'s
+    choice, then one greedy evaluation per chosen K (each with target-only in the same pass)."""
+    from draftsmith.eval.evaluator import evaluate
+    from draftsmith.eval.sweep import measure_chain
+    from draftsmith.eval.tune import tune_chain
+
+    chosen = {}
+    for name, drafter in drafters.items():
+        if getattr(drafter, "tree", None) is not None:
+            continue  # trees are sized by their node budget, not by K
+        k_max = min(TUNE_K_MAX, max(drafter.proposal_sizes(TUNE_K_MAX)))
+        measured = measure_chain(target, drafter, prompts[: settings.tune_prompts], k_max,
+                                 replace(eval_settings, num_draft_tokens=k_max), eos_token_id=eos, progress=False)
+        tuning = tune_chain(measured.alpha_per_position, measured.draft_seconds, measured.verify_seconds)
+        k = tuning.best.setting["num_speculative_tokens"]
+        chosen[name] = {"k": k, "k_max": k_max, "predicted_speedup": tuning.best.speedup, "predicted_tau": tuning.best.tau,
+                        "alpha_per_position": measured.alpha_per_position}  # fmt: skip
+        log(f"tune {name}: K = {k} of 1..{k_max} (predicted {tuning.best.speedup:.2f}x, tau {tuning.best.tau:.2f})")
+    rows = []
+    for k in sorted({c["k"] for c in chosen.values()}):
+        group = {name: drafters[name] for name, c in chosen.items() if c["k"] == k}
+        result = evaluate(target, group, prompts, replace(eval_settings, num_draft_tokens=k, measure_distances=False),
+                          eos_token_id=eos, progress=progress)  # fmt: skip
+        rows += [{**row, "k": k} for row in result["methods"] if row["method"] in group]
+    order = list(drafters)
+    return {"chosen": chosen, "methods": sorted(rows, key=lambda r: order.index(r["method"]))}
+
+
+def tuned_table(tuned: dict) -> str:
+    """Markdown: each tuned row with its K, tau, measured and predicted speedup."""
+    lines = ["| method | K | alpha | tau | speedup | predicted | identical |", "|---|---|---|---|---|---|---|"]
+    for row in tuned["methods"]:
+        same = {True: "yes", False: "NO"}.get(row.get("identical_to_target_only"), "-")
+        lines.append(f"| {row['method']} | {row['k']} | {row['alpha']:.2f} | {row['tau']:.2f} | {row['speedup']:.2f}x | "
+                     f"{tuned['chosen'][row['method']]['predicted_speedup']:.2f}x | {same} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def identical_rows(report: dict, tuned: dict | None = None) -> dict | None:
+    """Greedy only: per row (the K = 3 table, then the tuned one as NAME@K=k), whether its decoded
+    tokens equal target-only's on every prompt (a lossless decoder's promise, checked on the demo's
+    own prompts)."""
+    if report["mode"] != "greedy":
+        return None
+    rows = {row["method"]: row["identical_to_target_only"] for row in report["methods"] if row["method"] != BASELINE}
+    for row in (tuned or {}).get("methods", []):
+        rows[f"{row['method']}@K={row['k']}"] = row["identical_to_target_only"]
+    return rows
+
+
+def identity_line(identical: dict | None) -> str:
+    if identical is None:
+        return "(token identity is a greedy check: sampled rows are checked by `draftsmith check-lossless`)"
+    bad = [name for name, same in identical.items() if not same]
+    if bad:
+        return f"NOT LOSSLESS: {', '.join(bad)} decoded other tokens than target-only at greedy"
+    return f"every greedy row ({len(identical)}) decoded exactly target-only's tokens on every prompt"
+
+
+def speeds_line(speeds: dict) -> str:
+    """Each trainer's tokens/s beside the target's forward-only tokens/s (the shared cache's pass)."""
+    base = speeds.get("target-forward")
+    parts = []
+    for name, rate in speeds.items():
+        if name == "target-forward" or rate is None:
+            continue
+        parts.append(f"{name} {rate:,.0f}" + (f" ({rate / base:.2f}x)" if base else ""))
+    head = f"target forward-only {base:,.0f} tokens/s" if base else "target forward-only: not measured"
+    return f"training tokens/s: {', '.join(parts) or '-'}; {head}"
+
+
 def demo_markdown(report: dict) -> str:
-    """The demo's own sections of report.md: methods, the plot, and the target it ran on."""
+    """The demo's own sections of report.md: methods, the plot, training, the target it ran on."""
     from draftsmith.eval.report import compact_table
 
     demo = report["demo"]
     target = demo["demo_target"]
-    q = target["quality"]
     lines = ["## Methods", ""]
     lines += [f"- `{name}`: {what}" for name, what in demo["methods"].items()]
-    lines += ["", f"The target's {repetition_line(demo['target_repetition'])}.", ""]
+    lines += ["", f"The target's {repetition_line(demo['target_repetition'])}.", "", identity_line(demo["identical_to_target_only"]), ""]
+    if demo.get("tuned"):
+        lines += ["## Each chain drafter at the K `tune` picks (greedy)", "", tuned_table(demo["tuned"]), ""]
     if demo.get("sampled"):
         sampled = demo["sampled"]
         lines += [f"## The same methods at {sampled['mode']} ({sampled['repeats']} timed pass(es))", "", compact_table(sampled), ""]
     lines += ["## Acceptance by draft position (plot)", "", "![acceptance by draft position](acceptance.png)", ""]
+    lines += ["## Training", "", speeds_line(demo["training_tokens_per_second"]), "",
+              "Held-out simulated tau (greedy, teacher-forced, bonus token counted) by training step:", ""]
+    for name, points in demo["learning_curves"].items():
+        if points:
+            lines.append(f"- {name}: " + ", ".join(f"step {p['step']}: {p['tau_simulated']:.2f}" for p in points))
+    source = target["source"]
+    origin = (f"`{source['package']}` {source['version']}, file sha256 {source['sha256']}"
+              if source["kind"] == "gguf" else "random weights")
     lines += [
+        "",
         "## Demo target",
         "",
-        f"`{target['folder']}` (preset `{target['preset']['name']}`; see its MODEL_CARD.md).",
-        "",
-        "| model | parameters | tokens seen | final train loss | held-out perplexity |",
-        "|---|---|---|---|---|",
-    ]
-    for role, m in target["models"].items():
-        lines.append(f"| {role} | {m['parameters'] / 1e6:.2f}M | {m['tokens_seen']:,} | {m['final_train_loss']:.3f} | {m['heldout_perplexity']:.2f} |")
-    lines += [
-        "",
-        f"Build-time acceptance checks (K = {target['preset']['quality_k']}): self-draft alpha "
-        f"{q['self_draft_greedy']['alpha']:.3f} (must be 1.0), small draft {q['small_draft_greedy']['alpha']:.3f} "
-        f"greedy, {q['small_draft_t1']['alpha']:.3f} at T = 1.",
+        f"{target['what']}: `{target['folder']}` ({origin}; see target/MODEL_CARD.md).",
         "",
         "Seconds: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {sum(v.values()):.0f}" for k, v in demo["seconds"].items()),
         "",
-    ]
+    ]  # fmt: skip
     return "\n".join(lines)
 
 

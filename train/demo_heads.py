@@ -1,23 +1,21 @@
 """What `draftsmith demo` trains on top of the demo target, cached beside it.
 
-  1. self-distillation data: the target's own greedy answers to its training prompts
-     (`draftsmith.distill.generate`, resumable shards);
-  2. Medusa-1 heads trained on that data with `train/medusa.py`'s loop (`recipes/demo/medusa.yaml`
-     holds the same settings for the command-line route);
-  3. the demo's small draft distilled on the same data with `train/draft.py`'s loop (KL + TV
-     hybrid against the target's distributions; `recipes/demo/draft.yaml`);
-  4. an EAGLE-3 head trained with `train/eagle.py`'s loop (`recipes/demo/eagle3.yaml`);
-  5. a DFlash block drafter trained with `train/dflash.py`'s loop (`recipes/demo/dflash.yaml`);
-  6. a P-EAGLE head trained with `train/peagle.py`'s loop (`recipes/demo/peagle.yaml`).
+  1. self-distillation data: the target's own answers to its training prompts under its chat
+     template (`draftsmith.distill.generate`, resumable shards, loss masks on the answers);
+  2. one hidden-state cache of that data (`draftsmith.distill.hidden_cache`): the layers every
+     head reads (EAGLE-3's (2, L//2, L-3) and the last) and the target's top-k logits, paid once
+     and shared by every trainer below;
+  3. Medusa-1 heads (`train/medusa.py`), an EAGLE-3 head with a reduced draft vocabulary
+     (`train/eagle.py`), a DFlash block drafter (`train/dflash.py`), a P-EAGLE head
+     (`train/peagle.py`), and a layer-truncated copy of the target distilled DistillSpec-style
+     (`train/draft.py`); `recipes/smollm2/*.yaml` hold the same settings for the command line.
 
-They live in `<cache>/demo-heads-<preset>/` with a stamp recording the target's fingerprint and
-the data budget; a stamp that does not match (another target build, another budget) means the
-folder is rebuilt, never reused. A trained artifact is reused only when its saved recipe
-equals the one the demo would run now.
+They live in `<cache>/demo-heads-<target>-<budget>/` with a stamp recording the target's
+fingerprint and the data budget; a stamp that does not match means the folder is rebuilt, never
+reused. A trained artifact is reused only when its saved recipe equals the one the demo would run.
 """
 
 from __future__ import annotations
-
 
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -31,33 +29,65 @@ class HeadsBudget:
     prompts: int  # training prompts answered by the target
     max_new_tokens: int  # per answer
     generate_batch: int
+    max_length: int  # prompt + answer tokens trained
+    batch_size: int  # rows per training step, every head
     medusa_steps: int
-    medusa_batch: int
     num_heads: int
-    max_length: int  # the demo target was trained on 256-token windows
-    draft_steps: int  # distillation of the small draft
+    draft_steps: int  # distillation of the truncated target
+    draft_layers: int  # layers kept by the truncated draft
     eagle_steps: int  # EAGLE-3 head
-    eagle_draft_vocab: int | None  # reduced draft vocabulary (None = the target's)
-    dflash_steps: int  # DFlash block drafter (same data, same reduced vocabulary)
-    peagle_steps: int  # P-EAGLE head (same data, same reduced vocabulary)
+    ttt_steps: int  # EAGLE-3 training-time test unroll
+    draft_vocab: int | None  # reduced vocabulary of EAGLE-3, DFlash and P-EAGLE (None = the target's)
+    dflash_steps: int
+    block_size: int  # DFlash slots per block: block_size - 1 drafts per forward
+    peagle_steps: int
+    peagle_depths: int
+    evals: int = 1  # held-out evaluations per training run (their simulated tau is the learning curve)
+    topk_logits: int = 64  # the draft distillation's teacher: top k + the tail's mass
 
 
+# Sized for 2 CPU cores (see README "draftsmith demo" for the measured times); `long` shows how
+# acceptance grows with the tokens trained.
 BUDGETS = {
-    "cpu": HeadsBudget(prompts=1024, max_new_tokens=128, generate_batch=16, medusa_steps=400, medusa_batch=8, num_heads=4, max_length=256, draft_steps=200, eagle_steps=400, eagle_draft_vocab=1024, dflash_steps=400, peagle_steps=400),
-    "gpu": HeadsBudget(prompts=2000, max_new_tokens=192, generate_batch=64, medusa_steps=1000, medusa_batch=16, num_heads=4, max_length=512, draft_steps=1000, eagle_steps=1000, eagle_draft_vocab=2048, dflash_steps=1000, peagle_steps=1000),
-    "micro": HeadsBudget(prompts=32, max_new_tokens=24, generate_batch=8, medusa_steps=20, medusa_batch=4, num_heads=3, max_length=128, draft_steps=10, eagle_steps=10, eagle_draft_vocab=None, dflash_steps=10, peagle_steps=10),
-}
+    ("smollm2", "default"): HeadsBudget(
+        prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
+        medusa_steps=30, num_heads=3, draft_steps=30, draft_layers=4,
+        eagle_steps=60, ttt_steps=3, draft_vocab=8192,
+        dflash_steps=120, block_size=8, peagle_steps=80, peagle_depths=6,
+    ),
+    ("smollm2", "long"): HeadsBudget(
+        prompts=1024, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
+        medusa_steps=120, num_heads=3, draft_steps=120, draft_layers=4,
+        eagle_steps=480, ttt_steps=3, draft_vocab=8192,
+        dflash_steps=960, block_size=8, peagle_steps=640, peagle_depths=6, evals=5,
+    ),
+    ("micro", "default"): HeadsBudget(
+        prompts=32, max_new_tokens=16, generate_batch=8, max_length=512, batch_size=4,
+        medusa_steps=10, num_heads=3, draft_steps=5, draft_layers=1,
+        eagle_steps=10, ttt_steps=2, draft_vocab=None,
+        dflash_steps=10, block_size=4, peagle_steps=10, peagle_depths=3, topk_logits=8,
+    ),
+}  # fmt: skip
 STAMP = "stamp.json"
 
 
-def heads_root(built) -> Path:
-    return built.folder.parent / built.folder.name.replace("demo-target-", "demo-heads-")
+def get_budget(target: str, budget: str) -> HeadsBudget:
+    from draftsmith.train.demo_target import DemoTargetError
+
+    if (target, budget) not in BUDGETS:
+        known = ", ".join(b for t, b in BUDGETS if t == target)
+        raise DemoTargetError(f"unknown budget {budget!r} for the {target} target: expected one of {known}")
+    return BUDGETS[target, budget]
 
 
-def _stamp(built, target_fingerprint: str, budget: HeadsBudget) -> dict:
+def heads_root(built, budget_name: str) -> Path:
+    return built.folder.parent / (built.folder.name.replace("demo-target-", "demo-heads-") + f"-{budget_name}")
+
+
+def _stamp(target_fingerprint: str, budget: HeadsBudget) -> dict:
     """What the cached data depends on; each trained artifact also keeps its own recipe."""
-    data = {k: v for k, v in asdict(budget).items() if k in ("prompts", "max_new_tokens", "generate_batch", "max_length")}
-    return {"target_fingerprint": target_fingerprint, "data": data, "format": 2}
+    keys = ("prompts", "max_new_tokens", "generate_batch", "max_length", "topk_logits")
+    return {"target_fingerprint": target_fingerprint, "data": {k: getattr(budget, k) for k in keys}, "format": 3}
 
 
 def _trained_with(folder: Path, recipe) -> bool:
@@ -79,12 +109,11 @@ def _trained_with(folder: Path, recipe) -> bool:
     }
 
 
-def prepare_root(built, target, budget: HeadsBudget, log=print) -> Path:
+def prepare_root(root: Path, target, budget: HeadsBudget, log=print) -> Path:
     """The cache folder for this target and budget (emptied when its stamp does not match)."""
     from draftsmith.heads.models import target_fingerprint
 
-    root = heads_root(built)
-    stamp = _stamp(built, target_fingerprint(target), budget)
+    stamp = _stamp(target_fingerprint(target), budget)
     if root.exists():
         try:
             old = read_json(root / STAMP, "demo heads stamp")
@@ -100,22 +129,52 @@ def prepare_root(built, target, budget: HeadsBudget, log=print) -> Path:
 
 def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
     """The target's own answers to `budget.prompts` training prompts (resumes a partial run)."""
+    from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.data import SUMMARY
     from draftsmith.distill.generate import GenerateSettings, generate_dataset
-    from draftsmith.distill.summary import describe_summary
     from draftsmith.distill.sources import load_source
+    from draftsmith.distill.summary import describe_summary
 
     out = root / "data"
     if (out / SUMMARY).is_file():
         return out
-    log(f"self-distillation data: the target answers {budget.prompts} training prompts ({budget.max_new_tokens} tokens each)")
+    log(f"self-distillation data: the target answers {budget.prompts} training prompts (up to {budget.max_new_tokens} tokens)")
     source = load_source(str(ctx.built.train_prompts), limit=budget.prompts)
     settings = GenerateSettings(max_new_tokens=budget.max_new_tokens, batch_size=budget.generate_batch, max_length=budget.max_length)
+    template = resolve_chat_template("auto", ctx.tokenizer)
     summary = generate_dataset(
-        ctx.target, ctx.tokenizer, source, out, settings, template=None, template_spec="none",
+        ctx.target, ctx.tokenizer, source, out, settings, template=template, template_spec="auto",
         target_path=str(ctx.built.target), dtype=ctx.dtype, progress=ctx.progress, log=log,
     )  # fmt: skip
     log(describe_summary(summary))
+    return out
+
+
+def head_layers(ctx) -> list[int]:
+    """The target layers every head of the demo reads: EAGLE-3's (2, L//2, L-3)."""
+    from draftsmith.heads.eagle.model import default_aux_layer_ids
+
+    return default_aux_layer_ids(ctx.target.config.get_text_config().num_hidden_layers)
+
+
+def demo_cache(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
+    """One hidden-state cache of the demo data for every trainer: the heads' layers and the last
+    (bf16), and the target's top-k logits (the draft distillation's teacher). Its manifest records
+    the target's forward-only tokens/s, the yardstick of the trainers' own."""
+    import torch
+
+    from draftsmith.distill.data import DistillData
+    from draftsmith.distill.hidden_cache import MANIFEST, cache_hidden_states
+
+    out = root / "hidden"
+    layers = head_layers(ctx) + [ctx.target.config.get_text_config().num_hidden_layers]
+    if (out / MANIFEST).is_file():
+        return out
+    log(f"hidden-state cache: layers {layers} in bf16 and the top {budget.topk_logits} logits, one target forward")
+    cache_hidden_states(
+        ctx.target, DistillData(data), out, layers_spec=layers, dtype=torch.bfloat16, batch_size=budget.batch_size,
+        topk=budget.topk_logits, target_path=str(ctx.built.target), progress=ctx.progress, log=log,
+    )  # fmt: skip
     return out
 
 
@@ -137,138 +196,152 @@ def _train_once(ctx, root: Path, name: str, artifact: str, recipe_for, train, an
     return final / artifact
 
 
-def _run_fields(ctx, data: Path, out, max_length: int, steps: int) -> dict:
-    """The recipe fields every demo training shares: the demo target and data, `steps` steps with
-    one evaluation at the end and no intermediate checkpoint, fp32 on CPU."""
+def _run_fields(ctx, budget: HeadsBudget, data: Path, out, steps: int) -> dict:
+    """The recipe fields every demo training shares: the demo target and data, `steps` steps of
+    `budget.batch_size` rows with `budget.evals` held-out evaluations and no intermediate
+    checkpoint, fp32 weights (bf16 autocast stays each trainer's choice)."""
     return {
-        "target": str(ctx.built.target), "data": str(data), "out": out, "max_length": max_length,
-        "max_steps": steps, "eval_every": steps, "save_every": steps + 1,
-        "device": ctx.device.type, "dtype": "float32" if ctx.device.type == "cpu" else "auto",
+        "target": str(ctx.built.target), "data": str(data), "out": out, "max_length": budget.max_length,
+        "max_steps": steps, "eval_every": max(1, steps // budget.evals), "save_every": steps + 1,
+        "batch_size": budget.batch_size, "device": ctx.device.type,
+        "dtype": "float32" if ctx.device.type == "cpu" else "auto",
     }  # fmt: skip
 
 
+def _cache(cache: Path | None) -> str | None:
+    return None if cache is None else str(cache)  # None: the trainer runs the target online
+
+
+def _head_fields(ctx, budget: HeadsBudget, cache: Path | None) -> dict:
+    """The keys the heads over the target's states share: the cached layers, the reduced vocabulary,
+    lr 1e-3 (small heads in short runs)."""
+    return {"aux_layers": head_layers(ctx), "draft_vocab_size": budget.draft_vocab, "hidden_cache": _cache(cache), "lr": 1e-3}
+
+
 def _top1_report(what: str, key: str):
-    """The summary line of a head trainer's held-out evaluation: `what` per entry of `key`, tau."""
+    """The summary line of a head trainer's held-out evaluation: `what` per entry of `key`, tau, tokens/s."""
 
     def report(summary):
         ev = summary["eval"]
-        return ev and f"{what} {[round(a, 3) for a in ev[key]]}, simulated tau {ev['tau_simulated']:.2f}"
+        rate = summary.get("train_tokens_per_second")
+        speed = f", {rate:,.0f} training tokens/s" if rate else ""
+        return ev and f"{what} {[round(a, 3) for a in ev[key]]}, simulated tau {ev['tau_simulated']:.2f}{speed}"
 
     return report
 
 
-def demo_medusa(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
-    """Medusa-1 heads trained on the demo data; returns the heads folder."""
-    from draftsmith.train.medusa import MedusaRecipe, train
+def medusa_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
+    from draftsmith.train.medusa import MedusaRecipe
 
-    def recipe_for(out):
-        return MedusaRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.medusa_steps),
-            num_heads=budget.num_heads, batch_size=budget.medusa_batch,
-        )  # fmt: skip
-
-    report = _top1_report("Medusa heads: top-1 per head", "top1")
-    announce = f"Medusa-1: {budget.num_heads} heads, {budget.medusa_steps} steps of {budget.medusa_batch} rows"
-    return _train_once(ctx, root, "medusa", "heads", recipe_for, train, announce, report, log)
+    # the target's frozen lm_head: a 49k-row head per Medusa head would be most of the drafting cost
+    return MedusaRecipe(
+        **_run_fields(ctx, budget, data, out, budget.medusa_steps), num_heads=budget.num_heads,
+        share_lm_head=True, hidden_cache=_cache(cache),
+    )  # fmt: skip
 
 
-def demo_distilled_draft(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
-    """The demo's independent small draft, distilled from the target on its own answers."""
-    from draftsmith.train.draft import DraftRecipe, train
+def draft_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
+    from draftsmith.train.draft import DraftRecipe
 
-    def recipe_for(out):
-        return DraftRecipe(
-            **_run_fields(ctx, data, out, budget.max_length, budget.draft_steps),
-            draft_init="checkpoint", draft_path=str(ctx.built.draft), loss="kl_tv", lr=1e-3, batch_size=8,
-            num_draft_tokens=ctx.settings.num_draft_tokens,
-        )  # fmt: skip
-
-    def report(summary):
-        ev, init = summary["eval"], summary["initial"]
-        return ev and init and f"held-out acceptance (T = 1) {init['acceptance']:.3f} -> {ev['acceptance']:.3f}"
-
-    announce = f"draft distillation: the small draft, KL+TV to the target, {budget.draft_steps} steps of 8 rows"
-    return _train_once(ctx, root, "distilled-draft", "draft", recipe_for, train, announce, report, log)
+    return DraftRecipe(
+        **_run_fields(ctx, budget, data, out, budget.draft_steps), draft_init="truncate",
+        draft_layers=budget.draft_layers, loss="kl_tv", lr=1e-3, teacher_cache=_cache(cache),
+        num_draft_tokens=ctx.settings.num_draft_tokens,
+    )  # fmt: skip
 
 
-def eagle_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
-    """The demo's EAGLE-3 recipe: training-time test over 4 steps, reduced vocabulary, 8 rows."""
+def eagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.eagle import EagleRecipe
 
     return EagleRecipe(
-        **_run_fields(ctx, data, out, budget.max_length, steps), version="eagle3",
-        draft_vocab_size=budget.eagle_draft_vocab, ttt_steps=4, eval_depth=4, lr=1e-3, batch_size=8,
+        **_run_fields(ctx, budget, data, out, budget.eagle_steps), **_head_fields(ctx, budget, cache),
+        version="eagle3", ttt_steps=budget.ttt_steps, eval_depth=ctx.settings.num_draft_tokens,
     )  # fmt: skip
 
 
-def dflash_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
-    """The demo's DFlash recipe: one block of K + 1 slots drafts the demo's K tokens."""
+def dflash_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.dflash import DFlashRecipe
 
     return DFlashRecipe(
-        **_run_fields(ctx, data, out, budget.max_length, steps), **_one_pass_fields(ctx, budget),
-        num_layers=1, block_size=ctx.settings.num_draft_tokens + 1, max_anchors=32,
+        **_run_fields(ctx, budget, data, out, budget.dflash_steps), **_head_fields(ctx, budget, cache),
+        num_layers=1, block_size=budget.block_size, max_anchors=64,
     )  # fmt: skip
 
 
-def peagle_recipe(ctx, budget: HeadsBudget, data: Path, out: str, steps: int):
-    """The demo's P-EAGLE recipe: one forward drafts the demo's K tokens (K depths)."""
+def peagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.peagle import PEagleRecipe
 
     return PEagleRecipe(
-        **_run_fields(ctx, data, out, budget.max_length, steps), **_one_pass_fields(ctx, budget),
-        num_depths=ctx.settings.num_draft_tokens, max_anchors=128,
+        **_run_fields(ctx, budget, data, out, budget.peagle_steps), **_head_fields(ctx, budget, cache),
+        num_depths=budget.peagle_depths, max_anchors=128,
     )  # fmt: skip
 
 
-def demo_eagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
-    """An EAGLE-3 head trained on the demo data (training-time test, reduced vocabulary)."""
-    from draftsmith.train.eagle import train
+def _distilled_report(summary):
+    ev, init = summary["eval"], summary["initial"]
+    return ev and init and f"held-out acceptance (T = 1) {init['acceptance']:.3f} -> {ev['acceptance']:.3f}"
+
+
+# name: (trainer module, artifact folder, recipe builder, the announcement, the summary line)
+TRAINED = {
+    "medusa": ("medusa", "heads", medusa_recipe, lambda b: f"Medusa-1: {b.num_heads} heads over the target's lm_head, "
+               f"{b.medusa_steps} steps", _top1_report("Medusa heads: top-1 per head", "top1")),
+    "distilled-draft": ("draft", "draft", draft_recipe, lambda b: f"draft distillation: the target's first "
+                        f"{b.draft_layers} layers, KL+TV from the top-{b.topk_logits} teacher, {b.draft_steps} steps",
+                        _distilled_report),
+    "eagle3": ("eagle", "head", eagle_recipe, lambda b: f"EAGLE-3: training-time test over {b.ttt_steps} steps, "
+               f"draft vocabulary {b.draft_vocab}, {b.eagle_steps} steps", _top1_report("EAGLE-3 head: top-1 per step",
+                                                                                         "top1_per_step")),
+    "dflash": ("dflash", "head", dflash_recipe, lambda b: f"DFlash: blocks of {b.block_size} slots "
+               f"({b.block_size - 1} drafts per forward), {b.dflash_steps} steps",
+               _top1_report("DFlash head: top-1 per slot", "top1_per_slot")),
+    "peagle": ("peagle", "head", peagle_recipe, lambda b: f"P-EAGLE: {b.peagle_depths} depths per forward, "
+               f"{b.peagle_steps} steps", _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")),
+}  # fmt: skip
+
+
+def train_demo_drafter(ctx, name: str, log=print) -> Path:
+    """The trained artifact `name` of TRAINED (trained once on the demo data from the shared cache)."""
+    import importlib
+
+    module, artifact, recipe_builder, announce, report = TRAINED[name]
+    budget, root, data, cache = ctx.distill_data()
+    train = importlib.import_module(f"draftsmith.train.{module}").train
 
     def recipe_for(out):
-        return eagle_recipe(ctx, budget, data, out, budget.eagle_steps)
+        return recipe_builder(ctx, budget, data, cache, out)
 
-    report = _top1_report("EAGLE-3 head: top-1 per draft step", "top1_per_step")
-
-    announce = f"EAGLE-3: training-time test over 4 steps, {budget.eagle_steps} steps of 8 rows"
-    return _train_once(ctx, root, "eagle3", "head", recipe_for, train, announce, report, log)
+    return _train_once(ctx, root, name, artifact, recipe_for, train, announce(budget), report, log)
 
 
-def _one_pass_fields(ctx, budget: HeadsBudget) -> dict:
-    """The recipe fields of the demo's heads that draft every position in one forward (DFlash,
-    P-EAGLE): the target's last three layers above the embeddings (all of a tinier target's),
-    EAGLE-3's reduced vocabulary, lr 1e-3 (small heads on a small target) on 8 rows."""
-    layers = ctx.target.config.get_text_config().num_hidden_layers
-    aux = list(range(1, layers))[-3:] or None
-    return {"aux_layers": aux, "draft_vocab_size": budget.eagle_draft_vocab, "lr": 1e-3, "batch_size": 8}
+def learning_curve(folder: Path) -> list[dict]:
+    """(step, simulated tau) of each held-out evaluation of the run whose artifact is `folder`."""
+    import json
+
+    points = []
+    metrics = folder.parent / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if isinstance(row.get("eval"), dict) and "tau_simulated" in row["eval"]:
+                points.append({"step": row["step"], "tau_simulated": row["eval"]["tau_simulated"]})
+    return points
 
 
-def demo_dflash(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
-    """A DFlash block drafter trained on the demo data: one block of K + 1 slots drafts the
-    demo's K tokens in one forward."""
-    from draftsmith.train.dflash import train
+def training_speeds(root: Path) -> dict:
+    """Each trainer's tokens/s and the target's forward-only tokens/s of the shared cache."""
+    speeds = {}
+    for name in TRAINED:
+        try:
+            speeds[name] = read_json(root / name / "training_summary.json", "summary").get("train_tokens_per_second")
+        except ValueError:
+            continue
+    try:
+        speeds["target-forward"] = read_json(root / "hidden" / "manifest.json", "cache").get("tokens_per_second")
+    except ValueError:
+        pass
+    return speeds
 
-    block = ctx.settings.num_draft_tokens + 1
 
-    def recipe_for(out):
-        return dflash_recipe(ctx, budget, data, out, budget.dflash_steps)
-
-    report = _top1_report("DFlash head: top-1 per slot", "top1_per_slot")
-
-    announce = f"DFlash: blocks of {block} slots ({block - 1} drafts per forward), {budget.dflash_steps} steps of 8 rows"
-    return _train_once(ctx, root, "dflash", "head", recipe_for, train, announce, report, log)
-
-
-def demo_peagle(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
-    """A P-EAGLE head trained on the demo data: one forward drafts the demo's K tokens (K depths)."""
-    from draftsmith.train.peagle import train
-
-    depths = ctx.settings.num_draft_tokens
-
-    def recipe_for(out):
-        return peagle_recipe(ctx, budget, data, out, budget.peagle_steps)
-
-    report = _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")
-
-    announce = f"P-EAGLE: {depths} depths per forward (COD sampling), {budget.peagle_steps} steps of 8 rows"
-    return _train_once(ctx, root, "peagle", "head", recipe_for, train, announce, report, log)
+def budget_dict(budget: HeadsBudget) -> dict:
+    return asdict(budget)

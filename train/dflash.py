@@ -1,8 +1,8 @@
 """Train DFlash block drafters on a frozen target's own generations.
 
-    accelerate launch train/dflash.py --recipe recipes/demo/dflash.yaml
-    accelerate launch train/dflash.py --recipe recipes/demo/dflash.yaml block_size=4 max_steps=100
-    python train/dflash.py --recipe recipes/demo/dflash.yaml          # one process, same loop
+    accelerate launch train/dflash.py --recipe recipes/smollm2/dflash.yaml
+    accelerate launch train/dflash.py --recipe recipes/smollm2/dflash.yaml block_size=4 max_steps=100
+    python train/dflash.py --recipe recipes/smollm2/dflash.yaml          # one process, same loop
 
 One forward per batch trains many blocks at once (DFlash, arXiv 2602.06036):
 - anchors: per row, up to `max_anchors` positions p sampled uniformly among the trained
@@ -148,10 +148,12 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
 
 
-def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, vocab):
+def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum)
     of one packed forward. `feats`: the aux states concatenated [B, T, n*H]; `teacher`: the
-    target's logits [B, T, V]; anchors/valid from `sample_anchors` (on the batch's device)."""
+    target's logits on the head's vocabulary [B, T, Vd] and `in_vocab` [B, T] (None: the whole
+    vocabulary), as `common.on_draft_vocab` makes them; anchors/valid from `sample_anchors` (on the
+    batch's device)."""
     ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
     block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)
@@ -163,11 +165,10 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
     label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
     targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
-    targets = targets.view(B, A, Bs - 1, -1)
-    if vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
-        label = label & head.t2d[targets.argmax(-1)]
-        targets = targets[..., vocab]
-    per_slot = divergence(recipe.loss, logits.float(), targets.float(), label, reduction="none")
+    targets = targets.view(B, A, Bs - 1, -1)  # [B, A, Bs-1, Vd]
+    if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
+        label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
+    per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
     weights = slot_weights(Bs, recipe.decay_gamma, ids.device)[1:] * label
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
@@ -177,7 +178,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
 
 
 @torch.no_grad()
-def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, vocab):
+def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, in_vocab):
     """(chains [B, T, Bs-1] bool, starts [B, T], hits [Bs-1], trained [Bs-1]) of held-out rows: the
     greedy hits of the block anchored at each position (`anchor_chunks`, `max_anchors` per
     forward; slots past a row's trained tokens are misses), where the decoder can call, and the
@@ -187,7 +188,7 @@ def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, vocab):
     hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
     count_sums = torch.zeros_like(hit_sums)
     for anchors, valid in chunks:
-        _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, vocab)
+        _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, in_vocab)
         hit_sums += hits.sum((0, 1)).double().cpu()
         count_sums += label.sum((0, 1)).double().cpu()
         chains[:, anchors[0].cpu()] = hits.cpu()
@@ -197,13 +198,13 @@ def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, vocab):
 class DFlashObjective(torch.nn.Module):
     """The head and its loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
 
-    def __init__(self, head, recipe: DFlashRecipe, vocab):
+    def __init__(self, head, recipe: DFlashRecipe):
         super().__init__()
-        self.head, self.recipe, self.vocab = head, recipe, vocab
+        self.head, self.recipe = head, recipe
 
-    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, anchors, valid):
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, anchors, valid):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-        return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, self.vocab)
+        return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
 
 
 @cleaned_up_on_error
@@ -231,9 +232,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     run.print(describe(head))
     aux = tuple(head.config.aux_layer_ids)
     vocab = draft_vocab_ids(head, vocab_map, device)
-    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device)  # offline when hidden_cache
+    t2d = head.t2d if vocab is not None else None
+    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)  # offline: hidden_cache
 
-    model, optimizer, scheduler, head = prepare_head(run, DFlashObjective(head, recipe, vocab))
+    model, optimizer, scheduler, head = prepare_head(run, DFlashObjective(head, recipe))
     step = run.start()
     rank = run.accelerator.process_index
 
@@ -247,10 +249,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     def micro_step(step, micro):
         rows = run.batch_rows(train_rows, step, micro)
         batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
-        feats, teacher = target_states(batch)
+        feats, teacher, in_vocab = target_states(batch)
         anchors, valid = anchors_for(batch, hash((recipe.seed, step, micro, rank)) % 2**31)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        loss, _, label, weight_sum = model(ids, attention, loss_mask, feats, teacher, anchors, valid)
+        loss, _, label, weight_sum = model(ids, attention, loss_mask, feats, teacher, in_vocab, anchors, valid)
         (share,) = run.token_shares([weight_sum])
         return loss * share, batch, {"trained_slots": label.sum().float()}
 
@@ -260,7 +262,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         (`max_anchors` per forward) and their greedy tau along the decoder's walk: a block's chain
         ends at its first miss (context features are the target's, as in decoding)."""
         batches = heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
-        every = lambda batch, feats, teacher: every_block(head, batch, feats, teacher, recipe, vocab)  # noqa: E731
+
+        def every(batch, feats, teacher, in_vocab):
+            return every_block(head, batch, feats, teacher, recipe, in_vocab)
+
         return one_pass_evaluation(batches, target_states, every, recipe.block_size - 1, recipe, "slot", "blocks")
 
     done = train_loop(

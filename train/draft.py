@@ -1,8 +1,8 @@
 """Distil a small draft model from the target (DistillSpec-style).
 
-    accelerate launch train/draft.py --recipe recipes/demo/draft.yaml
-    accelerate launch train/draft.py --recipe recipes/demo/draft.yaml loss=tv on_policy_fraction=0.5
-    python train/draft.py --recipe recipes/demo/draft.yaml            # one process, same loop
+    accelerate launch train/draft.py --recipe recipes/smollm2/draft.yaml
+    accelerate launch train/draft.py --recipe recipes/smollm2/draft.yaml loss=tv on_policy_fraction=0.5
+    python train/draft.py --recipe recipes/smollm2/draft.yaml            # one process, same loop
 
 A draft's tokens are accepted with probability sum_x min(p, q) = 1 - TV(p, q), so the draft is
 trained to match the target's distribution p, not just its argmax:

@@ -1,8 +1,8 @@
 """Train EAGLE-1 / EAGLE-3 heads on a frozen target's own generations.
 
-    accelerate launch train/eagle.py --recipe recipes/demo/eagle3.yaml
-    accelerate launch train/eagle.py --recipe recipes/demo/eagle3.yaml ttt_steps=1 max_steps=100
-    python train/eagle.py --recipe recipes/demo/eagle3.yaml          # one process, same loop
+    accelerate launch train/eagle.py --recipe recipes/smollm2/eagle3.yaml
+    accelerate launch train/eagle.py --recipe recipes/smollm2/eagle3.yaml ttt_steps=1 max_steps=100
+    python train/eagle.py --recipe recipes/smollm2/eagle3.yaml          # one process, same loop
 
 At position t the head reads the embedding of token t+1 and the target's feature f_t and
 predicts token t+2 (its output g_t is the next step's feature when drafting further):
@@ -36,7 +36,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
-from draftsmith.train.common import cached_states, collate_rows, draft_vocab_map, heldout_batches, open_hidden_cache
+from draftsmith.train.common import aux_states_and_teacher, collate_rows, draft_vocab_map, heldout_batches
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
 from draftsmith.train.common import target_sizes, to_device, training_rows
 from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
@@ -113,11 +113,13 @@ def ttt_mask(n: int, step: int, device, dtype=torch.float32) -> torch.Tensor:
     return mask[None, None]
 
 
-def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, train: bool, steps: int):
+def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, train: bool, steps: int):
     """Per-step losses and top-1 hits over `steps` unrolled draft steps. `feats`: eagle1 the
     post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
-    target's logits [B,T,V]. Unrolling is the training-time test for EAGLE-3 and, at
-    evaluation, simply how both versions draft past the first token (own output fed back)."""
+    target's logits on the head's vocabulary [B,T,Vd] and `in_vocab` [B,T] (None: the whole
+    vocabulary) as `common.on_draft_vocab` makes them. Unrolling is the training-time test for
+    EAGLE-3 and, at evaluation, simply how both versions draft past the first token (own output
+    fed back)."""
     from transformers import DynamicCache
 
     ids = batch["input_ids"]
@@ -131,8 +133,12 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
     for j in range(steps):
         # Step j at position t drafts token t+2+j; the target's distribution for it is its
         # prediction at position t+1+j.
-        target_logits = shifted(teacher, 1 + j)[:, :n]
+        target_logits = shifted(teacher, 1 + j)[:, :n]  # [B, n, Vd]
         label_mask = shifted(batch["loss_mask"], 2 + j, False)[:, :n] & valid[:, 1:]
+        if in_vocab is not None:
+            # The target's distribution restricted to the draft vocabulary (EAGLE-3); positions whose
+            # target argmax the draft vocabulary cannot produce teach nothing useful and are masked.
+            label_mask = label_mask & shifted(in_vocab, 1 + j, False)[:, :n]
         if j == 0:
             if recipe.version == "eagle1":
                 f = feats[:, :-1]
@@ -147,19 +153,13 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, vocab, *, tra
                 shifted(step_ids, j), hidden, position_ids=positions + j, cache=cache,
                 attention_mask=ttt_mask(n, j, ids.device, head.dtype),
             )  # fmt: skip
-        # The target's distribution restricted to the draft vocabulary (EAGLE-3); positions whose
-        # target argmax the draft vocabulary cannot produce teach nothing useful and are masked.
-        restricted = target_logits[..., vocab] if vocab is not None else target_logits
-        if vocab is not None:
-            in_vocab = head.t2d[target_logits.argmax(-1)]
-            label_mask = label_mask & in_vocab
-        loss = divergence(recipe.loss, logits.float(), restricted.float(), label_mask)
+        loss = divergence(recipe.loss, logits.float(), target_logits, label_mask)
         if recipe.version == "eagle1":
             feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
             loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(out.float(), feats[:, 1:].float(), feature_mask)
         losses.append(loss)
         with torch.no_grad():
-            hit = (logits.argmax(-1) == restricted.argmax(-1)) & label_mask
+            hit = (logits.argmax(-1) == target_logits.argmax(-1)) & label_mask
             hits.append(hit)
             counts.append(label_mask)
         hidden = out  # the next step reads the head's own output (training-time test)
@@ -170,15 +170,14 @@ class EagleObjective(torch.nn.Module):
     """The head and its unrolled loss behind one forward: DDP and DeepSpeed average the
     gradients of what runs inside the wrapped module's forward, so every unrolled step must."""
 
-    def __init__(self, head, recipe: EagleRecipe, vocab):
+    def __init__(self, head, recipe: EagleRecipe):
         super().__init__()
         self.head = head
         self.recipe = recipe
-        self.vocab = vocab  # draft id -> target id (EAGLE-3 reduced vocabulary), not a parameter
 
-    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, steps: int):
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, steps: int):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-        return eagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, train=True, steps=steps)
+        return eagle_losses(self.head, batch, feats, teacher, self.recipe, in_vocab, train=True, steps=steps)
 
 
 @cleaned_up_on_error
@@ -206,33 +205,22 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     if vocab_map is not None:
         run.print(vocab_map.describe())
 
-    # Offline: the cache holds the features' layers and (eagle3) the last one, for the teacher.
-    needed = aux if recipe.version == "eagle1" else tuple(sorted(set(aux) | {L}))
-    cache = open_hidden_cache(recipe.hidden_cache, target, data, needed) if recipe.hidden_cache else None
+    # (features, teacher on the draft vocabulary, in_vocab): eagle1's feature is the post-norm last
+    # state (aux = [L]), eagle3's the aux states concatenated; offline the cache holds them and `last`.
+    t2d = head.t2d if vocab is not None else None
+    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)
 
-    def target_states(batch):
-        """(features, teacher logits): eagle1 the post-norm last state, eagle3 the aux states concatenated."""
-        if cache is not None:
-            states, index = cached_states(cache, batch, device)  # [B, layers, T, H]
-            last = states[:, index[L]]
-            feats = last if recipe.version == "eagle1" else torch.cat([states[:, index[i]] for i in aux], dim=-1)
-            return feats, target.get_output_embeddings()(last.to(target.dtype)).float()
-        with torch.no_grad():
-            o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-        feats = o.hidden_states[L] if recipe.version == "eagle1" else torch.cat([o.hidden_states[i] for i in aux], dim=-1)
-        return feats.float(), o.logits.float()
-
-    model, optimizer, scheduler, head = prepare_head(run, EagleObjective(head, recipe, vocab))
+    model, optimizer, scheduler, head = prepare_head(run, EagleObjective(head, recipe))
     step = run.start()
 
     def micro_step(step, micro):
         """One micro-batch: the TTT-weighted loss (this process's token share), per-step losses."""
         rows = run.batch_rows(train_rows, step, micro)
         batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
-        feats, teacher = target_states(batch)
+        feats, teacher, in_vocab = target_states(batch)
         steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        per_step, _, counts = model(ids, attention, loss_mask, feats, teacher, steps)
+        per_step, _, counts = model(ids, attention, loss_mask, feats, teacher, in_vocab, steps)
         per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]
         loss = sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
         return loss, batch, {"step_losses": per_step}
@@ -245,8 +233,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         tau_sum = tau_n = 0.0
         walks = torch.zeros(2, 2, dtype=torch.float64)
         for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
-            feats, teacher = target_states(batch)
-            _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, vocab, train=False, steps=recipe.eval_depth)
+            feats, teacher, in_vocab = target_states(batch)
+            _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, in_vocab, train=False,
+                                           steps=recipe.eval_depth)  # fmt: skip
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
             hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
             # The decoder calls at every trained position of the answer, an out-of-vocabulary one too (a miss).

@@ -1,15 +1,16 @@
 """Train Medusa heads on a frozen target's own generations.
 
-    accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml
-    accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml max_steps=50 loss=forward_kl
-    python train/medusa.py --recipe recipes/demo/medusa.yaml          # one process, same loop
+    accelerate launch train/medusa.py --recipe recipes/smollm2/medusa.yaml
+    accelerate launch train/medusa.py --recipe recipes/smollm2/medusa.yaml max_steps=50 loss=forward_kl
+    python train/medusa.py --recipe recipes/smollm2/medusa.yaml          # one process, same loop
 
 Medusa head k (0-based) reads the target's last hidden state h_t (after the final norm) and
 predicts token t+2+k: the target itself supplies token t+1, the heads the tokens after it.
 
 - Medusa-1 (`mode: medusa1`): the target is frozen. Its hidden states come from a forward
   under no_grad inside the loop (online, the default), or from a `draftsmith cache-hidden`
-  cache of the `last` layer (offline: `hidden_cache: DIR`).
+  cache holding the `last` layer (offline: `hidden_cache: DIR`; it may hold others, so one
+  cache of (2, L//2, L-3, last) serves EAGLE-3, P-EAGLE, DFlash and Medusa alike).
 - Medusa-2 (`mode: medusa2`): LoRA adapters on the backbone train jointly with the heads,
   L = L_base + lambda * sum_k w_k L_k, where L_base = KL(original target || adapted target)
   on the next token keeps the backbone's own predictions (the adapters are disabled for the
@@ -37,7 +38,8 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, collate_rows, open_hidden_cache, sync, to_device, training_rows
+from draftsmith.train.common import batch_rows, cached_states, collate_rows, open_hidden_cache, sync, to_device
+from draftsmith.train.common import training_rows
 from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
@@ -52,7 +54,7 @@ class MedusaRecipe(RunRecipe):
     """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and Medusa's."""
 
     mode: str = "medusa1"  # medusa1: frozen target; medusa2: + LoRA on the backbone
-    hidden_cache: str | None = None  # offline Medusa-1: a `cache-hidden --layers last` folder
+    hidden_cache: str | None = None  # offline Medusa-1: a `cache-hidden` folder holding `last` (and any others)
     num_heads: int = 4  # Medusa's default; deeper heads are rarely right (acc ~0.8^k)
     num_layers: int = 1  # residual blocks per head (Medusa: 1)
     share_lm_head: bool = False  # reuse the target's frozen lm_head (for 128k+ vocabularies)
@@ -264,10 +266,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         """Medusa-1: the frozen target's post-norm last hidden state and, for divergence
         losses, its logits; from the forward (online) or the cache (offline)."""
         if cache is not None:
-            hidden = torch.zeros(*batch["input_ids"].shape, text_config.hidden_size, device=device)
-            for r, row in enumerate(batch["rows"]):
-                h = cache[row]["hidden"][0][: hidden.shape[1]]
-                hidden[r, : h.shape[0]] = h.to(device, torch.float32)
+            hidden = cached_states(cache, batch, device, last)[0][:, 0]  # [B, T, H]: the cache may hold more layers
             teacher = None if recipe.loss == "ce" else target.get_output_embeddings()(hidden.to(target.dtype)).float()
             return hidden, teacher
         with torch.no_grad():

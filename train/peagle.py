@@ -1,8 +1,8 @@
 """Train P-EAGLE heads (parallel EAGLE, arXiv 2602.01469) on a frozen target's own generations.
 
-    accelerate launch train/peagle.py --recipe recipes/demo/peagle.yaml
-    accelerate launch train/peagle.py --recipe recipes/demo/peagle.yaml num_depths=4 max_steps=100
-    python train/peagle.py --recipe recipes/demo/peagle.yaml          # one process, same loop
+    accelerate launch train/peagle.py --recipe recipes/smollm2/peagle.yaml
+    accelerate launch train/peagle.py --recipe recipes/smollm2/peagle.yaml num_depths=4 max_steps=100
+    python train/peagle.py --recipe recipes/smollm2/peagle.yaml          # one process, same loop
 
 The head is EAGLE-3's (`draftsmith.heads.eagle.PEagleHead`): pair t = (token_{t+1}, f_t) at
 position t predicts token t+2 (depth 0). Depth d >= 1 of the chain anchored at a is a placeholder
@@ -149,11 +149,12 @@ def pair_targets(batch) -> torch.Tensor:
     return torch.cat([trained, torch.zeros(trained.shape[0], 1, dtype=torch.bool, device=trained.device)], dim=1)
 
 
-def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, generator=None, drop: bool = True,
+def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, in_vocab, generator=None, drop: bool = True,
                   window=None):  # fmt: skip
     """(loss, hits [B, N], trained [B, N], anchor, depth) of one packed forward. `feats`: the aux
-    states concatenated [B, T, n*H]; `teacher`: the target's logits [B, T, V]; `drop`, `window`:
-    `cod_sample`'s."""
+    states concatenated [B, T, n*H]; `teacher`: the target's logits on the head's vocabulary
+    [B, T, Vd] and `in_vocab` [B, T] (None: the whole vocabulary), as `common.on_draft_vocab` makes
+    them; `drop`, `window`: `cod_sample`'s."""
     ids, valid = batch["input_ids"], batch["attention_mask"].bool()
     B, T = ids.shape
     n = T - 1  # pairs t = 0..T-2 (token t+1 exists)
@@ -170,18 +171,17 @@ def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, vocab, gene
     allowed = additive(mask, head.dtype)[:, None]
     _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed)
     label = trained[rows, position] & real
-    targets = teacher[:, 1:][rows, position]  # [B, N, V]: the target's distribution for token position + 2
-    if vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked
-        label = label & head.t2d[targets.argmax(-1)]
-        targets = targets[..., vocab]
-    loss = divergence(recipe.loss, logits.float(), targets.float(), label)
+    targets = teacher[:, 1:][rows, position]  # [B, N, Vd]: the target's distribution for token position + 2
+    if in_vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked
+        label = label & in_vocab[:, 1:][rows, position]
+    loss = divergence(recipe.loss, logits.float(), targets, label)
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & label
     return loss, hits, label, anchor, depth
 
 
 @torch.no_grad()
-def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, vocab):
+def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, in_vocab):
     """(chains [B, n, K] bool, starts [B, n], hits [K], trained [K]) of held-out rows: the greedy
     hits of the chain anchored at each pair (nothing dropped; the chains of `max_anchors` anchors
     per forward, every pair as their context; depths past a row's trained tokens are misses),
@@ -196,7 +196,7 @@ def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, vocab):
         if not starts[:, lo : lo + chunk].any():
             continue
         window = (lo, min(n, lo + chunk))
-        out = peagle_losses(head, batch, feats, teacher, recipe, vocab, drop=False, window=window)
+        out = peagle_losses(head, batch, feats, teacher, recipe, in_vocab, drop=False, window=window)
         _, hits, label, anchor, depth = (x.cpu() for x in out)
         mine = label & (anchor >= window[0]) & (anchor < window[1])  # each pair once over the chunks
         rows = torch.arange(B)[:, None].expand_as(anchor)
@@ -210,13 +210,13 @@ def every_chain(head, batch, feats, teacher, recipe: PEagleRecipe, vocab):
 class PEagleObjective(torch.nn.Module):
     """The head and its packed loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
 
-    def __init__(self, head, recipe: PEagleRecipe, vocab):
+    def __init__(self, head, recipe: PEagleRecipe):
         super().__init__()
-        self.head, self.recipe, self.vocab = head, recipe, vocab
+        self.head, self.recipe = head, recipe
 
-    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, generator):
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, generator):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-        return peagle_losses(self.head, batch, feats, teacher, self.recipe, self.vocab, generator)
+        return peagle_losses(self.head, batch, feats, teacher, self.recipe, in_vocab, generator)
 
 
 @cleaned_up_on_error
@@ -244,19 +244,20 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     vocab = draft_vocab_ids(head, vocab_map, device)
     if vocab_map is not None:
         run.print(vocab_map.describe())
-    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device)  # offline when hidden_cache
+    t2d = head.t2d if vocab is not None else None
+    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)  # offline: hidden_cache
 
-    model, optimizer, scheduler, head = prepare_head(run, PEagleObjective(head, recipe, vocab))
+    model, optimizer, scheduler, head = prepare_head(run, PEagleObjective(head, recipe))
     step = run.start()
     rank = run.accelerator.process_index
 
     def micro_step(step, micro):
         rows = run.batch_rows(train_rows, step, micro)
         batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
-        feats, teacher = target_states(batch)
+        feats, teacher, in_vocab = target_states(batch)
         generator = torch.Generator().manual_seed(hash((recipe.seed, step, micro, rank)) % 2**31)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        loss, _, label, _, _ = model(ids, attention, loss_mask, feats, teacher, generator)
+        loss, _, label, _, _ = model(ids, attention, loss_mask, feats, teacher, in_vocab, generator)
         (share,) = run.token_shares([label.sum()])
         return loss * share, batch, {"trained_elements": label.sum().float()}
 
@@ -266,7 +267,10 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         forward) and the chains' greedy tau along the decoder's walk: a chain ends at its first
         miss, or where its row's trained tokens end."""
         batches = heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
-        every = lambda batch, feats, teacher: every_chain(head, batch, feats, teacher, recipe, vocab)  # noqa: E731
+
+        def every(batch, feats, teacher, in_vocab):
+            return every_chain(head, batch, feats, teacher, recipe, in_vocab)
+
         return one_pass_evaluation(batches, target_states, every, recipe.num_depths, recipe, "depth", "chains")
 
     done = train_loop(

@@ -1,6 +1,6 @@
 """Recipes: one YAML per model family and method, read into the method's typed config.
 
-    accelerate launch train/medusa.py --recipe recipes/demo/medusa.yaml max_steps=50 lr=3e-4
+    accelerate launch train/medusa.py --recipe recipes/smollm2/medusa.yaml max_steps=50 lr=3e-4
 
 The YAML names components and hyperparameters only; defaults live in the method's config
 dataclass, nowhere else: `RunRecipe` holds the keys every method has (target, data, output
