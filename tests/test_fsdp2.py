@@ -79,19 +79,22 @@ def build(method: str, recipe, data):
     if method == "eagle":
         from draftsmith.distill.vocab import build_vocab_map
         from draftsmith.heads.eagle import EagleHead
+        from draftsmith.train.common import on_draft_vocab
         from draftsmith.train.eagle import EagleObjective
 
         vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
         head = EagleHead.for_target(target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map, data_hash=data.data_hash)
         aux = tuple(head.config.aux_layer_ids)
         vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
-        module = EagleObjective(head, recipe, vocab)
+        module = EagleObjective(head, recipe)
 
         def loss_fn(batch, shares):
             with torch.no_grad():
                 o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
             feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
-            per_step, _, counts = module(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, o.logits.float(), recipe.ttt_steps)
+            teacher, in_vocab = on_draft_vocab(o.logits, vocab, head.t2d)  # [B, T, Vd], [B, T]
+            per_step, _, counts = module(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, teacher,
+                                         in_vocab, recipe.ttt_steps)  # fmt: skip
             per_step = [l * share for l, share in zip(per_step, shares([c.sum() for c in counts]))]
             return sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
 

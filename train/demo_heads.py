@@ -53,7 +53,7 @@ BUDGETS = {
         prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
         medusa_steps=30, num_heads=3, draft_steps=30, draft_layers=4,
         eagle_steps=60, ttt_steps=3, draft_vocab=8192,
-        dflash_steps=120, block_size=8, peagle_steps=80, peagle_depths=6,
+        dflash_steps=120, block_size=8, peagle_steps=40, peagle_depths=6,
     ),
     ("smollm2", "long"): HeadsBudget(
         prompts=1024, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
