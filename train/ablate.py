@@ -82,6 +82,7 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     """Train every run (a run with a training summary is reused), evaluate them all, write
     ablation.md and ablation.json to `settings.out`. Returns the table rows and training summaries."""
     from draftsmith.eval.runtime.drafters import DraftModelDrafter
+    from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import load_prompts
     from draftsmith.eval.report import write_atomic
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
@@ -108,7 +109,8 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     for name in results:
         folder = out / "runs" / name.replace("/", "-") / "draft"
         drafters[name] = DraftModelDrafter(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), name=name)
-    prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.prompts)
+    template = resolve_chat_template("auto", tokenizer)  # the instructions through the target's chat template
+    prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.prompts, template=template)
     reports = _evaluate(settings, target, drafters, prompts, tokenizer.eos_token_id, device, log)
     table = _rows(drafters, results, reports)
     text = "\n".join(_table_lines(settings, settings.target, len(prompts), table))

@@ -158,11 +158,13 @@ def _drafter(method: str, folder: Path, ctx, name: str):
 
 def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:
     """({method: evaluator row}, prompts): every head and target-only, greedy, one timed pass."""
+    from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
     from draftsmith.train.demo_card import cpu_decode_threads
 
     drafters = {name: _drafter(settings.method, folder, ctx, name) for name, folder in folders.items()}
-    prompts = load_prompts(ctx.built.heldout_prompts, ctx.tokenizer, limit=settings.prompts)
+    template = resolve_chat_template("auto", ctx.tokenizer)  # the instructions through the target's chat template
+    prompts = load_prompts(ctx.built.heldout_prompts, ctx.tokenizer, limit=settings.prompts, template=template)
     eval_settings = EvalSettings(
         num_draft_tokens=k, max_new_tokens=settings.max_new_tokens, repeats=1, measure_distances=False
     )

@@ -233,7 +233,8 @@ def run_demo(
     log=print,
 ) -> tuple[dict, Path]:
     """Build/load, prepare, evaluate, report. Returns (report, output folder)."""
-    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompts
+    from draftsmith.distill.chat import resolve_chat_template
+    from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompt_file
     from draftsmith.eval.report import compact_table, plot_acceptance, render_markdown, write_atomic, write_report
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
@@ -260,7 +261,9 @@ def run_demo(
         drafters[method.name] = method.prepare(ctx)
         prepare_s[method.name] = time.perf_counter() - t
 
-    prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.num_prompts)
+    # the held-out instructions through the target's chat template (its system line included), first user turn
+    template = resolve_chat_template("auto", tokenizer)
+    prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=settings.num_prompts, template=template)
     eval_settings = EvalSettings(
         num_draft_tokens=settings.num_draft_tokens,
         max_new_tokens=settings.max_new_tokens,
@@ -274,7 +277,7 @@ def run_demo(
     with cpu_decode_threads(device_t):
         # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
         repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
-        report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress)
+        report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress, tasks=tasks)
         tuned = tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log) if settings.tune else None
         sampled = None
         if settings.second_temperature is not None:
@@ -346,9 +349,9 @@ def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSet
         k = tuning.best.setting["num_speculative_tokens"]
         chosen[name] = {"k": k, "k_max": k_max, "predicted_speedup": tuning.best.speedup, "predicted_tau": tuning.best.tau,
                         "alpha_per_position": measured.alpha_per_position}  # fmt: skip
-        log(f"tune {name}: K = {k} of 1..{k_max} (predicted {tuning.best.speedup:.2f}x, tau {tuning.best.tau:.2f})")
+        log(f"tune {name}: K = {k} of 0..{k_max} (predicted {tuning.best.speedup:.2f}x, tau {tuning.best.tau:.2f})")
     rows = []
-    for k in sorted({c["k"] for c in chosen.values()}):
+    for k in sorted({c["k"] for c in chosen.values()} - {0}):  # K = 0: no K pays, the drafter is not run
         group = {name: drafters[name] for name, c in chosen.items() if c["k"] == k}
         result = evaluate(target, group, prompts, replace(eval_settings, num_draft_tokens=k, measure_distances=False),
                           eos_token_id=eos, progress=progress)  # fmt: skip
@@ -364,6 +367,9 @@ def tuned_table(tuned: dict) -> str:
         same = {True: "yes", False: "NO"}.get(row.get("identical_to_target_only"), "-")
         lines.append(f"| {row['method']} | {row['k']} | {row['alpha']:.2f} | {row['tau']:.2f} | {row['speedup']:.2f}x | "
                      f"{tuned['chosen'][row['method']]['predicted_speedup']:.2f}x | {same} |")  # fmt: skip
+    idle = [name for name, c in tuned["chosen"].items() if c["k"] == 0]
+    if idle:  # tune_chain's K = 0: even one draft costs more than its acceptance returns
+        lines += ["", f"K = 0 (no K pays, plain decoding is faster; not run): {', '.join(idle)}"]
     return "\n".join(lines)
 
 

@@ -337,7 +337,8 @@ def training_speeds(root: Path) -> dict:
         except ValueError:
             continue
     try:
-        speeds["target-forward"] = read_json(root / "hidden" / "manifest.json", "cache").get("tokens_per_second")
+        run = read_json(root / "hidden" / "manifest.json", "cache").get("last_run") or {}
+        speeds["target-forward"] = run.get("forward_tokens_per_second")  # the cache pass: the target's forward alone
     except ValueError:
         pass
     return speeds
