@@ -26,6 +26,7 @@ import transformers
 
 from draftsmith.eval.bench_report import ROW_NAMES, report
 from draftsmith.eval.drafter_specs import load_eagle_head, load_medusa_heads, parse_eagle_tree
+from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.medusa_tree import build_medusa_tree
 from draftsmith.eval.runtime import DecodeStats, DraftModelDrafter, EagleDrafter, MedusaDrafter, PromptLookupDrafter
@@ -233,7 +234,8 @@ def load_heads(cfg: BenchConfig, target) -> dict:
 
 def make_prompts(cfg: BenchConfig, tokenizer, vocab_size: int) -> list[torch.Tensor]:
     if cfg.prompt_file is not None:
-        return load_prompts(cfg.prompt_file, tokenizer, limit=cfg.prompts)
+        # conversations go through the target's chat template; plain prompts are read as they are
+        return load_prompts(cfg.prompt_file, tokenizer, limit=cfg.prompts, template=resolve_chat_template("auto", tokenizer))
     if tokenizer is not None:
         texts = [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] for i in range(cfg.prompts)]
         return [torch.tensor(tokenizer(t)["input_ids"], dtype=torch.long) for t in texts]

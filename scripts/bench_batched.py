@@ -26,6 +26,7 @@ import sys
 import torch
 
 from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
+from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.runtime import generate_batch
 
@@ -68,7 +69,8 @@ def main(argv=None) -> int:
         target, tokenizer, drafters, device, dtype = load_drafters(specs)
     except SpecError as err:
         parser.error(str(err))
-    prompts = load_prompts(args.prompt_file, tokenizer, limit=args.batch_size)
+    template = resolve_chat_template("auto", tokenizer)  # conversations through the chat template; plain rows as they are
+    prompts = load_prompts(args.prompt_file, tokenizer, limit=args.batch_size, template=template)
     if len(prompts) < args.batch_size:
         parser.error(f"--prompt-file {args.prompt_file} holds {len(prompts)} prompts, fewer than --batch-size {args.batch_size}")
     methods = {"target-only": (lambda: None, 0)}

@@ -123,9 +123,9 @@ stage data "${DS[@]}" generate --target "$TD/target" --prompts "$TD/prompts/trai
 TRAIN_STEPS=$GPU_CHECK_TRAIN_STEPS
 COMMON=(target="$TD/target" data="$GPU_CHECK_WORK/data" device="$DEVICE" batch_size="$GPU_CHECK_TRAIN_BATCH"
         max_length="$GPU_CHECK_MAX_LENGTH" max_steps="$TRAIN_STEPS" warmup_steps="$((TRAIN_STEPS / 10))"
-        eval_every="$TRAIN_STEPS" save_every="$((TRAIN_STEPS + 1))" hidden_cache=null)
+        eval_every="$TRAIN_STEPS" save_every="$((TRAIN_STEPS + 1))")
 stage eagle3 python3 -m draftsmith.train.eagle --recipe recipes/smollm2/eagle3.yaml --no-progress "${COMMON[@]}" \
-    out="$GPU_CHECK_WORK/eagle3" aux_layers=null draft_vocab_size="$GPU_CHECK_DRAFT_VOCAB"
+    out="$GPU_CHECK_WORK/eagle3" aux_layers=null hidden_cache=null draft_vocab_size="$GPU_CHECK_DRAFT_VOCAB"
 stage draft python3 -m draftsmith.train.draft --recipe recipes/smollm2/draft.yaml --no-progress "${COMMON[@]}" \
     out="$GPU_CHECK_WORK/draft" teacher_cache=null draft_layers="$GPU_CHECK_DRAFT_LAYERS" num_draft_tokens="$GPU_CHECK_K"
 
