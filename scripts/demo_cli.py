@@ -8,7 +8,6 @@ The work is `draftsmith.train.demo`, `draftsmith.train.demo_target` and `draftsm
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path

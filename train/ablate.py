@@ -85,8 +85,7 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import load_prompts
     from draftsmith.eval.report import write_atomic
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-    from draftsmith.train.demo import DemoContext, DemoSettings
+    from draftsmith.heads.models import load_causal_lm, resolve_device, resolve_dtype
     from draftsmith.heads.draft import draft_by_truncation
 
     device = resolve_device(settings.device)

@@ -26,7 +26,7 @@ import torch
 
 from draftsmith.eval.evaluator import BASELINE
 from draftsmith.train.demo_card import cpu_decode_threads, greedy_repetition, repetition_line
-from draftsmith.train.demo_heads import budget_dict, demo_cache, demo_data, get_budget, heads_root, learning_curve
+from draftsmith.train.demo_heads import demo_cache, demo_data, get_budget, heads_root, learning_curve
 from draftsmith.train.demo_heads import prepare_root, train_demo_drafter, training_speeds
 from draftsmith.train.demo_target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
 
@@ -293,7 +293,7 @@ def run_demo(
     root = heads_root(built, settings.budget)
     report["demo"] = {
         "settings": asdict(settings),
-        "budget": budget_dict(budget),
+        "budget": asdict(budget),
         "methods": {m.name: m.what for m in METHODS},
         "demo_target": {"folder": str(built.folder), "what": spec.what, "source": built.manifest["source"],
                         "prompts": built.manifest["prompts"]},

@@ -18,7 +18,7 @@ reused. A trained artifact is reused only when its saved recipe equals the one t
 from __future__ import annotations
 
 import shutil
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from draftsmith.distill.data import read_json, write_json_atomic
@@ -343,6 +343,3 @@ def training_speeds(root: Path) -> dict:
         pass
     return speeds
 
-
-def budget_dict(budget: HeadsBudget) -> dict:
-    return asdict(budget)
