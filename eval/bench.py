@@ -29,10 +29,10 @@ from draftsmith.eval.drafter_specs import load_eagle_head, load_medusa_heads, pa
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.medusa_tree import build_medusa_tree
-from draftsmith.eval.runtime import DecodeStats, DraftModelDrafter, EagleDrafter, MedusaDrafter, PromptLookupDrafter
-from draftsmith.eval.runtime import generate, synchronize
-from draftsmith.eval.runtime.compiler import COMPILE_MODES
-from draftsmith.eval.runtime.kv import capacity_for, model_cache
+from draftsmith.decoding import DecodeStats, DraftModelDrafter, EagleDrafter, MedusaDrafter, PromptLookupDrafter
+from draftsmith.decoding import generate, synchronize
+from draftsmith.decoding.compiler import COMPILE_MODES
+from draftsmith.decoding.kv import capacity_for, model_cache
 from draftsmith.eval.sweep import measure_verify_curve, typical_context
 from draftsmith.heads.draft import DraftBuildError, draft_by_truncation, load_draft
 from draftsmith.heads.models import DTYPE_ALIASES, DTYPES, load_causal_lm, load_tokenizer

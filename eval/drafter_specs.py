@@ -72,7 +72,7 @@ class DrafterSpecs:
 
 def load_drafters(specs: DrafterSpecs):
     """(target, tokenizer, {name: drafter}, device, dtype), with every input checked first."""
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter
+    from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
     from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
     from draftsmith.heads.models import resolve_device, resolve_dtype
 
@@ -186,8 +186,8 @@ def peagle_names(values, taken=()) -> dict[str, str]:
 def _one_pass_drafters(flag: str, names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
     """{method name: drafter} of the heads of `flag` ("--dflash" or "--peagle": heads that draft
     every position in one forward), each loaded through `_load_checked`."""
-    from draftsmith.eval.runtime.dflash import DFlashDrafter
-    from draftsmith.eval.runtime.peagle import PEagleDrafter
+    from draftsmith.decoding.dflash import DFlashDrafter
+    from draftsmith.decoding.peagle import PEagleDrafter
     from draftsmith.heads.dflash import DFlashError
     from draftsmith.heads.dflash_formats import load_dflash
     from draftsmith.heads.eagle import EagleError, load_eagle
@@ -291,7 +291,7 @@ def eagle_names(value) -> dict[str, str]:
 
 
 def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
-    from draftsmith.eval.runtime.eagle import EagleDrafter
+    from draftsmith.decoding.eagle import EagleDrafter
 
     options = {"typical": specs.typical}
     tree = parse_eagle_tree(specs.eagle_tree) if specs.eagle_tree else None
@@ -305,7 +305,7 @@ def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
 
 
 def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
-    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.decoding.drafters import MedusaDrafter
 
     heads = load_medusa_heads(specs.medusa, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
     layers = target.config.get_text_config().num_hidden_layers
@@ -327,7 +327,7 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
     """The chain drafter `draftsmith eval` builds from one folder of `kind` (CHAIN_KINDS: a draft
     model, Medusa heads, an EAGLE, DFlash or P-EAGLE head) over an already loaded `target`, with
     the same checks (whole files, finite weights, trained on this target)."""
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
+    from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
     from draftsmith.heads.models import load_causal_lm
 
     if kind == "draft":
@@ -337,7 +337,7 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
         heads = load_medusa_heads(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
         return MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
     if kind == "eagle":
-        from draftsmith.eval.runtime.eagle import EagleDrafter
+        from draftsmith.decoding.eagle import EagleDrafter
 
         head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
         return EagleDrafter(head, name="eagle-chain")

@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from draftsmith.distill.prompts import Prompter
 from draftsmith.distill.sources import NO_TASK, load_source
-from draftsmith.eval.runtime import DecodeStats, Drafter, generate
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import DecodeStats, Drafter, generate
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import percentile
 
 BASELINE = "target-only"
@@ -45,7 +45,7 @@ class EvalSettings:
     seed: int = 0
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
     measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
-    static_cache: bool = False  # decode over preallocated KV caches (eval/runtime/kv.py)
+    static_cache: bool = False  # decode over preallocated KV caches (decoding/kv.py)
     compile: bool | str = False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
 
     def __post_init__(self):

@@ -89,7 +89,7 @@ def check_prompt_lengths(prompts, new_tokens: int, limits: dict[str, int | None]
 
 
 def _position_limits(specs: DrafterSpecs, target, drafters) -> dict[str, int | None]:
-    from draftsmith.eval.runtime.target import max_positions
+    from draftsmith.decoding.target import max_positions
 
     limits = {f"the target {specs.target!r}": max_positions(target.config)}
     limits.update({f"the drafter {name!r}": d.max_positions() for name, d in drafters.items()})
@@ -219,7 +219,7 @@ def _ask_prompts(
     from draftsmith.distill.prompts import Prompter
     from draftsmith.distill.sources import load_source
     from draftsmith.eval.evaluator import prompt_turns
-    from draftsmith.eval.runtime.loop import eos_set
+    from draftsmith.decoding.loop import eos_set
 
     source = load_source(spec, limit=limit, task_key=task_key)
     template = resolve_chat_template(chat_template, tokenizer) if tokenizer is not None else None
@@ -269,7 +269,7 @@ def run_tune(job: TuneJob) -> dict:
     """Measure acceptance at K = k_max, the draft cost and v(n); choose with eval/tune.py; check the
     choice with a timed decode; with `write`, record it (write_setting). Returns {"setting": the
     chosen setting, "recorded": the config.json written, or None}."""
-    from draftsmith.eval.runtime.target import max_positions
+    from draftsmith.decoding.target import max_positions
     from draftsmith.eval.sweep import measure_chain
     from draftsmith.eval.tune import tune_chain, tune_medusa_tree
 
@@ -342,15 +342,12 @@ def run_tune(job: TuneJob) -> dict:
         except ValueError as err:
             raise SpecError(f"--write: {err}") from None
         print(f"recorded {json.dumps({key: setting[key] for key in setting if key != 'tree'})} in {recorded}")
-        from draftsmith.eval.publish.serve import serving_commands
-
-        print(serving_commands(folder, target=job.target).text())  # what serves the recorded setting
     return {"setting": setting, "folder": str(folder), "recorded": recorded}
 
 
 def _check_choice(job: TuneJob, target, drafter, heads, prompts, eos, kind, tuning, setting):
     """A timed decode at the chosen setting: (how it compares with the prediction, its speedup)."""
-    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.decoding.drafters import MedusaDrafter
     from draftsmith.eval.evaluator import evaluate
     from draftsmith.eval.tune import compare_prediction
 

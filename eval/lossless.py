@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.eval.runtime import Drafter, generate_batch
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import Drafter, generate_batch
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import ChiSquare, chi_square_gof, pit_uniformity, token_cdf
 
 MIN_SAMPLES = 100  # fewer decodes leave the chi-square test without power or validity

@@ -3,7 +3,7 @@
     python scripts/ablate_distill.py                     # cpu demo target, ~25 min on 2 cores
     python scripts/ablate_distill.py --steps 50 --prompts 6 --out runs/ablate-quick
 
-The runs, the evaluation and the table are `draftsmith.train.ablate`; this parses the flags.
+The runs, the evaluation and the table are `draftsmith.demo.ablate`; this parses the flags.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from draftsmith.train.ablate import AblationSettings, run_ablation
+from draftsmith.demo.ablate import AblationSettings, run_ablation
 
 HELP = {
     "target": "demo target (smollm2, micro)",

@@ -3,7 +3,7 @@
     python scripts/ablate_heads.py                              # DFlash, 6 losses x 2 seeds
     python scripts/ablate_heads.py --method eagle3 --losses soft_ce,lk_hybrid --steps 50
 
-The runs, the evaluation and the table are `draftsmith.train.ablate_heads`; this parses the flags.
+The runs, the evaluation and the table are `draftsmith.demo.ablate_heads`; this parses the flags.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from draftsmith.train.ablate_heads import HeadAblationSettings, run_head_ablation
+from draftsmith.demo.ablate_heads import HeadAblationSettings, run_head_ablation
 
 HELP = {
     "method": "which head: dflash, eagle3 or peagle",

@@ -28,7 +28,7 @@ import torch
 from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.evaluator import load_prompts
-from draftsmith.eval.runtime import generate_batch
+from draftsmith.decoding import generate_batch
 
 PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile": True}}
 

@@ -3,7 +3,7 @@
     draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
     draftsmith make-toy --out DIR [--family llama]
 
-The work is `draftsmith.train.demo`, `draftsmith.train.demo_target` and `draftsmith.heads.toy`.
+The work is `draftsmith.demo.run`, `draftsmith.demo.target` and `draftsmith.heads.toy`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def cmd_make_toy(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from draftsmith.train.demo import QUICK, DemoSettings, run_demo, with_overrides
+    from draftsmith.demo.run import QUICK, DemoSettings, run_demo, with_overrides
 
     try:
         settings = with_overrides(
@@ -83,7 +83,7 @@ def cmd_demo(args) -> int:
 def _building(command: str, on_interrupt: str, job) -> int:
     """Run a job that may build the demo target: its errors are usage errors, and Ctrl-C says
     what was left behind (exit status 130)."""
-    from draftsmith.train.demo_target import DemoTargetError
+    from draftsmith.demo.target import DemoTargetError
 
     try:
         job()

@@ -237,6 +237,10 @@ def cmd_tune(args) -> int:
     if args.write and result["recorded"] is None:
         print(f"draftsmith tune: --write: nothing recorded in {result['folder']}/config.json: no K beats target-only decoding", file=sys.stderr)
         return 1
+    if result["recorded"] is not None:
+        from draftsmith.publish.serve import serving_commands
+
+        print(serving_commands(result["folder"], target=args.target).text())  # what serves the recorded setting
     return 0
 
 

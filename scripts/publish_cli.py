@@ -3,7 +3,7 @@
     draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
 
-The work is `draftsmith.eval.publish.release`.
+The work is `draftsmith.publish.release`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def cmd_export(args) -> int:
     from draftsmith.heads.dflash import DFlashError
     from draftsmith.heads.eagle import EagleError
     from draftsmith.heads.medusa import MedusaError
-    from draftsmith.eval.publish import HubError
-    from draftsmith.eval.publish.release import ReleaseError, export_heads
+    from draftsmith.publish import HubError
+    from draftsmith.publish.release import ReleaseError, export_heads
 
     try:
         export_heads(
@@ -57,8 +57,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_push(args) -> int:
-    from draftsmith.eval.publish import HubError
-    from draftsmith.eval.publish.release import push_run
+    from draftsmith.publish import HubError
+    from draftsmith.publish.release import push_run
 
     if args.dry_run and not args.out:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")

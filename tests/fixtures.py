@@ -44,7 +44,7 @@ def greedy_answers_batch(target, lengths=(4, 6, 4, 5, 4, 7, 4, 3), new_tokens: i
     and the target's outputs on it with every hidden state: what a head is fitted to in a test."""
     import torch
 
-    from draftsmith.eval.runtime import generate_batch
+    from draftsmith.decoding import generate_batch
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in lengths]

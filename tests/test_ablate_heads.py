@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
-from draftsmith.train.ablate_heads import HeadAblationSettings, ablate_heads
+from draftsmith.demo.ablate_heads import HeadAblationSettings, ablate_heads
 
 
 @pytest.fixture
 def toy_ctx(toy_dir, tmp_path):
     """A DemoContext on the toy target, laid out as a demo build (target/, prompts/heldout.jsonl)."""
     from draftsmith.heads.models import load_causal_lm, load_tokenizer
-    from draftsmith.train.demo import DemoContext, DemoSettings
-    from draftsmith.train.demo_target import DemoTarget
+    from draftsmith.demo.run import DemoContext, DemoSettings
+    from draftsmith.demo.target import DemoTarget
 
     build = tmp_path / "build"
     (build / "prompts").mkdir(parents=True)
@@ -31,7 +31,7 @@ def toy_ctx(toy_dir, tmp_path):
 
 @pytest.mark.slow  # ~25 s on 2 loaded cores: 4 trainings and an interleaved evaluation
 def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
-    from draftsmith.train.demo_heads import BUDGETS
+    from draftsmith.demo.heads import BUDGETS
 
     out = tmp_path / "ablation"
     settings = HeadAblationSettings(losses="soft_ce,lk_hybrid", seeds="0,1", steps=2, prompts=2, max_new_tokens=6,

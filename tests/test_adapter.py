@@ -1,4 +1,4 @@
-"""The decoding runtime's KV cache (`eval/runtime/kv.py`, both stores) against the plain
+"""The decoding runtime's KV cache (`decoding/kv.py`, both stores) against the plain
 reference: one full forward of the unmodified HF model.
 
 Every move the decoder makes on a target's cache (incremental feeding with explicit positions,
@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
-from draftsmith.eval.runtime.masks import tree_attend
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.masks import tree_attend
 from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 
 

@@ -14,8 +14,8 @@ import torch
 
 from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.report import compact_table, summary_table, write_report
-from draftsmith.eval.runtime import DraftModelDrafter
-from draftsmith.eval.runtime.sampling import kl_divergence, split_kl
+from draftsmith.decoding import DraftModelDrafter
+from draftsmith.decoding.sampling import kl_divergence, split_kl
 
 TINY = ["--limit", 1, "--max-new-tokens", 4, "--repeats", 1, "--no-progress", "--device", "cpu"]
 

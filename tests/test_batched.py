@@ -1,4 +1,4 @@
-"""Batched speculative decoding (`eval/runtime`) against batch-1 decoding and HF greedy.
+"""Batched speculative decoding (`decoding/`) against batch-1 decoding and HF greedy.
 
 - greedy: every row of a batch of prompts of different lengths equals that row decoded alone
   (`generate`, B = 1) and HF `generate`, for target-only, a draft model, Medusa heads and an
@@ -22,13 +22,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from draftsmith.eval.runtime import DecodeStats, generate, generate_batch, row_seed
-from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.kv import RaggedCache
-from draftsmith.eval.runtime.masks import chain_attend
-from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
-from draftsmith.eval.runtime.eagle import EagleDrafter
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import DecodeStats, generate, generate_batch, row_seed
+from draftsmith.decoding import kv as kv_module
+from draftsmith.decoding.kv import RaggedCache
+from draftsmith.decoding.masks import chain_attend
+from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
+from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.medusa import MedusaHeads

@@ -23,13 +23,13 @@ import torch
 from transformers import DynamicCache
 
 import test_batched
-from draftsmith.eval.runtime import compiler as compiler_module
-from draftsmith.eval.runtime import generate_batch
-from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.compiler import StaticCacheOverflow
-from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
-from draftsmith.eval.runtime.masks import chain_attend, spans
+from draftsmith.decoding import compiler as compiler_module
+from draftsmith.decoding import generate_batch
+from draftsmith.decoding import kv as kv_module
+from draftsmith.decoding.compiler import StaticCacheOverflow
+from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.masks import chain_attend, spans
 from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
 _forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
@@ -159,7 +159,7 @@ def test_static_mask_equals_the_dynamic_one(setup):
     both(2, None, [2, 1], keep=[1, 2])
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
     # A tree block (ancestor masks; row 0 keeps `last` and its second node, row 1 `last` only).
-    from draftsmith.eval.runtime.masks import tree_attend
+    from draftsmith.decoding.masks import tree_attend
 
     attend, _ = tree_attend([[-1, -1], [-1]], 3, static.device)
     live = static.length + 3

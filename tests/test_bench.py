@@ -5,7 +5,7 @@ import torch
 
 from draftsmith.eval.bench import BenchConfig, CostCurves, Method, build_methods, random_target
 from draftsmith.eval.bench_report import analytic_speedup, first_difference, report, spec_costs
-from draftsmith.eval.runtime import DecodeStats
+from draftsmith.decoding import DecodeStats
 from draftsmith.heads.draft import draft_by_truncation
 from draftsmith.scripts.bench_decoder import parse_args
 

@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 
-from draftsmith.eval.runtime import DecodeStats, generate, generate_batch
-from draftsmith.eval.runtime.drafters import DraftModelDrafter, PromptLookupDrafter, Proposal
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import DecodeStats, generate, generate_batch
+from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from fixtures import FAMILIES, VOCAB, tiny_config, tiny_tokenizer, windowed_model
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith.train import demo_target as dt
+from draftsmith.demo import target as dt
 
 
 @pytest.fixture(scope="module")

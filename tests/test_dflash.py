@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from draftsmith.distill.losses import DIVERGENCES
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.runtime import generate, generate_batch
-from draftsmith.eval.runtime.dflash import DFlashDrafter
+from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
 from draftsmith.distill.acceptance import walk_tau
@@ -282,7 +282,7 @@ class Checked(DFlashDrafter):
 def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     blocks: every proposal equals the head's from-scratch forward on that row's context."""
-    from draftsmith.eval.runtime.sampling import SamplingConfig
+    from draftsmith.decoding.sampling import SamplingConfig
 
     target, head, prompts = fitted
     drafter = Checked(head, target)

@@ -24,11 +24,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.decoding import generate
+from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.runtime.sampling import SamplingConfig
-from draftsmith.eval.runtime.tree import depths
+from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.decoding.tree import depths
 from fixtures import VOCAB
 
 FAMILIES = ("llama", "qwen2", "mistral")

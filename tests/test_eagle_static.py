@@ -1,6 +1,6 @@
 """EAGLE heads on the decoder's preallocated KV store (`static_cache=True` / `compile=`).
 
-The head's cache is the runtime's one KV abstraction (`eval/runtime/kv.py`) with both stores:
+The head's cache is the runtime's one KV abstraction (`decoding/kv.py`) with both stores:
 - the growing store and the static one agree token for token (the emitted tokens, every
   proposal and every accepted count) for the EAGLE chain and the EAGLE-2 tree at B = 1 and
   B = 4, and both equal target-only greedy decoding;
@@ -22,11 +22,11 @@ import copy
 import pytest
 import torch
 
-from draftsmith.eval.runtime import compiler as compiler_module
-from draftsmith.eval.runtime import generate_batch
-from draftsmith.eval.runtime.eagle import EagleDrafter
-from draftsmith.eval.runtime.kv import StaticRaggedCache
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import compiler as compiler_module
+from draftsmith.decoding import generate_batch
+from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.kv import StaticRaggedCache
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from test_decoder import _exact_joint
 from test_eagle_drafter import _ids, _oracle_head

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.runtime import DraftModelDrafter, Proposal
-from draftsmith.eval.runtime import loop as runtime_loop
-from draftsmith.eval.runtime.sampling import draw, verify_chain
+from draftsmith.decoding import DraftModelDrafter, Proposal
+from draftsmith.decoding import loop as runtime_loop
+from draftsmith.decoding.sampling import draw, verify_chain
 from draftsmith.eval.stats import pit_uniformity, token_cdf
 
 PROMPT = torch.tensor([1, 5, 77, 140])

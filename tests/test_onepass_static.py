@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.runtime import generate, generate_batch
-from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.dflash import DFlashDrafter
-from draftsmith.eval.runtime.peagle import PEagleDrafter
+from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding import kv as kv_module
+from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.decoding.peagle import PEagleDrafter
 from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash_formats import save_dflash
 from draftsmith.heads.eagle import PEagleHead, save_eagle

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.runtime import generate, generate_batch
-from draftsmith.eval.runtime.peagle import PEagleDrafter
+from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding.peagle import PEagleDrafter
 from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
 from draftsmith.distill.acceptance import walk_tau
 from draftsmith.train.common import decoded_tau
@@ -242,7 +242,7 @@ class Checked(PEagleDrafter):
 def test_the_cache_holds_each_rows_verified_pairs(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     drafts: every proposal equals the head's from-scratch forward on that row's context."""
-    from draftsmith.eval.runtime.sampling import SamplingConfig
+    from draftsmith.decoding.sampling import SamplingConfig
 
     target, head, prompts = fitted
     drafter = Checked(head, target)
@@ -293,7 +293,7 @@ def test_export_and_import_round_trip(tmp_path):
     served = load_eagle(tmp_path / "vllm", target=target)
     assert isinstance(served, PEagleHead) and served.config.mask_token_source == head.config.mask_token_source
     assert all(torch.equal(served.state_dict()[k], v) for k, v in state.items())
-    from draftsmith.eval.publish.serve import serving_commands
+    from draftsmith.publish.serve import serving_commands
 
     serving = serving_commands(tmp_path / "vllm")
     assert serving.k == DEPTHS and not serving.sglang and '"parallel_drafting": true' in serving.vllm[0]

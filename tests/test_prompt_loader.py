@@ -11,8 +11,8 @@ from tokenizers import processors
 from draftsmith.distill.prompts import Prompter, encode_text
 from draftsmith.distill.sources import SourceError, load_source
 from draftsmith.eval.evaluator import EvalSettings, load_prompt_file, prompt_turns
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.drafters import DraftModelDrafter
+from draftsmith.decoding import generate
+from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.heads.toy import CHAT_TEMPLATE, tiny_pair, tiny_tokenizer
 
 MT_BENCH = [

@@ -1,4 +1,4 @@
-"""`draftsmith push` / draftsmith.eval.publish against a local stand-in of the Hub (no network).
+"""`draftsmith push` / draftsmith.publish against a local stand-in of the Hub (no network).
 
 The stand-in (`FakeHub`, http.server in a thread) answers the calls huggingface_hub makes for
 `create_repo`, `repo_info`, `create_branch` and `upload_folder` without hf_xet: validate-yaml,
@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from draftsmith.eval.publish import HubError, check_repo_id, is_secret_key, model_card, push, scrub, stage_run
+from draftsmith.publish import HubError, check_repo_id, is_secret_key, model_card, push, scrub, stage_run
 
 FAKE_TOKEN = "hf_" + "Zq7" * 12  # token-shaped, never a real one
 TARGET_ID = "toy-org/toy-target"

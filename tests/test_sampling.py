@@ -27,7 +27,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from draftsmith.eval.runtime.sampling import (
+from draftsmith.decoding.sampling import (
     SamplingConfig,
     acceptance_probability,
     draw,

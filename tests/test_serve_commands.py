@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from draftsmith.eval import sweep
-from draftsmith.eval.publish.serve import serving_commands
+from draftsmith.publish.serve import serving_commands
 from draftsmith.heads.eagle import EagleHead, save_eagle
 from draftsmith.heads.medusa import MedusaHeads, save_medusa
 from draftsmith.heads.models import load_causal_lm

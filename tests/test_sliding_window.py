@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from draftsmith.eval.runtime import DraftModelDrafter, PromptLookupDrafter, generate, generate_batch, row_seed
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import DraftModelDrafter, PromptLookupDrafter, generate, generate_batch, row_seed
+from draftsmith.decoding.sampling import SamplingConfig
 from fixtures import windowed_model
 
 N_NEW = 16

@@ -39,10 +39,10 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from draftsmith.distill.vocab import build_vocab_map
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.eagle import EagleDrafter
-from draftsmith.eval.runtime.masks import additive
-from draftsmith.eval.runtime.peagle import PEagleDrafter
+from draftsmith.decoding import generate
+from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.masks import additive
+from draftsmith.decoding.peagle import PEagleDrafter
 from draftsmith.heads.eagle import EagleHead, PEagleHead, export_eagle, load_eagle
 from draftsmith.train.eagle import shifted, ttt_mask
 from draftsmith.train.peagle import chain_mask

@@ -23,16 +23,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
-from draftsmith.eval.runtime.eagle import EagleDrafter
-from draftsmith.eval.runtime import compiler as compiler_module
-from draftsmith.eval.runtime import kv as kv_module
-from draftsmith.eval.runtime.compiler import CAPACITY_STEP, StaticCacheOverflow
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
-from draftsmith.eval.runtime.masks import chain_attend, tree_attend
-from draftsmith.eval.runtime.target import right_aligned
-from draftsmith.eval.runtime.sampling import SamplingConfig
+from draftsmith.decoding import generate
+from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding import compiler as compiler_module
+from draftsmith.decoding import kv as kv_module
+from draftsmith.decoding.compiler import CAPACITY_STEP, StaticCacheOverflow
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.decoding.masks import chain_attend, tree_attend
+from draftsmith.decoding.target import right_aligned
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from fixtures import VOCAB, tiny_config, windowed_model
 from test_decoder import _exact_joint, _sample_first_two

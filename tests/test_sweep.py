@@ -19,8 +19,8 @@ import re
 
 import pytest
 import torch
-from draftsmith.eval.runtime.drafters import DraftModelDrafter, MedusaDrafter
-from draftsmith.eval.runtime.eagle import EagleDrafter
+from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
+from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompt_file
 from draftsmith.eval.sweep import (
     SweepSettings,

@@ -62,8 +62,8 @@ def test_training_lowers_the_loss_and_saves_a_loadable_head(toy_dir, toy_data, t
 
 
 def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp_path):
-    from draftsmith.eval.runtime import generate
-    from draftsmith.eval.runtime.eagle import EagleDrafter
+    from draftsmith.decoding import generate
+    from draftsmith.decoding.eagle import EagleDrafter
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "e31"

@@ -19,22 +19,22 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.drafters import Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding import generate
+from draftsmith.decoding.drafters import Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
 from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
-from draftsmith.eval.runtime.tree import (
+from draftsmith.decoding.tree import (
     children_of,
     typical_threshold,
     verify_tree,
     verify_tree_greedy,
     verify_tree_typical,
 )
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache
-from draftsmith.eval.runtime.masks import tree_attend
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.masks import tree_attend
 from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, windowed_model
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6

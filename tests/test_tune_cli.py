@@ -13,8 +13,8 @@ import shutil
 import pytest
 import torch
 from draftsmith.eval import sweep
-from draftsmith.eval.runtime import generate
-from draftsmith.eval.runtime.drafters import DraftModelDrafter
+from draftsmith.decoding import generate
+from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.tune import write_setting
 from draftsmith.heads.eagle import EagleHead, load_eagle

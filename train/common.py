@@ -440,7 +440,7 @@ def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: i
     """(tokens per target call, calls counted) of greedy chain decoding of `prompts` with `drafter`
     at K = `k`, over the calls that drafted as many tokens as any call did (see above)."""
     from draftsmith.eval.drafter_specs import eos_token_id
-    from draftsmith.eval.runtime import generate_batch
+    from draftsmith.decoding import generate_batch
 
     device = target.get_output_embeddings().weight.device
     ids = [torch.tensor(p, dtype=torch.long, device=device) for p in prompts]

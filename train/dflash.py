@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.distill.losses import DIVERGENCES, divergence
-from draftsmith.eval.runtime.masks import additive
+from draftsmith.decoding.masks import additive
 from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
 from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
 from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes

@@ -503,7 +503,7 @@ class TrainingRun:
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         if self.recipe.push_to_hub and self.is_main:
-            from draftsmith.eval.publish import push
+            from draftsmith.publish import push
 
             url = push(self.out, self.recipe.hub_repo_id, private=self.recipe.hub_private)
             self.print(f"pushed to {url}")
@@ -575,7 +575,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from draftsmith.distill.hidden_cache import CacheError
     from draftsmith.distill.sources import SourceError
     from draftsmith.heads.models import ModelLoadError
-    from draftsmith.eval.publish import HubError
+    from draftsmith.publish import HubError
     from draftsmith.train.sharding import ShardingError
 
     return (RecipeError, TrainingError, DataError, CacheError, SourceError, ModelLoadError, HubError, ShardingError)

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 
 import torch
 from draftsmith.eval.evaluator import BASELINE, EvalSettings
-from draftsmith.eval.runtime import BatchResult, DecodeStats, Drafter, generate, generate_batch
-from draftsmith.eval.runtime.kv import model_cache
-from draftsmith.eval.runtime.target import synchronize
+from draftsmith.decoding import BatchResult, DecodeStats, Drafter, generate, generate_batch
+from draftsmith.decoding.kv import model_cache
+from draftsmith.decoding.target import synchronize
 from draftsmith.eval.stats import percentile
 from draftsmith.eval.sweep.analysis import _analyse, admission_cost, task_rows, three_a_rows
 from draftsmith.eval.sweep.costs import (

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from draftsmith.eval.runtime import Drafter, MedusaDrafter
-from draftsmith.eval.runtime.drafters import OnePassDrafter
+from draftsmith.decoding import Drafter, MedusaDrafter
+from draftsmith.decoding.drafters import OnePassDrafter
 
 
 def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimum: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from draftsmith.eval.runtime.masks import static_mask
+from draftsmith.decoding.masks import static_mask
 
 
 class StaticCacheOverflow(ValueError):

@@ -3,7 +3,7 @@
     python scripts/ablate_distill.py                     # SmolLM2 demo target
     python scripts/ablate_distill.py --steps 50 --prompts 6 --out runs/ablate-quick
 
-    from draftsmith.train.ablate import AblationSettings, run_ablation
+    from draftsmith.demo.ablate import AblationSettings, run_ablation
     run_ablation(AblationSettings(steps=50, prompts=6, out="runs/ablate-quick"))
 
 Same draft initialisation (the target's first layers, as the demo's distilled draft), same
@@ -81,7 +81,7 @@ class AblationSettings:
 def run_ablation(settings: AblationSettings, log=print) -> dict:
     """Train every run (a run with a training summary is reused), evaluate them all, write
     ablation.md and ablation.json to `settings.out`. Returns the table rows and training summaries."""
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter
+    from draftsmith.decoding.drafters import DraftModelDrafter
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import load_prompts
     from draftsmith.eval.report import write_atomic
@@ -124,8 +124,8 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
 def _demo_context(name: str, cache_dir, device, dtype, log):
     """The demo target (built or loaded from its cache) and a `DemoContext` over it (default budget)."""
     from draftsmith.heads.models import load_causal_lm, load_tokenizer
-    from draftsmith.train.demo import DemoContext, DemoSettings
-    from draftsmith.train.demo_target import ensure_demo_target
+    from draftsmith.demo.run import DemoContext, DemoSettings
+    from draftsmith.demo.target import ensure_demo_target
 
     built = ensure_demo_target(name, cache_dir=cache_dir, progress=True, log=log)
     target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
@@ -161,7 +161,7 @@ def _train_run(
 def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, device, log) -> dict:
     """{mode: {method: row}} at greedy and T = 1, one timed pass each."""
     from draftsmith.eval.evaluator import EvalSettings, evaluate
-    from draftsmith.train.demo_card import cpu_decode_threads
+    from draftsmith.demo.card import cpu_decode_threads
 
     reports = {}
     for mode, temperature in (("greedy", 0.0), ("T=1", 1.0)):

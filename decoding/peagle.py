@@ -9,7 +9,7 @@ together with K - 1 placeholders, in ONE causal forward:
     positions  ...                    n_b - 2                   | n_b - 1 ... n_b + K - 3
     outputs                           -> token n_b              | -> token n_b + d
 mask_d's token is the mask token, its feature project(mask_hidden); it sees its row's real pairs
-and the placeholders before it. The cache (`eval/runtime/kv.py`'s `RaggedCache` over an
+and the placeholders before it. The cache (`decoding/kv.py`'s `RaggedCache` over an
 `DynamicCache`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
 pairs are fed once and nothing is rolled back after a verification.
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
-from draftsmith.eval.runtime.masks import chain_attend
+from draftsmith.decoding.drafters import OnePassDrafter, Proposal
+from draftsmith.decoding.masks import chain_attend
 
 
 class PEagleDrafter(OnePassDrafter):

@@ -6,7 +6,7 @@ position t, the "pair" t is (token_{t+1}, f_t), fed at position t:
     f_t           the target's feature at t: eagle1 the last hidden state (post-norm),
                   eagle3 project(concat of the aux hidden states at t)
     head(pair t)  -> (g_t, logits over token_{t+2})
-The head's ragged cache (`eval/runtime/kv.py`, either store: a HF `DynamicCache`, or on the static
+The head's ragged cache (`decoding/kv.py`, either store: a HF `DynamicCache`, or on the static
 path a preallocated `StaticCache` whose steps `--compile` compiles like the target's) holds each
 row's REAL pairs only: the pairs of the tokens a verification committed are fed at the next `propose` (their
 features arrive with the verification), then the proposal drafts with the head's own g as the
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.drafters import HeadDrafter, Proposal
-from draftsmith.eval.runtime.masks import chain_attend, spans
-from draftsmith.eval.runtime.target import right_align, right_aligned
+from draftsmith.decoding.drafters import HeadDrafter, Proposal
+from draftsmith.decoding.masks import chain_attend, spans
+from draftsmith.decoding.target import right_align, right_aligned
 
 #: EAGLE-2's keys, all required (SafeAILab's defaults: depth 5-7, top_k 10, total ~60).
 TREE_KEYS = ("depth", "top_k", "total_tokens")

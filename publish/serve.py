@@ -1,6 +1,6 @@
 """The commands that serve a drafter folder with vLLM and SGLang, read off the folder itself.
 
-    from draftsmith.eval.publish.serve import serving_commands
+    from draftsmith.publish.serve import serving_commands
     print(serving_commands("runs/demo-eagle3-vllm").text())   # after `draftsmith export`
 
 `draftsmith export` and `draftsmith tune --write` print these for what they wrote; the model card
@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.eval.publish.artifacts import (
+from draftsmith.publish.artifacts import (
     DRAFT_SPECULATIVE_TOKENS,
     EAGLE_SPECULATIVE_TOKENS,
     HubError,

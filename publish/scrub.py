@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from draftsmith.eval.publish.artifacts import HubError
+from draftsmith.publish.artifacts import HubError
 
 REDACTED = "<redacted>"
 _HF_TOKEN_VALUE = re.compile(r"hf_[A-Za-z0-9]{20,}")

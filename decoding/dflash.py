@@ -9,7 +9,7 @@ known, and the last token is the anchor at position n_b - 1:
 All B - 1 drafts come from one forward: slot k's q_k depends on the context only, never on the
 drafts before it.
 
-The head's cache (`eval/runtime/kv.py`'s `RaggedCache` over a HF `DynamicCache`) holds, per draft
+The head's cache (`decoding/kv.py`'s `RaggedCache` over a HF `DynamicCache`) holds, per draft
 layer, the keys/values of each row's context features and nothing else: a call feeds the
 features that arrived since the last one (the verified positions: the fed last token and the
 accepted drafts; rejected drafts never had features) together with the block, keeps the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.drafters import OnePassDrafter, Proposal
+from draftsmith.decoding.drafters import OnePassDrafter, Proposal
 
 
 class DFlashDrafter(OnePassDrafter):

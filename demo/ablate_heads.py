@@ -3,10 +3,10 @@
     python scripts/ablate_heads.py                              # DFlash, 6 losses x 2 seeds
     python scripts/ablate_heads.py --method eagle3 --losses soft_ce,lk_hybrid --steps 50
 
-    from draftsmith.train.ablate_heads import HeadAblationSettings, run_head_ablation
+    from draftsmith.demo.ablate_heads import HeadAblationSettings, run_head_ablation
     run_head_ablation(HeadAblationSettings(method="dflash", steps=100))
 
-Every head is the demo's recipe for its method (`train/demo_heads.py`: same data, reduced
+Every head is the demo's recipe for its method (`demo/heads.py`: same data, reduced
 vocabulary, lr, batch of 8 rows), with only `loss` and `seed` changed and the same budget
 (`steps`); the seed moves the head's initialisation, the batch order and the sampled anchors.
 Then every head is evaluated by the evaluator on the demo's held-out prompts, greedy, at the
@@ -74,7 +74,7 @@ class HeadAblationSettings:
 def run_head_ablation(settings: HeadAblationSettings, log=print) -> dict:
     """The demo target (built or loaded from its cache) and the demo's data, then `ablate_heads`."""
     from draftsmith.heads.models import resolve_device, resolve_dtype
-    from draftsmith.train.ablate import _demo_context
+    from draftsmith.demo.ablate import _demo_context
 
     device = resolve_device(settings.device)
     ctx = _demo_context(settings.target, settings.cache_dir, device, resolve_dtype(settings.dtype, device), log)
@@ -118,7 +118,7 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
 
 
 def _recipe(method: str, ctx, budget, data: Path, cache: Path, out: Path, steps: int):
-    from draftsmith.train.demo_heads import dflash_recipe, eagle_recipe, peagle_recipe
+    from draftsmith.demo.heads import dflash_recipe, eagle_recipe, peagle_recipe
 
     build = {"dflash": dflash_recipe, "eagle3": eagle_recipe, "peagle": peagle_recipe}[method]
     recipe = build(ctx, budget, data, cache, str(out))
@@ -160,7 +160,7 @@ def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:
     """({method: evaluator row}, prompts): every head and target-only, greedy, one timed pass."""
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
-    from draftsmith.train.demo_card import cpu_decode_threads
+    from draftsmith.demo.card import cpu_decode_threads
 
     drafters = {name: _drafter(settings.method, folder, ctx, name) for name, folder in folders.items()}
     template = resolve_chat_template("auto", ctx.tokenizer)  # the instructions through the target's chat template

@@ -4,7 +4,7 @@ Every call: the drafter proposes, per row, a chain or a tree of up to K tokens (
 tree); the target scores every row's [last, proposal] in ONE forward (a tree with its ancestor
 mask and depth positions); each row keeps the prefix/path its own rule accepts plus one token
 (the correction at the first rejection, or the bonus); the KV cache keeps, per row, `last` and
-that path (`eval/runtime/kv.py`). With no drafter (or K = 0) the same loop is plain
+that path (`decoding/kv.py`). With no drafter (or K = 0) the same loop is plain
 autoregressive decoding: the speedup baseline runs the very same code. The target's cache holds
 every token but the last, so the first call already speculates.
 
@@ -30,11 +30,11 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.eval.runtime.compiler import compile_mode
-from draftsmith.eval.runtime.drafters import Drafter, Proposal
-from draftsmith.eval.runtime.kv import capacity_for, model_cache
-from draftsmith.eval.runtime.masks import chain_attend, tree_attend
-from draftsmith.eval.runtime.sampling import (
+from draftsmith.decoding.compiler import compile_mode
+from draftsmith.decoding.drafters import Drafter, Proposal
+from draftsmith.decoding.kv import capacity_for, model_cache
+from draftsmith.decoding.masks import chain_attend, tree_attend
+from draftsmith.decoding.sampling import (
     SamplingConfig,
     acceptance_probability,
     kl_divergence,
@@ -43,9 +43,9 @@ from draftsmith.eval.runtime.sampling import (
     verify_chain,
     verify_chain_greedy,
 )
-from draftsmith.eval.runtime.stats import BatchResult, DecodeStats, Generation
-from draftsmith.eval.runtime.target import check_prompts, max_positions, right_aligned, synchronize
-from draftsmith.eval.runtime.tree import depths, truncate_tree, verify_tree, verify_tree_greedy, verify_tree_typical
+from draftsmith.decoding.stats import BatchResult, DecodeStats, Generation
+from draftsmith.decoding.target import check_prompts, max_positions, right_aligned, synchronize
+from draftsmith.decoding.tree import depths, truncate_tree, verify_tree, verify_tree_greedy, verify_tree_typical
 
 _MAX_SEED = 2**32  # seeds of generate_batch: [0, 2**32)
 _MASK64 = 2**64 - 1
@@ -150,7 +150,7 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
     if not isinstance(target, PreTrainedModel):
         raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
     if drafter is not None and not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a draftsmith Drafter (eval.runtime.drafters), got {type(drafter).__name__}")
+        raise TypeError(f"drafter must be a draftsmith Drafter (decoding.drafters), got {type(drafter).__name__}")
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
     model = target.eval()

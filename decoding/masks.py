@@ -1,6 +1,6 @@
 """What each fed column of a ragged batch sees, as the bool blocks and the float masks HF models
 take: spans of real columns, chain and tree attention over the fed block, and the per-layer-kind
-masks of sliding-window models (`eval/runtime/kv.py` keeps the columns they index).
+masks of sliding-window models (`decoding/kv.py` keeps the columns they index).
 """
 
 from __future__ import annotations

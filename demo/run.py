@@ -4,9 +4,9 @@
     draftsmith demo --budget long     # each head trained longer: how acceptance grows with tokens trained
     draftsmith demo --quick           # the micro target, a smoke run in about a minute
 
-  1. build or load the demo target (`draftsmith.train.demo_target`, cached): the GGUF import and
+  1. build or load the demo target (`draftsmith.demo.target`, cached): the GGUF import and
      the instruction prompts;
-  2. prepare every drafter method the toolkit has (`draftsmith.train.demo_heads`, cached): the
+  2. prepare every drafter method the toolkit has (`draftsmith.demo.heads`, cached): the
      target's own answers, one hidden-state cache, then each drafter trained from it;
   3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
   4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) at greedy and one at
@@ -25,16 +25,16 @@ from typing import Callable
 import torch
 
 from draftsmith.eval.evaluator import BASELINE
-from draftsmith.train.demo_card import cpu_decode_threads, greedy_repetition, repetition_line
-from draftsmith.train.demo_heads import demo_cache, demo_data, get_budget, heads_root, learning_curve
-from draftsmith.train.demo_heads import prepare_root, train_demo_drafter, training_speeds
-from draftsmith.train.demo_target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
+from draftsmith.demo.card import cpu_decode_threads, greedy_repetition, repetition_line
+from draftsmith.demo.heads import demo_cache, demo_data, get_budget, heads_root, learning_curve
+from draftsmith.demo.heads import prepare_root, train_demo_drafter, training_speeds
+from draftsmith.demo.target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    target: str = "smollm2"  # the demo target (train/demo_target.py): smollm2, or micro for --quick
-    budget: str = "default"  # the training budget (train/demo_heads.py BUDGETS): default, or long
+    target: str = "smollm2"  # the demo target (demo/target.py): smollm2, or micro for --quick
+    budget: str = "default"  # the training budget (demo/heads.py BUDGETS): default, or long
     num_prompts: int = 8  # held-out prompts; 8 x 64 tokens is ~40 s of target-only decoding per row on 2 CPU cores
     max_new_tokens: int = 64
     num_draft_tokens: int = 3  # K = 3 for every row; `tune` picks each drafter's own K from this pass
@@ -114,7 +114,7 @@ class DemoMethod:
 
 
 def _prompt_lookup(ctx: DemoContext):
-    from draftsmith.eval.runtime.drafters import PromptLookupDrafter
+    from draftsmith.decoding.drafters import PromptLookupDrafter
 
     return PromptLookupDrafter(max_ngram=3)
 
@@ -126,7 +126,7 @@ def _load_draft(folder, *, target, device, dtype):
 
 
 def _distilled_draft(ctx: DemoContext):
-    from draftsmith.eval.runtime.drafters import DraftModelDrafter
+    from draftsmith.decoding.drafters import DraftModelDrafter
 
     return DraftModelDrafter(ctx.trained("distilled-draft", _load_draft), name="distilled-draft")
 
@@ -138,7 +138,7 @@ def _medusa_heads(ctx: DemoContext):
 
 
 def _medusa_chain(ctx: DemoContext):
-    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.decoding.drafters import MedusaDrafter
 
     layers = ctx.target.config.get_text_config().num_hidden_layers
     return MedusaDrafter(_medusa_heads(ctx), layers, name="medusa-chain")
@@ -149,7 +149,7 @@ MEDUSA_TREE_NODES = 16  # verify 17 tokens per call
 
 def _medusa_tree(ctx: DemoContext):
     from draftsmith.eval.medusa_tree import build_medusa_tree
-    from draftsmith.eval.runtime.drafters import MedusaDrafter
+    from draftsmith.decoding.drafters import MedusaDrafter
 
     heads = _medusa_heads(ctx)
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
@@ -167,26 +167,26 @@ def _eagle_head(ctx: DemoContext):
 
 
 def _eagle_chain(ctx: DemoContext):
-    from draftsmith.eval.runtime.eagle import EagleDrafter
+    from draftsmith.decoding.eagle import EagleDrafter
 
     return EagleDrafter(_eagle_head(ctx), name="eagle3-chain")
 
 
 def _eagle_tree(ctx: DemoContext):
-    from draftsmith.eval.runtime.eagle import EagleDrafter
+    from draftsmith.decoding.eagle import EagleDrafter
 
     return EagleDrafter(_eagle_head(ctx), tree=EAGLE_TREE, name="eagle3-tree")
 
 
 def _dflash(ctx: DemoContext):
-    from draftsmith.eval.runtime.dflash import DFlashDrafter
+    from draftsmith.decoding.dflash import DFlashDrafter
     from draftsmith.heads.dflash_formats import load_dflash
 
     return DFlashDrafter(ctx.trained("dflash", load_dflash), name="dflash")
 
 
 def _peagle(ctx: DemoContext):
-    from draftsmith.eval.runtime.peagle import PEagleDrafter
+    from draftsmith.decoding.peagle import PEagleDrafter
     from draftsmith.heads.eagle import load_eagle
 
     return PEagleDrafter(ctx.trained("peagle", load_eagle), name="peagle")

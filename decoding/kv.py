@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from draftsmith.eval.runtime.compiler import (
+from draftsmith.decoding.compiler import (
     CAPACITY_STEP,
     Compiler,
     StaticCacheOverflow,
@@ -52,8 +52,8 @@ from draftsmith.eval.runtime.compiler import (
     widen,
     widen_attend,
 )
-from draftsmith.eval.runtime.masks import attention_of, chain_attend, layer_masks, spans, static_mask
-from draftsmith.eval.runtime.target import ForwardResult, forward_result, hf_call, layers_config
+from draftsmith.decoding.masks import attention_of, chain_attend, layer_masks, spans, static_mask
+from draftsmith.decoding.target import ForwardResult, forward_result, hf_call, layers_config
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
 #: attention then never reads more than 4/3 of the live cache, and a compaction (one gather of

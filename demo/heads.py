@@ -72,7 +72,7 @@ STAMP = "stamp.json"
 
 
 def get_budget(target: str, budget: str) -> HeadsBudget:
-    from draftsmith.train.demo_target import DemoTargetError
+    from draftsmith.demo.target import DemoTargetError
 
     if (target, budget) not in BUDGETS:
         known = ", ".join(b for t, b in BUDGETS if t == target)

@@ -31,7 +31,7 @@ def cpu_decode_threads(device: torch.device):
 @torch.no_grad()
 def greedy_answers(target, prompts: list[torch.Tensor], new_tokens: int, eos_token_id=None) -> list[list[int]]:
     """The target's plain greedy answers (no repetition penalty), new tokens only."""
-    from draftsmith.eval.runtime import generate
+    from draftsmith.decoding import generate
 
     return [generate(target, None, ids, max_new_tokens=new_tokens, eos_token_id=eos_token_id).tokens for ids in prompts]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.runtime.sampling import draw
+from draftsmith.decoding.sampling import draw
 
 
 def children_of(parents: list[int]) -> list[list[int]]:

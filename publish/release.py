@@ -20,7 +20,7 @@ class ReleaseError(ValueError):
 
 def heads_kind(folder) -> str:
     """medusa or eagle, read as `draftsmith push` reads it (any layout draftsmith writes)."""
-    from draftsmith.eval.publish import artifact_kind
+    from draftsmith.publish import artifact_kind
 
     config = Path(folder) / "config.json"
     if not config.is_file():
@@ -41,7 +41,7 @@ def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens
     `dtype` "auto" keeps the weights as trained."""
     import torch
 
-    from draftsmith.eval.publish.serve import serving_commands
+    from draftsmith.publish.serve import serving_commands
     from draftsmith.heads.models import load_causal_lm, parse_dtype, resolve_device
 
     device = resolve_device(device)
@@ -110,7 +110,7 @@ def push_run(
     `dry_run_out` only write what would be pushed there. `options`: format, eval_report,
     base_model, revision (see `stage_run`). The token comes from HF_TOKEN or `hf auth login` and
     is never printed. Returns the repository URL, or the staging folder of a dry run."""
-    from draftsmith.eval.publish import check_repo_id, find_eval_report, local_eval_command, push, stage_run
+    from draftsmith.publish import check_repo_id, find_eval_report, local_eval_command, push, stage_run
 
     check_repo_id(repo_id)
     if dry_run_out is not None:

@@ -1,6 +1,6 @@
 """Drafters: what proposes tokens for the target to verify, each written once, for B rows.
 
-The contract (the loop in `eval/runtime/loop.py` drives it):
+The contract (the loop in `decoding/loop.py` drives it):
 
     drafter.prepare(batch, capacity, compile, k, sampling, logits)   before the clock: capacity
                                          (columns per row) is None on the growing store; `logits`:
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from draftsmith.eval.runtime.compiler import Compiler, compile_mode
-from draftsmith.eval.runtime.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
-from draftsmith.eval.runtime.masks import chain_attend
-from draftsmith.eval.runtime.sampling import SamplingConfig, draw_rows
-from draftsmith.eval.runtime.target import max_positions, right_aligned
+from draftsmith.decoding.compiler import Compiler, compile_mode
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.decoding.masks import chain_attend
+from draftsmith.decoding.sampling import SamplingConfig, draw_rows
+from draftsmith.decoding.target import max_positions, right_aligned
 
 
 @dataclass

@@ -4,7 +4,7 @@
     draftsmith push runs/eagle3 --repo-id me/llama-3.1-8b-eagle3 --format sglang
     draftsmith push runs/medusa --repo-id me/llama-3.1-8b-medusa --dry-run --out staged   # write, push nothing
 
-    from draftsmith.eval.publish import push, stage_run
+    from draftsmith.publish import push, stage_run
     url = push("runs/medusa", "me/llama-3.1-8b-medusa", private=True)
 
 One module per step:
@@ -24,7 +24,7 @@ The token comes from the argument or huggingface_hub's usual sources (HF_TOKEN, 
 it is never printed and never written into a pushed file.
 """
 
-from draftsmith.eval.publish.artifacts import (
+from draftsmith.publish.artifacts import (
     Artifact,
     HubError,
     artifact_kind,
@@ -36,10 +36,10 @@ from draftsmith.eval.publish.artifacts import (
     resolve_format,
     serving_tokens,
 )
-from draftsmith.eval.publish.card import model_card
-from draftsmith.eval.publish.push import push
-from draftsmith.eval.publish.scrub import is_secret_key, scrub
-from draftsmith.eval.publish.stage import stage_run
+from draftsmith.publish.card import model_card
+from draftsmith.publish.push import push
+from draftsmith.publish.scrub import is_secret_key, scrub
+from draftsmith.publish.stage import stage_run
 
 __all__ = [
     "Artifact",

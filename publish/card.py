@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from draftsmith.eval.publish.artifacts import (
+from draftsmith.publish.artifacts import (
     METHOD_NAMES,
     Artifact,
     HubError,
@@ -24,7 +24,7 @@ from draftsmith.eval.publish.artifacts import (
     resolve_report,
     serving_tokens,
 )
-from draftsmith.eval.publish.serve import sglang_command, vllm_command
+from draftsmith.publish.serve import sglang_command, vllm_command
 
 TEMPLATE = "card.md.j2"
 FORMAT_NAMES = {

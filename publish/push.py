@@ -7,9 +7,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from draftsmith.eval.publish.artifacts import METHOD_NAMES, HubError, check_repo_id, find_artifact
-from draftsmith.eval.publish.scrub import scrub_text
-from draftsmith.eval.publish.stage import stage_run
+from draftsmith.publish.artifacts import METHOD_NAMES, HubError, check_repo_id, find_artifact
+from draftsmith.publish.scrub import scrub_text
+from draftsmith.publish.stage import stage_run
 
 
 def push(

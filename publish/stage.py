@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.eval.publish.artifacts import (
+from draftsmith.publish.artifacts import (
     Artifact,
     HubError,
     check_no_pickle,
@@ -24,8 +24,8 @@ from draftsmith.eval.publish.artifacts import (
     resolve_report,
     serving_tokens,
 )
-from draftsmith.eval.publish.card import render_card
-from draftsmith.eval.publish.scrub import check_no_secret, scrub, scrub_text
+from draftsmith.publish.card import render_card
+from draftsmith.publish.scrub import check_no_secret, scrub, scrub_text
 from draftsmith.heads.artifacts import write_folder_atomic
 
 TOKENIZER_FILES = (
