@@ -4,7 +4,7 @@ verification, and every drafter written once.
     from draftsmith.decoding import DraftModelDrafter, generate, generate_batch
 """
 
-from draftsmith.decoding.drafters import DraftModelDrafter, Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.loop import decode, eos_set, generate, generate_batch, row_seed
 from draftsmith.decoding.sampling import SamplingConfig
@@ -12,7 +12,20 @@ from draftsmith.decoding.stats import BatchResult, DecodeStats, Generation
 from draftsmith.decoding.target import synchronize
 
 __all__ = [
-    "BatchResult", "DecodeStats", "DraftModelDrafter", "Drafter", "EagleDrafter", "Generation", "MedusaDrafter",
-    "PromptLookupDrafter", "Proposal", "SamplingConfig", "decode", "eos_set", "generate", "generate_batch", "row_seed",
+    "BatchResult",
+    "DecodeStats",
+    "DraftModelDrafter",
+    "Drafter",
+    "EagleDrafter",
+    "Generation",
+    "MedusaDrafter",
+    "PromptLookupDrafter",
+    "Proposal",
+    "SamplingConfig",
+    "decode",
+    "eos_set",
+    "generate",
+    "generate_batch",
+    "row_seed",
     "synchronize",
 ]

@@ -160,8 +160,9 @@ def make_step(call, kv):
     def step(ids, positions, valid, slots, start, attend, *inputs):
         for layer in layers:  # HF's StaticLayer writes at its cumulative length: point it at `start`
             layer.cumulative_length.copy_(start)
-        return call(ids, positions, static_mask(valid, slots, start, attend, positions, dtype, window, mixed), cache,
-                    *inputs)  # fmt: skip
+        return call(
+            ids, positions, static_mask(valid, slots, start, attend, positions, dtype, window, mixed), cache, *inputs
+        )
 
     return step
 

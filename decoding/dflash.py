@@ -59,8 +59,15 @@ class DFlashDrafter(OnePassDrafter):
         context's columns carrying their features, the block's (the last block_size) their ids;
         the block's queries only, so its logits [B, block_size, draft_vocab]."""
         block = self.block_size
-        return (self.head(ids[:, -block:], features[:, :-block], positions=positions,
-                          attention_mask=mask[:, :, -block:], cache=cache),)  # fmt: skip
+        return (
+            self.head(
+                ids[:, -block:],
+                features[:, :-block],
+                positions=positions,
+                attention_mask=mask[:, :, -block:],
+                cache=cache,
+            ),
+        )
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:

@@ -81,8 +81,9 @@ class Drafter:
     #: Whether proposals carry their raw logits (set by `prepare`: only the distance report reads them).
     logits = False
 
-    def prepare(self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig,
-                logits: bool = False) -> float:  # fmt: skip
+    def prepare(
+        self, batch: int, capacity: int | None, compile, num_tokens: int, sampling: SamplingConfig, logits: bool = False
+    ) -> float:
         self.logits = logits
         return 0.0
 
@@ -132,8 +133,9 @@ class HeadDrafter(Drafter):
         """The head's forward as a cache call (`kv.py`), EAGLE's and P-EAGLE's: (out_hidden g, logits)."""
         return self.head(ids, features, position_ids=positions, attention_mask=mask, cache=cache)
 
-    def _prepare_store(self, batch: int, capacity: int | None, compile, logits: bool, looks: dict[int, int],
-                       extra: int) -> float:  # fmt: skip
+    def _prepare_store(
+        self, batch: int, capacity: int | None, compile, logits: bool, looks: dict[int, int], extra: int
+    ) -> float:
         """`prepare` of the head's store: growing when `capacity` (the target's columns per row)
         is None, else static with room for `extra` columns more (what one proposal feeds past a
         row's real ones), its step warmed (compiled with `compile`) for each width of `looks`
@@ -236,8 +238,9 @@ class OnePassDrafter(HeadDrafter):
         self._pending = [self._pending[i] for i in kept]
         self.kv.compact_if_wasteful()
 
-    def _one_pass_proposal(self, raw: torch.Tensor, counts: list[int], sampling: SamplingConfig,
-                           generators) -> Proposal:  # fmt: skip
+    def _one_pass_proposal(
+        self, raw: torch.Tensor, counts: list[int], sampling: SamplingConfig, generators
+    ) -> Proposal:
         """The proposal of a head that drafts every position in one forward (DFlash, P-EAGLE):
         raw [B, K, V] target-vocabulary logits, position k drawn from its own q_k (which depends on
         the context only, so speculative sampling with q_k stays exact); greedy takes the argmax.
@@ -430,8 +433,15 @@ class MedusaDrafter(Drafter):
     `compile` the heads and their argmax / top-k run as one compiled call (full batches).
     """
 
-    def __init__(self, heads: torch.nn.Module, target_num_layers: int | None = None, *, tree=None,
-                 name: str = "medusa", typical: tuple[float, float] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        heads: torch.nn.Module,
+        target_num_layers: int | None = None,
+        *,
+        tree=None,
+        name: str = "medusa",
+        typical: tuple[float, float] | None = None,
+    ):
         self.heads = heads
         self.num_heads = int(heads.config.num_heads)
         if target_num_layers is None:  # recorded by MedusaHeads.for_target

@@ -73,8 +73,14 @@ class EagleDrafter(HeadDrafter):
     lossless. After a tree proposal `last_scores [B, n]` holds each kept node's cumulative log q.
     """
 
-    def __init__(self, head: torch.nn.Module, *, tree: dict | None = None, name: str = "eagle",
-                 typical: tuple[float, float] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        head: torch.nn.Module,
+        *,
+        tree: dict | None = None,
+        name: str = "eagle",
+        typical: tuple[float, float] | None = None,
+    ):
         super().__init__(head, name, "EAGLE")
         self.tree = None if tree is None else _check_tree(tree)
         self.max_depth = None if self.tree is None else self.tree["depth"] + 1
@@ -211,7 +217,7 @@ class EagleDrafter(HeadDrafter):
         keep = top_in_order(scores.masked_fill(too_deep, float("-inf")), self.tree["total_tokens"]).sort(dim=1).values
         self.last_scores = scores.gather(1, keep)
         kept_parents = []
-        for b, (row_keep, row_parents) in enumerate(zip(keep.tolist(), parents.tolist())):
+        for row_keep, row_parents in zip(keep.tolist(), parents.tolist()):
             where = {old: new for new, old in enumerate(row_keep)}
             kept_parents.append([where[row_parents[i]] if row_parents[i] >= 0 else -1 for i in row_keep])
         nodes = keep.shape[1]

@@ -79,8 +79,15 @@ class RaggedCache:
     keeps.
     """
 
-    def __init__(self, cache, batch: int, device: torch.device, window: int | None = None, mixed: bool = False,
-                 dtype: torch.dtype = torch.float32):  # fmt: skip
+    def __init__(
+        self,
+        cache,
+        batch: int,
+        device: torch.device,
+        window: int | None = None,
+        mixed: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ):
         self.cache = cache
         self.device, self.dtype = device, dtype  # the model's: masks are built in its dtype
         # `valid` is `_head`, then `_tail` columns that every row holds (made a tensor when read).
@@ -345,8 +352,10 @@ class StaticRaggedCache(RaggedCache):
 
     def _attend(self, attend: torch.Tensor) -> torch.Tensor:
         """attend of the rows in use on the physical rows: a padding row's columns see themselves."""
-        return self._physical(attend.to(self.device), lambda b, w, span: widen_attend(
-            torch.zeros(b, 0, span - w, dtype=torch.bool), w, span - w))  # fmt: skip
+        return self._physical(
+            attend.to(self.device),
+            lambda b, w, span: widen_attend(torch.zeros(b, 0, span - w, dtype=torch.bool), w, span - w),
+        )
 
     def _check_length(self, expected: int) -> None:
         if expected > self.capacity:
@@ -450,8 +459,9 @@ class StaticRaggedCache(RaggedCache):
         return wrapped if self.compiler.first_calls(what, wrapped, *inputs) else None
 
     @torch.inference_mode()
-    def warm_up(self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0,
-                logits: bool = False) -> float:  # fmt: skip
+    def warm_up(
+        self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0, logits: bool = False
+    ) -> float:
         """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
         the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
         `vocab`-sized bias). Returns the seconds spent compiling; 0 without compilation."""
@@ -461,10 +471,18 @@ class StaticRaggedCache(RaggedCache):
         before, step = self.compiler.seconds, make_step(hf_call(self.model, (), True), self)
         for width in sorted(set(widths)):
             if self.compiler.enabled and (width, chain, logits) not in self._chains:
-                extra = (torch.ones(self.batch, width, dtype=torch.bool, device=self.device),
-                         torch.zeros(vocab, device=self.device))  # fmt: skip
-                fn = self._compile(make_chain(step, width, chain, logits), width, 0, extra, width + chain - 1,
-                                   f"a {chain}-token chain after width {width}")  # fmt: skip
+                extra = (
+                    torch.ones(self.batch, width, dtype=torch.bool, device=self.device),
+                    torch.zeros(vocab, device=self.device),
+                )
+                fn = self._compile(
+                    make_chain(step, width, chain, logits),
+                    width,
+                    0,
+                    extra,
+                    width + chain - 1,
+                    f"a {chain}-token chain after width {width}",
+                )
                 if fn is not None:
                     self._chains[(width, chain, logits)] = fn
         return self.compiler.seconds - before
@@ -496,8 +514,11 @@ class StaticRaggedCache(RaggedCache):
         uncompiled. Returns tokens [rows, k] and, with `logits`, their logits [rows, k, V]; the
         cache then holds the catch-up and k - 1 drafts, as step-by-step forwards leave it."""
         width, rows = ids.shape[1], ids.shape[0]
-        fits = [k for (w, k, l) in self._chains if (w, l) == (width, logits) and num_tokens <= k
-                and self._length + width + k - 1 <= self.capacity]  # fmt: skip
+        fits = [
+            k
+            for (w, k, l) in self._chains
+            if (w, l) == (width, logits) and num_tokens <= k and self._length + width + k - 1 <= self.capacity
+        ]
         k = min(fits, default=num_tokens)
         self.reserve(width + k - 1)  # nothing to do when the caller reserved the room (no compaction then)
         if fits:
@@ -545,8 +566,11 @@ class StaticRaggedCache(RaggedCache):
         if attend is None:
             attend = self._chain_inputs(ids.shape[0], n)[0]
         look = attend.shape[-1] - n
-        fits = [(w, l) for (k, w), (l, _) in self._compiled.items()
-                if k == key and n <= w and look <= l and self._length + w <= self.capacity]  # fmt: skip
+        fits = [
+            (w, l)
+            for (k, w), (l, _) in self._compiled.items()
+            if k == key and n <= w and look <= l and self._length + w <= self.capacity
+        ]
         width, look = min(fits) if fits else (n, look)
         if self._length + width > self.capacity:
             raise StaticCacheOverflow(

@@ -69,11 +69,23 @@ def eos_set(eos_token_id) -> set[int]:
     return {int(t) for t in torch.as_tensor(eos_token_id).flatten().tolist()}
 
 
-def generate(target: PreTrainedModel, drafter: Drafter | None, input_ids: torch.Tensor, *, max_new_tokens: int,
-             num_draft_tokens: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int | None = None, eos_token_id=None, measure_distances: bool = False,
-             typical: tuple[float, float] | None = None, static_cache: bool = False,
-             compile: bool | str = False) -> Generation:  # fmt: skip
+def generate(
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int = 4,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id=None,
+    measure_distances: bool = False,
+    typical: tuple[float, float] | None = None,
+    static_cache: bool = False,
+    compile: bool | str = False,
+) -> Generation:
     """Decode one prompt (1-D or [1, T]) with `drafter` (None = target only): `decode` with B = 1.
     `seed=None` seeds from the system's entropy."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
@@ -85,26 +97,58 @@ def generate(target: PreTrainedModel, drafter: Drafter | None, input_ids: torch.
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens (K) must be >= 1, got {num_draft_tokens}")
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    result = decode(target, [input_ids], drafter, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                    sampling=sampling, eos_token_id=eos_token_id, seeds=[seed], static_cache=static_cache,
-                    compile=compile, measure_distances=measure_distances, typical=typical)  # fmt: skip
+    result = decode(
+        target,
+        [input_ids],
+        drafter,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        eos_token_id=eos_token_id,
+        seeds=[seed],
+        static_cache=static_cache,
+        compile=compile,
+        measure_distances=measure_distances,
+        typical=typical,
+    )
     stats = result.rows[0]
     stats.compile_seconds = result.compile_seconds
     return Generation(tokens=result.tokens[0], stats=stats)
 
 
-def generate_batch(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafter | None = None, *,
-                   num_draft_tokens: int = 4, max_new_tokens: int, sampling: SamplingConfig | None = None,
-                   eos_token_id=None, seed: int = 0, static_cache: bool = False, compile: bool | str = False,
-                   measure_distances: bool = False,
-                   typical: tuple[float, float] | None = None) -> BatchResult:  # fmt: skip
+def generate_batch(
+    target: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    drafter: Drafter | None = None,
+    *,
+    num_draft_tokens: int = 4,
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    eos_token_id=None,
+    seed: int = 0,
+    static_cache: bool = False,
+    compile: bool | str = False,
+    measure_distances: bool = False,
+    typical: tuple[float, float] | None = None,
+) -> BatchResult:
     """Decode every prompt in one batch, row b with the generator of `row_seed(seed, b)`."""
     if not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     seeds = [row_seed(seed, b) for b in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
-    return decode(target, prompts, drafter, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                  sampling=sampling, eos_token_id=eos_token_id, seeds=seeds, static_cache=static_cache,
-                  compile=compile, measure_distances=measure_distances, typical=typical)  # fmt: skip
+    return decode(
+        target,
+        prompts,
+        drafter,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        eos_token_id=eos_token_id,
+        seeds=seeds,
+        static_cache=static_cache,
+        compile=compile,
+        measure_distances=measure_distances,
+        typical=typical,
+    )
 
 
 def _typical(drafter, typical, sampling: SamplingConfig):
@@ -128,10 +172,21 @@ def _generator(device: torch.device, seed: int | None) -> torch.Generator:
 
 
 @torch.inference_mode()
-def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafter | None = None, *,
-           num_draft_tokens: int = 4, max_new_tokens: int, sampling: SamplingConfig | None = None,
-           eos_token_id=None, seeds: list[int | None], static_cache: bool = False, compile: bool | str = False,
-           measure_distances: bool = False, typical: tuple[float, float] | None = None) -> BatchResult:  # fmt: skip
+def decode(
+    target: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    drafter: Drafter | None = None,
+    *,
+    num_draft_tokens: int = 4,
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    eos_token_id=None,
+    seeds: list[int | None],
+    static_cache: bool = False,
+    compile: bool | str = False,
+    measure_distances: bool = False,
+    typical: tuple[float, float] | None = None,
+) -> BatchResult:
     """Decode every prompt up to `max_new_tokens` (or its first eos), all rows in one batch.
 
     Lossless per row (greedy equals the target's greedy decoding; sampling is distributed as the
@@ -214,8 +269,10 @@ def decode(target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafte
         # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
         # then the proposal at its depths after it (one host->device copy of ids and positions,
         # each [B, W + 1] in standard strides).
-        host = [[[contexts[r][-1]] * (call.width + 1) for r in active],
-                [[len(contexts[r]) - 1 + d for d in call.depths[i]] for i, r in enumerate(active)]]  # fmt: skip
+        host = [
+            [[contexts[r][-1]] * (call.width + 1) for r in active],
+            [[len(contexts[r]) - 1 + d for d in call.depths[i]] for i, r in enumerate(active)],
+        ]
         fed, positions = torch.tensor(host, device=device).view(2, size, call.width + 1)
         if call.width:
             fed = torch.cat([fed[:, :1], call.tokens], dim=1)
@@ -353,8 +410,12 @@ class _Call:
         if any(self.tree):  # gather `last` and the path's columns to the front
             cols = [[0] + [j + 1 for j in paths[i]] for i in alive]
             cols = torch.tensor([c + [0] * (width - len(c)) for c in cols], device=device)
-            hidden = {k: h.index_select(0, index.to(h.device)).gather(1, cols.to(h.device)[..., None].expand(
-                -1, -1, h.shape[-1])) for k, h in hidden.items()}  # fmt: skip
+            hidden = {
+                k: h.index_select(0, index.to(h.device)).gather(
+                    1, cols.to(h.device)[..., None].expand(-1, -1, h.shape[-1])
+                )
+                for k, h in hidden.items()
+            }
         elif len(alive) < len(paths):
             hidden = {k: h.index_select(0, index.to(h.device)) for k, h in hidden.items()}
         return committed.view(len(alive), width), hidden

@@ -86,8 +86,12 @@ def draw_rows(q: torch.Tensor, generators, live: list[bool]) -> torch.Tensor:
     """One token per row b of q [B, V], drawn with row b's generator where `live[b]`; elsewhere
     the argmax (never verified), leaving that generator untouched, so a row draws what it would
     draw alone."""
-    return torch.stack([draw(q[b].to(g.device), g).reshape(()).to(q.device) if on else q[b].argmax()
-                        for b, (g, on) in enumerate(zip(generators, live))])  # fmt: skip
+    return torch.stack(
+        [
+            draw(q[b].to(g.device), g).reshape(()).to(q.device) if on else q[b].argmax()
+            for b, (g, on) in enumerate(zip(generators, live))
+        ]
+    )
 
 
 def verify_chain(

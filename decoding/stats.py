@@ -65,7 +65,7 @@ class DecodeStats:
     #: Per-call lists (concatenated by `+`); every other list is per draft position (added).
     _PER_CALL = ("proposed", "accepted")
 
-    def __add__(self, other: "DecodeStats") -> "DecodeStats":
+    def __add__(self, other: DecodeStats) -> DecodeStats:
         k = max(self.num_draft_tokens, other.num_draft_tokens)
         merged = {"num_draft_tokens": k, "lossy": self.lossy or other.lossy}
         for f in fields(self):

@@ -82,8 +82,15 @@ def hf_call(model: PreTrainedModel, hidden_layers: tuple[int, ...], last_only: b
     states of `hidden_layers`...); `last_only`: the last column's logits only."""
 
     def call(ids, positions, mask, cache):
-        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
-                    output_hidden_states=bool(hidden_layers), logits_to_keep=1 if last_only else 0)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(hidden_layers),
+            logits_to_keep=1 if last_only else 0,
+        )
         return (out.logits, *(out.hidden_states[i] for i in hidden_layers))
 
     return call

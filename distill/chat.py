@@ -52,7 +52,7 @@ class ChatTemplateError(ValueError):
 
 
 def resolve_chat_template(spec: str, tokenizer, *, where: str = "--chat-template") -> str | None:
-    """"auto": the tokenizer's own template (None when it has none); "none": None (plain-prompt
+    """ "auto": the tokenizer's own template (None when it has none); "none": None (plain-prompt
     data); anything else: the path of a Jinja file. `where` names the option in error messages."""
     if spec == "none":
         return None

@@ -45,9 +45,17 @@ TOKEN_COUNTS = "token_counts.safetensors"
 SHARDS = "shards"
 SHARD_STATS = "draftsmith_shard.json"  # per-shard statistics, inside the shard folder
 COLUMNS = (
-    "input_ids", "loss_mask", "length", "num_trained", "prompt_length",
-    "finish_reason", "num_turns", "record_index", "sample_index", "token_source",
-)  # fmt: skip
+    "input_ids",
+    "loss_mask",
+    "length",
+    "num_trained",
+    "prompt_length",
+    "finish_reason",
+    "num_turns",
+    "record_index",
+    "sample_index",
+    "token_source",
+)
 
 
 class DataError(ValueError):
@@ -74,18 +82,20 @@ def remove_stale_temporaries(folder: Path) -> None:
 def _features():
     from datasets import Features, Sequence, Value
 
-    return Features({
-        "input_ids": Sequence(Value("int32")),
-        "loss_mask": Sequence(Value("int8")),
-        "length": Value("int32"),
-        "num_trained": Value("int32"),
-        "prompt_length": Value("int32"),
-        "finish_reason": Value("string"),
-        "num_turns": Value("int32"),
-        "record_index": Value("int64"),
-        "sample_index": Value("int32"),
-        "token_source": Value("string"),
-    })  # fmt: skip
+    return Features(
+        {
+            "input_ids": Sequence(Value("int32")),
+            "loss_mask": Sequence(Value("int8")),
+            "length": Value("int32"),
+            "num_trained": Value("int32"),
+            "prompt_length": Value("int32"),
+            "finish_reason": Value("string"),
+            "num_turns": Value("int32"),
+            "record_index": Value("int64"),
+            "sample_index": Value("int32"),
+            "token_source": Value("string"),
+        }
+    )
 
 
 def write_shard(rows: list[dict], stats: dict, folder: Path) -> None:
@@ -144,7 +154,9 @@ def check_shard_files(folder: Path, stats: dict) -> bool:
         size = path.stat().st_size
         if size != want["bytes"]:
             state = "truncated" if size < want["bytes"] else "longer than written"
-            raise DataError(f"data shard file {str(path)!r} is {state} ({size} of {want['bytes']} bytes): {_regenerate_hint(folder)}")
+            raise DataError(
+                f"data shard file {str(path)!r} is {state} ({size} of {want['bytes']} bytes): {_regenerate_hint(folder)}"
+            )
         crc = _crc32(path)
         if crc != want["crc32"]:
             raise DataError(
@@ -198,7 +210,9 @@ def load_shard(folder: Path):
         with _quiet_datasets():
             return load_from_disk(str(folder))
     except (OSError, ValueError, IndexError, KeyError, pa.ArrowException) as err:
-        raise DataError(f"data shard {str(folder)!r} cannot be read ({type(err).__name__}: {err}): {_regenerate_hint(folder)}") from None
+        raise DataError(
+            f"data shard {str(folder)!r} cannot be read ({type(err).__name__}: {err}): {_regenerate_hint(folder)}"
+        ) from None
 
 
 def hash_rows(datasets_in_order) -> str:
@@ -308,7 +322,12 @@ class DistillData:
         with_checksums = sum("files" in read_json(p / SHARD_STATS, "shard statistics") for p in self._shards)
         self.verify_hash()
         self.token_counts()
-        return {"shards": len(self._shards), "with_checksums": with_checksums, "samples": len(self), "data_hash": self.data_hash}
+        return {
+            "shards": len(self._shards),
+            "with_checksums": with_checksums,
+            "samples": len(self),
+            "data_hash": self.data_hash,
+        }
 
     def verify_hash(self) -> None:
         """Recompute the data hash from the rows (reads all shards, their checksums checked)."""

@@ -84,10 +84,13 @@ class EndpointSettings:
         if not self.urls:
             raise ValueError("--endpoint: give at least one URL, e.g. http://localhost:8000")
         checks = {
-            "concurrency": self.concurrency >= 1, "timeout": self.timeout > 0, "retries": self.retries >= 0,
-            "backoff": self.backoff >= 0, "send": self.send in SEND_MODES,
+            "concurrency": self.concurrency >= 1,
+            "timeout": self.timeout > 0,
+            "retries": self.retries >= 0,
+            "backoff": self.backoff >= 0,
+            "send": self.send in SEND_MODES,
             "reasoning": self.reasoning in REASONING_MODES,
-        }  # fmt: skip
+        }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"endpoint {name} = {getattr(self, name)!r} is out of range")
@@ -122,9 +125,10 @@ class EndpointClient:
                 )
             headers["Authorization"] = f"Bearer {key}"
         self._http = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
+            headers=headers,
+            timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
             limits=httpx.Limits(max_connections=settings.concurrency + len(settings.urls)),
-        )  # fmt: skip
+        )
         self._turn = 0
         self._lock = threading.Lock()
         self.model = self._check_models()
@@ -239,8 +243,9 @@ class EndpointClient:
 class EndpointBackend:
     """`generate_shard`'s backend for an endpoint: TurnRequests in, Answers out, concurrently."""
 
-    def __init__(self, client: EndpointClient, tokenizer, template: str | None, settings: GenerateSettings,
-                 stop_ids: list[int]):  # fmt: skip
+    def __init__(
+        self, client: EndpointClient, tokenizer, template: str | None, settings: GenerateSettings, stop_ids: list[int]
+    ):
         self.client, self.tokenizer, self.template, self.settings = client, tokenizer, template, settings
         self.stop_ids = set(stop_ids)
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (min(stop_ids) if stop_ids else None)
@@ -417,7 +422,10 @@ def _assemble(chunks: list[dict], chat: bool) -> tuple[dict, list[str]]:
             finish = choice.get("finish_reason") or finish
     text = "".join(pieces)
     if chat:
-        return {"message": {"content": text, "reasoning_content": "".join(reasoning) or None}, "finish_reason": finish}, pieces
+        return {
+            "message": {"content": text, "reasoning_content": "".join(reasoning) or None},
+            "finish_reason": finish,
+        }, pieces
     return {"text": text, "finish_reason": finish}, pieces
 
 

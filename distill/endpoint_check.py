@@ -47,8 +47,16 @@ def check_endpoint(job: EndpointCheckJob) -> dict:
 
     out = Path(job.out)
     settings = GenerateSettings(max_new_tokens=job.max_new_tokens, batch_size=job.batch_size, shard_size=job.limit)
-    common = dict(target=job.target, prompts=job.prompts, settings=settings, limit=job.limit,
-                  chat_template=job.chat_template, device=job.device, dtype=job.dtype, progress=False)  # fmt: skip
+    common = dict(
+        target=job.target,
+        prompts=job.prompts,
+        settings=settings,
+        limit=job.limit,
+        chat_template=job.chat_template,
+        device=job.device,
+        dtype=job.dtype,
+        progress=False,
+    )
     local = run_generate(GenerateJob(out=str(out / "local"), **common))
     stop_ids = DistillData(out / "local").provenance["stop_token_ids"]
 
@@ -61,8 +69,13 @@ def check_endpoint(job: EndpointCheckJob) -> dict:
     else:
         device = resolve_device(job.device)
         dtype = str(resolve_dtype(job.dtype, device)).removeprefix("torch.")
-        with serve_transformers(job.target, device=str(device), dtype=dtype, stop_token_ids=stop_ids,
-                                continuous_batching=job.continuous_batching) as server:  # fmt: skip
+        with serve_transformers(
+            job.target,
+            device=str(device),
+            dtype=dtype,
+            stop_token_ids=stop_ids,
+            continuous_batching=job.continuous_batching,
+        ) as server:
             remote = through([server.url])
     report = compare_data(out / "local", out / "endpoint") | {
         "local_tokens_per_second": local["generated_tokens_per_second"],
@@ -70,7 +83,7 @@ def check_endpoint(job: EndpointCheckJob) -> dict:
         "local_batch_size": job.batch_size,
         "endpoint_concurrency": job.concurrency,
         "server": list(job.endpoints) or "transformers serve" + (" --continuous-batching" * job.continuous_batching),
-    }  # fmt: skip
+    }
     write_json_atomic(out / "report.json", report)
     return report
 
@@ -103,8 +116,15 @@ def compare_data(local_dir, endpoint_dir) -> dict:
             if len(examples) < 5:
                 pairs = zip(x["input_ids"], y["input_ids"])
                 first = next((i for i, (s, t) in enumerate(pairs) if s != t), min(x["length"], y["length"]))
-                examples.append({"record_index": key[0], "kind": kind, "first_difference_at": first, "prompt_length": p,
-                                 "finish": [x["finish_reason"], y["finish_reason"]]})  # fmt: skip
+                examples.append(
+                    {
+                        "record_index": key[0],
+                        "kind": kind,
+                        "first_difference_at": first,
+                        "prompt_length": p,
+                        "finish": [x["finish_reason"], y["finish_reason"]],
+                    }
+                )
         kinds[kind] += 1
         source = by_source.setdefault(y["token_source"], {})
         source[kind] = source.get(kind, 0) + 1

@@ -41,11 +41,17 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill import data as store
-from draftsmith.heads.artifacts import check_finite_weights, check_writable_folder
-from draftsmith.distill.chat import ChatTemplateError, check_template, conversation_tokens, special_token_ids, template_hash
+from draftsmith.distill.chat import (
+    ChatTemplateError,
+    check_template,
+    conversation_tokens,
+    special_token_ids,
+    template_hash,
+)
 from draftsmith.distill.prompts import encode_text
 from draftsmith.distill.sources import Record, Source, assistant_turns
 from draftsmith.distill.summary import finish
+from draftsmith.heads.artifacts import check_finite_weights, check_writable_folder
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,9 @@ class GenerateSettings:
             if not ok:
                 raise ValueError(f"{name} = {getattr(self, name)!r} is out of range")
         if self.num_samples > 1 and self.temperature == 0:
-            raise ValueError("num_samples > 1 with temperature 0 would repeat the same greedy answer; set temperature > 0")
+            raise ValueError(
+                "num_samples > 1 with temperature 0 would repeat the same greedy answer; set temperature > 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,9 @@ def end_of_turn_token(tokenizer, template: str | None) -> int | None:
     if template is None:
         return None
     try:
-        tokens, mask = conversation_tokens(tokenizer, template, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+        tokens, mask = conversation_tokens(
+            tokenizer, template, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        )
     except ChatTemplateError:
         return None  # a template that cannot render this exchange is reported when it is first used
     trained = [t for t, m in zip(tokens, mask) if m]
@@ -241,7 +251,9 @@ def check_prompts_fit(source: Source, tokenizer, template: str | None, max_lengt
 
 
 @torch.inference_mode()
-def _generate_batch(model, prompts: list[list[int]], budgets: list[int], settings: GenerateSettings, stop_ids: list[int], pad_id: int):
+def _generate_batch(
+    model, prompts: list[list[int]], budgets: list[int], settings: GenerateSettings, stop_ids: list[int], pad_id: int
+):
     """Left-padded batched generation; returns each row's answer ids (through the stop token)
     and its finish reason."""
     from transformers import GenerationConfig
@@ -264,7 +276,11 @@ def _generate_batch(model, prompts: list[list[int]], budgets: list[int], setting
     )
     with _watch_logits(model) as finite:
         try:
-            out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device), generation_config=config)
+            out = model.generate(
+                input_ids=input_ids.to(model.device),
+                attention_mask=attention.to(model.device),
+                generation_config=config,
+            )
         except RuntimeError:  # sampling from NaN probabilities fails inside torch.multinomial
             if bool(finite):
                 raise
@@ -298,7 +314,18 @@ def _row(conv: _Conversation) -> dict:
     }
 
 
-def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: str | None, settings: GenerateSettings, *, max_length: int, stop_ids: list[int], progress=None, backend=None):
+def generate_shard(
+    model,
+    tokenizer,
+    items: list[tuple[Record, int]],
+    template: str | None,
+    settings: GenerateSettings,
+    *,
+    max_length: int,
+    stop_ids: list[int],
+    progress=None,
+    backend=None,
+):
     """Generate one shard's samples; returns (rows in item order, shard statistics). `backend`
     (TurnRequests -> Answers) answers instead of `model`; it is given each round whole, and
     bounds its own concurrency."""
@@ -349,7 +376,12 @@ def generate_shard(model, tokenizer, items: list[tuple[Record, int]], template: 
             batch = ready[start : start + step]
             budgets = [min(settings.max_new_tokens, max_length - len(ids)) for _, ids, _ in batch]
             if backend is None:
-                results = [Answer(a, r) for a, r in _generate_batch(model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id)]
+                results = [
+                    Answer(a, r)
+                    for a, r in _generate_batch(
+                        model, [ids for _, ids, _ in batch], budgets, settings, stop_ids, pad_id
+                    )
+                ]
             else:
                 results = backend([_turn_request(conv, ids, budget) for (conv, ids, _), budget in zip(batch, budgets)])
             before = generated
@@ -393,7 +425,18 @@ def _turn_request(conv: _Conversation, ids: list[int], budget: int) -> TurnReque
     return TurnRequest(ids, [dict(m) for m in conv.messages[: conv.turns[conv.num_turns]]], None, budget, key)
 
 
-def provenance(model, tokenizer, target_path, source: Source, template: str | None, template_spec: str, settings: GenerateSettings, max_length: int, stop_ids: list[int], dtype) -> dict:
+def provenance(
+    model,
+    tokenizer,
+    target_path,
+    source: Source,
+    template: str | None,
+    template_spec: str,
+    settings: GenerateSettings,
+    max_length: int,
+    stop_ids: list[int],
+    dtype,
+) -> dict:
     from draftsmith.heads.models import describe_model, tokenizer_fingerprint
 
     return {
@@ -402,7 +445,12 @@ def provenance(model, tokenizer, target_path, source: Source, template: str | No
         "target": describe_model(target_path, model) | {"dtype": str(dtype).removeprefix("torch.")},
         "tokenizer_hash": tokenizer_fingerprint(tokenizer),
         "chat_template": {"spec": template_spec, "used": template is not None, "hash": template_hash(template)},
-        "source": {"name": source.name, "format": source.format, "records": len(source.records), "fingerprint": source.fingerprint},
+        "source": {
+            "name": source.name,
+            "format": source.format,
+            "records": len(source.records),
+            "fingerprint": source.fingerprint,
+        },
         "settings": asdict(settings) | {"max_length": max_length},
         "stop_token_ids": stop_ids,
     }
@@ -423,10 +471,21 @@ def _check_resumable(out: Path, prov: dict) -> None:
 
 
 def generate_dataset(
-    model, tokenizer, source: Source, out_dir, settings: GenerateSettings, *, template: str | None,
-    template_spec: str = "auto", target_path: str = "", dtype=None, progress: bool = True, log=print,
-    backend=None, state=None,
-) -> dict:  # fmt: skip
+    model,
+    tokenizer,
+    source: Source,
+    out_dir,
+    settings: GenerateSettings,
+    *,
+    template: str | None,
+    template_spec: str = "auto",
+    target_path: str = "",
+    dtype=None,
+    progress: bool = True,
+    log=print,
+    backend=None,
+    state=None,
+) -> dict:
     """Generate (or finish) the dataset in `out_dir`; returns the summary (None but in the main process
     of `state`, an accelerate PartialState). With `backend` (an `EndpointBackend`) a server answers."""
     out = Path(out_dir)
@@ -438,7 +497,7 @@ def generate_dataset(
     if source.format == "input_ids":
         raise store.DataError(
             f"{source.name!r} holds pre-tokenised input_ids: generation needs text prompts or conversations "
-            "(rows with \"prompt\", \"messages\", \"conversations\" or \"turns\")"
+            '(rows with "prompt", "messages", "conversations" or "turns")'
         )
     if template is None and source.format != "prompt":
         raise store.DataError(
@@ -447,14 +506,29 @@ def generate_dataset(
         )
     if template is not None:
         first = source.records[0]
-        check_template(tokenizer, template, list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}])
+        check_template(
+            tokenizer,
+            template,
+            list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}],
+        )
     check_prompts_fit(source, tokenizer, template, max_length, explicit=settings.max_length is not None)
     try:
         check_finite_weights(model, target_path, "--target", store.DataError)
     except store.DataError as err:
         raise store.DataError(f"{err}; nothing was written") from None
     stop_ids = stop_token_ids(model, tokenizer, template)
-    prov = provenance(model, tokenizer, target_path, source, template, template_spec, settings, max_length, stop_ids, dtype or model.dtype)
+    prov = provenance(
+        model,
+        tokenizer,
+        target_path,
+        source,
+        template,
+        template_spec,
+        settings,
+        max_length,
+        stop_ids,
+        dtype or model.dtype,
+    )
     if backend is not None:
         prov |= backend.provenance()
     if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
@@ -480,14 +554,28 @@ def generate_dataset(
     if progress and todo and rank == 0:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo), desc="generate", unit="turn")
+        bar = tqdm(
+            total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo),
+            desc="generate",
+            unit="turn",
+        )
     k = None
     try:
         for k in todo:
             chunk = items[k * settings.shard_size : (k + 1) * settings.shard_size]
             torch.manual_seed(settings.seed * 1_000_003 + k)  # each shard its own stream: resumable
             start = time.perf_counter()
-            rows, stats = generate_shard(model, tokenizer, chunk, template, settings, max_length=max_length, stop_ids=stop_ids, progress=bar, backend=backend)
+            rows, stats = generate_shard(
+                model,
+                tokenizer,
+                chunk,
+                template,
+                settings,
+                max_length=max_length,
+                stop_ids=stop_ids,
+                progress=bar,
+                backend=backend,
+            )
             stats["seconds"] = _synchronized_elapsed(model.device, start)
             stats["device"] = str(model.device) if backend is None else backend.describe()
             stats["process"] = rank
@@ -499,9 +587,11 @@ def generate_dataset(
         if removed:
             _remove_started(out, made)
         if isinstance(err, NonFiniteLogits):
-            kept = "nothing was written" if removed else (
-                f"the complete shards are kept in {str(out)!r} (other settings need a new --out)"
-            )  # fmt: skip
+            kept = (
+                "nothing was written"
+                if removed
+                else (f"the complete shards are kept in {str(out)!r} (other settings need a new --out)")
+            )
             raise NonFiniteLogits(
                 f"--target {target_path!r}: {err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}"
             ) from None
@@ -531,7 +621,9 @@ def _overflow_hint(model) -> str:
         return "float16 overflows past 65504: try --dtype bfloat16 or float32"
     if dtype == torch.float32:
         return "its weights are finite, so the forward itself breaks even in float32: check the target's checkpoint"
-    return f"its weights are finite, so the forward overflows in {str(dtype).removeprefix('torch.')}: try --dtype float32"
+    return (
+        f"its weights are finite, so the forward overflows in {str(dtype).removeprefix('torch.')}: try --dtype float32"
+    )
 
 
 def _first_missing(path: Path) -> Path | None:

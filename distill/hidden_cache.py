@@ -50,7 +50,7 @@ class CacheError(ValueError):
 
 
 def resolve_layers(spec, num_layers: int) -> tuple[int, ...]:
-    """"2,mid,-3" (or a sequence of ints/names) -> HF hidden_states indices in [0, L]."""
+    """ "2,mid,-3" (or a sequence of ints/names) -> HF hidden_states indices in [0, L]."""
     if isinstance(spec, str) and spec.strip() == "none":
         return ()
     parts = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else list(spec)
@@ -66,7 +66,9 @@ def resolve_layers(spec, num_layers: int) -> tuple[int, ...]:
             try:
                 index = int(part)
             except (TypeError, ValueError):
-                raise CacheError(f"--layers: {part!r} is not a layer id (an integer, -k, mid, last; or none alone)") from None
+                raise CacheError(
+                    f"--layers: {part!r} is not a layer id (an integer, -k, mid, last; or none alone)"
+                ) from None
             if index < 0:
                 index = num_layers + index
         if not 0 <= index <= num_layers:
@@ -80,11 +82,22 @@ def resolve_layers(spec, num_layers: int) -> tuple[int, ...]:
     return tuple(resolved)
 
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
-    """"50GB" / "1.5TiB" / "1000000" -> bytes."""
+    """ "50GB" / "1.5TiB" / "1000000" -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     unit = match.group(2).upper() if match else None
     if match is None or unit not in _UNITS:
@@ -143,9 +156,12 @@ def extract(model, rows: list[list[int]], layers: tuple[int, ...], *, topk: int 
         input_ids[r, : len(ids)] = torch.tensor(ids)
         attention[r, : len(ids)] = 1
     out = model(
-        input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-        output_hidden_states=bool(layers), use_cache=False, logits_to_keep=0 if topk else 1,
-    )  # fmt: skip
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention.to(model.device),
+        output_hidden_states=bool(layers),
+        use_cache=False,
+        logits_to_keep=0 if topk else 1,
+    )
     stacked = torch.stack([out.hidden_states[i] for i in layers], dim=1) if layers else None  # [B, n_layers, T, H]
     results = []
     for r, ids in enumerate(rows):
@@ -164,9 +180,20 @@ def _write_safetensors_atomic(tensors: dict, path: Path, metadata: dict) -> None
 
 
 def cache_hidden_states(
-    model, data: store.DistillData, out_dir, *, layers_spec, dtype: torch.dtype, max_disk: int | None = None,
-    batch_size: int = 8, topk: int = 0, shard_size: int = 256, target_path: str = "", progress: bool = True, log=print,
-) -> dict:  # fmt: skip
+    model,
+    data: store.DistillData,
+    out_dir,
+    *,
+    layers_spec,
+    dtype: torch.dtype,
+    max_disk: int | None = None,
+    batch_size: int = 8,
+    topk: int = 0,
+    shard_size: int = 256,
+    target_path: str = "",
+    progress: bool = True,
+    log=print,
+) -> dict:
     """Write (or finish) the cache of `data`'s rows in `out_dir`; returns the manifest."""
     from draftsmith.heads.models import describe_model
 
@@ -178,7 +205,9 @@ def cache_hidden_states(
         raise CacheError(f"--topk-logits {topk}: expected 0 (off) .. {vocab} (the vocabulary)")
     if not layers and not topk:
         raise CacheError("--layers none without --topk-logits would cache nothing: name layers or give --topk-logits K")
-    estimate = Estimate(data.summary["tokens"], len(layers), text_config.hidden_size, torch.finfo(dtype).bits // 8, topk)
+    estimate = Estimate(
+        data.summary["tokens"], len(layers), text_config.hidden_size, torch.finfo(dtype).bits // 8, topk
+    )
     log(f"disk estimate: {estimate.describe()}")
     if max_disk is not None and estimate.total > max_disk:
         raise CacheError(
@@ -213,7 +242,9 @@ def cache_hidden_states(
         keys = ("target", "layers", "dtype", "topk_logits", "topk_tail", "data_hash", "shard_size")
         differ = [k for k in keys if old.get(k) != manifest.get(k)]
         if differ:
-            raise CacheError(f"--out {str(out)!r} holds a cache made with other {', '.join(differ)}; choose a new --out")
+            raise CacheError(
+                f"--out {str(out)!r} holds a cache made with other {', '.join(differ)}; choose a new --out"
+            )
         if old.get("complete"):
             log(f"{out} is already complete")
             return old
@@ -224,7 +255,9 @@ def cache_hidden_states(
     free = shutil.disk_usage(out).free
     existing = sum(p.stat().st_size for p in out.glob("hidden-*.safetensors"))
     if estimate.total - existing > free:
-        raise CacheError(f"the cache needs {human_bytes(estimate.total - existing)} more but {out} has {human_bytes(free)} free")
+        raise CacheError(
+            f"the cache needs {human_bytes(estimate.total - existing)} more but {out} has {human_bytes(free)} free"
+        )
     store.write_json_atomic(out / MANIFEST, manifest)
 
     num_shards = (len(data) + shard_size - 1) // shard_size
@@ -234,7 +267,9 @@ def cache_hidden_states(
     if progress and todo:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(min(shard_size, len(data) - k * shard_size) for k in todo), desc="cache-hidden", unit="sample")
+        bar = tqdm(
+            total=sum(min(shard_size, len(data) - k * shard_size) for k in todo), desc="cache-hidden", unit="sample"
+        )
     import time
 
     start = time.perf_counter()
@@ -263,7 +298,9 @@ def cache_hidden_states(
                     cached_tokens += len(rows[i])
                 if bar is not None:
                     bar.update(len(batch))
-            _write_safetensors_atomic(tensors, out / shard_file(k), {"first": str(lo), "last": str(hi - 1), "data_hash": data.data_hash})
+            _write_safetensors_atomic(
+                tensors, out / shard_file(k), {"first": str(lo), "last": str(hi - 1), "data_hash": data.data_hash}
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -274,13 +311,15 @@ def cache_hidden_states(
     manifest["num_shards"] = num_shards
     manifest["bytes"] = sum(p.stat().st_size for p in out.glob("hidden-*.safetensors"))
     manifest["last_run"] = {
-        "tokens": cached_tokens, "seconds": seconds, "tokens_per_second": cached_tokens / seconds if seconds else None,
+        "tokens": cached_tokens,
+        "seconds": seconds,
+        "tokens_per_second": cached_tokens / seconds if seconds else None,
         # the target's forward (and its top-k with --topk-logits) alone, real tokens per second: what a head
         # trainer's train_tokens_per_second from this cache compares with
         "forward_seconds": forward_seconds,
         "forward_tokens_per_second": cached_tokens / forward_seconds if forward_seconds else None,
         "device": str(model.device),
-    }  # fmt: skip
+    }
     store.write_json_atomic(out / MANIFEST, manifest)
     return manifest
 
@@ -291,15 +330,26 @@ class HiddenStateCache:
     def __init__(self, cache_dir):
         self.dir = Path(cache_dir)
         if not (self.dir / MANIFEST).is_file():
-            raise CacheError(f"{str(self.dir)!r} is not a hidden-state cache (no {MANIFEST}; make one with `draftsmith cache-hidden`)")
+            raise CacheError(
+                f"{str(self.dir)!r} is not a hidden-state cache (no {MANIFEST}; make one with `draftsmith cache-hidden`)"
+            )
         self.manifest = store.read_json(self.dir / MANIFEST, "cache manifest")
         if not self.manifest.get("complete"):
-            raise CacheError(f"hidden-state cache {str(self.dir)!r} is incomplete: rerun the same `draftsmith cache-hidden` command to finish it")
+            raise CacheError(
+                f"hidden-state cache {str(self.dir)!r} is incomplete: rerun the same `draftsmith cache-hidden` command to finish it"
+            )
         self.layers = tuple(self.manifest["layers"])
         self.shard_size = self.manifest["shard_size"]
         self._open = {}
 
-    def check(self, *, target_fingerprint: str | None = None, layers=None, data_hash: str | None = None, hidden_size: int | None = None) -> None:
+    def check(
+        self,
+        *,
+        target_fingerprint: str | None = None,
+        layers=None,
+        data_hash: str | None = None,
+        hidden_size: int | None = None,
+    ) -> None:
         """Raise CacheError when the cache was made from another target or data, or lacks one of `layers`
         (it may hold more: one cache of (2, L//2, L-3, last) serves EAGLE-3, P-EAGLE, DFlash and Medusa)."""
         m = self.manifest
@@ -310,7 +360,9 @@ class HiddenStateCache:
                 f"this target's is {target_fingerprint[:12]})"
             )
         if hidden_size is not None and m["hidden_size"] != hidden_size:
-            raise CacheError(f"hidden-state cache {str(self.dir)!r} holds hidden size {m['hidden_size']}, expected {hidden_size}")
+            raise CacheError(
+                f"hidden-state cache {str(self.dir)!r} holds hidden size {m['hidden_size']}, expected {hidden_size}"
+            )
         missing = [i for i in layers if i not in self.layers] if layers is not None else []
         if missing:  # a superset is fine: a trainer reads the layers it needs by id (`layer_index`)
             raise CacheError(
@@ -319,7 +371,9 @@ class HiddenStateCache:
                 "with --layers naming them all"
             )
         if data_hash is not None and m["data_hash"] != data_hash:
-            raise CacheError(f"hidden-state cache {str(self.dir)!r} was made from data {m['data_hash'][:12]}, the trainer reads data {data_hash[:12]}")
+            raise CacheError(
+                f"hidden-state cache {str(self.dir)!r} was made from data {m['data_hash'][:12]}, the trainer reads data {data_hash[:12]}"
+            )
 
     def layer_index(self, layers) -> list[int]:
         """Where each of `layers` (HF hidden_states ids, `check`ed to be cached) sits along a sample's `hidden`."""
@@ -357,11 +411,15 @@ class HiddenStateCache:
         """The k of a cache a trainer reads top-k teacher logits from; CacheError when it holds
         none, or holds them without the tail (an older cache-hidden), so no loss is defined."""
         m, k = self.manifest, self.manifest["topk_logits"]
-        again = (f"draftsmith cache-hidden --target {m['target']['name_or_path']} --data {m['data']} "
-                 f"--layers {m['layers_spec']} --topk-logits {k or 'K'} --out NEW_DIR")
+        again = (
+            f"draftsmith cache-hidden --target {m['target']['name_or_path']} --data {m['data']} "
+            f"--layers {m['layers_spec']} --topk-logits {k or 'K'} --out NEW_DIR"
+        )
         if not k:
             raise CacheError(f"hidden-state cache {str(self.dir)!r} holds no top-k teacher logits: rerun {again}")
         if not m.get("topk_tail"):
-            raise CacheError(f"hidden-state cache {str(self.dir)!r} holds top-{k} logits without their tail log-sum-exp "
-                             f"(made by an older cache-hidden), so no loss is defined on them: rerun {again}")
+            raise CacheError(
+                f"hidden-state cache {str(self.dir)!r} holds top-{k} logits without their tail log-sum-exp "
+                f"(made by an older cache-hidden), so no loss is defined on them: rerun {again}"
+            )
         return k

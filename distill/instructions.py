@@ -40,9 +40,17 @@ KINDS = ("code", "explain", "writing", "multi-turn")
 # Tests, apps and demos (idlelib, lib2to3, turtledemo) teach no library; `encodings` and
 # `pydoc_data` are tables and help text; site-packages is not the standard library.
 EXCLUDED_DIRS = {
-    "test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "dist-packages", "__pycache__",
-    "encodings", "pydoc_data",
-}  # fmt: skip
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+}
 MIX = {"code": 4, "explain": 3, "writing": 2}  # ratio of the rows left after multi-turn: 40/30/20 at a 10% share
 HELDOUT_EVERY = 10  # ~1 source in 10 is held out (at least one of each source kind)
 MAX_PROMPT_CHARS = 1200  # all turns together: a 135M model's answer should be the bulk of its context
@@ -50,16 +58,19 @@ MAX_CODE_LINES = 25  # a function to explain fits on one screen
 DOC_CHARS = (20, 400)  # a docstring paragraph shorter says nothing, longer is a manual page
 # The folio copies spell some titles differently; both copies are one document.
 FOLIO_ALIASES = {
-    "all_is_well_that_ends_well": "alls_well_that_ends_well", "anthonie_and_cleopatra": "antony_and_cleopatra",
-    "comedy_of_errours": "comedy_of_errors", "loves_labour_lost": "loves_labours_lost",
-    "midsummer_nights_dreame": "midsummer_nights_dream", "tragedy_of_titus_andronicus": "titus_andronicus",
+    "all_is_well_that_ends_well": "alls_well_that_ends_well",
+    "anthonie_and_cleopatra": "antony_and_cleopatra",
+    "comedy_of_errours": "comedy_of_errors",
+    "loves_labour_lost": "loves_labours_lost",
+    "midsummer_nights_dreame": "midsummer_nights_dream",
+    "tragedy_of_titus_andronicus": "titus_andronicus",
     "twelfe-night": "twelfth_night",
-}  # fmt: skip
+}
 
 CODE = (
     "Write a Python function `{name}({args})` that does the following: {doc}",
     "Implement `{name}({args})` in Python. Specification: {doc}",
-    "Write a short Python function `{name}({args})` for this docstring:\n\n\"\"\"{doc}\"\"\"",
+    'Write a short Python function `{name}({args})` for this docstring:\n\n"""{doc}"""',
     "Here is what a function should do: {doc}\nWrite it in Python as `{name}({args})`.",
 )
 EXPLAIN_NAME = (
@@ -83,8 +94,8 @@ PASSAGE = (
 )
 SPEECH = PASSAGE + ("Summarise this speech from {title} in two sentences:\n\n{text}",)
 PROSE = (  # writing without Shakespeare: from stdlib module and class docstrings
-    "Write a short paragraph for a beginner about `{qual}` in Python, which is described as: \"{doc}\"",
-    "Write a friendly explanation, for someone new to programming, of this description of `{qual}`: \"{doc}\"",
+    'Write a short paragraph for a beginner about `{qual}` in Python, which is described as: "{doc}"',
+    'Write a friendly explanation, for someone new to programming, of this description of `{qual}`: "{doc}"',
 )
 
 SPEAKER = re.compile(r"[A-Z][A-Za-z' ]{0,24}\.")  # "Hor." or "FIRST WITCH." on its own line
@@ -158,11 +169,12 @@ def build_instruction_prompts(
         summary["note"] = "the `shakespeare` package is not installed: writing tasks come from stdlib docstrings"
     for split, rows in splits.items():
         summary[split] = {
-            "file": str(out / f"{split}.jsonl"), "rows": len(rows),
+            "file": str(out / f"{split}.jsonl"),
+            "rows": len(rows),
             "tasks": {kind: sum(r["task"] == kind for r in rows) for kind in KINDS},
             "source_kinds": dict(sorted(Counter(r["source"].split(":")[0] for r in rows).items())),
             "sources": sorted({r["source"] for r in rows}),
-        }  # fmt: skip
+        }
     return summary
 
 

@@ -43,8 +43,8 @@ def run_generate(job: GenerateJob) -> dict | None:
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.data import DataError
     from draftsmith.distill.generate import check_out_folder, generate_dataset, stop_token_ids
-    from draftsmith.distill.summary import describe_summary
     from draftsmith.distill.sources import load_source
+    from draftsmith.distill.summary import describe_summary
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     device = resolve_device(job.device)
@@ -52,7 +52,9 @@ def run_generate(job: GenerateJob) -> dict | None:
     if state is None or state.is_main_process:  # one checker: another's probe folder looks like foreign content
         check_out_folder(job.out)  # before anything slow: a run must not die at its first write
     if state is not None and job.endpoint is not None:
-        raise DataError(f"--endpoint under {state.num_processes} processes: the client spreads requests itself; launch one")
+        raise DataError(
+            f"--endpoint under {state.num_processes} processes: the client spreads requests itself; launch one"
+        )
     if state is not None and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", state.local_process_index)  # one GPU per process
     dtype = resolve_dtype(job.dtype, device)
@@ -73,9 +75,19 @@ def run_generate(job: GenerateJob) -> dict | None:
             stops = stop_token_ids(model, tokenizer, template)
             backend = EndpointBackend(client, tokenizer, template, job.settings, stops)
         summary = generate_dataset(
-            model, tokenizer, source, job.out, job.settings, template=template, template_spec=job.chat_template,
-            target_path=job.target, dtype=dtype, progress=job.progress, backend=backend, state=state,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            source,
+            job.out,
+            job.settings,
+            template=template,
+            template_spec=job.chat_template,
+            target_path=job.target,
+            dtype=dtype,
+            progress=job.progress,
+            backend=backend,
+            state=state,
+        )
     finally:
         if client is not None:
             (backend or client).close()
@@ -106,12 +118,18 @@ def check_target(target: str) -> None:
     path = Path(target).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ModelLoadError(f"--target {target!r} is a file: expected the target's folder (HF format, with config.json)")
+            raise ModelLoadError(
+                f"--target {target!r} is a file: expected the target's folder (HF format, with config.json)"
+            )
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"--target {target!r} has no config.json: expected a folder written by save_pretrained")
+            raise ModelLoadError(
+                f"--target {target!r} has no config.json: expected a folder written by save_pretrained"
+            )
         return
     if not is_hub_id(target):
-        raise ModelLoadError(f"--target {target!r} does not exist: expected the target's folder (HF format, with config.json)")
+        raise ModelLoadError(
+            f"--target {target!r} does not exist: expected the target's folder (HF format, with config.json)"
+        )
     try:
         AutoConfig.from_pretrained(target)
     except (OSError, ValueError) as err:
@@ -176,7 +194,8 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
         f"target    {target['name_or_path']} (fingerprint {target['fingerprint'][:12]}, {target['dtype']})",
         f"source    {prov['source']['name']} ({prov['source']['format']}, {prov['source']['records']} records)",
         *[f"endpoint  {g['served_model']} at {', '.join(prov['endpoints'])}" for g in [prov.get("generator")] if g],
-        f"template  {template['spec']}" + (f" (sha256 {template['hash'][:12]})" if template["used"] else " (not used: raw prompts)"),
+        f"template  {template['spec']}"
+        + (f" (sha256 {template['hash'][:12]})" if template["used"] else " (not used: raw prompts)"),
         f"sampling  T = {s['temperature']:g}, top_p = {s['top_p']:g}, top_k = {s['top_k']}, seed {s['seed']}, "
         f"max_new_tokens {s['max_new_tokens']}, max_length {s['max_length']}, {s['num_samples']} sample(s) per prompt",
         "",
@@ -227,8 +246,14 @@ def run_cache_hidden(job: CacheHiddenJob) -> dict:
 
     from draftsmith.distill.data import DistillData
     from draftsmith.distill.hidden_cache import cache_hidden_states, human_bytes, parse_size, resolve_layers
-    from draftsmith.heads.models import load_causal_lm, output_vocab_size, parse_dtype, target_fingerprint
-    from draftsmith.heads.models import resolve_device, resolve_dtype
+    from draftsmith.heads.models import (
+        load_causal_lm,
+        output_vocab_size,
+        parse_dtype,
+        resolve_device,
+        resolve_dtype,
+        target_fingerprint,
+    )
 
     device = resolve_device(job.device)
     store_dtype = parse_dtype(job.dtype)
@@ -246,15 +271,29 @@ def run_cache_hidden(job: CacheHiddenJob) -> dict:
             file=sys.stderr,
         )
     manifest = cache_hidden_states(
-        model, data, job.out, layers_spec=job.layers, dtype=store_dtype, max_disk=max_disk,
-        batch_size=job.batch_size, topk=job.topk_logits, shard_size=job.shard_size,
-        target_path=job.target, progress=job.progress,
-    )  # fmt: skip
+        model,
+        data,
+        job.out,
+        layers_spec=job.layers,
+        dtype=store_dtype,
+        max_disk=max_disk,
+        batch_size=job.batch_size,
+        topk=job.topk_logits,
+        shard_size=job.shard_size,
+        target_path=job.target,
+        progress=job.progress,
+    )
     run = manifest.get("last_run") or {}
-    print(f"layers {manifest['layers']} ({manifest['layers_spec']}), {manifest['dtype']}, {manifest['samples']} samples, {manifest['tokens']} tokens")
-    print(f"wrote {human_bytes(manifest['bytes'])} ({manifest['bytes'] / max(1, manifest['tokens']):.0f} B/token on disk) to {job.out}")
+    print(
+        f"layers {manifest['layers']} ({manifest['layers_spec']}), {manifest['dtype']}, {manifest['samples']} samples, {manifest['tokens']} tokens"
+    )
+    print(
+        f"wrote {human_bytes(manifest['bytes'])} ({manifest['bytes'] / max(1, manifest['tokens']):.0f} B/token on disk) to {job.out}"
+    )
     if run.get("tokens_per_second"):
-        print(f"extraction: {run['tokens']} tokens in {run['seconds']:.1f} s ({run['tokens_per_second']:.0f} tokens/s on {run['device']})")
+        print(
+            f"extraction: {run['tokens']} tokens in {run['seconds']:.1f} s ({run['tokens_per_second']:.0f} tokens/s on {run['device']})"
+        )
     if run.get("forward_tokens_per_second"):  # the yardstick of the head trainers' train_tokens_per_second
         print(f"target forward alone: {run['forward_tokens_per_second']:.0f} tokens/s ({run['forward_seconds']:.1f} s)")
     return manifest

@@ -94,9 +94,14 @@ def _overlay(target: Path, stop_token_ids: list[int], into: Path) -> Path:
 
 
 def launch_transformers_serve(
-    target, *, device: str = "cpu", dtype: str = "float32", port: int | None = None,
-    stop_token_ids: list[int] | None = None, continuous_batching: bool = False,
-) -> LocalServer:  # fmt: skip
+    target,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    port: int | None = None,
+    stop_token_ids: list[int] | None = None,
+    continuous_batching: bool = False,
+) -> LocalServer:
     """Start `transformers serve TARGET` on 127.0.0.1 and return at once (`wait_ready` waits):
     servers started together load in parallel. `stop_token_ids`: served through an overlay
     whose generation config stops on them (see the module docstring). `continuous_batching`:
@@ -107,9 +112,20 @@ def launch_transformers_serve(
     port = port or free_port()
     log = Path(tmp.name) / "server.log"
     command = [
-        sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder),
-        "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
-    ] + (["--continuous-batching"] if continuous_batching else [])  # fmt: skip
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+    ] + (["--continuous-batching"] if continuous_batching else [])
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

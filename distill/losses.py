@@ -66,8 +66,7 @@ class Projected:
     def __post_init__(self):
         w, h = tuple(self.weight.shape), tuple(self.hidden.shape)
         if len(w) != 2 or not h or h[-1] != w[1]:
-            raise ValueError(f"Projected: hidden [..., H] and weight [V, H] must share H; "
-                             f"got hidden {h}, weight {w}")
+            raise ValueError(f"Projected: hidden [..., H] and weight [V, H] must share H; got hidden {h}, weight {w}")
         if self.bias is not None and tuple(self.bias.shape) != w[:1]:
             raise ValueError(f"Projected: bias must have shape ({w[0]},), got {tuple(self.bias.shape)}")
 
@@ -80,10 +79,20 @@ class Projected:
         return F.linear(self.hidden, self.weight, self.bias)
 
 
-def divergence(kind: str, student, teacher, mask=None, *, temperature: float = 1.0,
-               beta: float = 0.5, tv_weight: float = 0.5, eta: float = 3.0,
-               chunk_size: int | None = None, vocab_chunk_size: int | None = None,
-               reduction: str = "mean") -> torch.Tensor:
+def divergence(
+    kind: str,
+    student,
+    teacher,
+    mask=None,
+    *,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    tv_weight: float = 0.5,
+    eta: float = 3.0,
+    chunk_size: int | None = None,
+    vocab_chunk_size: int | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """Divergence `kind` (one of DIVERGENCES) between teacher p and student q, per token, reduced.
 
     jsd uses the GKD/TRL convention: m = beta p + (1 - beta) q,
@@ -119,8 +128,10 @@ def divergence(kind: str, student, teacher, mask=None, *, temperature: float = 1
         bounds = _bounds(V, vocab_chunk_size)
         lse_q = _streamed_logsumexp(s, rows, bounds, temperature, grad)
         lse_p = _streamed_logsumexp(t, rows, bounds, temperature, False)
-        parts = [_call(grad, _slice_terms, kind, s, t, rows, lo, hi, temperature, lse_q, lse_p,
-                       beta, tv_weight) for lo, hi in bounds]
+        parts = [
+            _call(grad, _slice_terms, kind, s, t, rows, lo, hi, temperature, lse_q, lse_p, beta, tv_weight)
+            for lo, hi in bounds
+        ]
         return _finish(kind, _merge(kind, parts), eta)
 
     values = _over_chunks(rows_fn, shape[:-1].numel(), idx, chunk_size, grad and not sliced)
@@ -147,15 +158,18 @@ def soft_cross_entropy(student, teacher, mask=None, **kwargs) -> torch.Tensor:
     return divergence("soft_ce", student, teacher, mask, **kwargs)
 
 
-def cross_entropy(student, labels, mask=None, *, chunk_size=None, vocab_chunk_size=None,
-                  reduction="mean", ignore_index=-100) -> torch.Tensor:
+def cross_entropy(
+    student, labels, mask=None, *, chunk_size=None, vocab_chunk_size=None, reduction="mean", ignore_index=-100
+) -> torch.Tensor:
     """Hard cross-entropy -log q(label) = logsumexp(z) - z[label], with the chunking and mask
     conventions of `divergence`; labels equal to `ignore_index` count as masked out."""
     shape = _shape(student, "student")
     V = shape[-1]
     if tuple(labels.shape) != tuple(shape[:-1]):
-        raise ValueError(f"labels must have shape {tuple(shape[:-1])} (student without the "
-                         f"vocabulary axis), got {tuple(labels.shape)}")
+        raise ValueError(
+            f"labels must have shape {tuple(shape[:-1])} (student without the "
+            f"vocabulary axis), got {tuple(labels.shape)}"
+        )
     keep = labels != ignore_index
     if mask is not None:
         _check_mask(mask, shape[:-1])
@@ -164,8 +178,7 @@ def cross_entropy(student, labels, mask=None, *, chunk_size=None, vocab_chunk_si
     y = labels.reshape(-1).long()
     bad = y[idx][(y[idx] < 0) | (y[idx] >= V)]
     if bad.numel():
-        raise ValueError(f"labels must lie in [0, {V}) or equal ignore_index={ignore_index}; "
-                         f"found {bad[0].item()}")
+        raise ValueError(f"labels must lie in [0, {V}) or equal ignore_index={ignore_index}; found {bad[0].item()}")
     s = _flat(student, detach=False)
     grad = torch.is_grad_enabled() and _requires_grad(s)
     sliced = vocab_chunk_size is not None and vocab_chunk_size < V
@@ -186,6 +199,7 @@ def cross_entropy(student, labels, mask=None, *, chunk_size=None, vocab_chunk_si
 # rest of the vocabulary, the tail, is one more bucket holding p's remaining mass. Both p and q
 # are compared as distributions over these k + 1 outcomes: every divergence is exactly defined
 # on them, equals the full-vocabulary one when k = V, and (data processing) never exceeds it.
+
 
 def topk_teacher(logits, k: int):
     """(values [..., k] float32, ids [..., k] int32, tail [...]) of teacher logits [..., V]: the
@@ -212,8 +226,10 @@ def topk_divergence(kind: str, student, values, ids, tail, mask=None, **kwargs) 
     if kwargs.get("temperature", 1.0) != 1.0:
         raise ValueError(f"a top-k teacher is defined at temperature 1, got {kwargs['temperature']}")
     if tuple(values.shape) != tuple(ids.shape) or tuple(tail.shape) != tuple(values.shape[:-1]):
-        raise ValueError(f"top-k teacher: values {tuple(values.shape)}, ids {tuple(ids.shape)} and tail "
-                         f"{tuple(tail.shape)} must be [..., k], [..., k], [...]")
+        raise ValueError(
+            f"top-k teacher: values {tuple(values.shape)}, ids {tuple(ids.shape)} and tail "
+            f"{tuple(tail.shape)} must be [..., k], [..., k], [...]"
+        )
     teacher = torch.cat([values.float(), tail.float()[..., None]], -1)
     return divergence(kind, topk_buckets(student, ids), teacher, mask, **kwargs)
 
@@ -223,8 +239,7 @@ def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tens
     F.smooth_l1_loss(pred, target, beta); then reduced over kept tokens like `divergence`.
     The target features come from the frozen model and are detached."""
     if tuple(pred.shape) != tuple(target.shape):
-        raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs "
-                         f"{tuple(target.shape)}")
+        raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
     if not beta >= 0:
         raise ValueError(f"beta must be >= 0 (0 is plain L1), got {beta}")
     idx = _kept_rows(mask, pred.shape[:-1], reduction, None, None)
@@ -239,6 +254,7 @@ def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tens
 # The summands. lp, lq are log p, log q on one vocabulary slice; each returns the sum over it
 # (nla: log of the sum; lk_hybrid: the sums of its two terms, [N, 2]). Slices combine by
 # `_merge`, and `_finish` turns the whole vocabulary's sums into the per-token loss.
+
 
 def _terms(kind, lp, lq, beta, tv_weight):
     if kind == "nla":  # log alpha = log sum exp(min(log p, log q)); clamp: all -inf gives no NaN
@@ -294,6 +310,7 @@ def _slice_terms(kind, s, t, rows, lo, hi, T, lse_q, lse_p, beta, tv_weight):
 # ---------------------------------------------------------------------------------------------
 # Chunking machinery.
 
+
 def _streamed_logsumexp(src, rows, bounds, T, grad):
     """log sum_v exp(z_v) over slices of the vocabulary with a running max (online softmax):
     acc = sum exp(z - m) is rescaled by exp(m_old - m_new) whenever the max grows. The maxes
@@ -344,7 +361,7 @@ def _over_chunks(rows_fn, n, idx, chunk_size, may_checkpoint):
     step = chunk_size or max(m, 1)
     out = []
     for a in range(0, max(m, 1), step):
-        rows = slice(a, min(a + step, m)) if idx is None else idx[a:a + step]
+        rows = slice(a, min(a + step, m)) if idx is None else idx[a : a + step]
         out.append(_call(may_checkpoint and chunk_size is not None, rows_fn, rows))
     return torch.cat(out)
 
@@ -385,8 +402,9 @@ def _kept_rows(mask, batch_shape, reduction, chunk_size, vocab_chunk_size):
 
 def _check_mask(mask, batch_shape):
     if tuple(mask.shape) != tuple(batch_shape):
-        raise ValueError(f"mask must have shape {tuple(batch_shape)} (the inputs without their "
-                         f"last axis), got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must have shape {tuple(batch_shape)} (the inputs without their last axis), got {tuple(mask.shape)}"
+        )
 
 
 def _shape(x, name):

@@ -90,9 +90,7 @@ class _Table:
     where: Callable[[int], str]  # row index -> "FILE line 7" / "SOURCE row 6"
 
 
-def load_source(
-    spec: str, *, split: str = "train", limit: int | None = None, task_key: str | None = None
-) -> Source:
+def load_source(spec: str, *, split: str = "train", limit: int | None = None, task_key: str | None = None) -> Source:
     """Read `spec` (file, saved dataset folder or hub name) and normalise its first `limit` rows.
     `task_key`: the column naming each row's task (None: "task", else "category", if present)."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):

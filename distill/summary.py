@@ -62,11 +62,13 @@ def finish(out: Path, *, vocab_size: int, num_shards: int, log=print) -> dict:
 def describe_summary(summary: dict) -> str:
     skipped = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in summary["skipped"].items()) or "none"
     rate = summary["generated_tokens_per_second"]
-    return "\n".join([
-        f"samples          {summary['samples']} in {summary['num_shards']} shard(s); skipped: {skipped}",
-        f"tokens           {summary['tokens']} ({summary['trained_tokens']} trained = under the loss mask); mean length {summary['mean_length']:.1f}",
-        f"truncated        {summary['truncated']} ({100 * summary['truncation_rate']:.1f}%) cut at --max-new-tokens, kept and flagged",
-        f"generation       {summary['generated_tokens']} tokens in {summary['generation_seconds']:.1f} s"
-        + (f" ({rate:.0f} tokens/s)" if rate else ""),
-        f"data hash        {summary['data_hash']}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"samples          {summary['samples']} in {summary['num_shards']} shard(s); skipped: {skipped}",
+            f"tokens           {summary['tokens']} ({summary['trained_tokens']} trained = under the loss mask); mean length {summary['mean_length']:.1f}",
+            f"truncated        {summary['truncated']} ({100 * summary['truncation_rate']:.1f}%) cut at --max-new-tokens, kept and flagged",
+            f"generation       {summary['generated_tokens']} tokens in {summary['generation_seconds']:.1f} s"
+            + (f" ({rate:.0f} tokens/s)" if rate else ""),
+            f"data hash        {summary['data_hash']}",
+        ]
+    )

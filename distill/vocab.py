@@ -73,6 +73,8 @@ def load_vocab_map(path, *, expected_data_hash: str | None = None, target_vocab_
             f"{expected_data_hash[:12]}: rebuild it with `draftsmith vocab-map --data <that data>`"
         )
     if target_vocab_size is not None and vmap.target_vocab_size != target_vocab_size:
-        raise VocabMapError(f"vocabulary map {str(path)!r} covers {vmap.target_vocab_size} target tokens, the target has {target_vocab_size}")
+        raise VocabMapError(
+            f"vocabulary map {str(path)!r} covers {vmap.target_vocab_size} target tokens, the target has {target_vocab_size}"
+        )
     check_consistent(vmap)
     return vmap

@@ -24,15 +24,22 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from draftsmith.eval.bench_report import ROW_NAMES, report
-from draftsmith.eval.drafter_specs import load_eagle_head, load_medusa_heads, parse_eagle_tree
-from draftsmith.distill.chat import resolve_chat_template
-from draftsmith.eval.evaluator import load_prompts
-from draftsmith.eval.medusa_tree import build_medusa_tree
-from draftsmith.decoding import DecodeStats, DraftModelDrafter, EagleDrafter, MedusaDrafter, PromptLookupDrafter
-from draftsmith.decoding import generate, synchronize
+from draftsmith.decoding import (
+    DecodeStats,
+    DraftModelDrafter,
+    EagleDrafter,
+    MedusaDrafter,
+    PromptLookupDrafter,
+    generate,
+    synchronize,
+)
 from draftsmith.decoding.compiler import COMPILE_MODES
 from draftsmith.decoding.kv import capacity_for, model_cache
+from draftsmith.distill.chat import resolve_chat_template
+from draftsmith.eval.bench_report import ROW_NAMES, report
+from draftsmith.eval.drafter_specs import load_eagle_head, load_medusa_heads, parse_eagle_tree
+from draftsmith.eval.evaluator import load_prompts
+from draftsmith.eval.medusa_tree import build_medusa_tree
 from draftsmith.eval.sweep import measure_verify_curve, typical_context
 from draftsmith.heads.draft import DraftBuildError, draft_by_truncation, load_draft
 from draftsmith.heads.models import DTYPE_ALIASES, DTYPES, load_causal_lm, load_tokenizer
@@ -43,7 +50,7 @@ CURVE_BLOCK = 5  # consecutive timed forwards per (path, width) and repeat of th
 
 # Used when the target folder has a tokenizer; otherwise prompts are random token ids.
 TEXT_PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "import os\nimport sys\n\n\ndef main(argv):\n",
     "class LRUCache:\n    def __init__(self, capacity):\n",
     "Speculative decoding speeds up generation because",
@@ -122,9 +129,7 @@ class BenchConfig:
         if unknown or not self.path_list:
             raise ValueError(f"--paths must list some of {','.join(PATHS)}, got {self.paths!r}")
         if self.compile_mode not in COMPILE_MODES:
-            raise ValueError(
-                f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}"
-            )
+            raise ValueError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         try:
             widths = self.curve_widths
         except ValueError:
@@ -155,10 +160,18 @@ def random_target(cfg: BenchConfig):
     """The random Llama of the flags --hidden/--layers/--vocab/--head-scale (`heads.toy`): one
     attention head per 64 channels, a key/value head per 128, LlamaConfig's initialisation."""
     return tiny_model(
-        "llama", seed=cfg.seed, head_scale=cfg.head_scale, hidden=cfg.hidden, layers=cfg.layers, vocab=cfg.vocab,
-        heads=max(1, cfg.hidden // 64), kv_heads=max(1, cfg.hidden // 128), intermediate=3 * cfg.hidden,
-        max_positions=4096, init=0.02,
-    )  # fmt: skip
+        "llama",
+        seed=cfg.seed,
+        head_scale=cfg.head_scale,
+        hidden=cfg.hidden,
+        layers=cfg.layers,
+        vocab=cfg.vocab,
+        heads=max(1, cfg.hidden // 64),
+        kv_heads=max(1, cfg.hidden // 128),
+        intermediate=3 * cfg.hidden,
+        max_positions=4096,
+        init=0.02,
+    )
 
 
 def load_models(cfg: BenchConfig):
@@ -226,16 +239,16 @@ def load_heads(cfg: BenchConfig, target) -> dict:
         heads["eagle-chain"] = (lambda: EagleDrafter(eagle, name="eagle-chain"), cfg.num_draft_tokens)
         if cfg.eagle_tree:
             settings = parse_eagle_tree(cfg.eagle_tree)
-            heads["eagle-tree"] = (
-                lambda: EagleDrafter(eagle, tree=settings, name="eagle-tree"), settings["depth"] + 1
-            )
+            heads["eagle-tree"] = (lambda: EagleDrafter(eagle, tree=settings, name="eagle-tree"), settings["depth"] + 1)
     return heads
 
 
 def make_prompts(cfg: BenchConfig, tokenizer, vocab_size: int) -> list[torch.Tensor]:
     if cfg.prompt_file is not None:
         # conversations go through the target's chat template; plain prompts are read as they are
-        return load_prompts(cfg.prompt_file, tokenizer, limit=cfg.prompts, template=resolve_chat_template("auto", tokenizer))
+        return load_prompts(
+            cfg.prompt_file, tokenizer, limit=cfg.prompts, template=resolve_chat_template("auto", tokenizer)
+        )
     if tokenizer is not None:
         texts = [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] for i in range(cfg.prompts)]
         return [torch.tensor(tokenizer(t)["input_ids"], dtype=torch.long) for t in texts]
@@ -347,7 +360,7 @@ def time_methods(cfg: BenchConfig, methods: list[Method], prompts, target, curve
     for m in methods:
         started = time.perf_counter()
         if m.path is None:
-            _, m.target_forwards = count_forwards(target, lambda: m.run(prompts[0]))
+            _, m.target_forwards = count_forwards(target, lambda m=m: m.run(prompts[0]))
         else:  # compiled forwards never call module hooks: count the decoder's own calls
             _, stats = m.run(prompts[0])
             m.target_forwards = stats.target_calls + int(prompts[0].numel() > 1)  # + the prefill

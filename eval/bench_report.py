@@ -97,9 +97,13 @@ def _method_rows(methods, costs: dict, ref, eager) -> tuple[list[str], list[str]
         }
         if st is not None:
             results[m.key].update(
-                alpha=st.alpha, alpha_per_position=st.alpha_per_position, tau_counting_bonus=st.tau,
-                target_calls=st.target_calls, drafter_seconds=st.drafter_seconds, target_seconds=st.target_seconds,
-            )  # fmt: skip
+                alpha=st.alpha,
+                alpha_per_position=st.alpha_per_position,
+                tau_counting_bonus=st.tau,
+                target_calls=st.target_calls,
+                drafter_seconds=st.drafter_seconds,
+                target_seconds=st.target_seconds,
+            )
         if sc is not None:
             results[m.key].update(sc)
     return rows, warnings, results
@@ -110,14 +114,16 @@ def _print_costs(cfg, methods, costs: dict) -> None:
     widths = cfg.curve_widths
     print("\nVerify-cost curve v(n) / v(1) (one target forward over n tokens; v(1) in ms):\n")
     print(
-        "| path | v(1) ms | " + " | ".join(f"n={n}" for n in widths[1:])
+        "| path | v(1) ms | "
+        + " | ".join(f"n={n}" for n in widths[1:])
         + " | draft d(1) ms | c_step = d(1)/v(1) | compile s |"
     )
     print("|---|---:|" + "---:|" * (len(widths) - 1) + "---:|---:|---:|")
     for path in cfg.path_list:
         v, d = costs["verify"][path], costs["draft_step"][path]
         print(
-            f"| {path} | {1000 * v[1]:.2f} | " + " | ".join(f"{v[n] / v[1]:.2f}" for n in widths[1:])
+            f"| {path} | {1000 * v[1]:.2f} | "
+            + " | ".join(f"{v[n] / v[1]:.2f}" for n in widths[1:])
             + f" | {1000 * d:.2f} | {d / v[1]:.2f} | {costs['compile_seconds'].get(path, 0.0):.0f} |"
         )
     by_key = {m.key: m for m in methods}

@@ -67,14 +67,21 @@ class DrafterSpecs:
         taken = set(RESERVED_NAMES) | set(draft_names(self.drafts))
         for name in eagles:
             if {f"{name}-chain", f"{name}-tree"} & taken:
-                raise SpecError(f"--eagle {name}=DIR: its rows {name}-chain/{name}-tree take another method's name; pick another NAME")
+                raise SpecError(
+                    f"--eagle {name}=DIR: its rows {name}-chain/{name}-tree take another method's name; pick another NAME"
+                )
 
 
 def load_drafters(specs: DrafterSpecs):
     """(target, tokenizer, {name: drafter}, device, dtype), with every input checked first."""
     from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
-    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
-    from draftsmith.heads.models import resolve_device, resolve_dtype
+    from draftsmith.heads.models import (
+        check_vocab_compatible,
+        load_causal_lm,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+    )
 
     specs.check()
     device = resolve_device(specs.device)
@@ -155,7 +162,9 @@ def dflash_names(values, taken=()) -> dict[str, str]:
         except (OSError, ValueError):
             model_type = None
         if model_type != DFlashConfig.model_type:
-            raise SpecError(f"--dflash {folder}: expected a DFlash head folder (config.json with model_type {DFlashConfig.model_type!r})")
+            raise SpecError(
+                f"--dflash {folder}: expected a DFlash head folder (config.json with model_type {DFlashConfig.model_type!r})"
+            )
         out[name] = folder
     return out
 
@@ -206,7 +215,7 @@ def _one_pass_drafters(flag: str, names: dict[str, str], target, device, dtype, 
 
 
 def parse_eagle_tree(text: str) -> dict:
-    """"DEPTH,TOP_K,TOTAL_TOKENS" -> the EagleDrafter tree options."""
+    """ "DEPTH,TOP_K,TOTAL_TOKENS" -> the EagleDrafter tree options."""
     try:
         depth, top_k, total = (int(x) for x in text.split(","))
     except ValueError:
@@ -217,7 +226,7 @@ def parse_eagle_tree(text: str) -> dict:
 
 
 def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[int, ...]]:
-    """"auto" (a tree of `num_nodes` built from the heads' recorded accuracies) or JSON paths."""
+    """ "auto" (a tree of `num_nodes` built from the heads' recorded accuracies) or JSON paths."""
     from draftsmith.eval.medusa_tree import build_medusa_tree
 
     if text == "auto":
@@ -273,9 +282,12 @@ def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) ->
 
     try:
         note = check_target_provenance(
-            what, TargetRecord.of_head_config(heads.config), target, allow_mismatch=allow_target_mismatch,
+            what,
+            TargetRecord.of_head_config(heads.config),
+            target,
+            allow_mismatch=allow_target_mismatch,
             flag="pass --allow-target-mismatch",
-        )  # fmt: skip
+        )
     except ProvenanceError as err:
         raise SpecError(str(err)) from None
     if note:
@@ -346,12 +358,27 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
     return _one_pass_drafters(f"--{kind}", {kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
 
 
-def load_chain_drafter(target_folder, *, draft=None, medusa=None, eagle=None, dflash=None, peagle=None, device="auto",
-                       dtype="auto", allow_target_mismatch=False):  # fmt: skip
+def load_chain_drafter(
+    target_folder,
+    *,
+    draft=None,
+    medusa=None,
+    eagle=None,
+    dflash=None,
+    peagle=None,
+    device="auto",
+    dtype="auto",
+    allow_target_mismatch=False,
+):
     """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle,
     dflash, peagle): (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
-    from draftsmith.heads.models import check_vocab_compatible, load_causal_lm, load_tokenizer
-    from draftsmith.heads.models import resolve_device, resolve_dtype
+    from draftsmith.heads.models import (
+        check_vocab_compatible,
+        load_causal_lm,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+    )
 
     folders = {"draft": draft, "medusa": medusa, "eagle": eagle, "dflash": dflash, "peagle": peagle}
     if sum(x is not None for x in folders.values()) != 1:

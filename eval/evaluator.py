@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.distill.prompts import Prompter
-from draftsmith.distill.sources import NO_TASK, load_source
 from draftsmith.decoding import DecodeStats, Drafter, generate
 from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.distill.prompts import Prompter
+from draftsmith.distill.sources import NO_TASK, load_source
 from draftsmith.eval.stats import percentile
 
 BASELINE = "target-only"
@@ -46,7 +46,9 @@ class EvalSettings:
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
     measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
     static_cache: bool = False  # decode over preallocated KV caches (decoding/kv.py)
-    compile: bool | str = False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
+    compile: bool | str = (
+        False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
+    )
 
     def __post_init__(self):
         if self.num_draft_tokens < 1:
@@ -55,7 +57,7 @@ class EvalSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        self.sampling  # validates temperature / top_k / top_p
+        _ = self.sampling  # validates temperature / top_k / top_p
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -70,8 +72,12 @@ def load_prompts(path: str | Path, tokenizer=None, limit: int | None = None, **o
 
 
 def load_prompt_file(
-    path: str | Path, tokenizer=None, limit: int | None = None, task_key: str | None = None,
-    template: str | None = None, plain: str = "raw",
+    path: str | Path,
+    tokenizer=None,
+    limit: int | None = None,
+    task_key: str | None = None,
+    template: str | None = None,
+    plain: str = "raw",
 ) -> tuple[list[torch.Tensor], list[str | None]]:
     """`load_prompts` and each row's task (`Record.task`: the string under `task_key`, by default
     "task", else "category"; None when the row has none): (prompts, tasks)."""
@@ -115,10 +121,16 @@ def prompt_turns(
                 break
             # Seeds: one per (row, turn), a prime stride apart, so no two answers share a generator.
             tokens = generate(
-                target, None, ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + 7919 * record.index + turn,
+                target,
+                None,
+                ids,
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=settings.seed + 7919 * record.index + turn,
                 eos_token_id=stop_token_ids,
-            ).tokens  # fmt: skip
+            ).tokens
             answers.append(prompter.tokenizer.decode([t for t in tokens if t not in stops], skip_special_tokens=True))
             bar.update()
     bar.close()
@@ -183,7 +195,10 @@ def evaluate(
     # warm-up: allocator, kernels, lazy init; compiled paths warm up at full length (a longer
     # first request would grow the cache and compile again).
     warm_tokens = settings.max_new_tokens if settings.compile else min(16, settings.max_new_tokens)
-    compile_seconds = {name: decode(drafter, prompts[0], settings.seed, max_new_tokens=warm_tokens).stats.compile_seconds for name, drafter in runs.items()}
+    compile_seconds = {
+        name: decode(drafter, prompts[0], settings.seed, max_new_tokens=warm_tokens).stats.compile_seconds
+        for name, drafter in runs.items()
+    }
 
     total = len(prompts) * (len(runs) * settings.repeats + (len(methods) if settings.measure_distances else 0))
     bar = tqdm(total=total, desc="eval", unit="decode", disable=not progress)
@@ -250,18 +265,26 @@ def evaluate(
             "tau": stats.tau,
             "lossy": stats.lossy,  # Medusa's typical acceptance: NOT the target's distribution
             "lossy_kl_per_token": stats.lossy_kl_per_token,
-            "compile_seconds": compile_seconds[name] + stats.compile_seconds,  # warm-up compilation, never in the timings
+            "compile_seconds": compile_seconds[name]
+            + stats.compile_seconds,  # warm-up compilation, never in the timings
         }
         if name != BASELINE and greedy:  # lossless at greedy: exactly the target's own tokens
             row["identical_to_target_only"] = answers[name] == answers[BASELINE]
         if name != BASELINE:
-            row.update(_acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None))
+            row.update(
+                _acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None)
+            )
         if by_task:
             row["tasks"] = [
-                _task_entry(group, task_of.count(group), task_pooled[(name, group)], task_pass[(name, group)],
-                            task_pass[(BASELINE, group)])
+                _task_entry(
+                    group,
+                    task_of.count(group),
+                    task_pooled[(name, group)],
+                    task_pass[(name, group)],
+                    task_pass[(BASELINE, group)],
+                )
                 for group in dict.fromkeys(task_of)
-            ]  # fmt: skip
+            ]
         rows.append(row)
 
     return {
@@ -317,6 +340,7 @@ def _acceptance(stats: DecodeStats, analysis: DecodeStats | None, target_step: f
     c = draft_step / target_step if target_step > 0 else math.nan
     verify = (stats.target_seconds / max(1, stats.target_calls)) / target_step if target_step > 0 else math.nan
     mean_k = sum(stats.proposed) / max(1, stats.target_calls)
+
     # Leviathan et al.: with i.i.d. acceptance alpha and k drafts in a call,
     #   E[tokens per call] = (1 - alpha^(k+1)) / (1 - alpha)
     #   speedup            = E[tokens per call] / (k c + 1)      (verify assumed to cost 1 step)

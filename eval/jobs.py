@@ -24,12 +24,12 @@ from draftsmith.eval.drafter_specs import (
     DrafterSpecs,
     SpecError,
     dflash_names,
-    peagle_names,
     draft_names,
     eagle_names,
     eos_token_id,
     load_chain_drafter,
     load_drafters,
+    peagle_names,
 )
 from draftsmith.eval.evaluator import EvalSettings
 from draftsmith.eval.lossless import MIN_SAMPLES
@@ -123,20 +123,39 @@ def run_eval(job: EvalJob) -> dict:
     target, tokenizer, drafters, device, dtype = load_drafters(job.specs)
     limits = _position_limits(job.specs, target, drafters)
     asked = _ask_prompts(
-        job.prompts, target, tokenizer, job.settings, limits, limit=job.limit, task_key=job.task_key,
-        chat_template=job.chat_template, plain=job.plain_prompts, progress=job.progress,
-    )  # fmt: skip
+        job.prompts,
+        target,
+        tokenizer,
+        job.settings,
+        limits,
+        limit=job.limit,
+        task_key=job.task_key,
+        chat_template=job.chat_template,
+        plain=job.plain_prompts,
+        progress=job.progress,
+    )
     prompts, eos = asked.turns.prompts, asked.stop_ids
     print(asked.example())
     report = evaluate(
-        target, drafters, prompts, job.settings, eos_token_id=eos, progress=job.progress, tasks=asked.turns.tasks,
+        target,
+        drafters,
+        prompts,
+        job.settings,
+        eos_token_id=eos,
+        progress=job.progress,
+        tasks=asked.turns.tasks,
         turns=asked.turns.turns,
-    )  # fmt: skip
+    )
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
     heads = {"medusa": specs.medusa} if specs.medusa else {}
-    report["drafts"] = {**draft_names(specs.drafts), **heads, **eagle_names(specs.eagle), **dflash_names(specs.dflash),
-                       **peagle_names(specs.peagle)}
+    report["drafts"] = {
+        **draft_names(specs.drafts),
+        **heads,
+        **eagle_names(specs.eagle),
+        **dflash_names(specs.dflash),
+        **peagle_names(specs.peagle),
+    }
     report["prompts_file"] = str(job.prompts)
     report["prompts_source"] = asked.provenance()
     report["draftsmith_version"] = package_version()
@@ -201,25 +220,41 @@ class AskedPrompts:
 
         p = self.prompter
         return {
-            "format": self.source.format, "rows": len(self.source.records), "fingerprint": self.source.fingerprint,
-            "prompts": len(self.turns.prompts), "turns": max(self.turns.turns), "plain_prompts": p.plain,
-            "chat_template": {"spec": self.chat_template, "hash": template_hash(p.template),
-                              "used": any(p.messages(r) is not None for r in self.source.records)},
-        }  # fmt: skip
+            "format": self.source.format,
+            "rows": len(self.source.records),
+            "fingerprint": self.source.fingerprint,
+            "prompts": len(self.turns.prompts),
+            "turns": max(self.turns.turns),
+            "plain_prompts": p.plain,
+            "chat_template": {
+                "spec": self.chat_template,
+                "hash": template_hash(p.template),
+                "used": any(p.messages(r) is not None for r in self.source.records),
+            },
+        }
 
 
 def _ask_prompts(
-    spec: str, target, tokenizer, settings: EvalSettings, limits: dict, *, limit: int | None,
-    chat_template: str, plain: str, task_key: str | None = None, progress: bool = True,
+    spec: str,
+    target,
+    tokenizer,
+    settings: EvalSettings,
+    limits: dict,
+    *,
+    limit: int | None,
+    chat_template: str,
+    plain: str,
+    task_key: str | None = None,
+    progress: bool = True,
 ) -> AskedPrompts:
     """Read the prompt source `spec` (distill/sources.py), tokenise it (distill/prompts.py), check
     that the first turns fit the models' positions (`limits`), ask the later turns, check them too."""
+    from draftsmith.decoding.loop import eos_set
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.generate import end_of_turn_token
     from draftsmith.distill.prompts import Prompter
     from draftsmith.distill.sources import load_source
     from draftsmith.eval.evaluator import prompt_turns
-    from draftsmith.decoding.loop import eos_set
 
     source = load_source(spec, limit=limit, task_key=task_key)
     template = resolve_chat_template(chat_template, tokenizer) if tokenizer is not None else None
@@ -277,13 +312,27 @@ def run_tune(job: TuneJob) -> dict:
     if job.tree_budgets and not job.medusa:
         raise SpecError("--tree-budgets applies to Medusa heads: give --medusa DIR")
     target, tokenizer, drafter, folder, heads = load_chain_drafter(
-        job.target, draft=job.draft, medusa=job.medusa, eagle=job.eagle, dflash=job.dflash, peagle=job.peagle,
-        device=job.device, dtype=job.dtype, allow_target_mismatch=job.allow_target_mismatch,
+        job.target,
+        draft=job.draft,
+        medusa=job.medusa,
+        eagle=job.eagle,
+        dflash=job.dflash,
+        peagle=job.peagle,
+        device=job.device,
+        dtype=job.dtype,
+        allow_target_mismatch=job.allow_target_mismatch,
     )
     asked = _ask_prompts(
-        job.prompts, target, tokenizer, job.settings, {f"the target {job.target!r}": max_positions(target.config)},
-        limit=job.limit, chat_template=job.chat_template, plain=job.plain_prompts, progress=job.progress,
-    )  # fmt: skip
+        job.prompts,
+        target,
+        tokenizer,
+        job.settings,
+        {f"the target {job.target!r}": max_positions(target.config)},
+        limit=job.limit,
+        chat_template=job.chat_template,
+        plain=job.plain_prompts,
+        progress=job.progress,
+    )
     prompts, eos = asked.turns.prompts, asked.stop_ids
     print(asked.example())
     k_max = job.k_max
@@ -302,17 +351,25 @@ def run_tune(job: TuneJob) -> dict:
 
     settings = replace(job.settings, num_draft_tokens=k_max)
     measured = measure_chain(
-        target, drafter, prompts, k_max, settings, eos_token_id=eos, progress=job.progress,
+        target,
+        drafter,
+        prompts,
+        k_max,
+        settings,
+        eos_token_id=eos,
+        progress=job.progress,
         verify_sizes=[b + 1 for b in budgets] if accuracies else (),
-    )  # fmt: skip
+    )
     try:
         draft_seconds = measured.draft_seconds
     except ValueError as err:  # e.g. every prompt one token long: nothing to draft from
         raise SpecError(f"--prompts {job.prompts}: {err}") from None
     verify = ", ".join(f"v({n}) {1000 * v:.3f}" for n, v in measured.verify_seconds.items())
-    print(f"== {drafter.name}: K = {k_max} on {len(prompts)} prompts, {settings.max_new_tokens} new tokens, "
-          f"{settings.sampling.describe()}: tau {measured.tau:.2f} (counts the bonus token), alpha per position "
-          + " ".join("-" if a is None else f"{a:.2f}" for a in measured.alpha_per_position))  # fmt: skip
+    print(
+        f"== {drafter.name}: K = {k_max} on {len(prompts)} prompts, {settings.max_new_tokens} new tokens, "
+        f"{settings.sampling.describe()}: tau {measured.tau:.2f} (counts the bonus token), alpha per position "
+        + " ".join("-" if a is None else f"{a:.2f}" for a in measured.alpha_per_position)
+    )
     if measured.per_step:
         cost = f"{measured.draft_ms_per_step:.3f} ms per step"
     else:
@@ -466,10 +523,21 @@ def run_check_lossless(job: LosslessJob) -> bool:
             f"top_p = {job.top_p:g}, batch {job.batch_size}, {path} path"
         )
         result = check_lossless(
-            target, drafter, prompt, num_draft_tokens=job.num_draft_tokens, temperature=job.temperature,
-            top_k=job.top_k, top_p=job.top_p, samples=job.samples, seed=job.seed, threshold=job.threshold,
-            progress=job.progress, batch_size=job.batch_size, static_cache=job.static_cache, compile=job.compile,
-        )  # fmt: skip
+            target,
+            drafter,
+            prompt,
+            num_draft_tokens=job.num_draft_tokens,
+            temperature=job.temperature,
+            top_k=job.top_k,
+            top_p=job.top_p,
+            samples=job.samples,
+            seed=job.seed,
+            threshold=job.threshold,
+            progress=job.progress,
+            batch_size=job.batch_size,
+            static_cache=job.static_cache,
+            compile=job.compile,
+        )
         print(result.describe())
         passed &= result.passed
     return passed

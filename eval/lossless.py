@@ -61,8 +61,10 @@ class LosslessResult:
         width = max(len(label) for label in labels) + 1
         rate = f"share of drafted tokens accepted in these runs: {self.acceptance_rate:.2f}"
         lines = [f"samples: {self.samples}  ({rate})"]
-        lines += [f"{label:<{width}} chi2 = {t.statistic:.1f}, dof = {t.dof}, p = {t.p_value:.4f}"
-                  for label, t in zip(labels, self.tests)]  # fmt: skip
+        lines += [
+            f"{label:<{width}} chi2 = {t.statistic:.1f}, dof = {t.dof}, p = {t.p_value:.4f}"
+            for label, t in zip(labels, self.tests)
+        ]
         lines.append(f"verdict ({'all' if self.bonus_token else 'both'} p >= {self.threshold:g}): {verdict}")
         return "\n".join(lines)
 
@@ -89,8 +91,15 @@ def exact_first_two(target, prompt: torch.Tensor, sampling: SamplingConfig, firs
     return p1, next_token_probs(target, prompt, sampling, [[t] for t in first_tokens], batch)
 
 
-def bonus_token_test(target, prompt: torch.Tensor, sampling: SamplingConfig, samples: list[list[int]], k: int,
-                     seed: int = 0, batch: int = 64) -> ChiSquare:  # fmt: skip
+def bonus_token_test(
+    target,
+    prompt: torch.Tensor,
+    sampling: SamplingConfig,
+    samples: list[list[int]],
+    k: int,
+    seed: int = 0,
+    batch: int = 64,
+) -> ChiSquare:
     """Token k + 1 of every sample against p(. | prompt, its own t1..tk): the bonus token of a call
     that accepted all k drafts, else the next call's first token; both must follow p. Batched,
     keeping only F(t - 1) and p(t) per sample (never [samples, V] at once)."""

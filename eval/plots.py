@@ -64,7 +64,9 @@ def acceptance_series(report: Mapping) -> dict[str, list[float | None]]:
     return {method_name(row): row["alpha_per_position"] for row in report["methods"] if row.get("alpha_per_position")}
 
 
-def plot_acceptance(series: Mapping[str, Sequence[float | None]], path, *, title: str = "acceptance by draft position") -> Path:
+def plot_acceptance(
+    series: Mapping[str, Sequence[float | None]], path, *, title: str = "acceptance by draft position"
+) -> Path:
     """Measured acceptance alpha_i at each draft position, one line per drafter (None: a
     position never reached, left as a gap). `acceptance_series(report)` reads a report."""
     _non_empty(series, "plot_acceptance")
@@ -73,7 +75,9 @@ def plot_acceptance(series: Mapping[str, Sequence[float | None]], path, *, title
     for name, alphas in series.items():
         values = [math.nan if a is None else float(a) for a in alphas]
         if any(not (math.isnan(a) or 0.0 <= a <= 1.0) for a in values):
-            raise ValueError(f"plot_acceptance: {name!r} holds {list(alphas)}; expected probabilities in [0, 1] or None")
+            raise ValueError(
+                f"plot_acceptance: {name!r} holds {list(alphas)}; expected probabilities in [0, 1] or None"
+            )
         longest = max(longest, len(values))
         ax.plot(range(1, len(values) + 1), values, marker="o", label=str(name))
     ax.set_xlabel("draft position i")
@@ -100,7 +104,9 @@ def plot_speedup_vs_k(tunings: Mapping, path, *, measured: Mapping[str, Mapping[
     _non_empty(tunings, "plot_speedup_vs_k")
     kinds = {t.kind for t in tunings.values()}
     if len(kinds) != 1 or not kinds <= set(_TUNING_AXIS):
-        raise ValueError(f"plot_speedup_vs_k: tunings of kinds {sorted(kinds)}; expected one kind of {sorted(_TUNING_AXIS)}")
+        raise ValueError(
+            f"plot_speedup_vs_k: tunings of kinds {sorted(kinds)}; expected one kind of {sorted(_TUNING_AXIS)}"
+        )
     key, label = _TUNING_AXIS[kinds.pop()]
     unknown = sorted(set(measured or {}) - set(tunings))
     if unknown:
@@ -110,11 +116,20 @@ def plot_speedup_vs_k(tunings: Mapping, path, *, measured: Mapping[str, Mapping[
         xs = [c.setting[key] for c in tuning.candidates]
         (line,) = ax.plot(xs, [c.speedup for c in tuning.candidates], marker="o", label=f"{name} (predicted)")
         best = tuning.best
-        ax.plot([best.setting[key]], [best.speedup], marker="*", markersize=14, color=line.get_color(), linestyle="none")
+        ax.plot(
+            [best.setting[key]], [best.speedup], marker="*", markersize=14, color=line.get_color(), linestyle="none"
+        )
         if measured and name in measured:
             points = sorted(measured[name].items())
-            ax.plot([k for k, _ in points], [s for _, s in points], marker="x", markersize=9, linestyle="none",
-                    color=line.get_color(), label=f"{name} (measured)")  # fmt: skip
+            ax.plot(
+                [k for k, _ in points],
+                [s for _, s in points],
+                marker="x",
+                markersize=9,
+                linestyle="none",
+                color=line.get_color(),
+                label=f"{name} (measured)",
+            )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="target-only")
     ax.set_xlabel(label)
     ax.set_ylabel("speedup over target-only")
@@ -136,7 +151,11 @@ def _check_curve(points, what: str) -> list[tuple[float, float]]:
 
 
 def plot_throughput_vs_batch(
-    methods: Mapping[str, Mapping[int, float]], baseline: Mapping[int, float], path, *, baseline_name: str = "target-only"
+    methods: Mapping[str, Mapping[int, float]],
+    baseline: Mapping[int, float],
+    path,
+    *,
+    baseline_name: str = "target-only",
 ) -> Path:
     """Tokens/s against batch size, one line per method, and the target-only line (dashed,
     black): where a method's line drops under it, speculation stops paying."""
@@ -249,7 +268,9 @@ def markdown_table(rows: Sequence[Mapping]) -> str:
 def html_table(rows: Sequence[Mapping]) -> str:
     columns = _columns(rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row.get(c)))}</td>" for c in columns) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(row.get(c)))}</td>" for c in columns) + "</tr>" for row in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

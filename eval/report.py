@@ -63,16 +63,37 @@ def table_markdown(columns: list[str], rows: list[list[str]]) -> str:
 
 def summary_table(report: dict) -> str:
     """One Markdown row per method: what a user compares first."""
-    columns = ["method", "alpha", "acc. rate", "tau", "tok/s", "speedup", "predicted", "TTFT ms", "latency p50 s",
-               "p90 s", "OOV", "KL", "TV"]  # fmt: skip
+    columns = [
+        "method",
+        "alpha",
+        "acc. rate",
+        "tau",
+        "tok/s",
+        "speedup",
+        "predicted",
+        "TTFT ms",
+        "latency p50 s",
+        "p90 s",
+        "OOV",
+        "KL",
+        "TV",
+    ]
     rows = [
         [
-            method_name(row), _num(row.get("alpha")), _num(row.get("acceptance_rate")), _num(row["tau"]),
-            _num(row["tokens_per_second"], 1), _num(row["speedup"], 2, "x"),
-            _num(row.get("predicted_speedup"), 2, "x"), _num(row["ttft_ms_p50"], 1),
-            _num(row["latency_s_p50"], 3), _num(row["latency_s_p90"], 3), _num(row.get("oov_mass_mean"), 3),
-            _num(_kl(row), 3), _num(row.get("tv_mean"), 3),
-        ]  # fmt: skip
+            method_name(row),
+            _num(row.get("alpha")),
+            _num(row.get("acceptance_rate")),
+            _num(row["tau"]),
+            _num(row["tokens_per_second"], 1),
+            _num(row["speedup"], 2, "x"),
+            _num(row.get("predicted_speedup"), 2, "x"),
+            _num(row["ttft_ms_p50"], 1),
+            _num(row["latency_s_p50"], 3),
+            _num(row["latency_s_p90"], 3),
+            _num(row.get("oov_mass_mean"), 3),
+            _num(_kl(row), 3),
+            _num(row.get("tv_mean"), 3),
+        ]
         for row in report["methods"]
     ]
     return table_markdown(columns, rows)
@@ -80,14 +101,23 @@ def summary_table(report: dict) -> str:
 
 def position_table(report: dict) -> str:
     """Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV."""
-    columns = ["method", "measured alpha_i", "expected alpha_i = E[sum min(p,q)]", "OOV_i",
-               "KL(p||q) on draft vocab_i", "TV_i"]  # fmt: skip
+    columns = [
+        "method",
+        "measured alpha_i",
+        "expected alpha_i = E[sum min(p,q)]",
+        "OOV_i",
+        "KL(p||q) on draft vocab_i",
+        "TV_i",
+    ]
     rows = [
         [
-            method_name(row), _positions(row["alpha_per_position"]),
-            _positions(row.get("expected_alpha_per_position")), _positions(row.get("oov_mass_per_position"), 3),
-            _positions(row.get("kl_draft_vocab_per_position"), 3), _positions(row.get("tv_per_position"), 3),
-        ]  # fmt: skip
+            method_name(row),
+            _positions(row["alpha_per_position"]),
+            _positions(row.get("expected_alpha_per_position")),
+            _positions(row.get("oov_mass_per_position"), 3),
+            _positions(row.get("kl_draft_vocab_per_position"), 3),
+            _positions(row.get("tv_per_position"), 3),
+        ]
         for row in report["methods"]
         if "alpha_per_position" in row
     ]
@@ -96,14 +126,29 @@ def position_table(report: dict) -> str:
 
 def theory_table(report: dict) -> str:
     """Leviathan's predictions from the measured alpha and cost ratio, beside the measurements."""
-    columns = ["method", "alpha", "c (draft/target step)", "verify cost (x 1 step)", "tau measured", "tau predicted",
-               "speedup measured", "predicted (Leviathan)", "predicted (measured costs)"]  # fmt: skip
+    columns = [
+        "method",
+        "alpha",
+        "c (draft/target step)",
+        "verify cost (x 1 step)",
+        "tau measured",
+        "tau predicted",
+        "speedup measured",
+        "predicted (Leviathan)",
+        "predicted (measured costs)",
+    ]
     rows = [
         [
-            method_name(row), _num(row["alpha"]), _num(row["draft_cost_ratio_c"], 3), _num(row["verify_cost_ratio"]),
-            _num(row["tau"]), _num(row["predicted_tau"]), _num(row["speedup"], 2, "x"),
-            _num(row["predicted_speedup"], 2, "x"), _num(row["predicted_speedup_measured_costs"], 2, "x"),
-        ]  # fmt: skip
+            method_name(row),
+            _num(row["alpha"]),
+            _num(row["draft_cost_ratio_c"], 3),
+            _num(row["verify_cost_ratio"]),
+            _num(row["tau"]),
+            _num(row["predicted_tau"]),
+            _num(row["speedup"], 2, "x"),
+            _num(row["predicted_speedup"], 2, "x"),
+            _num(row["predicted_speedup_measured_costs"], 2, "x"),
+        ]
         for row in report["methods"]
         if "alpha" in row
     ]
@@ -117,9 +162,15 @@ def task_table(report: dict) -> str:
     turns = any("turn" in t for _, t in entries)
     columns = ["method", "task"] + (["turn"] if turns else []) + ["prompts", "alpha", "acc. rate", "tau", "speedup"]
     rows = [
-        [method_name(row), str(t["task"])] + ([str(t.get("turn", "-"))] if turns else [])
-        + [str(t["prompts"]), _num(t.get("alpha")), _num(t.get("acceptance_rate")), _num(t["tau"]),
-           _num(t["speedup"], 2, "x")]  # fmt: skip
+        [method_name(row), str(t["task"])]
+        + ([str(t.get("turn", "-"))] if turns else [])
+        + [
+            str(t["prompts"]),
+            _num(t.get("alpha")),
+            _num(t.get("acceptance_rate")),
+            _num(t["tau"]),
+            _num(t["speedup"], 2, "x"),
+        ]
         for row, t in entries
     ]
     return table_markdown(columns, rows)
@@ -144,8 +195,11 @@ def header(report: dict) -> str:
         f"mode: {report['mode']} ({guarantee})  |  "
         f"K = {s['num_draft_tokens']}  |  prompts: {report['num_prompts']}{_turns(report)}  |  "
         f"max new tokens: {s['max_new_tokens']}  |  timed passes: {s['repeats']}"
-        + (f"  |  compiled ({s['compile']}): compile time {sum(r.get('compile_seconds', 0.0) for r in report['methods']):.1f} s, not in the timings"
-           if s.get("compile") else ("  |  static KV cache" if s.get("static_cache") else ""))
+        + (
+            f"  |  compiled ({s['compile']}): compile time {sum(r.get('compile_seconds', 0.0) for r in report['methods']):.1f} s, not in the timings"
+            if s.get("compile")
+            else ("  |  static KV cache" if s.get("static_cache") else "")
+        )
         + "\n"
         "tau = mean tokens per target call, counting the bonus token (target-only = 1.00); "
         "speedup = tok/s / target-only tok/s in the same pass, median over passes."
@@ -231,9 +285,14 @@ def compact_table(report: dict) -> str:
     """The demo's table: method, alpha, acceptance rate, tau, speedup, OOV, KL (Markdown)."""
     rows = [
         [
-            method_name(row), _num(row.get("alpha")), _num(row.get("acceptance_rate")), _num(row["tau"]),
-            _num(row["speedup"], 2, "x"), _num(row.get("oov_mass_mean"), 3), _num(_kl(row), 3),
-        ]  # fmt: skip
+            method_name(row),
+            _num(row.get("alpha")),
+            _num(row.get("acceptance_rate")),
+            _num(row["tau"]),
+            _num(row["speedup"], 2, "x"),
+            _num(row.get("oov_mass_mean"), 3),
+            _num(_kl(row), 3),
+        ]
         for row in report["methods"]
     ]
     return table_markdown(["method", "alpha", "acc. rate", "tau", "speedup", "OOV", "KL"], rows)

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from draftsmith.distill.acceptance import simulated_tau
+from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.eval.report import write_atomic
 from draftsmith.eval.serving import CostCurve, as_cost_curve
-from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 
 
 def _is_number(value) -> bool:
@@ -184,7 +184,10 @@ def tune_chain(alpha_per_position, draft_seconds, verify_seconds, *, k_max: int 
         if draft_seconds < 0:
             raise ValueError(f"draft_seconds = {draft_seconds!r}; expected seconds per drafted token >= 0")
         per_token = float(draft_seconds)
-        draft = lambda k: k * per_token
+
+        def draft(k):
+            return k * per_token
+
         draft_text = f"draft(K) = K x {1000 * per_token:.3g} ms"
     else:
         draft = _per_step_draft_curve(draft_seconds, "draft_seconds (per K)")
@@ -199,10 +202,12 @@ def tune_chain(alpha_per_position, draft_seconds, verify_seconds, *, k_max: int 
         v = verify(k + 1)
         candidates.append(Candidate(f"K={k}", {"num_speculative_tokens": k}, tau, d, v, (tau / (d + v)) * v1))
     tuning = Tuning(
-        "chain", candidates, v1,
+        "chain",
+        candidates,
+        v1,
         f"tau(K) = 1 + sum_(i<=K) prod_(j<=i) alpha_j; time(K) = draft(K) + v(K+1); {draft_text}; speedup = tau/time x v(1)",
         notes,
-    )  # fmt: skip
+    )
     if tuning.best.setting["num_speculative_tokens"] == 0:
         tuning.notes.append("no K beats target-only decoding on these costs: serve without speculation")
     return tuning
@@ -239,14 +244,20 @@ def tune_medusa_tree(
         seen.add(nodes)
         tau = 1.0 + expected_accept_length(tree, head_accuracies)
         d, v = draft(nodes), verify(nodes + 1)
-        setting = {"num_speculative_tokens": max(len(p) for p in tree), "num_nodes": nodes, "tree": [list(p) for p in tree]}
+        setting = {
+            "num_speculative_tokens": max(len(p) for p in tree),
+            "num_nodes": nodes,
+            "tree": [list(p) for p in tree],
+        }
         candidates.append(Candidate(f"N={nodes}", setting, tau, d, v, (tau / (d + v)) * v1))
     return Tuning(
-        "medusa-tree", candidates, v1,
+        "medusa-tree",
+        candidates,
+        v1,
         "tau(N) = 1 + expected accepted length of the best N-node tree (independent heads); "
         "time(N) = draft + v(N+1); speedup = tau/time x v(1)",
         notes,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------- EAGLE dynamic tree
@@ -283,9 +294,11 @@ def tune_eagle_tree(points: Sequence[Mapping], verify_seconds) -> Tuning:
         label = f"depth {depth}, top_k {top_k}, {total} nodes"
         candidates.append(Candidate(label, setting, float(tau), float(d), v, (tau / (d + v)) * v1))
     return Tuning(
-        "eagle-tree", candidates, v1,
+        "eagle-tree",
+        candidates,
+        v1,
         "tau measured per setting; time = draft_seconds (measured) + v(total_tokens + 1); speedup = tau/time x v(1)",
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------- prediction vs measurement
@@ -321,9 +334,16 @@ def compare_prediction(predicted_speedup: float, measured_speedup: float) -> Pre
 
 # ---------------------------------------------------------------------- recording the choice
 SETTING_KEYS = (
-    "num_speculative_tokens", "num_nodes", "tree", "depth", "top_k", "total_tokens",
-    "kind", "predicted_tau", "predicted_speedup",
-)  # fmt: skip
+    "num_speculative_tokens",
+    "num_nodes",
+    "tree",
+    "depth",
+    "top_k",
+    "total_tokens",
+    "kind",
+    "predicted_tau",
+    "predicted_speedup",
+)
 SGLANG_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
@@ -399,7 +419,9 @@ def write_setting(artifact_dir, setting) -> Path:
         raise ValueError(f"{str(config_file)!r} holds {type(config).__name__}; expected a JSON object")
     own = config.setdefault("draftsmith", {})
     if not isinstance(own, dict):
-        raise ValueError(f"{str(config_file)!r}: key 'draftsmith' is {own!r}; expected an object (draftsmith's provenance)")
+        raise ValueError(
+            f"{str(config_file)!r}: key 'draftsmith' is {own!r}; expected an object (draftsmith's provenance)"
+        )
     k = setting["num_speculative_tokens"]
     if "speculators_config" in config:
         methods = (

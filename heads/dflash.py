@@ -41,10 +41,22 @@ from torch import nn
 from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
-from draftsmith.heads.layers import describe_mask_head
-from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
-from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
+from draftsmith.heads.layers import (
+    attend,
+    check_target_weights,
+    check_vocab_map,
+    copy_target_weights,
+    describe_mask_head,
+    draft_to_target_ids,
+    draft_to_target_logits,
+    keep_rope_fp32,
+    llama_layer_config,
+    qkvo_projections,
+    record_target,
+    rope_of,
+    target_shape,
+    target_weights,
+)
 
 MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
@@ -160,9 +172,15 @@ class DFlashConfig(PretrainedConfig):
         self.aux_layer_ids = aux_layer_ids
         self.initializer_range = initializer_range
         record_target(
-            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
-            data_hash, vocab_map_data_hash,
-        )  # fmt: skip
+            self,
+            target_name_or_path,
+            target_revision,
+            target_fingerprint,
+            target_num_layers,
+            target_architectures,
+            data_hash,
+            vocab_map_data_hash,
+        )
         super().__init__(**kwargs)
 
     @property
@@ -260,10 +278,18 @@ class DFlashHead(PreTrainedModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def for_target(
-        cls, target: PreTrainedModel, *, num_layers: int = 1, block_size: int = 8, mask_token_id: int,
-        mask_token_source: str | None = None, aux_layer_ids=None, vocab_map=None,
-        target_name_or_path: str | None = None, data_hash: str | None = None,
-    ) -> DFlashHead:  # fmt: skip
+        cls,
+        target: PreTrainedModel,
+        *,
+        num_layers: int = 1,
+        block_size: int = 8,
+        mask_token_id: int,
+        mask_token_source: str | None = None,
+        aux_layer_ids=None,
+        vocab_map=None,
+        target_name_or_path: str | None = None,
+        data_hash: str | None = None,
+    ) -> DFlashHead:
         """A head shaped like the target's layers, on its device and dtype, with the target's
         embeddings and lm_head (rows of the draft vocabulary) copied in."""
         tc = target.config.get_text_config()
@@ -281,9 +307,13 @@ class DFlashHead(PreTrainedModel):
         if vocab_map is not None:
             check_vocab_map(vocab_map, V, DFlashError)
         config = DFlashConfig(
-            **target_shape(target, V, vocab_map, target_name_or_path, data_hash), num_hidden_layers=num_layers,
-            block_size=block_size, mask_token_id=mask_token_id, mask_token_source=mask_token_source, aux_layer_ids=aux,
-        )  # fmt: skip
+            **target_shape(target, V, vocab_map, target_name_or_path, data_hash),
+            num_hidden_layers=num_layers,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            mask_token_source=mask_token_source,
+            aux_layer_ids=aux,
+        )
         head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
         copy_target_weights(head, embed_weight, lm_weight, vocab_map)
         head._freeze()
@@ -347,11 +377,12 @@ class DFlashHead(PreTrainedModel):
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
         vocab = target_weights(target, DFlashError)[0].shape[0]
         for what, ours, theirs in (
-            ("hidden size", c.hidden_size, tc.hidden_size), ("vocab size", c.vocab_size, vocab),
+            ("hidden size", c.hidden_size, tc.hidden_size),
+            ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
             ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
             ("rope_parameters", c.rope_parameters, rope_of(tc)),
-        ):  # fmt: skip
+        ):
             if ours is not None and ours != theirs:
                 raise DFlashError(
                     f"DFlash head has {what} {ours} (trained on {c.target_name_or_path or 'an unrecorded target'}) "
@@ -374,4 +405,3 @@ def describe(head: DFlashHead) -> str:
     c = head.config
     blocks = f"block {c.block_size} ({c.block_size - 1} drafts per forward)"
     return describe_mask_head(head, f"DFlash head: {c.num_hidden_layers} layer(s), {blocks}")
-

@@ -43,15 +43,28 @@ SPECULATORS_ARCHITECTURE = "DFlashDraftModel"
 SPECULATORS_VERSION = "0.9.0"
 PROVENANCE_KEY = "draftsmith"
 LAYER_KEYS = (
-    "input_layernorm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)  # fmt: skip
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
 _PROVENANCE_FIELDS = (
-    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers", "target_architectures",
-    "data_hash", "vocab_map_data_hash", "mask_token_source",
-)  # fmt: skip
+    "target_name_or_path",
+    "target_revision",
+    "target_fingerprint",
+    "target_num_layers",
+    "target_architectures",
+    "data_hash",
+    "vocab_map_data_hash",
+    "mask_token_source",
+)
 
 
 def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
@@ -65,9 +78,12 @@ def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
 
     return write_folder_atomic(
-        out_dir, write, overwrite=overwrite, error=DFlashError,
+        out_dir,
+        write,
+        overwrite=overwrite,
+        error=DFlashError,
         may_replace=lambda folder: has_model_type(folder, DFlashConfig.model_type),
-    )  # fmt: skip
+    )
 
 
 def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
@@ -133,16 +149,29 @@ def required_keys(head: DFlashHead) -> set[str]:
 def _layer_config(head: DFlashHead) -> dict:
     c = head.config
     return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "hidden_act": c.hidden_act,
-        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
-        "rope_parameters": dict(c.rope_parameters), "rope_theta": c.rope_parameters.get("rope_theta"),
-        "attention_bias": c.attention_bias, "attention_dropout": 0.0, "tie_word_embeddings": False,
-        "use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers,
-        "layer_types": ["full_attention"] * c.num_hidden_layers, "initializer_range": c.initializer_range,
-    }  # fmt: skip
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": c.hidden_act,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": dict(c.rope_parameters),
+        "rope_theta": c.rope_parameters.get("rope_theta"),
+        "attention_bias": c.attention_bias,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": c.num_hidden_layers,
+        "layer_types": ["full_attention"] * c.num_hidden_layers,
+        "initializer_range": c.initializer_range,
+    }
 
 
 def speculators_config(head: DFlashHead) -> dict:
@@ -213,22 +242,34 @@ def config_from_speculators(path: Path, raw: dict):
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     rope = layer.get("rope_parameters") or {
-        **(layer.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": layer.get("rope_theta", 10000.0)
-    }  # fmt: skip
+        **(layer.get("rope_scaling") or {"rope_type": "default"}),
+        "rope_theta": layer.get("rope_theta", 10000.0),
+    }
     try:
         return DFlashConfig(
-            hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
-            num_hidden_layers=layer["num_hidden_layers"], num_attention_heads=layer["num_attention_heads"],
-            num_key_value_heads=layer.get("num_key_value_heads"), head_dim=layer.get("head_dim"),
-            rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_parameters=rope,
-            max_position_embeddings=layer["max_position_embeddings"], attention_bias=bool(layer.get("attention_bias")),
-            hidden_act=layer.get("hidden_act", "silu"), vocab_size=layer["vocab_size"],
-            draft_vocab_size=raw.get("draft_vocab_size"), block_size=raw.get("block_size", 8),
-            mask_token_id=raw["mask_token_id"], aux_layer_ids=raw["aux_hidden_state_layer_ids"],
+            hidden_size=layer["hidden_size"],
+            intermediate_size=layer["intermediate_size"],
+            num_hidden_layers=layer["num_hidden_layers"],
+            num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads"),
+            head_dim=layer.get("head_dim"),
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+            rope_parameters=rope,
+            max_position_embeddings=layer["max_position_embeddings"],
+            attention_bias=bool(layer.get("attention_bias")),
+            hidden_act=layer.get("hidden_act", "silu"),
+            vocab_size=layer["vocab_size"],
+            draft_vocab_size=raw.get("draft_vocab_size"),
+            block_size=raw.get("block_size", 8),
+            mask_token_id=raw["mask_token_id"],
+            aux_layer_ids=raw["aux_hidden_state_layer_ids"],
             target_name_or_path=provenance.get("target_name_or_path") or verifier.get("name_or_path"),
             target_architectures=provenance.get("target_architectures") or verifier.get("architectures") or None,
-            **{k: provenance.get(k) for k in _PROVENANCE_FIELDS if k not in ("target_name_or_path",
-                                                                               "target_architectures")},
-        )  # fmt: skip
+            **{
+                k: provenance.get(k)
+                for k in _PROVENANCE_FIELDS
+                if k not in ("target_name_or_path", "target_architectures")
+            },
+        )
     except KeyError as err:
         raise DFlashError(f"{where} lacks {err.args[0]!r}") from None

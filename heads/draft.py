@@ -71,9 +71,10 @@ def _per_layer_keys(config, num_layers: int) -> list[str]:
     `mlp_layer_types` for dense/MoE): they must follow `num_hidden_layers` or the config is invalid.
     (`mtp_layer_types` ends the same way but counts extra MTP layers: its length differs.)"""
     return [
-        key for key, value in vars(config).items()
+        key
+        for key, value in vars(config).items()
         if key.endswith("layer_types") and isinstance(value, (list, tuple)) and len(value) == num_layers
-    ]  # fmt: skip
+    ]
 
 
 def _copy_config(target: PreTrainedModel, num_layers: int):
@@ -246,8 +247,9 @@ def draft_by_truncation(target: PreTrainedModel, num_layers: int) -> PreTrainedM
         )
     mismatched = [
         f"{key}: draft {tuple(value.shape)} vs target {tuple(source[key].shape)}"
-        for key, value in wanted.items() if value.shape != source[key].shape
-    ]  # fmt: skip
+        for key, value in wanted.items()
+        if value.shape != source[key].shape
+    ]
     if mismatched:
         raise DraftBuildError(f"target {_name(target)!r}: truncated draft weights differ in shape: {mismatched[:3]}")
     draft.load_state_dict({key: source[key] for key in wanted}, strict=True)  # copies: the target is untouched
@@ -282,7 +284,9 @@ def load_draft(path, target: PreTrainedModel, *, target_tokenizer=None, device=N
         # Sizes that differ only by padding (Qwen2.5 0.5B pads to 151,936, 7B+ to 152,064): with
         # identical tokenizers that fit both, the padding rows are never real tokens, so the
         # draft is resized to the target's logit size and the losses compare id by id.
-        if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() and len(target_tokenizer) <= min(v_target, v_draft):
+        if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() and len(target_tokenizer) <= min(
+            v_target, v_draft
+        ):
             draft.resize_token_embeddings(v_target, mean_resizing=False)
             resized_from = v_draft
     check_same_vocabulary(target, draft, target_tokenizer, draft_tokenizer, draft_name=str(path))
@@ -294,13 +298,19 @@ def load_draft(path, target: PreTrainedModel, *, target_tokenizer=None, device=N
             stacklevel=2,
         )
     previous = getattr(draft.config, "draftsmith_build", None)  # e.g. a draft built here, then trained
-    return _finish(draft, target, {"method": "checkpoint", "path": str(path), "source_build": previous, "resized_vocab_from": resized_from})
+    return _finish(
+        draft,
+        target,
+        {"method": "checkpoint", "path": str(path), "source_build": previous, "resized_vocab_from": resized_from},
+    )
 
 
 # --------------------------------------------------------------------------- checks and reports
 
 
-def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None, *, draft_name: str | None = None) -> None:
+def check_same_vocabulary(
+    target, draft, target_tokenizer=None, draft_tokenizer=None, *, draft_name: str | None = None
+) -> None:
     """The draft outputs logits over the target's vocabulary: same size, and the same token
     strings at the same ids when both tokenizers are given.
 
@@ -354,6 +364,8 @@ def describe_draft(draft: PreTrainedModel, target: PreTrainedModel) -> dict:
         "hidden_size": d_text.hidden_size,
         "target_hidden_size": t_text.hidden_size,
         "vocab_size": draft.get_output_embeddings().weight.shape[0],
-        "built_from_this_target": None if build is None else build.get("target_fingerprint") == target_fingerprint(target),
+        "built_from_this_target": None
+        if build is None
+        else build.get("target_fingerprint") == target_fingerprint(target),
         "build": build,
     }

@@ -84,7 +84,9 @@ def read_gguf(path) -> dict:
         values = {key: field.contents() if field is not None else None for key, field in fields.items()}
         tensor_types = Counter(t.tensor_type.name for t in reader.tensors)
     except (ValueError, KeyError, IndexError, OSError) as err:
-        raise GGUFError(f"{str(path)!r} is a truncated or damaged GGUF file ({err}): copy or download it again") from None
+        raise GGUFError(
+            f"{str(path)!r} is a truncated or damaged GGUF file ({err}): copy or download it again"
+        ) from None
     try:  # llama.cpp's file type: MOSTLY_Q4_1 -> "Q4_1"
         quantization = LlamaFileType(values["general.file_type"]).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:  # none recorded (older files): the commonest tensor type other than the float32 norms
@@ -207,7 +209,7 @@ def _write_import(tmp: Path, source: dict, check_tokens: int, provenance: dict, 
         at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
         raise GGUFError(
             f"{str(path)!r}: the saved copy decodes other greedy tokens than the GGUF load: they first differ at new "
-            f"token {at} (saved {got[at:at + 1]}, GGUF {expected[at:at + 1]}; {len(got)} vs {len(expected)} tokens)"
+            f"token {at} (saved {got[at : at + 1]}, GGUF {expected[at : at + 1]}; {len(got)} vs {len(expected)} tokens)"
         )
 
     record = {
@@ -215,7 +217,13 @@ def _write_import(tmp: Path, source: dict, check_tokens: int, provenance: dict, 
         "source": source,
         "provenance": provenance,
         "model": model,
-        "check": {"messages": CHECK_MESSAGES, "requested": check_tokens, "new_tokens": len(got), "equal": True, "tokens": got},
+        "check": {
+            "messages": CHECK_MESSAGES,
+            "requested": check_tokens,
+            "new_tokens": len(got),
+            "equal": True,
+            "tokens": got,
+        },
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__, "gguf": _version("gguf")},
         "seconds": round(time.perf_counter() - start, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -227,7 +235,9 @@ def _write_import(tmp: Path, source: dict, check_tokens: int, provenance: dict, 
     for file in files:  # safetensors writes 0600: a shared checkpoint should be readable like any other file
         file.chmod(0o666 & ~umask)
     record["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in files}
-    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")  # last: it marks the import complete
+    (tmp / RECORD).write_text(
+        json.dumps(record, indent=2) + "\n", encoding="utf-8"
+    )  # last: it marks the import complete
     log(f"greedy check ok: {len(got)} new tokens of the saved copy equal the GGUF load's")
     return record
 
@@ -247,14 +257,18 @@ def _check_prompt(tokenizer) -> list[int]:
     """Token ids of CHECK_MESSAGES, rendered with the tokenizer's chat template when it has one."""
     if tokenizer.chat_template is None:
         return tokenizer(CHECK_MESSAGES[0]["content"])["input_ids"]
-    return list(tokenizer.apply_chat_template(CHECK_MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return list(
+        tokenizer.apply_chat_template(CHECK_MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
 
 
 @torch.inference_mode()
 def _greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])  # [1, T]
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def _readable_architectures() -> str:
@@ -286,7 +300,10 @@ def model_card(record: dict) -> str:
         ("layers / hidden / vocab", f"{m['num_layers']} / {m['hidden_size']} / {m['vocab_size']:,}"),
         ("parameters", f"{m['parameters']:,}" + (" (tied embeddings)" if m["tie_word_embeddings"] else "")),
         ("chat template", "yes (tokenizer)" if m["chat_template"] else "none"),
-        ("greedy check", f"ok: {check['new_tokens']} new tokens equal to the GGUF load's (do_sample=False, a fixed chat prompt)"),
+        (
+            "greedy check",
+            f"ok: {check['new_tokens']} new tokens equal to the GGUF load's (do_sample=False, a fixed chat prompt)",
+        ),
         ("imported with", ", ".join(f"{k} {v}" for k, v in record["versions"].items())),
     ]
     table = "\n".join(f"| {key} | {value} |" for key, value in rows)

@@ -34,13 +34,22 @@ def llama_layer_config(config, num_layers: int) -> LlamaConfig:
     """A head config's decoder layers as a llama config (RoPE and the MLP are built from it).
     vocab_size is the TARGET's."""
     return LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act=config.hidden_act,
-        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
-        rope_parameters=copy.deepcopy(config.rope_parameters), attention_bias=config.attention_bias,
-        mlp_bias=False, tie_word_embeddings=False, initializer_range=config.initializer_range,
-    )  # fmt: skip
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=copy.deepcopy(config.rope_parameters),
+        attention_bias=config.attention_bias,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        initializer_range=config.initializer_range,
+    )
 
 
 def keep_rope_fp32(head: PreTrainedModel) -> None:
@@ -53,9 +62,15 @@ def keep_rope_fp32(head: PreTrainedModel) -> None:
 
 
 def record_target(
-    config, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
-    data_hash, vocab_map_data_hash,
-) -> None:  # fmt: skip
+    config,
+    target_name_or_path,
+    target_revision,
+    target_fingerprint,
+    target_num_layers,
+    target_architectures,
+    data_hash,
+    vocab_map_data_hash,
+) -> None:
     """A head config's provenance: the target it was built for (name, revision, fingerprint, depth,
     architectures), the training data's hash and the one the draft vocabulary was counted on."""
     config.target_name_or_path = target_name_or_path
@@ -133,20 +148,26 @@ def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_nam
 
     tc = target.config.get_text_config()
     return dict(
-        hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
         num_attention_heads=tc.num_attention_heads,
         num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), rope_parameters=rope_of(tc),
-        max_position_embeddings=tc.max_position_embeddings, hidden_act=getattr(tc, "hidden_act", "silu"),
-        vocab_size=vocab_size, draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else vocab_size,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+        rope_parameters=rope_of(tc),
+        max_position_embeddings=tc.max_position_embeddings,
+        hidden_act=getattr(tc, "hidden_act", "silu"),
+        vocab_size=vocab_size,
+        draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else vocab_size,
         initializer_range=getattr(tc, "initializer_range", 0.02),
         target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
-        target_revision=getattr(target.config, "_commit_hash", None), target_fingerprint=target_fingerprint(target),
+        target_revision=getattr(target.config, "_commit_hash", None),
+        target_fingerprint=target_fingerprint(target),
         target_num_layers=tc.num_hidden_layers,
         target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
-        data_hash=data_hash, vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
-    )  # fmt: skip
+        data_hash=data_hash,
+        vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
+    )
 
 
 def copy_target_weights(head, embed_weight, lm_weight, vocab_map) -> None:

@@ -57,8 +57,13 @@ VLLM_WEIGHTS = "model.safetensors"
 # top-level `target_num_layers` would silently overwrite the head depth).
 PROVENANCE_KEY = "draftsmith"
 _PROVENANCE_FIELDS = (
-    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers", "data_hash", "head_accuracies",
-)  # fmt: skip
+    "target_name_or_path",
+    "target_revision",
+    "target_fingerprint",
+    "target_num_layers",
+    "data_hash",
+    "head_accuracies",
+)
 
 
 class MedusaError(ValueError):
@@ -84,7 +89,9 @@ class MedusaConfig(PretrainedConfig):
         **kwargs,
     ):
         if num_heads < 1 or num_layers < 0:
-            raise MedusaError(f"MedusaConfig: num_heads={num_heads}, num_layers={num_layers}; expected num_heads >= 1, num_layers >= 0")
+            raise MedusaError(
+                f"MedusaConfig: num_heads={num_heads}, num_layers={num_layers}; expected num_heads >= 1, num_layers >= 0"
+            )
         self.num_heads = num_heads
         self.num_layers = num_layers
         self.hidden_size = hidden_size
@@ -172,7 +179,9 @@ class MedusaHeads(PreTrainedModel):
         lm_weight = _output_weight(target)
         H, V = text_config.hidden_size, lm_weight.shape[0]
         if lm_weight.shape[1] != H:
-            raise MedusaError(f"target's output embeddings are {tuple(lm_weight.shape)}, but its config says hidden_size={H}")
+            raise MedusaError(
+                f"target's output embeddings are {tuple(lm_weight.shape)}, but its config says hidden_size={H}"
+            )
         config = MedusaConfig(
             num_heads=num_heads,
             num_layers=num_layers,
@@ -202,7 +211,9 @@ class MedusaHeads(PreTrainedModel):
             raise MedusaError("attach_lm_head: these heads own their lm_heads (share_lm_head=False); nothing to attach")
         expected = (self.config.vocab_size, self.config.hidden_size)
         if tuple(weight.shape) != expected:
-            raise MedusaError(f"attach_lm_head: weight has shape {tuple(weight.shape)}, expected [vocab, hidden] = {list(expected)}")
+            raise MedusaError(
+                f"attach_lm_head: weight has shape {tuple(weight.shape)}, expected [vocab, hidden] = {list(expected)}"
+            )
         self._shared_lm_head = weight.detach()
 
     # ------------------------------------------------------------------ computation
@@ -344,9 +355,11 @@ def save_medusa(heads: MedusaHeads, out_dir, *, overwrite: bool = False) -> Path
     is replaced when it holds draftsmith Medusa heads (re-running a training), anything else
     only with `overwrite`."""
     return _write_atomic(
-        out_dir, lambda tmp: heads.save_pretrained(tmp, safe_serialization=True),
-        overwrite=overwrite, may_replace=_is_draftsmith_medusa,
-    )  # fmt: skip
+        out_dir,
+        lambda tmp: heads.save_pretrained(tmp, safe_serialization=True),
+        overwrite=overwrite,
+        may_replace=_is_draftsmith_medusa,
+    )
 
 
 def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool = False) -> Path:
@@ -385,7 +398,9 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
 
 
 # ---------------------------------------------------------------------- loading
-def load_medusa(path, *, target: PreTrainedModel | None = None, device=None, dtype: torch.dtype | None = None) -> MedusaHeads:
+def load_medusa(
+    path, *, target: PreTrainedModel | None = None, device=None, dtype: torch.dtype | None = None
+) -> MedusaHeads:
     """Heads from a draftsmith, "medusa" or "vllm" folder (detected from config.json). With
     `target`: sizes checked and, for share_lm_head, its lm_head attached."""
     path, raw = read_config(path, "Medusa heads", MedusaError)
@@ -431,7 +446,9 @@ def _load_original(path: Path, raw: dict) -> MedusaHeads:
     # Hub configs often omit the sizes: read them off head 0's projection [V, H].
     proj = state.get(f"0.{num_layers}.weight")
     if proj is None:
-        raise MedusaError(f"{str(file)!r} has no key '0.{num_layers}.weight' (head 0's projection for medusa_num_layers={num_layers})")
+        raise MedusaError(
+            f"{str(file)!r} has no key '0.{num_layers}.weight' (head 0's projection for medusa_num_layers={num_layers})"
+        )
     return _from_state(path, file, raw, state, "medusa", num_heads, num_layers, *proj.shape)
 
 
@@ -463,7 +480,10 @@ def _load_vllm(path: Path, raw: dict) -> MedusaHeads:
         # vLLM builds these Linears without bias and its loader skips bias tensors: mirror that.
         dropped = [k for k in state if k.startswith("blocks.") and k.endswith(".bias")]
         if dropped:
-            warnings.warn(f"{str(path)!r}: medusa_fc_bias is false, so vLLM ignores the {len(dropped)} bias tensors; dropped them too", stacklevel=3)
+            warnings.warn(
+                f"{str(path)!r}: medusa_fc_bias is false, so vLLM ignores the {len(dropped)} bias tensors; dropped them too",
+                stacklevel=3,
+            )
         state = {k: v for k, v in state.items() if k not in dropped}
         for key in [k for k in state if k.startswith("blocks.") and k.endswith(".weight")]:
             state[key.removesuffix("weight") + "bias"] = torch.zeros(hidden, dtype=state[key].dtype)
@@ -486,13 +506,19 @@ def _from_state(path, file, raw, state, fmt, num_heads, num_layers, vocab, hidde
     if fmt == "medusa" and not provenance.get("target_name_or_path"):
         provenance = {**provenance, "target_name_or_path": raw.get("base_model_name_or_path")}
     config = MedusaConfig(
-        num_heads=num_heads, num_layers=num_layers, hidden_size=hidden, vocab_size=vocab, share_lm_head=False,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        share_lm_head=False,
         **{k: provenance.get(k) for k in _PROVENANCE_FIELDS},
-    )  # fmt: skip
+    )
     with torch.device("meta"):  # no random init of K x V x H weights that are overwritten at once
         heads = MedusaHeads(config)
     try:
-        heads.load_state_dict({internal: state[external] for internal, external in keys.items()}, strict=True, assign=True)
+        heads.load_state_dict(
+            {internal: state[external] for internal, external in keys.items()}, strict=True, assign=True
+        )
     except RuntimeError as err:  # shape mismatches
         raise MedusaError(f"cannot load {str(file)!r}: {err}") from None
     return heads

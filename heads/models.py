@@ -48,7 +48,7 @@ def parse_dtype(name: str, flag: str = "--dtype") -> torch.dtype:
 
 
 def is_hub_id(text: str) -> bool:
-    """"org/name" (or "name") that is not a local path: loaded from the Hugging Face Hub."""
+    """ "org/name" (or "name") that is not a local path: loaded from the Hugging Face Hub."""
     text = str(text)
     if Path(text).expanduser().exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
         return False
@@ -67,9 +67,14 @@ def _check_folder(path: str | Path, role: str) -> Path | str:
 
 
 def load_causal_lm(
-    path: str | Path, *, device: torch.device | None, dtype: torch.dtype, role: str = "model", trust_remote_code: bool = False,
+    path: str | Path,
+    *,
+    device: torch.device | None,
+    dtype: torch.dtype,
+    role: str = "model",
+    trust_remote_code: bool = False,
     device_map: dict | None = None,
-) -> PreTrainedModel:  # fmt: skip
+) -> PreTrainedModel:
     """An unmodified HF causal LM in eval mode. Python shipped with a hub model runs only with
     `trust_remote_code=True` (off by default: a recipe must ask for it). With `device_map`
     (module name -> device, accelerate's big-model loading) it is spread over those devices."""
@@ -106,7 +111,9 @@ def output_vocab_size(path: str | Path, role: str) -> int:
     return config.get_text_config().vocab_size
 
 
-def check_vocab_compatible(target_dir: str | Path, draft_dir: str | Path, target_tokenizer=None, draft_tokenizer=None) -> None:
+def check_vocab_compatible(
+    target_dir: str | Path, draft_dir: str | Path, target_tokenizer=None, draft_tokenizer=None
+) -> None:
     """A draft must speak the target's vocabulary: same token strings for the same ids.
 
     The logit dimensions may differ by padding (e.g. a 0.5B and a 7B model of one family pad

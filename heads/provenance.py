@@ -61,10 +61,13 @@ class TargetRecord:
         """From `models.describe_model`'s dict (data provenance.json "target")."""
         d = target or {}
         return cls(
-            fingerprint=d.get("fingerprint"), name_or_path=d.get("name_or_path") or d.get("path"),
+            fingerprint=d.get("fingerprint"),
+            name_or_path=d.get("name_or_path") or d.get("path"),
             architectures=tuple(d["architectures"]) if d.get("architectures") else None,
-            hidden_size=d.get("hidden_size"), vocab_size=d.get("vocab_size"), num_layers=d.get("num_layers"),
-        )  # fmt: skip
+            hidden_size=d.get("hidden_size"),
+            vocab_size=d.get("vocab_size"),
+            num_layers=d.get("num_layers"),
+        )
 
     @classmethod
     def of_head_config(cls, config) -> TargetRecord:
@@ -74,14 +77,19 @@ class TargetRecord:
             fingerprint=getattr(config, "target_fingerprint", None),
             name_or_path=getattr(config, "target_name_or_path", None),
             architectures=tuple(architectures) if architectures else None,
-            hidden_size=getattr(config, "hidden_size", None), vocab_size=getattr(config, "vocab_size", None),
+            hidden_size=getattr(config, "hidden_size", None),
+            vocab_size=getattr(config, "vocab_size", None),
             num_layers=getattr(config, "target_num_layers", None),
-        )  # fmt: skip
+        )
 
 
 # (field, how a message names it): the shapes a fine-tune keeps
-_SHAPES = (("architectures", "architecture"), ("hidden_size", "hidden size"), ("vocab_size", "vocabulary"),
-           ("num_layers", "layers"))  # fmt: skip
+_SHAPES = (
+    ("architectures", "architecture"),
+    ("hidden_size", "hidden size"),
+    ("vocab_size", "vocabulary"),
+    ("num_layers", "layers"),
+)
 
 
 def check_target_provenance(

@@ -17,7 +17,7 @@ import functools
 import inspect
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     GPTNeoXConfig,
@@ -37,8 +37,16 @@ CORPUS = inspect.getsource(inspect) + inspect.getsource(functools)
 
 
 def tiny_config(
-    family: str, *, hidden: int = 48, layers: int = 2, init: float = 0.05, vocab: int = VOCAB,
-    heads: int = 4, kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 512,
+    family: str,
+    *,
+    hidden: int = 48,
+    layers: int = 2,
+    init: float = 0.05,
+    vocab: int = VOCAB,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    max_positions: int = 512,
 ):
     """A small config of `family` (the tests' defaults; the decoder bench sizes its random target
     with the keywords). `intermediate` defaults to 2 x hidden; `kv_heads` is ignored by gpt_neox."""
@@ -152,7 +160,12 @@ def write_toy(out_dir, family: str = "llama", seed: int = 0, num_prompts: int = 
     paths["prompts"].write_text("\n".join(rows) + "\n", encoding="utf-8")
     chats = []
     for i in range(0, step * num_prompts, step):
-        turns = [("human", "Continue:\n" + lines[i]), ("gpt", lines[i + 1]), ("human", "And then?"), ("gpt", lines[i + 2])]
+        turns = [
+            ("human", "Continue:\n" + lines[i]),
+            ("gpt", lines[i + 1]),
+            ("human", "And then?"),
+            ("gpt", lines[i + 2]),
+        ]
         chats.append(json.dumps({"conversations": [{"from": who, "value": text} for who, text in turns]}))
     paths["chats"] = out_dir / "chats.jsonl"
     paths["chats"].write_text("\n".join(chats) + "\n", encoding="utf-8")

@@ -26,8 +26,12 @@ FORMATS = {
 }
 FORMAT_ALIASES = {"draftsmith": "hf", "speculators": "vllm"}
 METHOD_NAMES = {
-    "medusa1": "Medusa-1", "medusa2": "Medusa-2", "eagle1": "EAGLE-1", "eagle3": "EAGLE-3", "draft": "draft model",
-}  # fmt: skip
+    "medusa1": "Medusa-1",
+    "medusa2": "Medusa-2",
+    "eagle1": "EAGLE-1",
+    "eagle3": "EAGLE-3",
+    "draft": "draft model",
+}
 # Pickle files run code when loaded; the Hub flags them and servers may refuse them.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Draft length written into EAGLE server configs and serving commands when no evaluation says

@@ -37,22 +37,81 @@ FORMAT_NAMES = {
     ("draft", "hf"): "a plain transformers causal LM with its tokenizer",
 }
 _HYPERPARAMETERS = {
-    "medusa": ("mode", "num_heads", "num_layers", "share_lm_head", "loss", "temperature", "head_decay", "lr",
-               "weight_decay", "warmup_steps", "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip",
-               "heldout_fraction", "seed"),
-    "eagle": ("version", "aux_layers", "draft_vocab_size", "vocab_map", "ttt_steps", "ttt_decay", "lr", "weight_decay",
-              "warmup_steps", "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip", "heldout_fraction",
-              "seed"),
-    "draft": ("draft_init", "draft_path", "draft_layers", "draft_hidden", "loss", "beta", "tv_weight", "temperature",
-              "data_mode", "on_policy_fraction", "on_policy_new_tokens", "lora", "lr", "weight_decay", "warmup_steps",
-              "max_steps", "batch_size", "grad_accum", "max_length", "grad_clip", "heldout_fraction",
-              "num_draft_tokens", "seed"),
-}  # fmt: skip
+    "medusa": (
+        "mode",
+        "num_heads",
+        "num_layers",
+        "share_lm_head",
+        "loss",
+        "temperature",
+        "head_decay",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "max_steps",
+        "batch_size",
+        "grad_accum",
+        "max_length",
+        "grad_clip",
+        "heldout_fraction",
+        "seed",
+    ),
+    "eagle": (
+        "version",
+        "aux_layers",
+        "draft_vocab_size",
+        "vocab_map",
+        "ttt_steps",
+        "ttt_decay",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "max_steps",
+        "batch_size",
+        "grad_accum",
+        "max_length",
+        "grad_clip",
+        "heldout_fraction",
+        "seed",
+    ),
+    "draft": (
+        "draft_init",
+        "draft_path",
+        "draft_layers",
+        "draft_hidden",
+        "loss",
+        "beta",
+        "tv_weight",
+        "temperature",
+        "data_mode",
+        "on_policy_fraction",
+        "on_policy_new_tokens",
+        "lora",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "max_steps",
+        "batch_size",
+        "grad_accum",
+        "max_length",
+        "grad_clip",
+        "heldout_fraction",
+        "num_draft_tokens",
+        "seed",
+    ),
+}
 _METHOD_HYPERPARAMETERS = {  # on top of the kind's
-    "medusa2": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "medusa2_lambda", "lambda_warmup_steps",
-                "head_lr_multiplier"),
+    "medusa2": (
+        "lora_r",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_modules",
+        "medusa2_lambda",
+        "lambda_warmup_steps",
+        "head_lr_multiplier",
+    ),
     "eagle1": ("feature_weight", "ce_weight", "feature_noise"),
-}  # fmt: skip
+}
 
 
 def model_card(run_dir, *, repo_id, format, eval_report=None, base_model=None, revision=None, license=None) -> str:
@@ -71,8 +130,16 @@ def model_card(run_dir, *, repo_id, format, eval_report=None, base_model=None, r
     )
 
 
-def render_card(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
-                revision: str | None = None, license: str | None = None) -> str:  # fmt: skip
+def render_card(
+    artifact: Artifact,
+    *,
+    repo_id: str,
+    fmt: str,
+    report: dict | None,
+    base_model: str | None,
+    revision: str | None = None,
+    license: str | None = None,
+) -> str:
     """The card of `artifact` pushed as `fmt` to `repo_id` (at branch `revision`)."""
     from huggingface_hub import ModelCard
 
@@ -147,8 +214,16 @@ class _Target:
     license: dict = field(default_factory=dict)  # license (+ license_name, license_link) of the target's card
 
 
-def card_values(artifact: Artifact, *, repo_id: str, fmt: str, report: dict | None, base_model: str | None,
-                revision: str | None, license: str | None = None) -> dict:  # fmt: skip
+def card_values(
+    artifact: Artifact,
+    *,
+    repo_id: str,
+    fmt: str,
+    report: dict | None,
+    base_model: str | None,
+    revision: str | None,
+    license: str | None = None,
+) -> dict:
     """Everything card.md.j2 reads, as plain values and table rows."""
     from huggingface_hub import ModelCardData
 
@@ -316,11 +391,18 @@ def _eval_results(artifact: Artifact, report: dict) -> list:
     for row in _drafter_rows(artifact, report):
         for key, kind, name in metrics:
             if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool):
-                results.append(EvalResult(
-                    task_type="text-generation", task_name=f"speculative decoding ({row['method']})",
-                    dataset_type="json", dataset_name=prompts, metric_type=kind, metric_name=name,
-                    metric_value=round(float(row[key]), 4), metric_config=setting,
-                ))  # fmt: skip
+                results.append(
+                    EvalResult(
+                        task_type="text-generation",
+                        task_name=f"speculative decoding ({row['method']})",
+                        dataset_type="json",
+                        dataset_name=prompts,
+                        metric_type=kind,
+                        metric_name=name,
+                        metric_value=round(float(row[key]), 4),
+                        metric_config=setting,
+                    )
+                )
     return results
 
 
@@ -406,9 +488,10 @@ def _evaluation(report: dict) -> dict:
 
     s, t = report["settings"], report.get("target") or {}
     lossless = (
-        "lossless: the output is distributed exactly as the target's" if report.get("lossless", True)
+        "lossless: the output is distributed exactly as the target's"
+        if report.get("lossless", True)
         else "rows marked LOSSY use Medusa's typical acceptance, which changes the output; the others are lossless"
-    )  # fmt: skip
+    )
     prompts = _fmt(report.get("num_prompts"))
     if report.get("prompts_file"):
         prompts += f" from `{Path(report['prompts_file']).name}`"

@@ -13,9 +13,19 @@ from draftsmith.publish.stage import stage_run
 
 
 def push(
-    run_dir, repo_id, *, private=False, token=None, endpoint=None, revision=None, commit_message=None, format=None,
-    eval_report=None, base_model=None, license=None,
-) -> str:  # fmt: skip
+    run_dir,
+    repo_id,
+    *,
+    private=False,
+    token=None,
+    endpoint=None,
+    revision=None,
+    commit_message=None,
+    format=None,
+    eval_report=None,
+    base_model=None,
+    license=None,
+) -> str:
     """Stage `run_dir` (see `stage_run`) and upload it to the Hub model repo `repo_id`; return its URL.
 
     The repo is created when missing (`private` applies to a new repo; pushing with
@@ -34,9 +44,16 @@ def push(
     tmp = Path(tempfile.mkdtemp(prefix="draftsmith-push-"))
     try:
         folder = stage_run(
-            run_dir, tmp / "stage", format=format, eval_report=eval_report, repo_id=repo_id, base_model=base_model,
-            revision=revision, license=license, _secrets=(token,),
-        )  # fmt: skip
+            run_dir,
+            tmp / "stage",
+            format=format,
+            eval_report=eval_report,
+            repo_id=repo_id,
+            base_model=base_model,
+            revision=revision,
+            license=license,
+            _secrets=(token,),
+        )
         if commit_message is None:
             artifact = find_artifact(run_dir)
             steps = artifact.summary.get("steps")
@@ -53,9 +70,12 @@ def push(
             if revision and not revision.startswith("refs/"):
                 api.create_branch(repo, branch=revision, exist_ok=True, repo_type="model")
             api.upload_folder(
-                repo_id=repo, folder_path=str(folder), commit_message=commit_message, revision=revision,
+                repo_id=repo,
+                folder_path=str(folder),
+                commit_message=commit_message,
+                revision=revision,
                 repo_type="model",
-            )  # fmt: skip
+            )
         except HubError:
             raise
         except Exception as err:  # the Hub's HTTP errors, connection errors, a rejected card

@@ -34,15 +34,24 @@ def heads_kind(folder) -> str:
     return kind
 
 
-def export_heads(heads, out, format: str, *, target=None, num_speculative_tokens: int = 3, overwrite: bool = False,
-                 device: str = "cpu", dtype: str = "auto") -> Path:  # fmt: skip
+def export_heads(
+    heads,
+    out,
+    format: str,
+    *,
+    target=None,
+    num_speculative_tokens: int = 3,
+    overwrite: bool = False,
+    device: str = "cpu",
+    dtype: str = "auto",
+) -> Path:
     """Write trained heads in `format` (Medusa: medusa, vllm; EAGLE: vllm, sglang, hf) to `out`.
     `target` is needed for Medusa heads that share its lm_head (the formats hold a copy);
     `dtype` "auto" keeps the weights as trained."""
     import torch
 
-    from draftsmith.publish.serve import serving_commands
     from draftsmith.heads.models import load_causal_lm, parse_dtype, resolve_device
+    from draftsmith.publish.serve import serving_commands
 
     device = resolve_device(device)
     dtype = None if dtype == "auto" else parse_dtype(dtype)
@@ -94,12 +103,16 @@ def _export_dflash(heads, out, format: str, target, *, overwrite: bool, device, 
     if format != "vllm":
         raise ReleaseError(f"--format {format!r}: DFlash heads export to vllm (the speculators dflash layout)")
     if not target:
-        raise ReleaseError("--target is needed for a DFlash head: it loads with its target (the embeddings are not saved)")
+        raise ReleaseError(
+            "--target is needed for a DFlash head: it loads with its target (the embeddings are not saved)"
+        )
     model = load_causal_lm(target, device=device, dtype=dtype or torch.float32, role="target")
     head = load_dflash(heads, target=model, device=device, dtype=dtype)
     written = export_dflash(head, out, overwrite=overwrite)
     c = head.config
-    print(f"wrote vllm DFlash head (block {c.block_size}, aux layers {list(c.aux_layer_ids)}, mask token {c.mask_token_id}) to {written}")
+    print(
+        f"wrote vllm DFlash head (block {c.block_size}, aux layers {list(c.aux_layer_ids)}, mask token {c.mask_token_id}) to {written}"
+    )
     return written
 
 

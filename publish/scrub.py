@@ -13,9 +13,33 @@ _HF_TOKEN_VALUE = re.compile(r"hf_[A-Za-z0-9]{20,}")
 _SECRET_WORDS = ("secret", "password", "passwd", "api_key", "apikey", "credential", "private_key")
 # "<word>_token" names a vocabulary entry for these words (pad_token, eos_token, ...), not a credential.
 _VOCABULARY_WORDS = {
-    "bos", "eos", "pad", "unk", "sep", "cls", "mask", "bonus", "draft", "special", "start", "end", "stop", "next",
-    "new", "first", "last", "target", "image", "audio", "video", "think", "sentinel", "decoder", "add", "split",
-}  # fmt: skip
+    "bos",
+    "eos",
+    "pad",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "bonus",
+    "draft",
+    "special",
+    "start",
+    "end",
+    "stop",
+    "next",
+    "new",
+    "first",
+    "last",
+    "target",
+    "image",
+    "audio",
+    "video",
+    "think",
+    "sentinel",
+    "decoder",
+    "add",
+    "split",
+}
 
 
 def is_secret_key(key: str) -> bool:

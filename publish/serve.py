@@ -34,8 +34,9 @@ from draftsmith.publish.artifacts import (
 SGLANG_EAGLE3 = "LlamaForCausalLMEagle3"
 
 
-def vllm_command(target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None,
-                 **options) -> str:  # fmt: skip
+def vllm_command(
+    target: str, target_revision: str | None, method: str, draft: str, k: int, revision=None, **options
+) -> str:
     """`vllm serve` with a drafter: `method` is vLLM's SpeculativeConfig.method; `options` more of its
     fields (P-EAGLE: parallel_drafting)."""
     spec = {"method": method, "model": str(draft), "num_speculative_tokens": k, **options}
@@ -45,8 +46,16 @@ def vllm_command(target: str, target_revision: str | None, method: str, draft: s
     return f"vllm serve {shlex.quote(str(target))}{rev} --speculative-config {shlex.quote(json.dumps(spec))}"
 
 
-def sglang_command(target: str, algorithm: str, draft: str, k: int, revision: str | None = None, *,
-                   topk: int = 1, draft_tokens: int | None = None) -> str:  # fmt: skip
+def sglang_command(
+    target: str,
+    algorithm: str,
+    draft: str,
+    k: int,
+    revision: str | None = None,
+    *,
+    topk: int = 1,
+    draft_tokens: int | None = None,
+) -> str:
     """SGLang's server with a drafter. By default a chain (top-k 1): K draft steps, K + 1 tokens
     verified per call, as draftsmith measures; an EAGLE tree passes topk and draft_tokens."""
     rev = f" --speculative-draft-model-revision {shlex.quote(revision)}" if revision else ""
@@ -102,9 +111,12 @@ def _speculation(config: dict) -> dict:
 def _eagle_k(config: dict, setting: dict, given) -> int:
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     return int(
-        given or setting.get("num_speculative_tokens") or methods[0].get("speculative_tokens")
-        or config.get("num_speculative_tokens") or EAGLE_SPECULATIVE_TOKENS
-    )  # fmt: skip
+        given
+        or setting.get("num_speculative_tokens")
+        or methods[0].get("speculative_tokens")
+        or config.get("num_speculative_tokens")
+        or EAGLE_SPECULATIVE_TOKENS
+    )
 
 
 def serving_commands(folder, *, target=None, num_speculative_tokens: int | None = None) -> ServingCommands:
@@ -159,9 +171,10 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
             f"draftsmith export {q} --format {fmt} --num-speculative-tokens {k} --out {shlex.quote(str(converted))}"
         )
         commands.append(
-            vllm_command(served, revision, "eagle3", converted, k) if fmt == "vllm"
+            vllm_command(served, revision, "eagle3", converted, k)
+            if fmt == "vllm"
             else sglang_command(served, "EAGLE3", converted, steps, **tree)
-        )  # fmt: skip
+        )
     if tree:
         out.notes.append(f"vLLM drafts a chain of K = {k}; SGLang the tuned tree (depth {depth}, top-k {topk})")
     out.notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
@@ -198,8 +211,10 @@ def _medusa(folder: Path, config: dict, served, revision, setting: dict, given) 
         converted = folder.with_name(f"{folder.name}-vllm")
         shared = own.get("share_lm_head")
         target_flag = f" --target {shlex.quote(str(served))}" if shared else ""
-        out.vllm.append(f"draftsmith export {shlex.quote(str(folder))} --format vllm "
-                        f"--out {shlex.quote(str(converted))}{target_flag}")
+        out.vllm.append(
+            f"draftsmith export {shlex.quote(str(folder))} --format vllm "
+            f"--out {shlex.quote(str(converted))}{target_flag}"
+        )
         out.vllm.append(vllm_command(served, revision, "medusa", converted, k))
     out.notes.append("SGLang has no Medusa drafter")
     if setting.get("tree"):

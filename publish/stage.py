@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.heads.artifacts import write_folder_atomic
 from draftsmith.publish.artifacts import (
     Artifact,
     HubError,
@@ -26,16 +27,30 @@ from draftsmith.publish.artifacts import (
 )
 from draftsmith.publish.card import render_card
 from draftsmith.publish.scrub import check_no_secret, scrub, scrub_text
-from draftsmith.heads.artifacts import write_folder_atomic
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 
 def stage_run(
-    run_dir, staging_dir, *, format=None, eval_report=None, repo_id=None, base_model=None, revision=None, license=None,
+    run_dir,
+    staging_dir,
+    *,
+    format=None,
+    eval_report=None,
+    repo_id=None,
+    base_model=None,
+    revision=None,
+    license=None,
     _secrets=(),
 ) -> Path:
     """Write what would be pushed for `run_dir` into `staging_dir` (built aside, then renamed).

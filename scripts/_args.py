@@ -74,6 +74,18 @@ def add_no_progress(p: argparse.ArgumentParser) -> None:
 def add_sampling_args(p: argparse.ArgumentParser, *, temperature: bool = True) -> None:
     """--temperature (0 = greedy), --top-k and --top-p."""
     if temperature:
-        p.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
-    p.add_argument("--top-k", type=int_at_least("--top-k", 0, " (0 = off)"), default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0, help="nucleus sampling mass (1 = off)")
+        p.add_argument(
+            "--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0
+        )
+    p.add_argument(
+        "--top-k",
+        type=int_at_least("--top-k", 0, " (0 = off)"),
+        default=0,
+        help="keep the k most likely tokens (0 = off)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"),
+        default=1.0,
+        help="nucleus sampling mass (1 = off)",
+    )

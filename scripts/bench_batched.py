@@ -25,10 +25,10 @@ import sys
 
 import torch
 
-from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
-from draftsmith.distill.chat import resolve_chat_template
-from draftsmith.eval.evaluator import load_prompts
 from draftsmith.decoding import generate_batch
+from draftsmith.distill.chat import resolve_chat_template
+from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
+from draftsmith.eval.evaluator import load_prompts
 
 PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile": True}}
 
@@ -36,21 +36,29 @@ PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile"
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="the target model folder")
-    parser.add_argument("--draft", action="append", metavar="[NAME=]DIR", help="a draft model folder (same vocabulary); repeatable")
+    parser.add_argument(
+        "--draft", action="append", metavar="[NAME=]DIR", help="a draft model folder (same vocabulary); repeatable"
+    )
     parser.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup")
     parser.add_argument("--medusa", help="a Medusa heads folder (its chain)")
     parser.add_argument("--medusa-tree", help="also a Medusa tree: auto (from the heads' accuracies) or JSON paths")
     parser.add_argument("--eagle", help="an EAGLE head folder (its chain)")
     parser.add_argument("--eagle-tree", help="also an EAGLE-2 tree: DEPTH,TOP_K,TOTAL_TOKENS")
-    parser.add_argument("--prompt-file", required=True, help="prompts: JSON lines with \"prompt\" (text) or \"input_ids\"")
+    parser.add_argument("--prompt-file", required=True, help='prompts: JSON lines with "prompt" (text) or "input_ids"')
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("-k", "--num-draft-tokens", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: comparable across runs on a shared machine)")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from {', '.join(PATHS)} (default: all; default is always run)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (1: comparable across runs on a shared machine)"
+    )
+    parser.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"comma-separated, from {', '.join(PATHS)} (default: all; default is always run)",
+    )
     args = parser.parse_args(argv)
     paths = ["default"] + [p for p in dict.fromkeys(args.paths.split(",")) if p and p != "default"]
     unknown = [p for p in paths if p not in PATHS]
@@ -62,17 +70,29 @@ def main(argv=None) -> int:
 
     if not (args.draft or args.prompt_lookup or args.medusa or args.eagle):
         parser.error("give a drafter: --draft, --prompt-lookup, --medusa and/or --eagle")
-    specs = DrafterSpecs(target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup,
-                         medusa=args.medusa, medusa_tree=args.medusa_tree, eagle=args.eagle, eagle_tree=args.eagle_tree,
-                         device=args.device or "auto", dtype=args.dtype)  # fmt: skip
+    specs = DrafterSpecs(
+        target=args.target,
+        drafts=tuple(args.draft or ()),
+        prompt_lookup=args.prompt_lookup,
+        medusa=args.medusa,
+        medusa_tree=args.medusa_tree,
+        eagle=args.eagle,
+        eagle_tree=args.eagle_tree,
+        device=args.device or "auto",
+        dtype=args.dtype,
+    )
     try:
         target, tokenizer, drafters, device, dtype = load_drafters(specs)
     except SpecError as err:
         parser.error(str(err))
-    template = resolve_chat_template("auto", tokenizer)  # conversations through the chat template; plain rows as they are
+    template = resolve_chat_template(
+        "auto", tokenizer
+    )  # conversations through the chat template; plain rows as they are
     prompts = load_prompts(args.prompt_file, tokenizer, limit=args.batch_size, template=template)
     if len(prompts) < args.batch_size:
-        parser.error(f"--prompt-file {args.prompt_file} holds {len(prompts)} prompts, fewer than --batch-size {args.batch_size}")
+        parser.error(
+            f"--prompt-file {args.prompt_file} holds {len(prompts)} prompts, fewer than --batch-size {args.batch_size}"
+        )
     methods = {"target-only": (lambda: None, 0)}
     for name, drafter in drafters.items():  # K: -k for chains, a tree's own depth
         depth = getattr(drafter, "max_depth", None) if getattr(drafter, "tree", None) is not None else None
@@ -80,13 +100,19 @@ def main(argv=None) -> int:
 
     def run(method: str, path: str):
         make, k = methods[method]
-        return generate_batch(target, prompts, make(), num_draft_tokens=k, max_new_tokens=args.max_new_tokens, **PATHS[path])
+        return generate_batch(
+            target, prompts, make(), num_draft_tokens=k, max_new_tokens=args.max_new_tokens, **PATHS[path]
+        )
 
     tokens, compile_seconds, tau = {}, {}, {}
     for method in methods:
         for path in paths:
             warm = run(method, path)
-            tokens[method, path], compile_seconds[method, path], tau[method] = warm.tokens, warm.compile_seconds, warm.stats.tau
+            tokens[method, path], compile_seconds[method, path], tau[method] = (
+                warm.tokens,
+                warm.compile_seconds,
+                warm.stats.tau,
+            )
             print(f"warm-up {method} / {path}: compile {warm.compile_seconds:.1f} s", file=sys.stderr, flush=True)
     speed = {key: [] for key in tokens}
     for _ in range(args.repeats):
@@ -94,21 +120,31 @@ def main(argv=None) -> int:
             result = run(*key)
             speed[key].append(result.new_tokens / result.total_seconds)
 
-    print(f"batch {args.batch_size}, K = {args.num_draft_tokens}, {args.max_new_tokens} new tokens per row, greedy, "
-          f"{device.type} {str(dtype).removeprefix('torch.')}, median of {args.repeats}; tau counts the bonus token\n")  # fmt: skip
+    print(
+        f"batch {args.batch_size}, K = {args.num_draft_tokens}, {args.max_new_tokens} new tokens per row, greedy, "
+        f"{device.type} {str(dtype).removeprefix('torch.')}, median of {args.repeats}; tau counts the bonus token\n"
+    )
     others = paths[1:]
-    print("| method | tau | " + " | ".join(f"{p} tok/s" for p in paths) + "".join(f" | {p} / default" for p in others)
-          + (" | compile s" if "compiled" in paths else "") + " | same tokens |")  # fmt: skip
+    print(
+        "| method | tau | "
+        + " | ".join(f"{p} tok/s" for p in paths)
+        + "".join(f" | {p} / default" for p in others)
+        + (" | compile s" if "compiled" in paths else "")
+        + " | same tokens |"
+    )
     print("|---|---:|" + "---:|" * (len(paths) + len(others) + ("compiled" in paths)) + "---|")
     mismatches = 0
     for method in methods:
         median = {p: statistics.median(speed[method, p]) for p in paths}
         same = all(tokens[method, p] == tokens[method, "default"] for p in paths)
         mismatches += not same
-        print(f"| {method} | {tau[method]:.2f} | " + " | ".join(f"{median[p]:.0f}" for p in paths)
-              + "".join(f" | {median[p] / median['default']:.2f}x" for p in others)
-              + (f" | {compile_seconds[method, 'compiled']:.0f}" if "compiled" in paths else "")
-              + f" | {'yes' if same else 'NO'} |")  # fmt: skip
+        print(
+            f"| {method} | {tau[method]:.2f} | "
+            + " | ".join(f"{median[p]:.0f}" for p in paths)
+            + "".join(f" | {median[p] / median['default']:.2f}x" for p in others)
+            + (f" | {compile_seconds[method, 'compiled']:.0f}" if "compiled" in paths else "")
+            + f" | {'yes' if same else 'NO'} |"
+        )
     return 1 if mismatches else 0
 
 

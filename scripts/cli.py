@@ -42,7 +42,10 @@ GROUPS = (eval_cli, demo_cli, train_cli, publish_cli, data_cli, model_cli)  # th
 def build_parser() -> argparse.ArgumentParser:
     from draftsmith.eval.jobs import package_version
 
-    parser = argparse.ArgumentParser(prog="draftsmith", description="Train the drafters of speculative decoding and measure them with a lossless decoder.")
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Train the drafters of speculative decoding and measure them with a lossless decoder.",
+    )
     parser.add_argument("--version", action="version", version=f"draftsmith {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:

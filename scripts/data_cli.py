@@ -23,74 +23,169 @@ from draftsmith.scripts._args import UsageError, add_device_args, add_no_progres
 def add_commands(sub) -> None:
     gen = sub.add_parser("generate", help="self-distillation data: the target answers the prompts itself")
     gen.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
-    gen.add_argument("--prompts", required=True, help="JSONL/JSON/parquet/CSV file, a `datasets` folder, or a hub dataset name (online)")
+    gen.add_argument(
+        "--prompts",
+        required=True,
+        help="JSONL/JSON/parquet/CSV file, a `datasets` folder, or a hub dataset name (online)",
+    )
     gen.add_argument("--split", default="train", help="split of a dataset folder or hub dataset")
     gen.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
     gen.add_argument("--out", required=True, help="output folder (a re-run with the same arguments resumes it)")
-    gen.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=512, help="per assistant turn; longer answers are cut and flagged")
-    gen.add_argument("--max-length", type=int_at_least("--max-length", 2), help="prompt + answer tokens (default: the target's max positions); longer prompts are skipped and counted")
-    gen.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
+    gen.add_argument(
+        "--max-new-tokens",
+        type=positive_int("--max-new-tokens"),
+        default=512,
+        help="per assistant turn; longer answers are cut and flagged",
+    )
+    gen.add_argument(
+        "--max-length",
+        type=int_at_least("--max-length", 2),
+        help="prompt + answer tokens (default: the target's max positions); longer prompts are skipped and counted",
+    )
+    gen.add_argument(
+        "--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0
+    )
     gen.add_argument("--top-p", type=float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0)
     gen.add_argument("--top-k", type=int_at_least("--top-k", 0, " (0 = off)"), default=0)
-    gen.add_argument("--num-samples", type=positive_int("--num-samples"), default=1, help="answers per prompt (needs --temperature > 0)")
+    gen.add_argument(
+        "--num-samples",
+        type=positive_int("--num-samples"),
+        default=1,
+        help="answers per prompt (needs --temperature > 0)",
+    )
     gen.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
-    gen.add_argument("--shard-size", type=positive_int("--shard-size"), default=256, help="samples per shard (the unit of resumption)")
-    gen.add_argument("--chat-template", default="auto", help="auto (the tokenizer's, if any), none (raw prompts), or a Jinja FILE")
+    gen.add_argument(
+        "--shard-size",
+        type=positive_int("--shard-size"),
+        default=256,
+        help="samples per shard (the unit of resumption)",
+    )
+    gen.add_argument(
+        "--chat-template", default="auto", help="auto (the tokenizer's, if any), none (raw prompts), or a Jinja FILE"
+    )
     gen.add_argument("--seed", type=int, default=0)
     _add_endpoint_args(gen)
     add_device_args(gen)
     add_no_progress(gen)
     gen.set_defaults(func=cmd_generate)
 
-    ins = sub.add_parser("inspect-data", help="show a sample of generated data: what the drafter is trained on, and the provenance")
+    ins = sub.add_parser(
+        "inspect-data", help="show a sample of generated data: what the drafter is trained on, and the provenance"
+    )
     ins.add_argument("data", help="folder written by `draftsmith generate`")
     ins.add_argument("--index", type=int, default=0, help="row to show (negative counts from the end)")
-    ins.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour trained spans (auto: when stdout is a terminal)")
+    ins.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour trained spans (auto: when stdout is a terminal)",
+    )
     ins.set_defaults(func=cmd_inspect_data)
 
-    ver = sub.add_parser("verify-data", help="check a data folder: every shard file against its checksum, and the data hash recomputed")
+    ver = sub.add_parser(
+        "verify-data", help="check a data folder: every shard file against its checksum, and the data hash recomputed"
+    )
     ver.add_argument("data", help="folder written by `draftsmith generate`")
     ver.set_defaults(func=cmd_verify_data)
 
-    vm = sub.add_parser("vocab-map", help="EAGLE-3's reduced draft vocabulary (d2t/t2d) from the data's token frequencies")
+    vm = sub.add_parser(
+        "vocab-map", help="EAGLE-3's reduced draft vocabulary (d2t/t2d) from the data's token frequencies"
+    )
     vm.add_argument("--data", required=True, help="folder written by `draftsmith generate`")
     vm.add_argument("--draft-vocab-size", type=positive_int("--draft-vocab-size"), required=True)
     vm.add_argument("--out", help="file to write (default DATA/vocab-map-N.safetensors)")
     vm.set_defaults(func=cmd_vocab_map)
 
-    ch = sub.add_parser("cache-hidden", help="offline hidden states of chosen target layers for the data (opt-in; online training needs none)")
+    ch = sub.add_parser(
+        "cache-hidden",
+        help="offline hidden states of chosen target layers for the data (opt-in; online training needs none)",
+    )
     ch.add_argument("--target", required=True, help="folder of the target that generated the data")
     ch.add_argument("--data", required=True, help="folder written by `draftsmith generate`")
-    ch.add_argument("--layers", required=True, help="comma-separated HF hidden_states ids: i, -k (= L-k), mid (= L//2), last (after the final norm); none: top-k only")
+    ch.add_argument(
+        "--layers",
+        required=True,
+        help="comma-separated HF hidden_states ids: i, -k (= L-k), mid (= L//2), last (after the final norm); none: top-k only",
+    )
     ch.add_argument("--out", required=True, help="cache folder (a re-run with the same arguments resumes it)")
     ch.add_argument("--dtype", default="bf16", help="dtype the states are stored in: bf16 (default), fp16, fp32")
-    ch.add_argument("--model-dtype", default="auto", help="dtype of the target's forward: auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
-    ch.add_argument("--max-disk", default="50GB", help="refuse to start when the estimate exceeds this (e.g. 500MB, 2TB); default 50GB")
-    ch.add_argument("--topk-logits", type=int_at_least("--topk-logits", 0, " (0 = off)"), default=0, help="also store the target's top-k logits and their tail per token (train/draft.py's teacher_cache)")
+    ch.add_argument(
+        "--model-dtype",
+        default="auto",
+        help="dtype of the target's forward: auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16",
+    )
+    ch.add_argument(
+        "--max-disk",
+        default="50GB",
+        help="refuse to start when the estimate exceeds this (e.g. 500MB, 2TB); default 50GB",
+    )
+    ch.add_argument(
+        "--topk-logits",
+        type=int_at_least("--topk-logits", 0, " (0 = off)"),
+        default=0,
+        help="also store the target's top-k logits and their tail per token (train/draft.py's teacher_cache)",
+    )
     ch.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
     ch.add_argument("--shard-size", type=positive_int("--shard-size"), default=256, help="samples per safetensors file")
     add_device_args(ch, dtype=False)
     add_no_progress(ch)
     ch.set_defaults(func=cmd_cache_hidden)
 
-    mp = sub.add_parser("make-prompts", help="instruction prompts made offline (stdlib code, Shakespeare): train.jsonl + heldout.jsonl")
+    mp = sub.add_parser(
+        "make-prompts", help="instruction prompts made offline (stdlib code, Shakespeare): train.jsonl + heldout.jsonl"
+    )
     mp.add_argument("--out", required=True, help="folder to write train.jsonl and heldout.jsonl into")
     mp.add_argument("--train", type=positive_int("--train"), default=1024, help="rows of train.jsonl")
-    mp.add_argument("--heldout", type=int_at_least("--heldout", 0), default=128, help="rows of heldout.jsonl (from sources train never sees)")
-    mp.add_argument("--seed", type=int, default=0, help="picks the items and the wording; the held-out sources stay the same")
+    mp.add_argument(
+        "--heldout",
+        type=int_at_least("--heldout", 0),
+        default=128,
+        help="rows of heldout.jsonl (from sources train never sees)",
+    )
+    mp.add_argument(
+        "--seed", type=int, default=0, help="picks the items and the wording; the held-out sources stay the same"
+    )
     mp.set_defaults(func=cmd_make_prompts)
 
 
 def _add_endpoint_args(gen) -> None:
     ep = gen.add_argument_group("serving engine (OpenAI-compatible: vLLM, SGLang, TGI, transformers serve)")
-    ep.add_argument("--endpoint", action="append", metavar="URL", help="answer with this server instead of loading the target (repeat to spread requests)")
-    ep.add_argument("--served-model", help="model id to request (default: the one model the endpoints list at /v1/models)")
-    ep.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key (the key is never written)")
-    ep.add_argument("--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight over all endpoints")
-    ep.add_argument("--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0)
-    ep.add_argument("--retries", type=int_at_least("--retries", 0), default=4, help="tries after the first, each on the next endpoint, with backoff")
-    ep.add_argument("--send", choices=("auto", "ids", "text"), default="auto", help="prompts as token ids to /v1/completions, or as text/messages (auto: ids when the server takes them)")
-    ep.add_argument("--reasoning", choices=("keep", "strip", "refuse"), default="keep", help="a <think> block or reasoning_content: train on it, drop it, or drop the sample")
+    ep.add_argument(
+        "--endpoint",
+        action="append",
+        metavar="URL",
+        help="answer with this server instead of loading the target (repeat to spread requests)",
+    )
+    ep.add_argument(
+        "--served-model", help="model id to request (default: the one model the endpoints list at /v1/models)"
+    )
+    ep.add_argument(
+        "--api-key-env", metavar="VAR", help="environment variable holding the API key (the key is never written)"
+    )
+    ep.add_argument(
+        "--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight over all endpoints"
+    )
+    ep.add_argument(
+        "--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0
+    )
+    ep.add_argument(
+        "--retries",
+        type=int_at_least("--retries", 0),
+        default=4,
+        help="tries after the first, each on the next endpoint, with backoff",
+    )
+    ep.add_argument(
+        "--send",
+        choices=("auto", "ids", "text"),
+        default="auto",
+        help="prompts as token ids to /v1/completions, or as text/messages (auto: ids when the server takes them)",
+    )
+    ep.add_argument(
+        "--reasoning",
+        choices=("keep", "strip", "refuse"),
+        default="keep",
+        help="a <think> block or reasoning_content: train on it, drop it, or drop the sample",
+    )
 
 
 def _endpoint_settings(args):
@@ -99,10 +194,15 @@ def _endpoint_settings(args):
     if not args.endpoint:
         return None
     return EndpointSettings(
-        urls=tuple(args.endpoint), served_model=args.served_model, api_key_env=args.api_key_env,
-        concurrency=args.concurrency, timeout=args.request_timeout, retries=args.retries, send=args.send,
+        urls=tuple(args.endpoint),
+        served_model=args.served_model,
+        api_key_env=args.api_key_env,
+        concurrency=args.concurrency,
+        timeout=args.request_timeout,
+        retries=args.retries,
+        send=args.send,
         reasoning=args.reasoning,
-    )  # fmt: skip
+    )
 
 
 def cmd_generate(args) -> int:
@@ -115,24 +215,41 @@ def cmd_generate(args) -> int:
 
     try:
         settings = GenerateSettings(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            num_samples=args.num_samples, batch_size=args.batch_size, shard_size=args.shard_size,
-            max_length=args.max_length, seed=args.seed,
-        )  # fmt: skip
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            num_samples=args.num_samples,
+            batch_size=args.batch_size,
+            shard_size=args.shard_size,
+            max_length=args.max_length,
+            seed=args.seed,
+        )
         endpoint = _endpoint_settings(args)
     except ValueError as err:
         raise UsageError(str(err)) from None
     job = GenerateJob(
-        target=args.target, prompts=args.prompts, out=args.out, settings=settings, split=args.split, limit=args.limit,
-        chat_template=args.chat_template, device=args.device, dtype=args.dtype, progress=not args.no_progress,
+        target=args.target,
+        prompts=args.prompts,
+        out=args.out,
+        settings=settings,
+        split=args.split,
+        limit=args.limit,
+        chat_template=args.chat_template,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.no_progress,
         endpoint=endpoint,
-    )  # fmt: skip
+    )
     try:
         run_generate(job)
     except (SourceError, ChatTemplateError, DataError, EndpointError) as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt:
-        print(f"draftsmith generate: interrupted; complete shards are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
+        print(
+            f"draftsmith generate: interrupted; complete shards are kept in {args.out}; rerun the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
@@ -159,8 +276,10 @@ def cmd_verify_data(args) -> int:
     unchecked = report["shards"] - report["with_checksums"]
     files = f"{report['with_checksums']} with file checksums, all matching" + (
         f"; {unchecked} written without checksums" if unchecked else ""
-    )  # fmt: skip
-    print(f"ok: {args.data}: {report['samples']} samples in {report['shards']} shard(s), {files}; data hash {report['data_hash']} recomputed and matches")
+    )
+    print(
+        f"ok: {args.data}: {report['samples']} samples in {report['shards']} shard(s), {files}; data hash {report['data_hash']} recomputed and matches"
+    )
     return 0
 
 
@@ -182,16 +301,28 @@ def cmd_cache_hidden(args) -> int:
     from draftsmith.distill.jobs import CacheHiddenJob, run_cache_hidden
 
     job = CacheHiddenJob(
-        target=args.target, data=args.data, layers=args.layers, out=args.out, dtype=args.dtype,
-        model_dtype=args.model_dtype, max_disk=args.max_disk, topk_logits=args.topk_logits,
-        batch_size=args.batch_size, shard_size=args.shard_size, device=args.device, progress=not args.no_progress,
-    )  # fmt: skip
+        target=args.target,
+        data=args.data,
+        layers=args.layers,
+        out=args.out,
+        dtype=args.dtype,
+        model_dtype=args.model_dtype,
+        max_disk=args.max_disk,
+        topk_logits=args.topk_logits,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        device=args.device,
+        progress=not args.no_progress,
+    )
     try:
         run_cache_hidden(job)
     except (CacheError, DataError) as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt:
-        print(f"draftsmith cache-hidden: interrupted; complete shards are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
+        print(
+            f"draftsmith cache-hidden: interrupted; complete shards are kept in {args.out}; rerun the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
@@ -207,7 +338,9 @@ def cmd_make_prompts(args) -> int:
         part = summary[split]
         tasks = ", ".join(f"{kind} {n}" for kind, n in part["tasks"].items())
         kinds = ", ".join(f"{kind} {n}" for kind, n in part["source_kinds"].items())
-        print(f"wrote {part['file']}: {part['rows']} prompts ({tasks}) from {len(part['sources'])} sources ({kinds} rows)")
+        print(
+            f"wrote {part['file']}: {part['rows']} prompts ({tasks}) from {len(part['sources'])} sources ({kinds} rows)"
+        )
     print(f"held-out sources: {', '.join(summary['heldout']['sources'])}")
     if "note" in summary:
         print(f"note: {summary['note']}")

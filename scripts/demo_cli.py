@@ -16,29 +16,51 @@ from draftsmith.scripts._args import UsageError, add_device_args, add_no_progres
 
 
 def add_commands(sub) -> None:
-    toy = sub.add_parser("make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools")
+    toy = sub.add_parser(
+        "make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools"
+    )
     toy.add_argument("--out", required=True, help="folder to create (target/, draft/, prompts.jsonl)")
     toy.add_argument("--family", default="llama", help="llama, qwen2, mistral or gpt_neox")
     toy.add_argument("--seed", type=int, default=0)
     toy.add_argument("--force", action="store_true", help="replace an existing folder")
     toy.set_defaults(func=cmd_make_toy)
 
-    demo = sub.add_parser("demo", help="a real target (SmolLM2-135M-Instruct), every drafter method trained on it and ranked")
-    demo.add_argument("--quick", action="store_true", help="a smoke run in about a minute (micro target, few short decodes)")
+    demo = sub.add_parser(
+        "demo", help="a real target (SmolLM2-135M-Instruct), every drafter method trained on it and ranked"
+    )
+    demo.add_argument(
+        "--quick", action="store_true", help="a smoke run in about a minute (micro target, few short decodes)"
+    )
     demo.add_argument("--budget", help="training budget: default, or long (each head trained longer: a learning curve)")
     demo.add_argument("--out", help="output folder (default runs/demo-<target>)")
     demo.add_argument("--target", help="demo target: smollm2 (default), micro (default with --quick)")
-    demo.add_argument("--cache-dir", help="where demo targets and heads are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)")
-    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists")
+    demo.add_argument(
+        "--cache-dir",
+        help="where demo targets and heads are cached (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)",
+    )
+    demo.add_argument(
+        "--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists"
+    )
     demo.add_argument("--prompts", type=positive_int("--prompts"), help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
     demo.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"))
     demo.add_argument("--repeats", type=positive_int("--repeats"), help="timed passes (median reported)")
     demo.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
-    demo.add_argument("--sampled-temperature", type=float_in("--sampled-temperature", 0.0, None, False, ">= 0 (0 = no second table)"),
-                      help="a second pass and table at this temperature (default 1; 0 = none)")
-    demo.add_argument("--no-tune", action="store_true", help="skip the table of each chain drafter at the K `tune` picks")
-    demo.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)")
+    demo.add_argument(
+        "--sampled-temperature",
+        type=float_in("--sampled-temperature", 0.0, None, False, ">= 0 (0 = no second table)"),
+        help="a second pass and table at this temperature (default 1; 0 = none)",
+    )
+    demo.add_argument(
+        "--no-tune", action="store_true", help="skip the table of each chain drafter at the K `tune` picks"
+    )
+    demo.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=["default", "max-autotune"],
+        help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)",
+    )
     add_device_args(demo)
     add_no_progress(demo)
     demo.set_defaults(func=cmd_demo)
@@ -54,7 +76,9 @@ def cmd_make_toy(args) -> int:
         raise UsageError(f"--out {str(out)!r} already exists (pass --force to replace it)")
     make_toy(out, family=args.family, seed=args.seed)
     print(f"wrote a toy {args.family} target/draft pair (random weights) and prompts to {out}/")
-    print(f"next: draftsmith eval --target {out}/target --draft {out}/draft --prompt-lookup --prompts {out}/prompts.jsonl --out {out}/eval")
+    print(
+        f"next: draftsmith eval --target {out}/target --draft {out}/draft --prompt-lookup --prompts {out}/prompts.jsonl --out {out}/eval"
+    )
     return 0
 
 
@@ -63,10 +87,16 @@ def cmd_demo(args) -> int:
 
     try:
         settings = with_overrides(
-            QUICK if args.quick else DemoSettings(), target=args.target, budget=args.budget, num_prompts=args.prompts,
-            max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, repeats=args.repeats,
-            temperature=args.temperature, compile=args.compile,
-        )  # fmt: skip
+            QUICK if args.quick else DemoSettings(),
+            target=args.target,
+            budget=args.budget,
+            num_prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            num_draft_tokens=args.num_draft_tokens,
+            repeats=args.repeats,
+            temperature=args.temperature,
+            compile=args.compile,
+        )
         if args.sampled_temperature is not None:
             settings = replace(settings, sampled_temperature=args.sampled_temperature or None)
         if args.no_tune:
@@ -75,9 +105,10 @@ def cmd_demo(args) -> int:
         raise UsageError(str(err)) from None
     options = {"cache_dir": args.cache_dir, "device": args.device, "progress": not args.no_progress}
     return _building(
-        "demo", "nothing half-built was cached (an unfinished target build is removed)",
+        "demo",
+        "nothing half-built was cached (an unfinished target build is removed)",
         lambda: run_demo(settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, **options),
-    )  # fmt: skip
+    )
 
 
 def _building(command: str, on_interrupt: str, job) -> int:

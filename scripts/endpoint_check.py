@@ -28,18 +28,33 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=64)
     p.add_argument("--batch-size", type=positive_int("--batch-size"), default=16, help="local generation")
     p.add_argument("--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight")
-    p.add_argument("--endpoint", action="append", default=[], metavar="URL",
-                   help="a running server (default: start transformers serve)")  # fmt: skip
-    p.add_argument("--continuous-batching", action="store_true",
-                   help="start transformers serve with --continuous-batching")  # fmt: skip
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a running server (default: start transformers serve)",
+    )
+    p.add_argument(
+        "--continuous-batching", action="store_true", help="start transformers serve with --continuous-batching"
+    )
     p.add_argument("--chat-template", default="auto")
     add_device_args(p)
     a = p.parse_args(argv)
     job = EndpointCheckJob(
-        target=a.target, prompts=a.prompts, out=a.out, limit=a.limit, max_new_tokens=a.max_new_tokens,
-        batch_size=a.batch_size, concurrency=a.concurrency, endpoints=tuple(a.endpoint),
-        continuous_batching=a.continuous_batching, chat_template=a.chat_template, device=a.device, dtype=a.dtype,
-    )  # fmt: skip
+        target=a.target,
+        prompts=a.prompts,
+        out=a.out,
+        limit=a.limit,
+        max_new_tokens=a.max_new_tokens,
+        batch_size=a.batch_size,
+        concurrency=a.concurrency,
+        endpoints=tuple(a.endpoint),
+        continuous_batching=a.continuous_batching,
+        chat_template=a.chat_template,
+        device=a.device,
+        dtype=a.dtype,
+    )
     print(describe_check(check_endpoint(job)))
     return 0
 

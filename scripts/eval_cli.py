@@ -12,7 +12,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, add_sampling_args, float_in, list_of, positive_int
+from draftsmith.scripts._args import (
+    UsageError,
+    add_device_args,
+    add_no_progress,
+    add_sampling_args,
+    float_in,
+    list_of,
+    positive_int,
+)
 
 
 def _int_or_none(text, minimum):
@@ -34,7 +42,9 @@ def _rate_or_none(text):
 BATCH_SIZES = list_of("--batch-sizes", lambda t: _int_or_none(t, 1), "a batch size (an integer >= 1)", "1,2,4,8")
 CONCURRENCY = list_of("--concurrency", lambda t: _int_or_none(t, 1), "a number of clients (an integer >= 1)", "1,2,4,8")
 QPS = list_of("--qps", _rate_or_none, "an arrival rate (requests per second > 0)", "0.5,1,2,4")
-TREE_BUDGETS = list_of("--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32")
+TREE_BUDGETS = list_of(
+    "--tree-budgets", lambda t: _int_or_none(t, 1), "a number of tree nodes (an integer >= 1)", "4,8,16,32"
+)
 PROMPTS_HELP = (
     "prompt source (JSONL/JSON/parquet/CSV file, saved dataset folder or hub name): rows with "
     '"messages", "conversations", MT-bench "turns", "input_ids" or a "prompt" text'
@@ -43,30 +53,98 @@ PROMPTS_HELP = (
 
 def _add_prompt_args(p: argparse.ArgumentParser) -> None:
     """How prompts are rendered (distill/prompts.py): the same for eval, tune and check-lossless."""
-    p.add_argument("--chat-template", default="auto", metavar="auto|none|FILE", help="renders conversations with the generation prompt: auto (the tokenizer's own), none, or a Jinja file")
-    p.add_argument("--plain-prompts", choices=["raw", "chat"], default="raw", help='plain "prompt" rows: raw (the text as it is, default) or chat (one user turn through the chat template, as instruct targets are trained)')
-ALLOW_MISMATCH_HELP = "use heads trained on another target (its fingerprint differs): only when --target is a fine-tune of it"
+    p.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar="auto|none|FILE",
+        help="renders conversations with the generation prompt: auto (the tokenizer's own), none, or a Jinja file",
+    )
+    p.add_argument(
+        "--plain-prompts",
+        choices=["raw", "chat"],
+        default="raw",
+        help='plain "prompt" rows: raw (the text as it is, default) or chat (one user turn through the chat template, as instruct targets are trained)',
+    )
+
+
+ALLOW_MISMATCH_HELP = (
+    "use heads trained on another target (its fingerprint differs): only when --target is a fine-tune of it"
+)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     from draftsmith.eval.drafter_specs import DrafterSpecs as D  # the defaults live there
 
     p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
-    p.add_argument("--draft", action="append", metavar="[NAME=]DIR", help="folder of a draft model sharing the target's vocabulary; repeat for several (named NAME, else after the folder)")
+    p.add_argument(
+        "--draft",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="folder of a draft model sharing the target's vocabulary; repeat for several (named NAME, else after the folder)",
+    )
     p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
-    p.add_argument("--max-ngram", type=positive_int("--max-ngram"), default=D.max_ngram, help="prompt lookup: longest n-gram to match")
-    p.add_argument("--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)")
-    p.add_argument("--medusa-tree", help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]")
-    p.add_argument("--tree-nodes", type=positive_int("--tree-nodes"), default=D.tree_nodes, help="node budget of --medusa-tree auto")
-    p.add_argument("--eagle", action="append", metavar="[NAME=]DIR", help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout); repeat for several (rows NAME-chain, NAME-tree)")
-    p.add_argument("--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16")
-    p.add_argument("--dflash", action="append", metavar="[NAME=]DIR", help="folder of a DFlash block drafter for this target; repeat for several (named NAME, else after the folder)")
-    p.add_argument("--peagle", action="append", metavar="[NAME=]DIR", help="folder of a P-EAGLE head for this target (draftsmith or speculators peagle layout); repeat for several (named NAME, else after the folder)")
-    p.add_argument("--lossy", choices=["typical"], help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)")
-    p.add_argument("--typical-epsilon", type=float, default=D.typical_epsilon, help="typical acceptance: posterior threshold epsilon")
-    p.add_argument("--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta")
+    p.add_argument(
+        "--max-ngram",
+        type=positive_int("--max-ngram"),
+        default=D.max_ngram,
+        help="prompt lookup: longest n-gram to match",
+    )
+    p.add_argument(
+        "--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)"
+    )
+    p.add_argument(
+        "--medusa-tree",
+        help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]",
+    )
+    p.add_argument(
+        "--tree-nodes",
+        type=positive_int("--tree-nodes"),
+        default=D.tree_nodes,
+        help="node budget of --medusa-tree auto",
+    )
+    p.add_argument(
+        "--eagle",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout); repeat for several (rows NAME-chain, NAME-tree)",
+    )
+    p.add_argument(
+        "--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16"
+    )
+    p.add_argument(
+        "--dflash",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="folder of a DFlash block drafter for this target; repeat for several (named NAME, else after the folder)",
+    )
+    p.add_argument(
+        "--peagle",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="folder of a P-EAGLE head for this target (draftsmith or speculators peagle layout); repeat for several (named NAME, else after the folder)",
+    )
+    p.add_argument(
+        "--lossy",
+        choices=["typical"],
+        help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)",
+    )
+    p.add_argument(
+        "--typical-epsilon",
+        type=float,
+        default=D.typical_epsilon,
+        help="typical acceptance: posterior threshold epsilon",
+    )
+    p.add_argument(
+        "--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta"
+    )
     p.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
-    p.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"), default=4, help="K: drafts per target call")
+    p.add_argument(
+        "--num-draft-tokens",
+        "-k",
+        type=positive_int("--num-draft-tokens (K)"),
+        default=4,
+        help="K: drafts per target call",
+    )
     add_device_args(p)
     add_sampling_args(p, temperature=False)
     p.add_argument("--seed", type=int, default=0)
@@ -78,35 +156,101 @@ def add_commands(sub) -> None:
     _add_model_args(ev)
     ev.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     ev.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
-    ev.add_argument("--task-key", help='field of a prompt row that names its task, for per-task tables (default "task", else "category")')
+    ev.add_argument(
+        "--task-key",
+        help='field of a prompt row that names its task, for per-task tables (default "task", else "category")',
+    )
     _add_prompt_args(ev)
     ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
     ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
-    ev.add_argument("--static-cache", action="store_true", help="decode over preallocated KV caches (the target, draft models and EAGLE, DFlash and P-EAGLE heads; with --batch-sizes the batched decoder too)")
-    ev.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)")
+    ev.add_argument(
+        "--static-cache",
+        action="store_true",
+        help="decode over preallocated KV caches (the target, draft models and EAGLE, DFlash and P-EAGLE heads; with --batch-sizes the batched decoder too)",
+    )
+    ev.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=["default", "max-autotune"],
+        help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)",
+    )
     ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
-    ev.add_argument("--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)")
-    ev.add_argument("--overwrite", action="store_true", help="replace the report of an earlier run in --out (else refused)")
+    ev.add_argument(
+        "--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)"
+    )
+    ev.add_argument(
+        "--overwrite", action="store_true", help="replace the report of an earlier run in --out (else refused)"
+    )
     sv = ev.add_argument_group("serving scale (serving.json, serving.md, serving.html and figures)")
-    sv.add_argument("--batch-sizes", type=BATCH_SIZES, help="also measure batched decoding at these batch sizes, e.g. 1,2,4,8,16,32")
-    sv.add_argument("--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size")
-    sv.add_argument("--latency-target", type=float_in("--latency-target", 0.0, None, True, "> 0 seconds"), help="find the highest load whose request latency percentile stays within SECONDS")
-    sv.add_argument("--percentile", type=float_in("--percentile", 0.0, 100.0, True, "in (0, 100]"), default=90.0, help="the latency percentile of --latency-target (default 90)")
-    sv.add_argument("--price-per-hour", type=float_in("--price-per-hour", 0.0, None, False, ">= 0 dollars per hour"), help="price of the engine per hour: cost per 1k tokens and per answer")
-    en = ev.add_argument_group("serving engine (engine.json, engine.md, engine.html): load test of a running OpenAI-compatible server")
-    en.add_argument("--endpoint", action="append", metavar="URL", help="drive this server (repeat to spread the load) instead of, or with a drafter flag beside, the local decoder")
+    sv.add_argument(
+        "--batch-sizes", type=BATCH_SIZES, help="also measure batched decoding at these batch sizes, e.g. 1,2,4,8,16,32"
+    )
+    sv.add_argument(
+        "--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size"
+    )
+    sv.add_argument(
+        "--latency-target",
+        type=float_in("--latency-target", 0.0, None, True, "> 0 seconds"),
+        help="find the highest load whose request latency percentile stays within SECONDS",
+    )
+    sv.add_argument(
+        "--percentile",
+        type=float_in("--percentile", 0.0, 100.0, True, "in (0, 100]"),
+        default=90.0,
+        help="the latency percentile of --latency-target (default 90)",
+    )
+    sv.add_argument(
+        "--price-per-hour",
+        type=float_in("--price-per-hour", 0.0, None, False, ">= 0 dollars per hour"),
+        help="price of the engine per hour: cost per 1k tokens and per answer",
+    )
+    en = ev.add_argument_group(
+        "serving engine (engine.json, engine.md, engine.html): load test of a running OpenAI-compatible server"
+    )
+    en.add_argument(
+        "--endpoint",
+        action="append",
+        metavar="URL",
+        help="drive this server (repeat to spread the load) instead of, or with a drafter flag beside, the local decoder",
+    )
     en.add_argument("--concurrency", type=CONCURRENCY, help="closed-loop clients per level (default 1,2,4,8)")
-    en.add_argument("--requests", type=positive_int("--requests"), default=32, help="answers per level, at least its concurrency (default 32)")
-    en.add_argument("--level-seconds", type=float_in("--level-seconds", 0.0, None, True, "> 0 seconds"), default=120.0, help="no new request after this long in a level (default 120)")
+    en.add_argument(
+        "--requests",
+        type=positive_int("--requests"),
+        default=32,
+        help="answers per level, at least its concurrency (default 32)",
+    )
+    en.add_argument(
+        "--level-seconds",
+        type=float_in("--level-seconds", 0.0, None, True, "> 0 seconds"),
+        default=120.0,
+        help="no new request after this long in a level (default 120)",
+    )
     en.add_argument("--served-model", help="the model id to request (default: the one the server lists)")
-    en.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key (sent as a Bearer token, never written)")
-    en.add_argument("--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0, help="seconds per request (default 600)")
-    en.add_argument("--compare-serving", metavar="SERVING_JSON", help="the serving.json of a `--batch-sizes` sweep of the same target: its methods simulated at the same concurrency levels")
+    en.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="environment variable holding the server's API key (sent as a Bearer token, never written)",
+    )
+    en.add_argument(
+        "--request-timeout",
+        type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"),
+        default=600.0,
+        help="seconds per request (default 600)",
+    )
+    en.add_argument(
+        "--compare-serving",
+        metavar="SERVING_JSON",
+        help="the serving.json of a `--batch-sizes` sweep of the same target: its methods simulated at the same concurrency levels",
+    )
     ev.set_defaults(func=cmd_eval)
 
-    tu = sub.add_parser("tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it")
+    tu = sub.add_parser(
+        "tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it"
+    )
     tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
     which = tu.add_mutually_exclusive_group(required=True)
     which.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
@@ -117,15 +261,27 @@ def add_commands(sub) -> None:
     tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
     _add_prompt_args(tu)
-    tu.add_argument("--k-max", type=positive_int("--k-max"), default=8, help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)")
+    tu.add_argument(
+        "--k-max",
+        type=positive_int("--k-max"),
+        default=8,
+        help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)",
+    )
     tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
     tu.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     add_sampling_args(tu)
-    tu.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes of the check at the chosen setting (median reported)")
+    tu.add_argument(
+        "--repeats",
+        type=positive_int("--repeats"),
+        default=3,
+        help="timed passes of the check at the chosen setting (median reported)",
+    )
     tu.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     tu.add_argument("--seed", type=int, default=0)
     tu.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
-    tu.add_argument("--write", action="store_true", help="record the chosen setting in the drafter folder's config.json")
+    tu.add_argument(
+        "--write", action="store_true", help="record the chosen setting in the drafter folder's config.json"
+    )
     tu.add_argument("--out", help="folder for tuning.json and the speedup-vs-setting figures")
     add_device_args(tu)
     add_no_progress(tu)
@@ -133,15 +289,28 @@ def add_commands(sub) -> None:
 
     ck = sub.add_parser("check-lossless", help="chi-square test that speculative sampling matches the target")
     _add_model_args(ck)
-    ck.add_argument("--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0)
+    ck.add_argument(
+        "--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0
+    )
     ck.add_argument("--prompt", default="def main():\n    ", help="text prompt (tokenized with the target's tokenizer)")
     ck.add_argument("--prompts", help="instead of --prompt: a prompt source (as for eval) whose first row is checked")
     _add_prompt_args(ck)
     ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
     ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this (in (0, 1))")
-    ck.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, help="decode B copies of the prompt per call (the batched path; every row is one sample)")
+    ck.add_argument(
+        "--batch-size",
+        type=positive_int("--batch-size"),
+        default=1,
+        help="decode B copies of the prompt per call (the batched path; every row is one sample)",
+    )
     ck.add_argument("--static-cache", action="store_true", help="check the preallocated-cache path")
-    ck.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"], help="check the compiled path (implies --static-cache)")
+    ck.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=["default", "max-autotune"],
+        help="check the compiled path (implies --static-cache)",
+    )
     ck.set_defaults(func=cmd_check_lossless)
 
 
@@ -149,13 +318,24 @@ def _specs(args):
     from draftsmith.eval.drafter_specs import DrafterSpecs
 
     return DrafterSpecs(
-        target=args.target, drafts=tuple(args.draft or ()), prompt_lookup=args.prompt_lookup, max_ngram=args.max_ngram,
-        medusa=args.medusa, medusa_tree=args.medusa_tree, tree_nodes=args.tree_nodes, eagle=tuple(args.eagle or ()),
-        eagle_tree=args.eagle_tree, lossy=args.lossy, typical_epsilon=args.typical_epsilon,
-        typical_delta=args.typical_delta, dflash=tuple(args.dflash or ()),
+        target=args.target,
+        drafts=tuple(args.draft or ()),
+        prompt_lookup=args.prompt_lookup,
+        max_ngram=args.max_ngram,
+        medusa=args.medusa,
+        medusa_tree=args.medusa_tree,
+        tree_nodes=args.tree_nodes,
+        eagle=tuple(args.eagle or ()),
+        eagle_tree=args.eagle_tree,
+        lossy=args.lossy,
+        typical_epsilon=args.typical_epsilon,
+        typical_delta=args.typical_delta,
+        dflash=tuple(args.dflash or ()),
         peagle=tuple(args.peagle or ()),
-        allow_target_mismatch=args.allow_target_mismatch, device=args.device, dtype=args.dtype,
-    )  # fmt: skip
+        allow_target_mismatch=args.allow_target_mismatch,
+        device=args.device,
+        dtype=args.dtype,
+    )
 
 
 def _sweep_settings(args):
@@ -163,16 +343,28 @@ def _sweep_settings(args):
     from draftsmith.eval.sweep import SweepSettings
 
     if args.batch_sizes is None:
-        given = [flag for flag, value in (("--qps", args.qps), ("--latency-target", args.latency_target),
-                                          ("--price-per-hour", args.price_per_hour)) if value is not None]  # fmt: skip
+        given = [
+            flag
+            for flag, value in (
+                ("--qps", args.qps),
+                ("--latency-target", args.latency_target),
+                ("--price-per-hour", args.price_per_hour),
+            )
+            if value is not None
+        ]
         if given:
-            raise UsageError(f"{', '.join(given)} need --batch-sizes: the serving analysis runs on step costs measured per batch size (e.g. --batch-sizes 1,2,4,8)")
+            raise UsageError(
+                f"{', '.join(given)} need --batch-sizes: the serving analysis runs on step costs measured per batch size (e.g. --batch-sizes 1,2,4,8)"
+            )
         return None
     try:
         return SweepSettings(
-            batch_sizes=tuple(args.batch_sizes), qps=tuple(args.qps or ()), latency_target_s=args.latency_target,
-            percentile=args.percentile, price_per_hour=args.price_per_hour,
-        )  # fmt: skip
+            batch_sizes=tuple(args.batch_sizes),
+            qps=tuple(args.qps or ()),
+            latency_target_s=args.latency_target,
+            percentile=args.percentile,
+            price_per_hour=args.price_per_hour,
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -182,16 +374,26 @@ def _eval_settings(args, num_draft_tokens: int, **options):
 
     try:
         return EvalSettings(
-            num_draft_tokens=num_draft_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, seed=args.seed, ignore_eos=args.ignore_eos,
+            num_draft_tokens=num_draft_tokens,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            repeats=args.repeats,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
             **options,
-        )  # fmt: skip
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
 
 
-ENGINE_FLAGS = (("--concurrency", "concurrency"), ("--served-model", "served_model"), ("--api-key-env", "api_key_env"),
-                ("--compare-serving", "compare_serving"))  # fmt: skip
+ENGINE_FLAGS = (
+    ("--concurrency", "concurrency"),
+    ("--served-model", "served_model"),
+    ("--api-key-env", "api_key_env"),
+    ("--compare-serving", "compare_serving"),
+)
 
 
 def cmd_eval(args) -> int:
@@ -204,14 +406,25 @@ def cmd_eval(args) -> int:
     if given:
         raise UsageError(f"{', '.join(given)} apply to a served model: give --endpoint URL")
     settings = _eval_settings(
-        args, args.num_draft_tokens, measure_distances=not args.no_distances,
-        static_cache=args.static_cache or bool(args.compile), compile=args.compile or False,
-    )  # fmt: skip
+        args,
+        args.num_draft_tokens,
+        measure_distances=not args.no_distances,
+        static_cache=args.static_cache or bool(args.compile),
+        compile=args.compile or False,
+    )
     job = EvalJob(
-        _specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit, task_key=args.task_key,
-        chat_template=args.chat_template, plain_prompts=args.plain_prompts,
-        sweep=_sweep_settings(args), progress=not args.no_progress, overwrite=args.overwrite,
-    )  # fmt: skip
+        _specs(args),
+        settings,
+        prompts=args.prompts,
+        out=args.out,
+        limit=args.limit,
+        task_key=args.task_key,
+        chat_template=args.chat_template,
+        plain_prompts=args.plain_prompts,
+        sweep=_sweep_settings(args),
+        progress=not args.no_progress,
+        overwrite=args.overwrite,
+    )
     try:
         run_eval(job)
     except SpecError as err:
@@ -224,18 +437,34 @@ def cmd_tune(args) -> int:
     from draftsmith.eval.jobs import TuneJob, run_tune
 
     job = TuneJob(
-        target=args.target, prompts=args.prompts, settings=_eval_settings(args, args.k_max, measure_distances=False),
-        draft=args.draft, medusa=args.medusa, eagle=args.eagle, dflash=args.dflash, peagle=args.peagle, limit=args.limit,
-        chat_template=args.chat_template, plain_prompts=args.plain_prompts,
-        tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None, write=args.write, out=args.out,
-        device=args.device, dtype=args.dtype, progress=not args.no_progress, allow_target_mismatch=args.allow_target_mismatch,
-    )  # fmt: skip
+        target=args.target,
+        prompts=args.prompts,
+        settings=_eval_settings(args, args.k_max, measure_distances=False),
+        draft=args.draft,
+        medusa=args.medusa,
+        eagle=args.eagle,
+        dflash=args.dflash,
+        peagle=args.peagle,
+        limit=args.limit,
+        chat_template=args.chat_template,
+        plain_prompts=args.plain_prompts,
+        tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None,
+        write=args.write,
+        out=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+        allow_target_mismatch=args.allow_target_mismatch,
+    )
     try:
         result = run_tune(job)
     except SpecError as err:
         raise UsageError(str(err)) from None
     if args.write and result["recorded"] is None:
-        print(f"draftsmith tune: --write: nothing recorded in {result['folder']}/config.json: no K beats target-only decoding", file=sys.stderr)
+        print(
+            f"draftsmith tune: --write: nothing recorded in {result['folder']}/config.json: no K beats target-only decoding",
+            file=sys.stderr,
+        )
         return 1
     if result["recorded"] is not None:
         from draftsmith.publish.serve import serving_commands
@@ -249,12 +478,23 @@ def cmd_check_lossless(args) -> int:
     from draftsmith.eval.jobs import LosslessJob, run_check_lossless
 
     job = LosslessJob(
-        _specs(args), prompt=args.prompt, num_draft_tokens=args.num_draft_tokens, temperature=args.temperature,
-        prompts=args.prompts, chat_template=args.chat_template, plain_prompts=args.plain_prompts,
-        top_k=args.top_k, top_p=args.top_p, samples=args.samples, threshold=args.threshold, seed=args.seed,
-        progress=not args.no_progress, batch_size=args.batch_size, static_cache=args.static_cache,
+        _specs(args),
+        prompt=args.prompt,
+        num_draft_tokens=args.num_draft_tokens,
+        temperature=args.temperature,
+        prompts=args.prompts,
+        chat_template=args.chat_template,
+        plain_prompts=args.plain_prompts,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        samples=args.samples,
+        threshold=args.threshold,
+        seed=args.seed,
+        progress=not args.no_progress,
+        batch_size=args.batch_size,
+        static_cache=args.static_cache,
         compile=args.compile or False,
-    )  # fmt: skip
+    )
     try:
         passed = run_check_lossless(job)
     except SpecError as err:
@@ -270,32 +510,68 @@ def _cmd_engine(args) -> int:
     from draftsmith.eval.serving.engine import LEVELS, EngineJob, LoadSettings, run_engine
     from draftsmith.eval.serving.prometheus import ExpositionError
 
-    local_only = [flag for flag, value in (("--batch-sizes", args.batch_sizes), ("--qps", args.qps),
-                                           ("--price-per-hour", args.price_per_hour)) if value is not None]  # fmt: skip
+    local_only = [
+        flag
+        for flag, value in (
+            ("--batch-sizes", args.batch_sizes),
+            ("--qps", args.qps),
+            ("--price-per-hour", args.price_per_hour),
+        )
+        if value is not None
+    ]
     if local_only:
-        raise UsageError(f"{', '.join(local_only)} measure the local decoder, not --endpoint: run that sweep as its "
-                         "own `draftsmith eval` and pass its serving.json with --compare-serving")  # fmt: skip
+        raise UsageError(
+            f"{', '.join(local_only)} measure the local decoder, not --endpoint: run that sweep as its "
+            "own `draftsmith eval` and pass its serving.json with --compare-serving"
+        )
     levels = tuple(args.concurrency or LEVELS)
     try:
         load = LoadSettings(
-            concurrency=levels, requests=args.requests, level_seconds=args.level_seconds,
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
-            latency_target_s=args.latency_target, percentile=args.percentile, seed=args.seed,
-        )  # fmt: skip
+            concurrency=levels,
+            requests=args.requests,
+            level_seconds=args.level_seconds,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+            latency_target_s=args.latency_target,
+            percentile=args.percentile,
+            seed=args.seed,
+        )
         endpoint = EndpointSettings(
-            urls=tuple(args.endpoint), served_model=args.served_model, api_key_env=args.api_key_env,
-            concurrency=max(levels), timeout=args.request_timeout, retries=0,
-        )  # fmt: skip
+            urls=tuple(args.endpoint),
+            served_model=args.served_model,
+            api_key_env=args.api_key_env,
+            concurrency=max(levels),
+            timeout=args.request_timeout,
+            retries=0,
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
     local = None
     if args.draft or args.prompt_lookup or args.medusa or args.eagle or args.dflash:
         settings = _eval_settings(args, args.num_draft_tokens, measure_distances=not args.no_distances)
-        local = EvalJob(_specs(args), settings, prompts=args.prompts, out=args.out, limit=args.limit,
-                        task_key=args.task_key, progress=not args.no_progress, overwrite=args.overwrite)  # fmt: skip
-    job = EngineJob(endpoint, load, target=args.target, prompts=args.prompts, out=args.out, limit=args.limit,
-                    local=local, compare_serving=args.compare_serving, progress=not args.no_progress,
-                    overwrite=args.overwrite)  # fmt: skip
+        local = EvalJob(
+            _specs(args),
+            settings,
+            prompts=args.prompts,
+            out=args.out,
+            limit=args.limit,
+            task_key=args.task_key,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
+    job = EngineJob(
+        endpoint,
+        load,
+        target=args.target,
+        prompts=args.prompts,
+        out=args.out,
+        limit=args.limit,
+        local=local,
+        compare_serving=args.compare_serving,
+        progress=not args.no_progress,
+        overwrite=args.overwrite,
+    )
     try:
         run_engine(job)
     except (EndpointError, SpecError, ExpositionError) as err:

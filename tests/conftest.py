@@ -18,7 +18,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from fixtures import tiny_pair  # noqa: E402  (needs the path above)
 
-
 #: Files whose tests start two training processes of their own: one xdist group, so that at most
 #: one such pair runs at a time (beside the other worker) on a 2-core runner.
 TWO_PROCESS_FILES = ("test_distributed.py", "test_fsdp2.py", "test_target_sharding.py", "test_dp_generate.py")
@@ -117,10 +116,27 @@ def toy_data(toy_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("toy-data") / "data"
     args = [
-        "generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--limit", 6,
-        "--max-new-tokens", 8, "--batch-size", 3, "--shard-size", 4, "--chat-template", "none",
-        "--out", out, "--no-progress", "--device", "cpu",
-    ]  # fmt: skip
+        "generate",
+        "--target",
+        toy_dir / "target",
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        6,
+        "--max-new-tokens",
+        8,
+        "--batch-size",
+        3,
+        "--shard-size",
+        4,
+        "--chat-template",
+        "none",
+        "--out",
+        out,
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main([str(a) for a in args]) == 0
     return out
 

@@ -32,11 +32,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-
 from speculators import SpeculatorModel, SpeculatorModelConfig
+from speculators.losses import resolve_loss_config
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.models.peagle import PEagleDraftModel
-from speculators.losses import resolve_loss_config
 from speculators.models.peagle.data import generate_cod_sample_indices
 from speculators.train.cli import create_transformer_layer_config
 
@@ -50,9 +49,11 @@ def _logits(model, inputs_file: str, out_file: str) -> None:
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out.detach().clone()))
     with torch.no_grad():
         model.eval()(
-            hidden_states=inputs["hidden_states"], input_ids=inputs["input_ids"],
-            document_ids=torch.zeros_like(inputs["input_ids"]), ttt_steps=2,
-        )  # fmt: skip
+            hidden_states=inputs["hidden_states"],
+            input_ids=inputs["input_ids"],
+            document_ids=torch.zeros_like(inputs["input_ids"]),
+            ttt_steps=2,
+        )
     hook.remove()
     save_file({f"step{i}": t.contiguous() for i, t in enumerate(captured)}, out_file)
 
@@ -70,10 +71,13 @@ def _peagle_logits(model, inputs_file: str, out_file: str) -> None:
     torch.manual_seed(PEAGLE_SEED)
     with torch.no_grad():
         model.eval()(
-            hidden_states=inputs["hidden_states"], input_ids=ids, document_ids=torch.zeros_like(ids),
+            hidden_states=inputs["hidden_states"],
+            input_ids=ids,
+            document_ids=torch.zeros_like(ids),
             verifier_last_hidden_states=torch.zeros(1, ids.shape[1], model.config.transformer_layer_config.hidden_size),
-            num_depths=PEAGLE_DEPTHS, loss_config=resolve_loss_config("kl_div", "eager"),  # fused needs Triton
-        )  # fmt: skip
+            num_depths=PEAGLE_DEPTHS,
+            loss_config=resolve_loss_config("kl_div", "eager"),  # fused needs Triton
+        )
     hook.remove()
     save_file({"logits": captured[0][0].contiguous(), "anchor": anchor, "depth": depth}, out_file)
 
@@ -97,10 +101,19 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
         "unexpected": sorted(set(written) - set(expected)),
         "shape_mismatches": sorted(k for k in set(expected) & set(written) if expected[k] != written[k]),
         "not_finite": sorted(k for k, ok in finite.items() if not ok),
-        "flags": {k: getattr(config, k) for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual",
-                                                   "embed_requires_grad", "target_hidden_size")},
+        "flags": {
+            k: getattr(config, k)
+            for k in (
+                "norm_before_fc",
+                "fc_norm",
+                "norm_output",
+                "norm_before_residual",
+                "embed_requires_grad",
+                "target_hidden_size",
+            )
+        },
         "mask_token_id": getattr(config, "mask_token_id", None),
-    }  # fmt: skip
+    }
 
 
 def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: str) -> dict:
@@ -118,9 +131,15 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     t2d[target_ids] = True
     d2t = target_ids - torch.arange(draft_vocab)
     model = cls.from_training_args(
-        layer_config, t2d=t2d, d2t=d2t, draft_vocab_size=draft_vocab, ttt_steps=3,
-        verifier_name_or_path=verifier, draft_attn_impl=ATTENTION, **{"norm_before_residual": False, **flags},
-    )  # fmt: skip
+        layer_config,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=draft_vocab,
+        ttt_steps=3,
+        verifier_name_or_path=verifier,
+        draft_attn_impl=ATTENTION,
+        **{"norm_before_residual": False, **flags},
+    )
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # off the init (norms at 1, small weights), so that loading is tested
         for name, p in model.named_parameters():
@@ -133,13 +152,12 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
 
 
 def train(data: str, out: str, verifier: str) -> dict:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM
-
     import speculators.train.checkpointer
     import speculators.train.trainer
+    from datasets import Dataset
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
+    from transformers import AutoModelForCausalLM
 
     # speculators' data layout: a datasets folder (input_ids, loss_mask, seq_len) and, per row,
     # hidden_states/hs_{i}.safetensors with the aux layers' states and the last layer's output
@@ -151,7 +169,8 @@ def train(data: str, out: str, verifier: str) -> dict:
         prompt = torch.randint(3, target.config.vocab_size, (1, 6), generator=gen)
         ids = target.generate(prompt, max_new_tokens=26, do_sample=False)[0]
         last = {}
-        def keep(_module, _args, out):
+
+        def keep(_module, _args, out, last=last):
             last["x"] = out[0] if isinstance(out, tuple) else out
 
         hook = target.model.layers[-1].register_forward_hook(keep)
@@ -170,12 +189,40 @@ def train(data: str, out: str, verifier: str) -> dict:
     speculators.train.trainer.get_local_rank = lambda: "cpu"
     speculators.train.checkpointer.get_current_device = lambda: "cpu"
     torch.accelerator.synchronize = lambda *args, **kwargs: None
-    main(TrainConfig.resolve([
-        "--verifier-name-or-path", verifier, "--data-path", data, "--speculator-type", "eagle3", "--save-path", out,
-        "--target-layer-ids", "1", "2", "3", "--draft-attn-impl", ATTENTION, "--loss-implementation", "eager",
-        "--epochs", "1", "--max-steps", "4", "--num-workers", "0", "--hidden-states-dtype", "float32",
-        "--total-seq-len", "64", "--on-missing", "raise",
-    ]))  # fmt: skip
+    main(
+        TrainConfig.resolve(
+            [
+                "--verifier-name-or-path",
+                verifier,
+                "--data-path",
+                data,
+                "--speculator-type",
+                "eagle3",
+                "--save-path",
+                out,
+                "--target-layer-ids",
+                "1",
+                "2",
+                "3",
+                "--draft-attn-impl",
+                ATTENTION,
+                "--loss-implementation",
+                "eager",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "4",
+                "--num-workers",
+                "0",
+                "--hidden-states-dtype",
+                "float32",
+                "--total-seq-len",
+                "64",
+                "--on-missing",
+                "raise",
+            ]
+        )
+    )
     return {"checkpoints": sorted(p.name for p in Path(out).iterdir())}
 
 

@@ -14,9 +14,9 @@ from draftsmith.demo.ablate_heads import HeadAblationSettings, ablate_heads
 @pytest.fixture
 def toy_ctx(toy_dir, tmp_path):
     """A DemoContext on the toy target, laid out as a demo build (target/, prompts/heldout.jsonl)."""
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer
     from draftsmith.demo.run import DemoContext, DemoSettings
     from draftsmith.demo.target import DemoTarget
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer
 
     build = tmp_path / "build"
     (build / "prompts").mkdir(parents=True)
@@ -34,8 +34,16 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
     from draftsmith.demo.heads import BUDGETS
 
     out = tmp_path / "ablation"
-    settings = HeadAblationSettings(losses="soft_ce,lk_hybrid", seeds="0,1", steps=2, prompts=2, max_new_tokens=6,
-                                    target="micro", out=str(out), device="cpu")  # fmt: skip
+    settings = HeadAblationSettings(
+        losses="soft_ce,lk_hybrid",
+        seeds="0,1",
+        steps=2,
+        prompts=2,
+        max_new_tokens=6,
+        target="micro",
+        out=str(out),
+        device="cpu",
+    )
     logs = []
     record = ablate_heads(toy_ctx, BUDGETS["micro", "default"], toy_data, None, settings, log=logs.append)
     assert record["num_draft_tokens"] == 3  # the demo's block of K + 1 = 4 slots

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
 from draftsmith.decoding.masks import tree_attend
-from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
-
 
 ATOL = 1e-5  # fp32; observed differences between cached and full forwards are ~4e-6
 ATTN = ("sdpa", "eager")

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 import torch
-from draftsmith.heads.eagle import EagleConfig, EagleHead, save_eagle
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 from fixtures import tiny_model
 from transformers import AutoConfig, AutoModel
+
+from draftsmith.heads.eagle import EagleConfig, EagleHead, save_eagle
+from draftsmith.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 
 
 @pytest.fixture(scope="module")

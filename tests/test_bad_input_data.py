@@ -15,9 +15,22 @@ from draftsmith.heads.models import load_causal_lm
 
 def generate_args(target, out, prompts, *extra):
     return [
-        "generate", "--target", target, "--prompts", prompts, "--out", out, "--max-new-tokens", 4,
-        "--chat-template", "none", "--no-progress", "--device", "cpu", *extra,
-    ]  # fmt: skip
+        "generate",
+        "--target",
+        target,
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+        "--max-new-tokens",
+        4,
+        "--chat-template",
+        "none",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def one_error(err: str) -> str:
@@ -63,7 +76,9 @@ def test_11_non_finite_target_is_an_error_before_any_data(toy_dir, tmp_path, run
             model.get_output_embeddings().weight.fill_(3e38)
     model.save_pretrained(target)
     out = tmp_path / "d"
-    code, _, err = run_cli(generate_args(target, out, toy_dir / "prompts.jsonl", "--limit", 2, "--temperature", temperature))
+    code, _, err = run_cli(
+        generate_args(target, out, toy_dir / "prompts.jsonl", "--limit", 2, "--temperature", temperature)
+    )
     assert code == 2
     err = one_error(err)
     if broken == "nan_weight":
@@ -75,10 +90,14 @@ def test_11_non_finite_target_is_an_error_before_any_data(toy_dir, tmp_path, run
 
 def test_12_every_prompt_too_long_is_an_error_and_writes_nothing(toy_dir, tmp_path, run_cli):
     out = tmp_path / "deep" / "d"
-    code, _, err = run_cli(generate_args(toy_dir / "target", out, toy_dir / "prompts.jsonl", "--limit", 3, "--max-length", 8))
+    code, _, err = run_cli(
+        generate_args(toy_dir / "target", out, toy_dir / "prompts.jsonl", "--limit", 3, "--max-length", 8)
+    )
     assert code == 2
     err = one_error(err)
-    assert "prompts.jsonl" in err and "--max-length 8" in err and "3 too long" in err and "raise --max-length past" in err
+    assert (
+        "prompts.jsonl" in err and "--max-length 8" in err and "3 too long" in err and "raise --max-length past" in err
+    )
     assert not (tmp_path / "deep").exists()
     # A shard whose prompts are all skipped (while others fit) is an empty table, not a crash.
     prompts = tmp_path / "p.jsonl"
@@ -103,7 +122,7 @@ def test_14_a_flipped_byte_in_a_shard_is_found_on_load(toy_data, tmp_path, run_c
         err = one_error(err)
         assert str(arrow) in err and "corrupt (crc32" in err and "rerun the same `draftsmith generate`" in err
     with pytest.raises(DataError, match="corrupt"):
-        DistillData(data_dir).dataset
+        _ = DistillData(data_dir).dataset
     assert listing(data_dir) == before
 
 
@@ -182,7 +201,9 @@ def test_24_truncated_shard_names_the_file_and_the_way_back(toy_dir, toy_data, t
     assert f"delete {str(shard)!r} and rerun the same `draftsmith generate` command" in err
     # What the message says works: the shard is remade, the data is what it was.
     shutil.rmtree(shard)
-    args = generate_args(toy_dir / "target", data_dir, toy_dir / "prompts.jsonl", "--limit", 6, "--batch-size", 3, "--shard-size", 4)
+    args = generate_args(
+        toy_dir / "target", data_dir, toy_dir / "prompts.jsonl", "--limit", 6, "--batch-size", 3, "--shard-size", 4
+    )
     args[args.index("--max-new-tokens") + 1] = 8  # the toy_data fixture's command
     code, stdout, err = run_cli(args)
     assert code == 0, err
@@ -190,10 +211,13 @@ def test_24_truncated_shard_names_the_file_and_the_way_back(toy_dir, toy_data, t
     assert DistillData(data_dir).verify()["data_hash"] == DistillData(toy_data).data_hash
 
 
-@pytest.mark.parametrize("target, says", [
-    ("{tmp}/no/such/target", "does not exist: expected the target's folder"),
-    ("no-org/no-such-model", "does not exist: no such folder, and no hub model of that name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "target, says",
+    [
+        ("{tmp}/no/such/target", "does not exist: expected the target's folder"),
+        ("no-org/no-such-model", "does not exist: no such folder, and no hub model of that name"),
+    ],
+)
 def test_26_missing_target_says_it_does_not_exist(toy_dir, tmp_path, run_cli, target, says):
     target = target.format(tmp=tmp_path)
     out = tmp_path / "d"

@@ -12,24 +12,42 @@ import shutil
 import pytest
 import torch
 
-from draftsmith.eval.evaluator import EvalSettings, evaluate
-from draftsmith.eval.report import compact_table, summary_table, write_report
 from draftsmith.decoding import DraftModelDrafter
 from draftsmith.decoding.sampling import kl_divergence, split_kl
+from draftsmith.eval.evaluator import EvalSettings, evaluate
+from draftsmith.eval.report import compact_table, summary_table, write_report
 
 TINY = ["--limit", 1, "--max-new-tokens", 4, "--repeats", 1, "--no-progress", "--device", "cpu"]
 
 
 def eval_args(toy, out, *extra, target=None, draft=None):
     return [
-        "eval", "--target", target or toy / "target", "--draft", draft or toy / "draft",
-        "--prompts", toy / "prompts.jsonl", "--out", out, *TINY, *extra,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        target or toy / "target",
+        "--draft",
+        draft or toy / "draft",
+        "--prompts",
+        toy / "prompts.jsonl",
+        "--out",
+        out,
+        *TINY,
+        *extra,
+    ]
 
 
 def lossless_args(toy, *extra):
-    return ["check-lossless", "--target", toy / "target", "--draft", toy / "draft", "--no-progress",
-            "--device", "cpu", *extra]  # fmt: skip
+    return [
+        "check-lossless",
+        "--target",
+        toy / "target",
+        "--draft",
+        toy / "draft",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def listing(folder) -> dict:

@@ -64,10 +64,29 @@ def save_heads_of(target_dir: Path, kind: str, out: Path) -> Path:
 
 def eval_args(toy_dir, flag, heads, out, *extra):
     return [
-        "eval", "--target", toy_dir / "target", flag, heads, "--prompts", toy_dir / "prompts.jsonl", "--limit", 1,
-        "--max-new-tokens", 4, "--repeats", 1, "--no-progress", "--no-distances", "--device", "cpu", "-k", 2,
-        "--out", out, *extra,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        toy_dir / "target",
+        flag,
+        heads,
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        1,
+        "--max-new-tokens",
+        4,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--no-distances",
+        "--device",
+        "cpu",
+        "-k",
+        2,
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 # --------------------------------------------------------------------------- 1-3: data of another target
@@ -83,14 +102,25 @@ def test_data_of_another_target_is_refused(method, toy_dir, toy_data, other_targ
     assert not out.exists()
 
 
-def test_allow_target_mismatch_trains_on_a_fine_tunes_data_with_one_warning(toy_dir, toy_data, other_target, tmp_path, capsys):
+def test_allow_target_mismatch_trains_on_a_fine_tunes_data_with_one_warning(
+    toy_dir, toy_data, other_target, tmp_path, capsys
+):
     code, stdout, err, out = train_cli(
-        "medusa", toy_dir, toy_data, tmp_path, capsys, "allow_target_mismatch=true", target=str(other_target),
-        max_steps=1, heldout_fraction=0,
-    )  # fmt: skip
+        "medusa",
+        toy_dir,
+        toy_data,
+        tmp_path,
+        capsys,
+        "allow_target_mismatch=true",
+        target=str(other_target),
+        max_steps=1,
+        heldout_fraction=0,
+    )
     assert code == 0, err
     warning = [line for line in stdout.splitlines() if line.startswith("warning: ")]
-    assert len(warning) == 1 and "used anyway, as allowed for a fine-tune" in warning[0] and FINGERPRINT.search(warning[0])
+    assert (
+        len(warning) == 1 and "used anyway, as allowed for a fine-tune" in warning[0] and FINGERPRINT.search(warning[0])
+    )
     assert (out / "heads" / "config.json").is_file()
     assert json.loads((out / "recipe.json").read_text())["allow_target_mismatch"] is True
 
@@ -123,7 +153,9 @@ def test_eval_heads_without_provenance_get_one_note(toy_dir, tmp_path, run_cli):
     """Heads of another toolkit (here: a vLLM export with draftsmith's provenance key removed)."""
     from draftsmith.heads.medusa import export_medusa, load_medusa
 
-    heads = export_medusa(load_medusa(save_heads_of(toy_dir / "target", "medusa", tmp_path / "h")), tmp_path / "vllm", "vllm")
+    heads = export_medusa(
+        load_medusa(save_heads_of(toy_dir / "target", "medusa", tmp_path / "h")), tmp_path / "vllm", "vllm"
+    )
     config = json.loads((heads / "config.json").read_text())
     config.pop("draftsmith")
     (heads / "config.json").write_text(json.dumps(config))
@@ -147,16 +179,24 @@ def test_the_provenance_rule(toy_dir):
     assert check_target_provenance("heads H", ours, target, **args) is None
     imported = TargetRecord(hidden_size=ours.hidden_size, vocab_size=ours.vocab_size)
     note = check_target_provenance("heads H", imported, target, **args)
-    assert note == "note: heads H carries no draftsmith provenance (no target fingerprint); compared only hidden size, vocabulary: they agree"
-    for field, value, shown in (("hidden_size", 64, "hidden size 64"), ("num_layers", 5, "layers 5"),
-                                ("architectures", ("GPT2LMHeadModel",), "architecture GPT2LMHeadModel")):  # fmt: skip
+    assert (
+        note
+        == "note: heads H carries no draftsmith provenance (no target fingerprint); compared only hidden size, vocabulary: they agree"
+    )
+    for field, value, shown in (
+        ("hidden_size", 64, "hidden size 64"),
+        ("num_layers", 5, "layers 5"),
+        ("architectures", ("GPT2LMHeadModel",), "architecture GPT2LMHeadModel"),
+    ):
         wrong = TargetRecord(**{**vars(ours), field: value})
         with pytest.raises(ProvenanceError, match=f"{shown}, but target .* has .*: it cannot serve this target"):
             check_target_provenance("heads H", wrong, target, **{**args, "allow_mismatch": True})
     other = TargetRecord(**{**vars(ours), "fingerprint": "f" * 64, "name_or_path": "base"})
     with pytest.raises(ProvenanceError, match="made from target 'base' .fingerprint ffffffffffff."):
         check_target_provenance("heads H", other, target, **args)
-    assert check_target_provenance("heads H", other, target, **{**args, "allow_mismatch": True}).startswith("warning: heads H")
+    assert check_target_provenance("heads H", other, target, **{**args, "allow_mismatch": True}).startswith(
+        "warning: heads H"
+    )
 
 
 # --------------------------------------------------------------------------- 7: a finished run without checkpoints
@@ -168,9 +208,14 @@ def test_a_finished_run_folder_without_checkpoints_is_not_replaced(toy_dir, toy_
     assert not checkpoints(out)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     for args in ((), ("--resume",)):  # a resume finds no checkpoint: the same refusal
-        code, _, err, _ = train_cli("medusa", toy_dir, toy_data, tmp_path, capsys, *args, max_steps=1, heldout_fraction=0)
+        code, _, err, _ = train_cli(
+            "medusa", toy_dir, toy_data, tmp_path, capsys, *args, max_steps=1, heldout_fraction=0
+        )
         line = one_error_line(err, "train/medusa.py")
-        assert code == 2 and f"out {str(out)!r} already holds a run (metrics.jsonl, training_summary.json, recipe.json)" in line
+        assert (
+            code == 2
+            and f"out {str(out)!r} already holds a run (metrics.jsonl, training_summary.json, recipe.json)" in line
+        )
         assert "choose another out" in line
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
@@ -198,12 +243,16 @@ def test_resume_past_a_truncated_checkpoint(toy_dir, toy_data, tmp_path, capsys)
     weights = out / "checkpoints" / "step-0000004" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     # the very checkpoint given: named, with the good one before it
-    code, _, err, _ = train_cli("medusa", toy_dir, toy_data, tmp_path, capsys, "--resume", str(weights.parent), max_steps=5, save_every=2)
+    code, _, err, _ = train_cli(
+        "medusa", toy_dir, toy_data, tmp_path, capsys, "--resume", str(weights.parent), max_steps=5, save_every=2
+    )
     line = one_error_line(err, "train/medusa.py")
     assert code == 2 and f"{weights} (" in line and "is truncated or corrupt" in line
     assert f"resume from {out / 'checkpoints' / 'step-0000002'}, the one before it" in line
     # the latest: named, and the run resumes from the last good one
-    code, stdout, err, _ = train_cli("medusa", toy_dir, toy_data, tmp_path, capsys, "--resume", max_steps=5, save_every=2)
+    code, stdout, err, _ = train_cli(
+        "medusa", toy_dir, toy_data, tmp_path, capsys, "--resume", max_steps=5, save_every=2
+    )
     assert code == 0, err
     (skipped,) = [line for line in stdout.splitlines() if line.startswith("resume: skipped")]
     assert str(weights) in skipped and "took " + str(out / "checkpoints" / "step-0000002") in skipped

@@ -20,24 +20,32 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fixtures import FAMILIES, VOCAB, tiny_config
 from transformers import DynamicCache
 
 from draftsmith.decoding import DecodeStats, generate, generate_batch, row_seed
 from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.kv import RaggedCache
-from draftsmith.decoding.masks import chain_attend
 from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
 from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.kv import RaggedCache
+from draftsmith.decoding.masks import chain_attend
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.medusa import MedusaHeads
-from fixtures import FAMILIES, VOCAB, tiny_config
 
 N_NEW = 24
 LENGTHS = (1, 6, 13, 3)  # a one-token prompt: Medusa and EAGLE have no state before its first call
-K = {"target-only": 0, "draft": 3, "medusa": 3, "eagle3": 4, "medusa-tree": 3, "eagle-tree": 4, "lookup": 3,
-     "medusa-typical": 3}
+K = {
+    "target-only": 0,
+    "draft": 3,
+    "medusa": 3,
+    "eagle3": 4,
+    "medusa-tree": 3,
+    "eagle-tree": 4,
+    "lookup": 3,
+    "medusa-typical": 3,
+}
 MEDUSA_TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)]
 EAGLE_TREE = {"depth": 3, "top_k": 3, "total_tokens": 10}
 TYPICAL = (0.09, 0.3)
@@ -121,9 +129,18 @@ def _tree_drafters(heads, head) -> dict:
 
 
 def _batch1(target, drafter, prompt, k, sampling=GREEDY, seed=None, **kwargs):
-    return generate(target, drafter, prompt, max_new_tokens=kwargs.pop("max_new_tokens", N_NEW),
-                    num_draft_tokens=max(k, 1), temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, seed=seed, **kwargs)  # fmt: skip
+    return generate(
+        target,
+        drafter,
+        prompt,
+        max_new_tokens=kwargs.pop("max_new_tokens", N_NEW),
+        num_draft_tokens=max(k, 1),
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=seed,
+        **kwargs,
+    )
 
 
 def _ragged_calls(result) -> int:
@@ -140,8 +157,9 @@ def greedy_run(setup):
     def get(name):
         if name not in runs:
             target = setup[0]
-            result = generate_batch(target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
-                                    max_new_tokens=N_NEW)  # fmt: skip
+            result = generate_batch(
+                target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW
+            )
             alone = [_batch1(target, _drafters(name, setup)[1], p, K[name]) for p in PROMPTS]
             runs[name] = (result, alone)
         return runs[name]
@@ -221,7 +239,9 @@ def test_compaction_keeps_rows_exact(name, setup, monkeypatch):
 
     monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
     monkeypatch.setattr(RaggedCache, "compact_if_wasteful", spy)
-    result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW)
+    result = generate_batch(
+        setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW
+    )
     assert result.tokens == setup[4]
     caches = {id(c): c for c in moved}
     # The target's cache always; the draft model's and the EAGLE head's own caches too.
@@ -253,8 +273,10 @@ def test_batched_trees_and_lookup_on_both_stores(family, pairs, family_heads):
     alone = [_batch1(target, None, p, 0).tokens for p in PROMPTS]
     accepted = {}
     for name, make in _tree_drafters(*family_heads(family)).items():
-        runs = [generate_batch(target, PROMPTS, make(), num_draft_tokens=K[name], max_new_tokens=N_NEW,
-                               static_cache=static) for static in (False, True)]  # fmt: skip
+        runs = [
+            generate_batch(target, PROMPTS, make(), num_draft_tokens=K[name], max_new_tokens=N_NEW, static_cache=static)
+            for static in (False, True)
+        ]
         growing, static = runs
         for b in range(len(PROMPTS)):
             assert growing.tokens[b] == alone[b], (name, "growing", b)
@@ -288,10 +310,13 @@ def test_eos_stops_only_its_row(name, setup):
     def others(b):
         return {t for c, ref in enumerate(references) if c != b for t in ref}
 
-    middle = next(t for j, t in enumerate(references[1]) if j >= 4 and t not in references[1][:j] and t not in others(1))
+    middle = next(
+        t for j, t in enumerate(references[1]) if j >= 4 and t not in references[1][:j] and t not in others(1)
+    )
     ids = [middle] + ([references[3][0]] if references[3][0] not in others(3) else [])
-    result = generate_batch(target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
-                            max_new_tokens=N_NEW, eos_token_id=ids)  # fmt: skip
+    result = generate_batch(
+        target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW, eos_token_id=ids
+    )
     for b, ref in enumerate(references):
         hit = next((j for j, t in enumerate(ref) if t in ids), None)
         expected = ref if hit is None else ref[: hit + 1]
@@ -306,11 +331,20 @@ def test_sampled_rows_do_not_depend_on_the_others(setup):
     """Same seed with and without eos: a row cut at eos is the free row's prefix, and every row
     without that eos is unchanged although the batch around it shrank."""
     target, draft, *_ = setup
-    free = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
-                          sampling=T1, seed=11).tokens  # fmt: skip
+    free = generate_batch(
+        target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=N_NEW, sampling=T1, seed=11
+    ).tokens
     eos = free[2][len(free[2]) // 3]
-    out = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=N_NEW,
-                         sampling=T1, seed=11, eos_token_id=eos)  # fmt: skip
+    out = generate_batch(
+        target,
+        PROMPTS,
+        DraftModelDrafter(draft),
+        num_draft_tokens=3,
+        max_new_tokens=N_NEW,
+        sampling=T1,
+        seed=11,
+        eos_token_id=eos,
+    )
     cut = 0
     for b, row in enumerate(free):
         expected = row if eos not in row else row[: row.index(eos) + 1]
@@ -323,8 +357,9 @@ def test_sampled_rows_do_not_depend_on_the_others(setup):
 def test_max_new_tokens_is_exact(sampling, setup):
     target, draft, *_ = setup
     for n in (1, 2, 3, 5, 7):
-        result = generate_batch(target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=n,
-                                sampling=sampling, seed=n)  # fmt: skip
+        result = generate_batch(
+            target, PROMPTS, DraftModelDrafter(draft), num_draft_tokens=3, max_new_tokens=n, sampling=sampling, seed=n
+        )
         for row, tokens in zip(result.rows, result.tokens):
             assert len(tokens) == n == row.new_tokens
             assert sum(a + 1 for a in row.accepted) == n
@@ -341,8 +376,15 @@ def test_sampled_rows_equal_batch1_with_the_row_seed(name, setup):
     rejection over a tree's siblings; Medusa's typical rule (lossy at T = 1, and said so)."""
     target = setup[0]
     sampling = SamplingConfig(0.9, top_k=40, top_p=0.95) if name == "draft" else T1
-    result = generate_batch(target, PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
-                            max_new_tokens=N_NEW, sampling=sampling, seed=7)  # fmt: skip
+    result = generate_batch(
+        target,
+        PROMPTS,
+        _drafters(name, setup)[0],
+        num_draft_tokens=K[name],
+        max_new_tokens=N_NEW,
+        sampling=sampling,
+        seed=7,
+    )
     for b, prompt in enumerate(PROMPTS):
         single = _batch1(target, _drafters(name, setup)[1], prompt, K[name], sampling, seed=row_seed(7, b))
         assert result.tokens[b] == single.tokens, f"row {b}"
@@ -366,8 +408,9 @@ def _first_two_fits(setup, copies, k=2, seed=3):
     chi-square fits of the (t1, t2) histogram to the target's exact law and to the draft's."""
     target, draft, *_ = setup
     prompts = [SAMPLING_PROMPTS[i % len(SAMPLING_PROMPTS)] for i in range(copies * len(SAMPLING_PROMPTS))]
-    result = generate_batch(target, prompts, DraftModelDrafter(draft), num_draft_tokens=k, max_new_tokens=k + 1,
-                            sampling=T1, seed=seed)  # fmt: skip
+    result = generate_batch(
+        target, prompts, DraftModelDrafter(draft), num_draft_tokens=k, max_new_tokens=k + 1, sampling=T1, seed=seed
+    )
     stats = result.stats
     assert 0 < sum(stats.accepted) < sum(stats.proposed)  # accept, residual and bonus all ran
     assert stats.proposed.count(k) == len(prompts)  # every row drafted K at its first call
@@ -376,8 +419,12 @@ def _first_two_fits(setup, copies, k=2, seed=3):
         counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
         for tokens in result.tokens[p :: len(SAMPLING_PROMPTS)]:
             counts[tokens[0], tokens[1]] += 1
-        fits.append((chi_square_gof(counts, _exact_joint(target, prompt, T1)),
-                     chi_square_gof(counts, _exact_joint(draft, prompt, T1))))  # fmt: skip
+        fits.append(
+            (
+                chi_square_gof(counts, _exact_joint(target, prompt, T1)),
+                chi_square_gof(counts, _exact_joint(draft, prompt, T1)),
+            )
+        )
     return fits
 
 
@@ -440,8 +487,9 @@ def _tree_fits(target, make, prompts, k, runs):
     counts = [torch.zeros(VOCAB, VOCAB, dtype=torch.float64) for _ in prompts]
     stats = DecodeStats()
     for seed in range(runs):
-        result = generate_batch(target, prompts, make(), num_draft_tokens=k, max_new_tokens=k + 1, sampling=T1,
-                                seed=seed)  # fmt: skip
+        result = generate_batch(
+            target, prompts, make(), num_draft_tokens=k, max_new_tokens=k + 1, sampling=T1, seed=seed
+        )
         for c, tokens in zip(counts, result.tokens):
             c[tokens[0], tokens[1]] += 1
         stats = stats + result.stats

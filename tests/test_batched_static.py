@@ -19,10 +19,11 @@ import functools
 import weakref
 
 import pytest
+import test_batched
 import torch
+from test_batched import N_NEW, PROMPTS, T1, K, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 from transformers import DynamicCache
 
-import test_batched
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate_batch
 from draftsmith.decoding import kv as kv_module
@@ -30,7 +31,6 @@ from draftsmith.decoding.compiler import StaticCacheOverflow
 from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
 from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
 from draftsmith.decoding.masks import chain_attend, spans
-from test_batched import K, N_NEW, PROMPTS, T1, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
 
 _forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
 OWN_CACHE = ("draft", "eagle3", "eagle-tree")  # drafters with a static KV cache of their own
@@ -184,8 +184,9 @@ def test_compaction_and_tail_cuts_keep_rows_exact(name, setup, spy, monkeypatch)
     """Compacting at every hole: the pointers move back (tail cuts, compactions) and no token
     changes."""
     monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
-    result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
-                            max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
+    result = generate_batch(
+        setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW, static_cache=True
+    )
     assert result.tokens == setup[4]
     caches = {kv for kv, *_ in spy["compact"]}
     assert len(caches) == (2 if name in OWN_CACHE else 1)  # the target's, and the draft's or the EAGLE head's
@@ -200,8 +201,9 @@ def test_capacity_never_overflows(name, setup, spy, monkeypatch):
     monkeypatch.setattr(kv_module, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
     monkeypatch.setattr(kv_module, "CAPACITY_STEP", 1)
     monkeypatch.setattr(kv_module, "_STATIC_CACHES", weakref.WeakKeyDictionary())  # no larger cache to reuse
-    result = generate_batch(setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name],
-                            max_new_tokens=N_NEW, static_cache=True)  # fmt: skip
+    result = generate_batch(
+        setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW, static_cache=True
+    )
     assert result.tokens == setup[4]
     capacity = max(p.numel() for p in PROMPTS) + N_NEW + K[name] + 1
     target_kv = spy["forward"][0][0]
@@ -228,9 +230,8 @@ def test_overflow_raises_and_writes_nothing(setup):
 
 
 def test_bad_compile_mode_and_chunked_attention_raise(setup):
-    from transformers import AutoModelForCausalLM
-
     from fixtures import tiny_config
+    from transformers import AutoModelForCausalLM
 
     with pytest.raises(ValueError, match="compile must be"):
         generate_batch(setup[0], PROMPTS, max_new_tokens=2, compile="fastest")
@@ -275,8 +276,9 @@ def test_unavailable_compiler_falls_back_with_a_message(setup, monkeypatch):
     target = copy.deepcopy(setup[0])  # a model of its own: no compiled cache of an earlier test
     monkeypatch.setattr(compiler_module, "compile_unavailable", lambda device: "no C++ compiler here (test)")
     with pytest.warns(UserWarning, match=r"torch.compile is off.*no C\+\+ compiler here"):
-        result = generate_batch(target, PROMPTS, DraftModelDrafter(setup[1]), num_draft_tokens=3,
-                                max_new_tokens=N_NEW, compile=True)  # fmt: skip
+        result = generate_batch(
+            target, PROMPTS, DraftModelDrafter(setup[1]), num_draft_tokens=3, max_new_tokens=N_NEW, compile=True
+        )
     assert result.tokens == setup[4]
     assert result.compile_seconds == result.stats.compile_seconds == 0.0
 
@@ -354,9 +356,27 @@ def test_the_batched_benchmark_script(toy_dir, capsys):
     """scripts/bench_batched.py end to end on the toy pair: every path decodes the same tokens."""
     from draftsmith.scripts.bench_batched import main
 
-    code = main(["--target", str(toy_dir / "target"), "--draft", str(toy_dir / "draft"), "--prompt-lookup", "--prompt-file",
-                 str(toy_dir / "prompts.jsonl"), "--batch-size", "2", "--max-new-tokens", "6", "--repeats", "1",
-                 "--device", "cpu", "--paths", "static"])  # fmt: skip (compiling is tested above)
+    code = main(
+        [
+            "--target",
+            str(toy_dir / "target"),
+            "--draft",
+            str(toy_dir / "draft"),
+            "--prompt-lookup",
+            "--prompt-file",
+            str(toy_dir / "prompts.jsonl"),
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--paths",
+            "static",
+        ]
+    )  # compiling is tested above
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line for line in out.splitlines() if line.startswith(("| target-only", "| draft", "| prompt-lookup"))]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from draftsmith.decoding import DecodeStats
 from draftsmith.eval.bench import BenchConfig, CostCurves, Method, build_methods, random_target
 from draftsmith.eval.bench_report import analytic_speedup, first_difference, report, spec_costs
-from draftsmith.decoding import DecodeStats
 from draftsmith.heads.draft import draft_by_truncation
 from draftsmith.scripts.bench_decoder import parse_args
 
@@ -14,8 +14,15 @@ VERIFY = {1: 0.010, 2: 0.012, 4: 0.016}  # seconds: v(3) = 0.014 by interpolatio
 
 def spec_stats() -> DecodeStats:
     # 4 calls, 3 drafts each (fed = 4 tokens), 2 accepted per call: tau = 3; 0.012 s of drafting
-    return DecodeStats(num_draft_tokens=3, proposed=[3] * 4, accepted=[2] * 4, reached=[4, 4, 4],
-                       accepted_at=[4, 4, 0], drafter_seconds=0.012, target_seconds=0.06)  # fmt: skip
+    return DecodeStats(
+        num_draft_tokens=3,
+        proposed=[3] * 4,
+        accepted=[2] * 4,
+        reached=[4, 4, 4],
+        accepted_at=[4, 4, 0],
+        drafter_seconds=0.012,
+        target_seconds=0.06,
+    )
 
 
 def test_analytic_speedup_is_tau_v1_over_the_cost_of_a_call():
@@ -49,11 +56,17 @@ def test_report_of_a_fake_result(capsys):
     cfg = BenchConfig(paths="eager", no_hf=True, no_self_draft=True, curve="1,2,4", device="cpu")
     methods = [
         fake_method("draftsmith", "-", [99, 100, 101], path="eager", baseline="draftsmith"),
-        fake_method("draftsmith", "trunc-1", [150, 160, 170], spec_stats(), {0: [5, 9, 7]}, path="eager",
-                    baseline="draftsmith"),  # fmt: skip
+        fake_method(
+            "draftsmith", "trunc-1", [150, 160, 170], spec_stats(), {0: [5, 9, 7]}, path="eager", baseline="draftsmith"
+        ),
     ]
-    costs = {"verify": {"eager": VERIFY}, "draft_step": {"eager": 0.002}, "compile_seconds": {}, "rounds": 3,
-             "context": 20}  # fmt: skip
+    costs = {
+        "verify": {"eager": VERIFY},
+        "draft_step": {"eager": 0.002},
+        "compile_seconds": {},
+        "rounds": 3,
+        "context": 20,
+    }
     summary = report(cfg, methods, costs, "## header", top1=0.5)
     out = capsys.readouterr().out
     assert "| method | draft | tok/s | vs HF counterpart | vs target-only | vs eager target-only |" in out
@@ -73,16 +86,32 @@ def test_report_of_a_fake_result(capsys):
 def test_flags_keep_their_names_and_bad_values_are_refused(capsys):
     cfg = parse_args(["-k", "3", "--no-hf", "--paths", "eager", "--device", "cpu", "--dtype", "fp32"])
     assert (cfg.num_draft_tokens, cfg.no_hf, cfg.dtype, cfg.curve_repeats) == (3, True, "float32", 7)
-    for argv, message in ((["--repeats", "2"], "--repeats must be >= 3"), (["--paths", "fast"], "--paths must"),
-                          (["--curve", "2,4"], "--curve must"), (["--eagle-tree", "3,4"], "--eagle-tree")):  # fmt: skip
+    for argv, message in (
+        (["--repeats", "2"], "--repeats must be >= 3"),
+        (["--paths", "fast"], "--paths must"),
+        (["--curve", "2,4"], "--curve must"),
+        (["--eagle-tree", "3,4"], "--eagle-tree"),
+    ):
         with pytest.raises(SystemExit):
             parse_args([*argv, "--device", "cpu"])
         assert message in capsys.readouterr().err
 
 
 def test_cost_curves_and_methods_on_a_tiny_random_pair():
-    cfg = BenchConfig(hidden=32, layers=2, vocab=64, max_new_tokens=4, prompts=1, prompt_len=6, curve="1,2",
-                      curve_repeats=1, paths="eager,static", no_hf=True, no_self_draft=True, device="cpu")  # fmt: skip
+    cfg = BenchConfig(
+        hidden=32,
+        layers=2,
+        vocab=64,
+        max_new_tokens=4,
+        prompts=1,
+        prompt_len=6,
+        curve="1,2",
+        curve_repeats=1,
+        paths="eager,static",
+        no_hf=True,
+        no_self_draft=True,
+        device="cpu",
+    )
     target = random_target(cfg)
     draft = draft_by_truncation(target, 1)
     prompts = [torch.arange(3, 9)]
@@ -92,7 +121,11 @@ def test_cost_curves_and_methods_on_a_tiny_random_pair():
     assert costs["context"] == 6 + 2 and costs["rounds"] == 1
     assert set(costs["verify"]) == {"eager", "static"} and all(v > 0 for v in costs["verify"]["static"].values())
     methods = build_methods(cfg, target, draft, None, {})
-    assert [m.key for m in methods] == ["draftsmith", "draftsmith (trunc-1)", "draftsmith-static",
-                                        "draftsmith-static (trunc-1)"]  # fmt: skip
+    assert [m.key for m in methods] == [
+        "draftsmith",
+        "draftsmith (trunc-1)",
+        "draftsmith-static",
+        "draftsmith-static (trunc-1)",
+    ]
     tokens, stats = methods[1].run(prompts[0])
     assert len(tokens) == 4 and stats.target_calls >= 1

@@ -6,6 +6,7 @@ import copy
 import hashlib
 
 import pytest
+from fixtures import tiny_tokenizer
 from tokenizers import AddedToken, processors
 
 from draftsmith.distill.chat import (
@@ -17,7 +18,6 @@ from draftsmith.distill.chat import (
     special_token_ids,
     template_hash,
 )
-from fixtures import tiny_tokenizer
 
 # Templates in the style of the real ones (raw strings: Jinja itself turns '\n' into a newline).
 LLAMA3 = (

@@ -21,10 +21,25 @@ def toy(tmp_path_factory):
 
 def eval_args(toy, out, *extra):
     return [
-        "eval", "--target", toy / "target", "--draft", toy / "draft", "--prompt-lookup",
-        "--prompts", toy / "prompts.jsonl", "--limit", 3, "--max-new-tokens", 12,
-        "--repeats", 1, "--no-progress", "--out", out, *extra,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        toy / "target",
+        "--draft",
+        toy / "draft",
+        "--prompt-lookup",
+        "--prompts",
+        toy / "prompts.jsonl",
+        "--limit",
+        3,
+        "--max-new-tokens",
+        12,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 def test_make_toy_writes_a_loadable_pair(toy):
@@ -135,9 +150,18 @@ def test_load_prompts_accepts_token_ids_and_skips_blank_lines(tmp_path):
 @pytest.mark.slow
 def test_check_lossless_passes_on_the_toy_pair(toy, run_cli):
     args = [
-        "check-lossless", "--target", toy / "target", "--draft", toy / "draft", "--prompt-lookup",
-        "--samples", 400, "-k", 2, "--no-progress",
-    ]  # fmt: skip
+        "check-lossless",
+        "--target",
+        toy / "target",
+        "--draft",
+        toy / "draft",
+        "--prompt-lookup",
+        "--samples",
+        400,
+        "-k",
+        2,
+        "--no-progress",
+    ]
     code, stdout, _ = run_cli(args)
     assert stdout.count("PASS") == 2, stdout
     assert code == 0

@@ -15,13 +15,12 @@ import math
 
 import pytest
 import torch
+from fixtures import FAMILIES, VOCAB, tiny_tokenizer, windowed_model
 
 from draftsmith.decoding import DecodeStats, generate, generate_batch
 from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
-from fixtures import FAMILIES, VOCAB, tiny_config, tiny_tokenizer, windowed_model
-
 
 N_NEW = 24  # new tokens per greedy comparison: several target calls at every K
 
@@ -54,9 +53,7 @@ PROMPTS = _prompts()
 @torch.no_grad()
 def _hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
     ids = prompt.unsqueeze(0)
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
-    )
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, ids.shape[1] :].tolist()
 
 
@@ -134,8 +131,7 @@ def test_greedy_stops_right_after_eos(family, pairs):
                 (reference[0], reference[:1]),
                 (absent, reference),
             ):
-                out = generate(target, make(), prompt, max_new_tokens=N_NEW, num_draft_tokens=k,
-                               eos_token_id=eos)
+                out = generate(target, make(), prompt, max_new_tokens=N_NEW, num_draft_tokens=k, eos_token_id=eos)
                 assert out.tokens == expected, (name, k, eos)
                 assert out.stats.new_tokens == len(expected)
                 assert sum(a + 1 for a in out.stats.accepted) >= len(expected)
@@ -148,12 +144,27 @@ def test_sampling_with_eos_is_the_prefix_of_the_run_without(pairs):
     hits = 0
     for seed in range(12):
         for k in (2, 4):
-            free = generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=N_NEW,
-                            num_draft_tokens=k, temperature=1.0, seed=seed).tokens
+            free = generate(
+                target,
+                DraftModelDrafter(draft),
+                prompt,
+                max_new_tokens=N_NEW,
+                num_draft_tokens=k,
+                temperature=1.0,
+                seed=seed,
+            ).tokens
             eos = free[len(free) // 2]  # a token the run does produce
             cut = free.index(eos)
-            out = generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=N_NEW,
-                           num_draft_tokens=k, temperature=1.0, seed=seed, eos_token_id=eos).tokens
+            out = generate(
+                target,
+                DraftModelDrafter(draft),
+                prompt,
+                max_new_tokens=N_NEW,
+                num_draft_tokens=k,
+                temperature=1.0,
+                seed=seed,
+                eos_token_id=eos,
+            ).tokens
             assert out == free[: cut + 1], (seed, k)
             hits += cut + 1 < len(free)
     assert hits > 0
@@ -166,8 +177,9 @@ def test_max_new_tokens_is_exact(temperature, pairs):
         target = pairs("llama")[0]
         for k in (1, 3, 5):
             for n in (1, 2, 3, 4, 5, 6, 7, 11):
-                out = generate(target, make(), prompt, max_new_tokens=n, num_draft_tokens=k,
-                               temperature=temperature, seed=n)
+                out = generate(
+                    target, make(), prompt, max_new_tokens=n, num_draft_tokens=k, temperature=temperature, seed=n
+                )
                 stats = out.stats
                 assert len(out.tokens) == n == stats.new_tokens, (name, k, n)
                 assert sum(a + 1 for a in stats.accepted) == n  # no eos: nothing cut
@@ -204,8 +216,16 @@ def test_draft_stats_are_consistent(temperature, pairs):
     target, draft = pairs("llama")
     total = DecodeStats()
     for i, drafter in enumerate([DraftModelDrafter(draft), PromptLookupDrafter()] * 3):
-        out = generate(target, drafter, PROMPTS[i + 2], max_new_tokens=N_NEW, num_draft_tokens=4,
-                       temperature=temperature, seed=i, measure_distances=True)
+        out = generate(
+            target,
+            drafter,
+            PROMPTS[i + 2],
+            max_new_tokens=N_NEW,
+            num_draft_tokens=4,
+            temperature=temperature,
+            seed=i,
+            measure_distances=True,
+        )
         stats = out.stats
         _check_position_counters(stats)
         assert stats.distance_count == stats.reached  # theory is accumulated where alpha is
@@ -227,8 +247,16 @@ def test_self_draft_accepts_everything(temperature, pairs):
     target, _ = pairs("qwen2")
     k = 4
     drafter = DraftModelDrafter(copy.deepcopy(target))
-    out = generate(target, drafter, PROMPTS[5], max_new_tokens=N_NEW, num_draft_tokens=k,
-                   temperature=temperature, seed=0, measure_distances=True)
+    out = generate(
+        target,
+        drafter,
+        PROMPTS[5],
+        max_new_tokens=N_NEW,
+        num_draft_tokens=k,
+        temperature=temperature,
+        seed=0,
+        measure_distances=True,
+    )
     stats = out.stats
     _check_position_counters(stats)
     # KL of identical models: only float noise between a one-token and a (k+1)-token forward.
@@ -255,8 +283,16 @@ def _pooled(drafter_factory, target, temperature, runs, k=4, max_new_tokens=32) 
     total = DecodeStats()
     for r in range(runs):
         prompt = PROMPTS[r % len(PROMPTS)]
-        out = generate(target, drafter_factory(), prompt, max_new_tokens=max_new_tokens,
-                       num_draft_tokens=k, temperature=temperature, seed=r, measure_distances=True)
+        out = generate(
+            target,
+            drafter_factory(),
+            prompt,
+            max_new_tokens=max_new_tokens,
+            num_draft_tokens=k,
+            temperature=temperature,
+            seed=r,
+            measure_distances=True,
+        )
         total = total + out.stats
     return total
 
@@ -374,7 +410,7 @@ def _exact_joint(model, prompt: torch.Tensor, sampling: SamplingConfig) -> torch
         vocab = p1.shape[-1]
         batch = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab).unsqueeze(1)], dim=1)
         p2 = sampling.probs(model(batch).logits[:, -1])  # [V, V], row t1
-    return (p1.double().unsqueeze(1) * p2.double())
+    return p1.double().unsqueeze(1) * p2.double()
 
 
 ROWS = 400  # samples per decode: a row costs ~20x less than a batch-1 decode of its own
@@ -391,8 +427,16 @@ def _sample_first_two(model, make_drafter, prompt, k, runs, sampling, **fast):
     total = DecodeStats()
     for seed in range(batches):
         # K+1 new tokens: the first call drafts K tokens, so t1 and t2 go through verification.
-        out = generate_batch(model, [prompt] * (runs // batches), make_drafter(), max_new_tokens=k + 1,
-                             num_draft_tokens=k, sampling=sampling, seed=seed, **fast)  # fmt: skip
+        out = generate_batch(
+            model,
+            [prompt] * (runs // batches),
+            make_drafter(),
+            max_new_tokens=k + 1,
+            num_draft_tokens=k,
+            sampling=sampling,
+            seed=seed,
+            **fast,
+        )
         for tokens in out.tokens:
             counts[tokens[0], tokens[1]] += 1
         total = total + out.stats

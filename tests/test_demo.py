@@ -29,7 +29,10 @@ def test_micro_build_is_loadable_and_has_chat_prompts(micro):
     assert all(r["messages"][-1]["role"] == "user" for r in rows + held)
     assert not {r["source"] for r in rows} & {r["source"] for r in held}  # no shared module or play
     manifest = built.manifest
-    assert manifest["source"]["kind"] == "random" and set(manifest["files"]) >= {"target/config.json", "prompts/train.jsonl"}
+    assert manifest["source"]["kind"] == "random" and set(manifest["files"]) >= {
+        "target/config.json",
+        "prompts/train.jsonl",
+    }
     assert "random" in dt.describe_build(manifest)
 
 
@@ -101,11 +104,14 @@ def test_unwritable_cache_dir(tmp_path, run_cli):
     assert code == 2 and "is not writable" in err and "--cache-dir" in err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--target", "huge"], "unknown demo target 'huge': expected one of smollm2, micro"),
-    (["--quick", "--budget", "huge"], "unknown budget 'huge' for the micro target: expected one of default"),
-    (["--sampled-temperature", "-1"], "--sampled-temperature must be >= 0 (0 = no second table), got -1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--target", "huge"], "unknown demo target 'huge': expected one of smollm2, micro"),
+        (["--quick", "--budget", "huge"], "unknown budget 'huge' for the micro target: expected one of default"),
+        (["--sampled-temperature", "-1"], "--sampled-temperature must be >= 0 (0 = no second table), got -1"),
+    ],
+)
 def test_bad_demo_flags(tmp_path, run_cli, flags, message):
     code, _, err = run_cli(["demo", *flags, "--cache-dir", tmp_path, "--no-progress"])
     assert code == 2 and message in err
@@ -117,12 +123,23 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     out = tmp_path / "demo"
     code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"])
     assert code == 0
-    assert "| method | alpha | acc. rate | tau | speedup | OOV | KL |" in stdout and "counting the bonus token" in stdout
+    assert (
+        "| method | alpha | acc. rate | tau | speedup | OOV | KL |" in stdout and "counting the bonus token" in stdout
+    )
     assert "of their 4-grams" in stdout and "sampling" in stdout  # the loop share heads the greedy and T = 1 tables
     assert "decoded exactly target-only's tokens on every prompt" in stdout and "training tokens/s:" in stdout
     report = json.loads((out / "report.json").read_text())
-    names = ["target-only", "prompt-lookup", "distilled-draft", "medusa-chain", "medusa-tree", "eagle3-chain",
-             "eagle3-tree", "dflash", "peagle"]  # fmt: skip
+    names = [
+        "target-only",
+        "prompt-lookup",
+        "distilled-draft",
+        "medusa-chain",
+        "medusa-tree",
+        "eagle3-chain",
+        "eagle3-tree",
+        "dflash",
+        "peagle",
+    ]
     assert [r["method"] for r in report["methods"]] == names
     for row in report["methods"][1:]:
         for key in ("alpha", "tau", "speedup", "tokens_per_second"):
@@ -149,10 +166,12 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     heads = tmp_path / "cache" / "demo-heads-micro-default"
     assert (heads / "data" / "summary.json").is_file() and (heads / "hidden" / "manifest.json").is_file()
     assert report["drafts"] == {
-        "distilled-draft": str(heads / "distilled-draft" / "draft"), "medusa": str(heads / "medusa" / "heads"),
-        "eagle3": str(heads / "eagle3" / "head"), "dflash": str(heads / "dflash" / "head"),
+        "distilled-draft": str(heads / "distilled-draft" / "draft"),
+        "medusa": str(heads / "medusa" / "heads"),
+        "eagle3": str(heads / "eagle3" / "head"),
+        "dflash": str(heads / "dflash" / "head"),
         "peagle": str(heads / "peagle" / "head"),
-    }  # fmt: skip
+    }
     assert report["methods"][4]["tree"] and report["methods"][4]["predicted_speedup"] is None
     speeds = report["demo"]["training_tokens_per_second"]
     assert set(speeds) == {"medusa", "distilled-draft", "eagle3", "dflash", "peagle", "target-forward"}

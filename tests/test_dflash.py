@@ -14,16 +14,17 @@ from dataclasses import replace
 
 import pytest
 import torch
+from fixtures import VOCAB, greedy_answers_batch, tiny_model
 from safetensors.torch import load_file
 
+from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.distill.acceptance import walk_tau
 from draftsmith.distill.losses import DIVERGENCES
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.decoding import generate, generate_batch
-from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
-from draftsmith.distill.acceptance import walk_tau
 from draftsmith.train.common import decoded_tau
 from draftsmith.train.dflash import (
     DFlashRecipe,
@@ -38,7 +39,6 @@ from draftsmith.train.dflash import (
     train,
 )
 from draftsmith.train.recipe import RecipeError, load_recipe
-from fixtures import VOCAB, greedy_answers_batch, tiny_model
 
 FAMILIES = ("llama", "qwen2", "mistral")
 BLOCK = 4
@@ -58,8 +58,14 @@ def test_shapes_and_parameter_counts(family, pairs):
     target, _ = pairs(family)
     c = target.config
     H, V, Vd, layers = c.hidden_size, c.vocab_size, 64, 2
-    head = DFlashHead.for_target(target, num_layers=layers, block_size=BLOCK, mask_token_id=VOCAB - 1,
-                                 aux_layer_ids=[0, 2], vocab_map=_fake_vocab_map(Vd))  # fmt: skip
+    head = DFlashHead.for_target(
+        target,
+        num_layers=layers,
+        block_size=BLOCK,
+        mask_token_id=VOCAB - 1,
+        aux_layer_ids=[0, 2],
+        vocab_map=_fake_vocab_map(Vd),
+    )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     per_layer = 2 * H * H + 2 * H * kv + 3 * H * c.intermediate_size + 2 * H + 2 * (H // c.num_attention_heads)
     trained = 2 * H * H + H + layers * per_layer + H + Vd * H  # fc, hidden_norm, layers, norm, reduced lm_head
@@ -69,7 +75,9 @@ def test_shapes_and_parameter_counts(family, pairs):
     states = target(torch.randint(3, VOCAB, (N, C)), output_hidden_states=True).hidden_states
     context = head.project(torch.cat([states[0], states[2]], -1))
     positions = torch.arange(C + Q)[None].expand(N, -1)
-    logits = head(torch.randint(3, VOCAB, (N, Q)), context, positions=positions, attention_mask=torch.zeros(N, 1, Q, C + Q))
+    logits = head(
+        torch.randint(3, VOCAB, (N, Q)), context, positions=positions, attention_mask=torch.zeros(N, 1, Q, C + Q)
+    )
     assert logits.shape == (N, Q, Vd) and head.target_logits(logits).shape == (N, Q, V)
     full = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=0, aux_layer_ids=[1])
     assert full.frozen_keys() == ("embed_tokens.weight", "lm_head.weight") and not full.lm_head.weight.requires_grad
@@ -161,7 +169,9 @@ def test_each_loss_trains_and_keeps_the_slot_weights(short_answers, loss):
     torch.manual_seed(0)
     head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    anchors, valid = sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0))
+    anchors, valid = sample_anchors(
+        batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0)
+    )
 
     def loss_of(recipe):
         return dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)[0]
@@ -198,7 +208,9 @@ def fitted(pairs):
     prompts, batch, states = greedy_answers_batch(target)
     loss_mask, attention = batch["loss_mask"], batch["attention_mask"]
     torch.manual_seed(0)
-    head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2])
+    head = DFlashHead.for_target(
+        target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2]
+    )
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
@@ -237,7 +249,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
     assert all(starts[b, len(p) - 1] and not starts[b, len(p) - 2] for b, p in enumerate(prompts))
-    (anchors, valid), = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]
+    ((anchors, valid),) = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]
     with torch.no_grad():
         _, whole, label, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
     assert torch.equal(whole, chains) and torch.equal(trained, label.sum((0, 1)).double())  # chunks change nothing
@@ -287,8 +299,15 @@ def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
     target, head, prompts = fitted
     drafter = Checked(head, target)
     rows = [prompts[0], prompts[1], prompts[2][:1]]
-    out = generate_batch(target, rows, drafter, num_draft_tokens=BLOCK - 1, max_new_tokens=16,
-                         sampling=SamplingConfig(temperature=temperature), eos_token_id=rows[1][0].item())  # fmt: skip
+    out = generate_batch(
+        target,
+        rows,
+        drafter,
+        num_draft_tokens=BLOCK - 1,
+        max_new_tokens=16,
+        sampling=SamplingConfig(temperature=temperature),
+        eos_token_id=rows[1][0].item(),
+    )
     assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
 
 
@@ -298,8 +317,15 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300  # ~12 s and ~7 s on a busy 2-core machine
-    result = check_lossless(target, DFlashDrafter(head), prompts[0], num_draft_tokens=2, samples=samples,
-                            progress=False, batch_size=batch_size)  # fmt: skip
+    result = check_lossless(
+        target,
+        DFlashDrafter(head),
+        prompts[0],
+        num_draft_tokens=2,
+        samples=samples,
+        progress=False,
+        batch_size=batch_size,
+    )
     assert 0.05 < result.acceptance_rate < 0.95, result.describe()
     assert result.passed, result.describe()
 
@@ -310,10 +336,23 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
 def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "dflash"
     recipe = DFlashRecipe(
-        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", batch_size=2, max_length=128,
-        max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34, lr=3e-3,
-        block_size=BLOCK, max_anchors=16, draft_vocab_size=64, log_every=1,
-    )  # fmt: skip
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        device="cpu",
+        batch_size=2,
+        max_length=128,
+        max_steps=12,
+        warmup_steps=2,
+        eval_every=12,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=3e-3,
+        block_size=BLOCK,
+        max_anchors=16,
+        draft_vocab_size=64,
+        log_every=1,
+    )
     summary = train(recipe, progress=False)
     losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
@@ -335,16 +374,39 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     save_dflash(head, tmp_path / "again")
     again = load_dflash(tmp_path / "again", target=target).state_dict()
     assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
-    code, _, err = run_cli([
-        "eval", "--target", toy_dir / "target", "--dflash", out / "head", "--dflash", f"second={tmp_path / 'again'}",
-        "--prompts", toy_dir / "prompts.jsonl", "--limit", 2, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
-        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--dflash",
+            out / "head",
+            "--dflash",
+            f"second={tmp_path / 'again'}",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            2,
+            "--max-new-tokens",
+            8,
+            "--repeats",
+            1,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "-k",
+            3,
+            "--out",
+            tmp_path / "ev",
+        ]
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert {"head", "second"} <= {r["method"] for r in report["methods"]}
     # The speculators layout: the key set vLLM loads, and it loads back with identical outputs.
-    code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--target", toy_dir / "target", "--out", tmp_path / "v"])
+    code, _, err = run_cli(
+        ["export", out / "head", "--format", "vllm", "--target", toy_dir / "target", "--out", tmp_path / "v"]
+    )
     assert code == 0, err
     exported = json.loads((tmp_path / "v" / "config.json").read_text())
     assert exported["speculators_model_type"] == "dflash" and exported["mask_token_id"] == config.mask_token_id
@@ -353,12 +415,25 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     assert set(load_file(str(tmp_path / "v" / "model.safetensors"))) == set(saved)
     served = load_dflash(tmp_path / "v", target=target)
     ids, context = torch.randint(3, VOCAB, (2, BLOCK)), torch.randn(2, 5, config.hidden_size)
-    args = dict(positions=torch.arange(5 + BLOCK)[None].expand(2, -1), attention_mask=torch.zeros(2, 1, BLOCK, 5 + BLOCK))
+    args = dict(
+        positions=torch.arange(5 + BLOCK)[None].expand(2, -1), attention_mask=torch.zeros(2, 1, BLOCK, 5 + BLOCK)
+    )
     assert torch.equal(served(ids, context, **args), head(ids, context, **args))
     code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v2"])
     assert code == 2 and "--target is needed" in err
-    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--dflash", toy_dir / "target", "--prompts",
-                            toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--dflash",
+            toy_dir / "target",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--out",
+            tmp_path / "x",
+        ]
+    )
     assert code == 2 and "expected a DFlash head folder" in err
 
 
@@ -366,11 +441,38 @@ def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
     from draftsmith.distill.hidden_cache import CacheError
 
     cache = tmp_path / "cache"
-    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last",
-                            "--dtype", "fp32", "--out", cache, "--no-progress", "--device", "cpu"])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "1,last",
+            "--dtype",
+            "fp32",
+            "--out",
+            cache,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
-    base = dict(target=str(toy_dir / "target"), data=str(toy_data), device="cpu", batch_size=2, max_length=128,
-                max_steps=2, warmup_steps=1, heldout_fraction=0.34, block_size=BLOCK, max_anchors=8, hidden_cache=str(cache))
+    base = dict(
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        device="cpu",
+        batch_size=2,
+        max_length=128,
+        max_steps=2,
+        warmup_steps=1,
+        heldout_fraction=0.34,
+        block_size=BLOCK,
+        max_anchors=8,
+        hidden_cache=str(cache),
+    )
     summary = train(DFlashRecipe(out=str(tmp_path / "offline"), **base), progress=False)
     assert summary["aux_layers"] == [1] and summary["steps"] == 2  # a 2-layer target: aux (1), teacher from `last`
     with pytest.raises(CacheError, match="the trainer needs"):

@@ -18,7 +18,19 @@ import time
 
 import pytest
 import torch
-from lifecycle_helpers import METHODS, REPO, child_env, free_port, losses, main_of, python_script, recipe_values, run_script, weights, write_recipe
+from lifecycle_helpers import (
+    METHODS,
+    REPO,
+    child_env,
+    free_port,
+    losses,
+    main_of,
+    python_script,
+    recipe_values,
+    run_script,
+    weights,
+    write_recipe,
+)
 
 from draftsmith.train.run import checkpoints
 
@@ -58,9 +70,28 @@ def test_two_processes_train_what_one_process_trains(method, engine, one_process
     reference = one_process(method)
     config, env, device, kind = ENGINES[engine]
     out = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, device=device))
-    args = ["accelerate", "launch", *config, "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no", "--main_process_port", free_port(), METHODS[method][0], "--recipe", recipe, "--no-progress"]  # fmt: skip
+    recipe = write_recipe(
+        tmp_path / "r.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, device=device)
+    )
+    args = [
+        "accelerate",
+        "launch",
+        *config,
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        free_port(),
+        METHODS[method][0],
+        "--recipe",
+        recipe,
+        "--no-progress",
+    ]
     done = run_script(args, env=child_env(**env))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())
@@ -82,8 +113,14 @@ def test_kill_9_then_resume_gives_the_uninterrupted_weights(method, toy_dir, toy
 
     out = tmp_path / "killed"
     recipe = write_recipe(tmp_path / "killed.yaml", recipe_values(method, toy_dir, toy_data, out, **values))
-    proc = subprocess.Popen([*python_script(method), "--recipe", str(recipe), "--no-progress"], cwd=REPO, env=child_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*python_script(method), "--recipe", str(recipe), "--no-progress"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not checkpoints(out) and proc.poll() is None and time.monotonic() < deadline:

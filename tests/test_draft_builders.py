@@ -128,10 +128,26 @@ def test_config_draft_is_seeded_and_embeddings_optional(targets):
     [
         ("llama", dict(num_layers=0), "num_layers=0"),
         ("llama", dict(num_layers=2, hidden_size=50), "hidden_size=50 is not divisible by num_attention_heads=4"),
-        ("llama", dict(num_layers=2, num_attention_heads=5), "hidden_size=48 is not divisible by num_attention_heads=5"),
-        ("qwen2", dict(num_layers=2, num_attention_heads=6, num_key_value_heads=4), "heads=6 is not divisible by num_key_value_heads=4"),
-        ("llama", dict(num_layers=2, hidden_size=36, num_attention_heads=3), "heads=3 is not divisible by num_key_value_heads=2"),
-        ("mistral", dict(num_layers=2, num_key_value_heads=3), "num_attention_heads=4 is not divisible by num_key_value_heads=3"),
+        (
+            "llama",
+            dict(num_layers=2, num_attention_heads=5),
+            "hidden_size=48 is not divisible by num_attention_heads=5",
+        ),
+        (
+            "qwen2",
+            dict(num_layers=2, num_attention_heads=6, num_key_value_heads=4),
+            "heads=6 is not divisible by num_key_value_heads=4",
+        ),
+        (
+            "llama",
+            dict(num_layers=2, hidden_size=36, num_attention_heads=3),
+            "heads=3 is not divisible by num_key_value_heads=2",
+        ),
+        (
+            "mistral",
+            dict(num_layers=2, num_key_value_heads=3),
+            "num_attention_heads=4 is not divisible by num_key_value_heads=3",
+        ),
         ("gpt_neox", dict(num_layers=2, num_key_value_heads=2), "GPTNeoXConfig\\) has no `num_key_value_heads`"),
         ("qwen2", dict(num_layers=LAYERS + 1), "layer_types"),
     ],

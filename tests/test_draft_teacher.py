@@ -30,14 +30,25 @@ def setup(toy_dir, toy_data, tmp_path_factory):
     data = DistillData(toy_data)
     caches = {"argmax": out / "argmax", "top1": out / "top1"}
     for name, topk in (("argmax", 0), ("top1", 1)):
-        cache_hidden_states(target, data, caches[name], layers_spec="0,1,last", dtype=torch.float32, topk=topk,
-                            batch_size=3, target_path=str(toy_dir / "target"), progress=False, log=lambda *a: None)
+        cache_hidden_states(
+            target,
+            data,
+            caches[name],
+            layers_spec="0,1,last",
+            dtype=torch.float32,
+            topk=topk,
+            batch_size=3,
+            target_path=str(toy_dir / "target"),
+            progress=False,
+            log=lambda *a: None,
+        )
     # the top-1 ids are the stored state's argmax only when the states keep the forward's precision
     assert HiddenStateCache(caches["top1"]).top1_is_argmax(torch.float32)
     assert not HiddenStateCache(caches["argmax"]).top1_is_argmax(torch.float32)  # no top-k stored
     rounded = out / "bf16"
-    cache_hidden_states(target, data, rounded, layers_spec="last", dtype=torch.bfloat16, topk=1, progress=False,
-                        log=lambda *a: None)  # fmt: skip
+    cache_hidden_states(
+        target, data, rounded, layers_spec="last", dtype=torch.bfloat16, topk=1, progress=False, log=lambda *a: None
+    )
     assert not HiddenStateCache(rounded).top1_is_argmax(torch.float32)
     batch = collate_rows(data, list(range(len(data))), 128, 0)
     assert not batch["attention_mask"].bool().all()  # rows of several lengths: padding is exercised
@@ -53,11 +64,13 @@ def heads(target, data):
     torch.manual_seed(0)
     return vocab_map, {
         "eagle3": EagleHead.for_target(target, "eagle3", aux_layer_ids=[0, 1], vocab_map=vocab_map),
-        "dflash": DFlashHead.for_target(target, num_layers=1, block_size=4, mask_token_id=3, aux_layer_ids=[0, 1],
-                                        vocab_map=vocab_map),
-        "peagle": PEagleHead.for_target(target, mask_token_id=3, num_depths=3, aux_layer_ids=[0, 1],
-                                        vocab_map=vocab_map),
-    }  # fmt: skip
+        "dflash": DFlashHead.for_target(
+            target, num_layers=1, block_size=4, mask_token_id=3, aux_layer_ids=[0, 1], vocab_map=vocab_map
+        ),
+        "peagle": PEagleHead.for_target(
+            target, mask_token_id=3, num_depths=3, aux_layer_ids=[0, 1], vocab_map=vocab_map
+        ),
+    }
 
 
 def full_vocabulary_reference(target, cache_dir, batch, vocab, t2d):
@@ -160,8 +173,9 @@ def test_online_teacher_is_restricted_once(setup, toy_dir, toy_data):
     head = by_kind["eagle3"]
     vocab = draft_vocab_ids(head, vocab_map, "cpu")
     online = EagleRecipe(target=str(toy_dir / "target"), data=str(toy_data), out="unused")
-    _, teacher, in_vocab = aux_states_and_teacher(online, target, data, (0, 1), 2, torch.device("cpu"), vocab,
-                                                  head.t2d)(batch)  # fmt: skip
+    _, teacher, in_vocab = aux_states_and_teacher(
+        online, target, data, (0, 1), 2, torch.device("cpu"), vocab, head.t2d
+    )(batch)
     want_teacher, want_in_vocab = full_vocabulary_reference(target, caches["argmax"], batch, vocab, head.t2d)
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(teacher[real], want_teacher[real], atol=1e-4, rtol=1e-4)

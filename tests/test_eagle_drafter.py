@@ -21,15 +21,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fixtures import VOCAB
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 
 from draftsmith.decoding import generate
 from draftsmith.decoding.eagle import EagleDrafter
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.decoding.tree import depths
-from fixtures import VOCAB
+from draftsmith.eval.lossless import check_lossless
 
 FAMILIES = ("llama", "qwen2", "mistral")
 ATOL = 1e-4  # fp32: cached vs full forwards of target and draft differ by ~1e-6
@@ -68,7 +68,11 @@ class FakeEagleHead(nn.Module):
         # layer_config: the shape of its one attention layer's HF cache (one head as wide as the state)
         layer = LlamaConfig(hidden_size=hidden, num_attention_heads=1, head_dim=hidden, num_hidden_layers=1)
         self.config = SimpleNamespace(
-            version=version, aux_layer_ids=aux, draft_vocab_size=draft_ids.numel(), vocab_size=vocab, hidden_size=hidden,
+            version=version,
+            aux_layer_ids=aux,
+            draft_vocab_size=draft_ids.numel(),
+            vocab_size=vocab,
+            hidden_size=hidden,
             layer_config=lambda: layer,
         )
         torch.manual_seed(seed)

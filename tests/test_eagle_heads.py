@@ -6,6 +6,10 @@ import json
 
 import pytest
 import torch
+from fixtures import tiny_model
+from safetensors.torch import load_file
+from transformers import DynamicCache, LlamaConfig
+
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.heads import eagle
 from draftsmith.heads.eagle import (
@@ -18,9 +22,6 @@ from draftsmith.heads.eagle import (
     load_eagle,
     save_eagle,
 )
-from fixtures import tiny_model
-from safetensors.torch import load_file
-from transformers import DynamicCache, LlamaConfig
 
 H, V, VD, L, I = 48, 320, 64, 4, 96  # toy hidden, vocab, draft vocab, target layers, intermediate
 HEADS, KV, HD = 4, 2, 12
@@ -56,7 +57,9 @@ def trained(head: EagleHead, seed: int = 1) -> EagleHead:
 
 def make(target, version="eagle3", reduced=True, **kwargs) -> EagleHead:
     vmap = vocab_map() if (reduced and version == "eagle3") else None
-    return EagleHead.for_target(target, version, vocab_map=vmap, target_name_or_path="toy/target", data_hash="d" * 8, **kwargs)
+    return EagleHead.for_target(
+        target, version, vocab_map=vmap, target_name_or_path="toy/target", data_hash="d" * 8, **kwargs
+    )
 
 
 def inputs(head: EagleHead, T: int = 6, B: int = 2, seed: int = 0):
@@ -74,7 +77,10 @@ def test_shapes_parameter_counts_and_exactly_the_trainable_parameters(targets, f
     target = targets(family)
     head = make(target, version)
     c = head.config
-    assert (c.max_position_embeddings, c.rope_parameters) == (target.config.max_position_embeddings, target.config.rope_parameters)
+    assert (c.max_position_embeddings, c.rope_parameters) == (
+        target.config.max_position_embeddings,
+        target.config.rope_parameters,
+    )
     attn_in = 2 * H if version == "eagle3" else H
     attention = attn_in * (HEADS + 2 * KV) * HD + HEADS * HD * H
     mlp = 3 * H * I
@@ -90,7 +96,9 @@ def test_shapes_parameter_counts_and_exactly_the_trainable_parameters(targets, f
     assert sum(p.numel() for p in params.values() if p.requires_grad) == trainable
     assert sum(p.numel() for p in params.values() if not p.requires_grad) == frozen
     frozen_names = {n for n, p in params.items() if not p.requires_grad}
-    assert frozen_names == ({"embed_tokens.weight"} if version == "eagle3" else {"embed_tokens.weight", "lm_head.weight"})
+    assert frozen_names == (
+        {"embed_tokens.weight"} if version == "eagle3" else {"embed_tokens.weight", "lm_head.weight"}
+    )
     assert ("layers.0.input_layernorm.weight" in params) == (version == "eagle3")  # EAGLE-1 drops it
     torch.testing.assert_close(head.embed_tokens.weight, target.get_input_embeddings().weight, rtol=0, atol=0)
 
@@ -237,10 +245,20 @@ def test_vllm_export_keys_config_and_round_trip(targets, tmp_path, reduced):
     assert keys == set(VLLM_KEYS) | ({"d2t", "t2d"} if reduced else set())
     cfg = json.loads((out / "config.json").read_text())
     for field in (
-        "speculators_model_type", "speculators_version", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
-        "norm_before_residual", "norm_before_fc", "norm_output", "fc_norm", "embed_requires_grad",
-        "target_hidden_size", "tie_word_embeddings", "transformer_layer_config", "speculators_config",
-    ):  # fmt: skip
+        "speculators_model_type",
+        "speculators_version",
+        "draft_vocab_size",
+        "eagle_aux_hidden_state_layer_ids",
+        "norm_before_residual",
+        "norm_before_fc",
+        "norm_output",
+        "fc_norm",
+        "embed_requires_grad",
+        "target_hidden_size",
+        "tie_word_embeddings",
+        "transformer_layer_config",
+        "speculators_config",
+    ):
         assert field in cfg, field
     assert cfg["architectures"] == ["Eagle3DraftModel"] and cfg["speculators_model_type"] == "eagle3"
     assert cfg["norm_before_residual"] is False and cfg["tie_word_embeddings"] is False
@@ -255,7 +273,11 @@ def test_vllm_export_keys_config_and_round_trip(targets, tmp_path, reduced):
     assert parsed.rope_parameters == target.config.rope_parameters and parsed.max_position_embeddings == 512
     spec = cfg["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
-    assert spec["proposal_methods"][0] == {**spec["proposal_methods"][0], "proposal_type": "greedy", "speculative_tokens": 5}
+    assert spec["proposal_methods"][0] == {
+        **spec["proposal_methods"][0],
+        "proposal_type": "greedy",
+        "speculative_tokens": 5,
+    }
     assert spec["verifier"] == {"name_or_path": "toy/target", "architectures": ["Qwen2ForCausalLM"]}
 
     back = load_eagle(out, target=target, expected_data_hash="data-1234567890ab")
@@ -404,7 +426,9 @@ def test_variant_parameters_and_what_trains(targets):
     plain = make(target)
     n_plain = sum(p.numel() for p in plain.parameters() if p.requires_grad)
     e31 = make(target, fc_norm=True, norm_output=True)
-    assert [n for n, _ in e31.named_parameters() if n.startswith("fc_norm")] == [f"fc_norm.{i}.weight" for i in range(3)]
+    assert [n for n, _ in e31.named_parameters() if n.startswith("fc_norm")] == [
+        f"fc_norm.{i}.weight" for i in range(3)
+    ]
     assert sum(p.numel() for p in e31.parameters() if p.requires_grad) == n_plain + 3 * H
     gpt_oss = make(target, norm_before_fc=True, embed_requires_grad=True)
     assert tuple(gpt_oss.input_norm.weight.shape) == (3 * H,) and gpt_oss.embed_tokens.weight.requires_grad
@@ -452,7 +476,12 @@ def test_eagle31_vllm_export_round_trip_and_sglang_refusal(targets, tmp_path):
     keys = set(load_file(str(out / "model.safetensors")))
     assert keys == set(VLLM_KEYS) | {"d2t", "t2d"} | {f"fc_norm.{i}.weight" for i in range(3)}
     cfg = json.loads((out / "config.json").read_text())
-    assert (cfg["fc_norm"], cfg["norm_output"], cfg["embed_requires_grad"], cfg["norm_before_fc"]) == (True, True, True, False)
+    assert (cfg["fc_norm"], cfg["norm_output"], cfg["embed_requires_grad"], cfg["norm_before_fc"]) == (
+        True,
+        True,
+        True,
+        False,
+    )
     back = load_eagle(out, target=target)
     assert (back.config.fc_norm, back.config.norm_output) == (True, True) and back.embed_tokens.weight.requires_grad
     for a, b in zip(outputs(back), outputs(head)):
@@ -471,7 +500,9 @@ def test_a_draft_narrower_than_its_target(targets, tmp_path):
     layer = make(target).config.to_dict()
     for key in ("model_type", "transformers_version", "architectures"):
         layer.pop(key, None)
-    config = eagle.EagleConfig(**{**layer, "hidden_size": 32, "head_dim": 8, "target_hidden_size": H, "draft_vocab_size": V})
+    config = eagle.EagleConfig(
+        **{**layer, "hidden_size": 32, "head_dim": 8, "target_hidden_size": H, "draft_vocab_size": V}
+    )
     head = trained(EagleHead(config))
     assert tuple(head.fc.weight.shape) == (32, 3 * H) and tuple(head.embed_tokens.weight.shape) == (V, 32)
     head.check_target(target)  # fc reads the target's width: the hidden sizes that must match do
@@ -480,16 +511,21 @@ def test_a_draft_narrower_than_its_target(targets, tmp_path):
     ids, _, pos = inputs(head)
     feature = torch.randn(2, 6, 3 * H)
     with torch.no_grad():
-        for a, b in zip(back(ids, back.project(feature), position_ids=pos), head(ids, head.project(feature), position_ids=pos)):
+        for a, b in zip(
+            back(ids, back.project(feature), position_ids=pos), head(ids, head.project(feature), position_ids=pos)
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("edit, named", [
-    ({"fc_norm": "yes"}, "fc_norm='yes'"),
-    ({"fc_norm": True, "norm_before_fc": True}, "exclusive"),
-    ({"transformer_layer_config": {"num_hidden_layers": 2}}, "2 decoder layers"),
-    ({"target_hidden_size": 0}, "target_hidden_size=0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        ({"fc_norm": "yes"}, "fc_norm='yes'"),
+        ({"fc_norm": True, "norm_before_fc": True}, "exclusive"),
+        ({"transformer_layer_config": {"num_hidden_layers": 2}}, "2 decoder layers"),
+        ({"target_hidden_size": 0}, "target_hidden_size=0"),
+    ],
+)
 def test_bad_speculators_configs_name_the_flag(targets, tmp_path, edit, named):
     out = export_eagle(make(targets()), tmp_path / "vllm", "vllm")
     cfg = json.loads((out / "config.json").read_text())
@@ -504,7 +540,9 @@ def test_a_sliding_window_draft_loads_with_a_warning(targets, tmp_path):
     head = trained(make(targets()))
     out = export_eagle(head, tmp_path / "vllm", "vllm")
     cfg = json.loads((out / "config.json").read_text())
-    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=2048)  # speculators' default
+    cfg["transformer_layer_config"].update(
+        layer_types=["sliding_attention"], sliding_window=2048
+    )  # speculators' default
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.warns(UserWarning, match="sliding-window attention over 2048 tokens"):
         back = load_eagle(out)

@@ -21,6 +21,8 @@ import copy
 
 import pytest
 import torch
+from test_decoder import _exact_joint
+from test_eagle_drafter import _ids, _oracle_head
 
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate_batch
@@ -28,8 +30,6 @@ from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.kv import StaticRaggedCache
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
-from test_decoder import _exact_joint
-from test_eagle_drafter import _ids, _oracle_head
 
 TREE = {"depth": 3, "top_k": 3, "total_tokens": 10}
 K = 4
@@ -133,8 +133,16 @@ def test_sampling_through_a_tree_is_lossless_on_the_static_store(pairs):
     counts = torch.zeros(target.config.vocab_size, target.config.vocab_size, dtype=torch.float64)
     accepted = proposed = 0
     for seed in range(8):
-        out = generate_batch(target, [prompt] * 100, drafter, num_draft_tokens=2, max_new_tokens=3,
-                             sampling=sampling, seed=seed, static_cache=True)  # fmt: skip
+        out = generate_batch(
+            target,
+            [prompt] * 100,
+            drafter,
+            num_draft_tokens=2,
+            max_new_tokens=3,
+            sampling=sampling,
+            seed=seed,
+            static_cache=True,
+        )
         assert drafter.static
         for tokens in out.tokens:
             counts[tokens[0], tokens[1]] += 1

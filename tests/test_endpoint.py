@@ -31,7 +31,9 @@ class Recorded:
         self.model, self.answers, self.bodies, self.takes = "m", list(answers), [], takes
 
     def accepts(self, path, body):
-        ok = ("prompt_ids" in self.takes and isinstance(body["prompt"], list) and len(body) == 3) or any(k in body for k in self.takes)
+        ok = ("prompt_ids" in self.takes and isinstance(body["prompt"], list) and len(body) == 3) or any(
+            k in body for k in self.takes
+        )
         return {"choices": [{"text": "x", "token_ids": [5] if "return_token_ids" in body else None}]} if ok else None
 
     def post(self, path, body, retry=True):
@@ -54,8 +56,10 @@ def request(ids, messages=None, budget=8):
 
 
 def test_server_token_ids_are_used_and_prompts_sent_as_ids(tok):
-    client = Recorded([{"choices": [{"text": "ab", "token_ids": [7, 8, 2, 9], "finish_reason": "stop"}]}],
-                      takes=("prompt_ids", "return_token_ids", "stop_token_ids"))  # fmt: skip
+    client = Recorded(
+        [{"choices": [{"text": "ab", "token_ids": [7, 8, 2, 9], "finish_reason": "stop"}]}],
+        takes=("prompt_ids", "return_token_ids", "stop_token_ids"),
+    )
     backend = backend_for(client, tok)
     assert backend.send == "ids" and backend.token_ids == "return_token_ids"
     [answer] = backend([request([1, 5, 6])])
@@ -68,10 +72,17 @@ def test_server_token_ids_are_used_and_prompts_sent_as_ids(tok):
 def test_logprob_token_ids_and_retokenized_fallback(tok):
     chat = [{"role": "user", "content": "Hi"}]
     answers = [
-        {"choices": [{"message": {"content": "ab"}, "finish_reason": "length",
-                      "logprobs": {"content": [{"token": "token_id:11"}, {"token": "token_id:12"}]}}]},
+        {
+            "choices": [
+                {
+                    "message": {"content": "ab"},
+                    "finish_reason": "length",
+                    "logprobs": {"content": [{"token": "token_id:11"}, {"token": "token_id:12"}]},
+                }
+            ]
+        },
         {"choices": [{"text": "hello", "finish_reason": "stop"}], "usage": {"completion_tokens": 99}},
-    ]  # fmt: skip
+    ]
     client = Recorded(answers, takes=())
     backend = backend_for(client, tok)
     backend.token_ids = "logprobs"  # what the probe finds on a server started with --return-tokens-as-token-ids
@@ -102,7 +113,10 @@ def test_reasoning_apart_without_token_ids_cannot_be_kept(tok):
 
 
 def test_a_server_that_renders_the_prompt_otherwise_is_refused(tok):
-    answer = {"choices": [{"text": "x", "finish_reason": "stop"}], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    answer = {
+        "choices": [{"text": "x", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2},
+    }
     with pytest.raises(EndpointError, match="as 9 prompt tokens, the target's tokenizer and chat template as 3"):
         backend_for(Recorded([answer], takes=()), tok)([request([1, 5, 6])])
 
@@ -123,19 +137,35 @@ def test_streamed_text_is_retokenized_event_by_event(tok):
     assert backend.stream and client.bodies == []
     [answer] = backend([request([1], budget=4)])
     assert len(space) == 1 and len(tok("    ", add_special_tokens=False).input_ids) < 4
-    assert (answer.ids, answer.finish_reason, answer.token_source, answer.generated) == (space * 4, "length", "retokenized", 4)
+    assert (answer.ids, answer.finish_reason, answer.token_source, answer.generated) == (
+        space * 4,
+        "length",
+        "retokenized",
+        4,
+    )
     assert client.bodies[0][1]["stream"] is True
 
 
 def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_path, monkeypatch):
-    base = ["generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--device", "cpu", "--no-progress"]
+    base = [
+        "generate",
+        "--target",
+        toy_dir / "target",
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     code, _, err = run_cli(base + ["--out", tmp_path / "a", "--endpoint", "ftp://x"])
     assert code == 2 and "--endpoint 'ftp://x' is not an http(s) URL" in err
     down = f"http://127.0.0.1:{free_port()}"
     code, _, err = run_cli(base + ["--out", tmp_path / "b", "--endpoint", down, "--retries", "0"])
     assert code == 2 and f"endpoint {down} is down or unreachable" in err and len(err.strip().splitlines()) == 1
     monkeypatch.delenv("DRAFTSMITH_NO_SUCH_KEY", raising=False)
-    code, _, err = run_cli(base + ["--out", tmp_path / "c", "--endpoint", down, "--api-key-env", "DRAFTSMITH_NO_SUCH_KEY"])
+    code, _, err = run_cli(
+        base + ["--out", tmp_path / "c", "--endpoint", down, "--api-key-env", "DRAFTSMITH_NO_SUCH_KEY"]
+    )
     assert code == 2 and "--api-key-env DRAFTSMITH_NO_SUCH_KEY: the environment variable is not set" in err
     assert not any((tmp_path / d).exists() for d in "abc")
 
@@ -157,9 +187,18 @@ def served(served_toy_paths, request):
 
 def generate_args(paths, out, *extra):
     return [
-        "generate", "--target", paths["target"], "--out", out, "--max-new-tokens", 12, "--device", "cpu",
-        "--no-progress", *extra,
-    ]  # fmt: skip
+        "generate",
+        "--target",
+        paths["target"],
+        "--out",
+        out,
+        "--max-new-tokens",
+        12,
+        "--device",
+        "cpu",
+        "--no-progress",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -170,19 +209,39 @@ def test_generation_through_the_server_matches_local_prompts_and_text(served, ru
         common = ["--prompts", prompts, "--limit", 4, "--chat-template", template, "--shard-size", 2]
         local_dir, remote_dir = tmp_path / f"local-{template}", tmp_path / f"remote-{template}"
         assert run_cli(generate_args(paths, local_dir, *common, "--batch-size", 4))[0] == 0
-        code, out, err = run_cli(generate_args(paths, remote_dir, *common, "--endpoint", server.url, "--endpoint", server.url + "/v1",
-                                               "--api-key-env", "DRAFTSMITH_TEST_KEY", "--concurrency", 3))  # fmt: skip
+        code, out, err = run_cli(
+            generate_args(
+                paths,
+                remote_dir,
+                *common,
+                "--endpoint",
+                server.url,
+                "--endpoint",
+                server.url + "/v1",
+                "--api-key-env",
+                "DRAFTSMITH_TEST_KEY",
+                "--concurrency",
+                3,
+            )
+        )
         assert code == 0, err
         local, remote = DistillData(local_dir), DistillData(remote_dir)
         prov = remote.provenance
-        assert prov["generator"]["served_model"] == str(paths["target"].resolve()) and prov["generator"]["api_key_env"] == "DRAFTSMITH_TEST_KEY"
+        assert (
+            prov["generator"]["served_model"] == str(paths["target"].resolve())
+            and prov["generator"]["api_key_env"] == "DRAFTSMITH_TEST_KEY"
+        )
         assert prov["generator"]["prompts_sent_as"] == "text" and prov["endpoints"] == [server.url, server.url]
         assert prov["target"]["fingerprint"] == local.provenance["target"]["fingerprint"]
         assert prov["settings"] | {"batch_size": 4} == local.provenance["settings"] and len(remote) == len(local) == 4
         tok = load_tokenizer(paths["target"])
         same_prompt = 0
         for x, y in zip(local.dataset, remote.dataset):
-            assert (x["record_index"], x["sample_index"], x["token_source"]) == (y["record_index"], y["sample_index"], "local")
+            assert (x["record_index"], x["sample_index"], x["token_source"]) == (
+                y["record_index"],
+                y["sample_index"],
+                "local",
+            )
             assert y["token_source"] in ("retokenized", "retokenized_inexact")  # transformers serve returns text only
             p, q = x["prompt_length"], y["prompt_length"]
             if x["input_ids"][:p] != y["input_ids"][:q]:  # a later turn after a first answer cut differently
@@ -206,8 +265,22 @@ def test_generation_through_the_server_matches_local_prompts_and_text(served, ru
 @pytest.mark.slow
 def test_wrong_model_is_one_line_naming_the_endpoint(served, run_cli, tmp_path):
     paths, server, _ = served
-    code, _, err = run_cli(generate_args(paths, tmp_path / "d", "--prompts", paths["prompts"], "--endpoint", server.url, "--served-model", "org/other"))
-    assert code == 2 and f"endpoint {server.url} serves ['{paths['target'].resolve()}'], not 'org/other' (--served-model)" in err
+    code, _, err = run_cli(
+        generate_args(
+            paths,
+            tmp_path / "d",
+            "--prompts",
+            paths["prompts"],
+            "--endpoint",
+            server.url,
+            "--served-model",
+            "org/other",
+        )
+    )
+    assert (
+        code == 2
+        and f"endpoint {server.url} serves ['{paths['target'].resolve()}'], not 'org/other' (--served-model)" in err
+    )
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
 
 
@@ -220,8 +293,15 @@ def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path)
 
     paths, server, doomed = served
     settings = GenerateSettings(max_new_tokens=40, shard_size=2)
-    job = dict(target=str(paths["target"]), prompts=str(paths["prompts"]), settings=settings, limit=12,
-               chat_template="none", device="cpu", progress=False)  # fmt: skip
+    job = dict(
+        target=str(paths["target"]),
+        prompts=str(paths["prompts"]),
+        settings=settings,
+        limit=12,
+        chat_template="none",
+        device="cpu",
+        progress=False,
+    )
     out = tmp_path / "resumed"
     failure = []
     endpoint = EndpointSettings(urls=(doomed.url,), concurrency=1, retries=1, backoff=0.05)
@@ -243,11 +323,46 @@ def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path)
     done = len(store.complete_shards(out))
     assert 1 <= done < 6 and not (out / store.SUMMARY).exists()
     # the rerun (another server of the same model) finishes the folder; the data is an uninterrupted run's
-    code, out_text, err = run_cli(generate_args(paths, out, "--prompts", paths["prompts"], "--limit", 12, "--chat-template", "none",
-                                                "--shard-size", 2, "--max-new-tokens", 40, "--endpoint", server.url))  # fmt: skip
+    code, out_text, err = run_cli(
+        generate_args(
+            paths,
+            out,
+            "--prompts",
+            paths["prompts"],
+            "--limit",
+            12,
+            "--chat-template",
+            "none",
+            "--shard-size",
+            2,
+            "--max-new-tokens",
+            40,
+            "--endpoint",
+            server.url,
+        )
+    )
     assert code == 0, err
     assert f"resuming: {done} of 6 shards already complete" in out_text
     whole = tmp_path / "whole"
-    assert run_cli(generate_args(paths, whole, "--prompts", paths["prompts"], "--limit", 12, "--chat-template", "none",
-                                 "--shard-size", 2, "--max-new-tokens", 40, "--endpoint", server.url))[0] == 0  # fmt: skip
+    assert (
+        run_cli(
+            generate_args(
+                paths,
+                whole,
+                "--prompts",
+                paths["prompts"],
+                "--limit",
+                12,
+                "--chat-template",
+                "none",
+                "--shard-size",
+                2,
+                "--max-new-tokens",
+                40,
+                "--endpoint",
+                server.url,
+            )
+        )[0]
+        == 0
+    )
     assert DistillData(out).data_hash == DistillData(whole).data_hash

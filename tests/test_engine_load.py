@@ -46,22 +46,32 @@ def vllm_metrics(drafts, draft_tokens, accepted, per_position, engines=("0",)):
     ]
     for e in engines:
         labels = f'engine="{e}",model_name="org/m \\"quoted\\", {{braced}}"'
-        lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts / n}",
-                  f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7331e+09"]  # fmt: skip
+        lines += [
+            f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts / n}",
+            f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7331e+09",
+        ]
     for family, value in (("num_draft_tokens", draft_tokens), ("num_accepted_tokens", accepted)):
         lines += [f"# HELP vllm:spec_decode_{family} Number of {family}.", f"# TYPE vllm:spec_decode_{family} counter"]
         lines += [f'vllm:spec_decode_{family}_total{{engine="{e}",model_name="org/m"}} {value / n}' for e in engines]
-    lines += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.",
-              "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter"]  # fmt: skip
+    lines += [
+        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+    ]
     for k, value in enumerate(per_position):
-        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{e}",model_name="org/m",position="{k}"}} '
-                  f"{value / n} 1733100000000" for e in engines]  # fmt: skip
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{e}",model_name="org/m",position="{k}"}} '
+            f"{value / n} 1733100000000"
+            for e in engines
+        ]
     return "\n".join(lines) + "\n"
 
 
 def test_exposition_parser_reads_labels_escapes_types_and_counters():
     m = parse_exposition(vllm_metrics(10, 30, 18, [9, 6, 3]))
-    assert m.types["vllm:spec_decode_num_drafts"] == "counter" and m.types["vllm:e2e_request_latency_seconds"] == "histogram"
+    assert (
+        m.types["vllm:spec_decode_num_drafts"] == "counter"
+        and m.types["vllm:e2e_request_latency_seconds"] == "histogram"
+    )
     [drafts] = m.find("vllm:spec_decode_num_drafts")
     assert drafts.name == "vllm:spec_decode_num_drafts_total" and drafts.value == 10.0  # not its _created sample
     assert drafts.label("model_name") == 'org/m "quoted", {braced}' and drafts.label("engine") == "0"
@@ -73,7 +83,7 @@ def test_exposition_parser_reads_labels_escapes_types_and_counters():
     assert odd.total("b") == math.inf and odd.total("c") == -1.5e-3 and odd.total("a") is not None
 
 
-@pytest.mark.parametrize("line", ['x{a="1"', 'x{a=1} 2', "x 1 2 3", "x one", '{a="1"} 2'])
+@pytest.mark.parametrize("line", ['x{a="1"', "x{a=1} 2", "x 1 2 3", "x one", '{a="1"} 2'])
 def test_a_malformed_line_is_named(line):
     with pytest.raises(ExpositionError, match=r"/metrics line 2: "):
         parse_exposition("ok 1\n" + line + "\n")
@@ -92,9 +102,18 @@ def test_served_acceptance_from_the_counters_before_and_after():
     assert spec_decode_counters(parse_exposition("vllm:num_requests_running 1\n")) is None
     with pytest.raises(ExpositionError, match="went down between the two reads"):
         before - after
-    report = {"methods": [{"method": "target-only", "tau": 1.0},
-                          {"method": "eagle-chain", "tau": 2.9, "acceptance_rate": 0.6, "target_calls": 40,
-                           "alpha_per_position": [0.9, 0.7, 0.5]}]}  # fmt: skip
+    report = {
+        "methods": [
+            {"method": "target-only", "tau": 1.0},
+            {
+                "method": "eagle-chain",
+                "tau": 2.9,
+                "acceptance_rate": 0.6,
+                "target_calls": 40,
+                "alpha_per_position": [0.9, 0.7, 0.5],
+            },
+        ]
+    }
     served_row, local_row = acceptance_rows(served, report, "org/m")
     assert served_row["tau"] == pytest.approx(2.5) and served_row["alpha_3"] == pytest.approx(0.4)
     assert local_row["source"] == "draftsmith: eagle-chain (batch 1)" and local_row["alpha_1"] == 0.9
@@ -116,19 +135,34 @@ def test_counters_are_summed_over_endpoints_and_reported_beside_draftsmith():
     a, b, c = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
     counters, note = read_counters(MetricsOnly({a: (200, vllm_metrics(10, 30, 18, [9, 6, 3])), b: (404, "")}))
     assert counters.drafts == 10 and note == f"{b}/metrics answered HTTP 404"
-    both, _ = read_counters(MetricsOnly({a: (200, vllm_metrics(10, 30, 18, [9, 6, 3])),
-                                         c: (200, vllm_metrics(30, 90, 42, [20, 14, 8]))}))  # fmt: skip
+    both, _ = read_counters(
+        MetricsOnly({a: (200, vllm_metrics(10, 30, 18, [9, 6, 3])), c: (200, vllm_metrics(30, 90, 42, [20, 14, 8]))})
+    )
     assert (both.drafts, both.accepted_tokens, both.accepted_per_position) == (40, 60, {0: 29, 1: 20, 2: 11})
     none, note = read_counters(MetricsOnly({a: (200, "vllm:num_requests_running 0\n")}))
     assert none is None and note == f"{a}/metrics has no vllm:spec_decode_* counters"
     engine = {
-        "settings": asdict(LoadSettings(concurrency=(1,), requests=2)), "served_model": "org/m", "endpoints": [a],
-        "num_prompts": 2, "prompts_sent_as": "ids",
-        "levels": [{"concurrency": 1, "requests": 2, "errors": 0, "tokens_per_s": 10.0, "requests_per_s": 1.0,
-                    "latency_s_p50": 1.0, "latency_s_p90": 1.0, "latency_s_p99": 1.0, "ttft_s_p50": 0.1,
-                    "ttft_s_p90": 0.1}],
+        "settings": asdict(LoadSettings(concurrency=(1,), requests=2)),
+        "served_model": "org/m",
+        "endpoints": [a],
+        "num_prompts": 2,
+        "prompts_sent_as": "ids",
+        "levels": [
+            {
+                "concurrency": 1,
+                "requests": 2,
+                "errors": 0,
+                "tokens_per_s": 10.0,
+                "requests_per_s": 1.0,
+                "latency_s_p50": 1.0,
+                "latency_s_p90": 1.0,
+                "latency_s_p99": 1.0,
+                "ttft_s_p50": 0.1,
+                "ttft_s_p90": 0.1,
+            }
+        ],
         "speculation": {"served": served_acceptance(both - counters), "note": "served"},
-    }  # fmt: skip
+    }
     report = {"methods": [{"method": "eagle-chain", "tau": 2.9, "target_calls": 9, "alpha_per_position": [0.9, 0.7]}]}
     *_, spec = sections(engine, report)
     assert [r["source"] for r in spec.rows] == ["served: org/m (/metrics)", "draftsmith: eagle-chain (batch 1)"]
@@ -138,11 +172,19 @@ def test_counters_are_summed_over_endpoints_and_reported_beside_draftsmith():
 def test_simulated_closed_loop_and_capacity_at_a_target():
     # One token per 10 ms step at any batch size, no prefill: c clients make c x 100 tokens/s.
     serving = {
-        "prompt_lengths": [5, 7], "output_lengths": [10, 10],
-        "methods": {"target-only": {"batched": True, "step_seconds": {"1": 0.01, "8": 0.01}, "tokens_per_step": {"1": 1.0},
-                                    "prefill_seconds_per_token": 0.0, "prefill_seconds_per_request": 0.0},
-                    "tree": {"batched": False, "reason": "batch 1 only"}},
-    }  # fmt: skip
+        "prompt_lengths": [5, 7],
+        "output_lengths": [10, 10],
+        "methods": {
+            "target-only": {
+                "batched": True,
+                "step_seconds": {"1": 0.01, "8": 0.01},
+                "tokens_per_step": {"1": 1.0},
+                "prefill_seconds_per_token": 0.0,
+                "prefill_seconds_per_request": 0.0,
+            },
+            "tree": {"batched": False, "reason": "batch 1 only"},
+        },
+    }
     [(name, rows)] = simulated_closed_loop(serving, [1, 2, 4], requests=8).items()
     assert name == "target-only" and [r["concurrency"] for r in rows] == [1, 2, 4]
     for r, c in zip(rows, (1, 2, 4)):
@@ -168,8 +210,10 @@ def test_a_down_endpoint_is_one_line_naming_it(run_cli, toy_dir, tmp_path):
     code, _, err = run_cli(base + ["--out", tmp_path / "d", "--endpoint", down, "--concurrency", "0,2"])
     assert code == 2 and "'0' is not a number of clients" in err
     (tmp_path / "other.json").write_text(json.dumps({"methods": {}}))
-    for serving, expected in ((tmp_path / "missing.json", "not a readable serving.json"),
-                              (tmp_path / "other.json", "has no 'prompt_lengths': expected the serving.json")):  # fmt: skip
+    for serving, expected in (
+        (tmp_path / "missing.json", "not a readable serving.json"),
+        (tmp_path / "other.json", "has no 'prompt_lengths': expected the serving.json"),
+    ):
         code, _, err = run_cli(base + ["--out", tmp_path / "e", "--endpoint", down, "--compare-serving", serving])
         assert code == 2 and f"--compare-serving {str(serving)!r}" in err and expected in err, err
     assert not any((tmp_path / d).exists() for d in "abcde")
@@ -188,19 +232,50 @@ def table_header(md: str, start: str) -> list[str]:
 @pytest.mark.slow
 def test_load_at_three_levels_beside_the_simulated_sweep(served_toy, run_cli, tmp_path):
     paths, server = served_toy
-    common = ["--target", paths["target"], "--prompts", paths["prompts"], "--limit", 4, "--max-new-tokens", 6,
-              "--no-progress", "--device", "cpu"]  # fmt: skip
+    common = [
+        "--target",
+        paths["target"],
+        "--prompts",
+        paths["prompts"],
+        "--limit",
+        4,
+        "--max-new-tokens",
+        6,
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     code, _, err = run_cli(["eval", *common, "--endpoint", server.url, "--ignore-eos", "--out", tmp_path / "x"])
     assert code == 2 and f"endpoint {server.url} refuses `ignore_eos` (--ignore-eos)" in err  # transformers serve does
     assert not (tmp_path / "x").exists()
     sweep = tmp_path / "sweep"
-    code, _, err = run_cli(["eval", *common, "--prompt-lookup", "--batch-sizes", "1,2", "--repeats", 1,
-                            "--no-distances", "--out", sweep])  # fmt: skip
+    code, _, err = run_cli(
+        ["eval", *common, "--prompt-lookup", "--batch-sizes", "1,2", "--repeats", 1, "--no-distances", "--out", sweep]
+    )
     assert code == 0, err
     out = tmp_path / "engine"
-    code, stdout, err = run_cli(["eval", *common, "--endpoint", server.url, "--prompt-lookup", "--no-distances",
-                                 "--repeats", 1, "--concurrency", "4,1,2", "--requests", 4, "--latency-target", 30,
-                                 "--compare-serving", sweep / "serving.json", "--out", out])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "eval",
+            *common,
+            "--endpoint",
+            server.url,
+            "--prompt-lookup",
+            "--no-distances",
+            "--repeats",
+            1,
+            "--concurrency",
+            "4,1,2",
+            "--requests",
+            4,
+            "--latency-target",
+            30,
+            "--compare-serving",
+            sweep / "serving.json",
+            "--out",
+            out,
+        ]
+    )
     assert code == 0, err
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "engine.json", "engine.md", "engine.html"}
     engine = json.loads((out / "engine.json").read_text())

@@ -60,18 +60,24 @@ def build(method: str, recipe, data):
         from draftsmith.heads.medusa import MedusaHeads
         from draftsmith.train.medusa import MedusaObjective, head_targets
 
-        heads = MedusaHeads.for_target(target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head, data_hash=data.data_hash)
+        heads = MedusaHeads.for_target(
+            target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head, data_hash=data.data_hash
+        )
         module = MedusaObjective(heads, None, recipe)
         blocks = [block for head in heads.blocks for block in head]
 
         def loss_fn(batch, shares):
             with torch.no_grad():
-                out = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+                out = target(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+                )
             hidden, teacher = out.hidden_states[-1].float(), (None if recipe.loss == "ce" else out.logits.float())
             counts = [head_targets(batch, k)[1].sum() for k in range(recipe.num_heads)]
             counts.append((batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum())
             lam = 0.0  # Medusa-2's weight of the head losses; Medusa-1 has no L_base
-            loss, _, _ = module(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam, shares(counts))
+            loss, _, _ = module(
+                batch["input_ids"], batch["attention_mask"], batch["loss_mask"], hidden, teacher, lam, shares(counts)
+            )
             return loss
 
         return module, blocks, loss_fn, {}
@@ -83,18 +89,29 @@ def build(method: str, recipe, data):
         from draftsmith.train.eagle import EagleObjective
 
         vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
-        head = EagleHead.for_target(target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map, data_hash=data.data_hash)
+        head = EagleHead.for_target(
+            target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map, data_hash=data.data_hash
+        )
         aux = tuple(head.config.aux_layer_ids)
         vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
         module = EagleObjective(head, recipe)
 
         def loss_fn(batch, shares):
             with torch.no_grad():
-                o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+                o = target(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+                )
             feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
             teacher, in_vocab = on_draft_vocab(o.logits, vocab, head.t2d)  # [B, T, Vd], [B, T]
-            per_step, _, counts = module(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], feats, teacher,
-                                         in_vocab, recipe.ttt_steps)  # fmt: skip
+            per_step, _, counts = module(
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["loss_mask"],
+                feats,
+                teacher,
+                in_vocab,
+                recipe.ttt_steps,
+            )
             per_step = [l * share for l, share in zip(per_step, shares([c.sum() for c in counts]))]
             return sum(recipe.ttt_decay**j * l for j, l in enumerate(per_step))
 
@@ -107,7 +124,11 @@ def build(method: str, recipe, data):
 
     def loss_fn(batch, shares):
         with torch.no_grad():
-            target_logits = None if recipe.loss == "ce" else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            target_logits = (
+                None
+                if recipe.loss == "ce"
+                else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            )
         logits = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
         return draft_loss(logits, target_logits, batch, recipe) * shares([mask.sum()])[0]
@@ -180,7 +201,14 @@ def train(method: str, values: dict, rank: int = 0, world: int = 1) -> dict:
     weights = {name: full(p.detach()).clone() for name, p in module.named_parameters()}
     local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in module.parameters())
     sharded = all(hasattr(p, "to_local") for p in module.parameters())
-    return {"losses": losses, "grad_norms": grad_norms, "initial": initial, "weights": weights, "local_numel": local, "all_sharded": sharded}
+    return {
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "initial": initial,
+        "weights": weights,
+        "local_numel": local,
+        "all_sharded": sharded,
+    }
 
 
 def worker(rank: int, world: int, port: int, method: str, values: dict, result_path: str) -> None:
@@ -204,23 +232,33 @@ def test_fsdp2_two_processes_train_what_one_process_trains(method, toy_dir, toy_
     reference = train(method, values)
 
     result_path = tmp_path / "fsdp2.pt"
-    torch.multiprocessing.spawn(worker, args=(WORLD, free_port(), method, values, str(result_path)), nprocs=WORLD, join=True)
+    torch.multiprocessing.spawn(
+        worker, args=(WORLD, free_port(), method, values, str(result_path)), nprocs=WORLD, join=True
+    )
     sharded = torch.load(result_path, weights_only=True)
 
     # FSDP2 shards every parameter on dim 0, rank 0 holding the first ceil(d0 / WORLD) rows.
-    expected_local = sum(math.ceil(w.shape[0] / WORLD) * (w.numel() // w.shape[0]) for w in reference["weights"].values())
+    expected_local = sum(
+        math.ceil(w.shape[0] / WORLD) * (w.numel() // w.shape[0]) for w in reference["weights"].values()
+    )
     assert sharded["all_sharded"] and sharded["local_numel"] == expected_local, (
         f"rank 0 holds {sharded['local_numel']} parameters, a shard holds {expected_local}: the module is not sharded"
     )
-    torch.testing.assert_close(sharded["initial"], reference["initial"], rtol=0, atol=0)  # rank 0 starts where one process starts
+    torch.testing.assert_close(
+        sharded["initial"], reference["initial"], rtol=0, atol=0
+    )  # rank 0 starts where one process starts
     torch.testing.assert_close(sharded["losses"], reference["losses"], rtol=LOSS_RTOL, atol=0)
     torch.testing.assert_close(sharded["grad_norms"], reference["grad_norms"], rtol=LOSS_RTOL, atol=0)
     assert sharded["weights"].keys() == reference["weights"].keys()
     worst = 0.0
     for name, weight in reference["weights"].items():
-        torch.testing.assert_close(sharded["weights"][name], weight, rtol=0, atol=WEIGHT_ATOL, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            sharded["weights"][name], weight, rtol=0, atol=WEIGHT_ATOL, msg=lambda m, name=name: f"{name}: {m}"
+        )
         worst = max(worst, float((sharded["weights"][name] - weight).abs().max()))
     # The comparison means something only when training moved the weights far beyond the tolerance.
     moved = max(float((reference["weights"][n] - reference["initial"][n]).abs().max()) for n in reference["weights"])
     assert moved > 100 * WEIGHT_ATOL, f"3 steps moved no weight by more than {moved:.1e}"
-    print(f"{method}: losses {[round(l, 5) for l in reference['losses']]}, largest update {moved:.2e}, largest difference {worst:.2e}")
+    print(
+        f"{method}: losses {[round(l, 5) for l in reference['losses']]}, largest update {moved:.2e}, largest difference {worst:.2e}"
+    )

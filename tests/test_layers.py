@@ -37,7 +37,9 @@ def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {m for m in found if m in modules and m != name}
@@ -61,7 +63,10 @@ def test_the_layout_is_read():
 def test_no_import_runs_back_up_the_layers():
     graph = _graph()
     upward = sorted(f"{a} imports {b}" for a, deps in graph.items() for b in deps if _layer(b) > _layer(a))
-    assert not upward, "imports flow heads <- decoding <- distill <- eval <- publish <- train <- demo <- scripts:\n" + "\n".join(upward)
+    assert not upward, (
+        "imports flow heads <- decoding <- distill <- eval <- publish <- train <- demo <- scripts:\n"
+        + "\n".join(upward)
+    )
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

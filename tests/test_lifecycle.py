@@ -16,7 +16,6 @@ from lifecycle_helpers import METHODS, losses, main_of, recipe_values, weights, 
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, checkpoints, recipe_differences
 
-
 REQUIRED = {"target": "t", "data": "d", "out": "o"}  # the keys RunRecipe has no default for
 
 
@@ -33,7 +32,18 @@ def test_keeps_the_newest_checkpoints_and_resumes_from_a_given_one(method, toy_d
     assert [p.name for p in checkpoints(whole)] == ["step-0000004", "step-0000006"]  # 2 and the final step are not kept
     assert not list((whole / "checkpoints").glob(".*tmp"))
     # Resume an older checkpoint of another run into a new folder: the same final weights.
-    code, again = run(method, toy_dir, toy_data, tmp_path, "again", "--resume", str(whole / "checkpoints" / "step-0000004"), max_steps=8, save_every=2, keep_checkpoints=2)
+    code, again = run(
+        method,
+        toy_dir,
+        toy_data,
+        tmp_path,
+        "again",
+        "--resume",
+        str(whole / "checkpoints" / "step-0000004"),
+        max_steps=8,
+        save_every=2,
+        keep_checkpoints=2,
+    )
     assert code == 0
     assert losses(again) == losses(whole)[4:]
     a, b = weights(whole, method), weights(again, method)
@@ -44,13 +54,18 @@ def test_keeps_the_newest_checkpoints_and_resumes_from_a_given_one(method, toy_d
 def test_resume_refuses_a_different_recipe_naming_the_keys(method, toy_dir, toy_data, tmp_path, capsys):
     code, out = run(method, toy_dir, toy_data, tmp_path, "r", max_steps=4, save_every=2)
     assert code == 0
-    recipe = write_recipe(tmp_path / "changed.yaml", recipe_values(method, toy_dir, toy_data, out, max_steps=4, save_every=2, lr=0.5, batch_size=3))
+    recipe = write_recipe(
+        tmp_path / "changed.yaml",
+        recipe_values(method, toy_dir, toy_data, out, max_steps=4, save_every=2, lr=0.5, batch_size=3),
+    )
     capsys.readouterr()
     assert main_of(method)(["--recipe", str(recipe), "--no-progress", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "batch_size: 2 -> 3" in err and "lr:" in err and "step-0000002" in err
     # keys that only steer the run may change
-    recipe = write_recipe(tmp_path / "ok.yaml", recipe_values(method, toy_dir, toy_data, out, max_steps=4, save_every=3, log_every=2))
+    recipe = write_recipe(
+        tmp_path / "ok.yaml", recipe_values(method, toy_dir, toy_data, out, max_steps=4, save_every=3, log_every=2)
+    )
     assert main_of(method)(["--recipe", str(recipe), "--no-progress", "--resume"]) == 0
 
 
@@ -74,7 +89,9 @@ def test_warm_start_takes_the_weights_only(method, toy_dir, toy_data, tmp_path):
     fresh = weights(first, method)
     changed = [k for k in final if not torch.equal(final[k], fresh[k])]
     assert changed, "the warm run must not simply copy the first run's final weights"
-    assert [json.loads(line)["step"] for line in (warm / "metrics.jsonl").read_text().splitlines() if "loss" in line][0] == 1
+    assert [json.loads(line)["step"] for line in (warm / "metrics.jsonl").read_text().splitlines() if "loss" in line][
+        0
+    ] == 1
     for key, value in ckpt.items():
         name = key.removeprefix("heads.")
         if name in final:
@@ -86,14 +103,18 @@ def test_warm_start_errors(toy_dir, toy_data, tmp_path, capsys):
     assert code == 2 and "init_from" in capsys.readouterr().err
     code, first = run("medusa", toy_dir, toy_data, tmp_path, "m", max_steps=2, save_every=1)
     assert code == 0
-    code, _ = run("draft", toy_dir, toy_data, tmp_path, "d", "--init-from", str(first))  # Medusa weights into a draft model
+    code, _ = run(
+        "draft", toy_dir, toy_data, tmp_path, "d", "--init-from", str(first)
+    )  # Medusa weights into a draft model
     assert code == 2 and "do not fit this model" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exclude each other"):
         RunRecipe(**REQUIRED, resume=True, init_from="x")
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_nan_loss_stops_with_the_last_good_checkpoint_intact(method, toy_dir, toy_data, tmp_path, monkeypatch, capsys):
+def test_a_nan_loss_stops_with_the_last_good_checkpoint_intact(
+    method, toy_dir, toy_data, tmp_path, monkeypatch, capsys
+):
     real = TrainingRun.mean
     calls = {"losses": 0}
 
@@ -114,7 +135,9 @@ def test_a_nan_loss_stops_with_the_last_good_checkpoint_intact(method, toy_dir, 
     state = json.loads((out / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())
     assert state["step"] == 2
     monkeypatch.setattr(TrainingRun, "mean", real)
-    recipe = write_recipe(tmp_path / "resume.yaml", recipe_values(method, toy_dir, toy_data, out, max_steps=8, save_every=2))
+    recipe = write_recipe(
+        tmp_path / "resume.yaml", recipe_values(method, toy_dir, toy_data, out, max_steps=8, save_every=2)
+    )
     assert main_of(method)(["--recipe", str(recipe), "--no-progress", "--resume"]) == 0
 
 
@@ -167,21 +190,37 @@ def fake_deepspeed_run(config: dict, processes: int = 2, **recipe):
     plugin = SimpleNamespace(deepspeed_config=config, hf_ds_config=SimpleNamespace(config_file="ds.json"))
     run = TrainingRun.__new__(TrainingRun)
     run.recipe = r
-    run.accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, state=SimpleNamespace(deepspeed_plugin=plugin), num_processes=processes)
+    run.accelerator = SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED,
+        state=SimpleNamespace(deepspeed_plugin=plugin),
+        num_processes=processes,
+    )
     return run
 
 
 def test_a_deepspeed_config_that_contradicts_the_recipe_is_refused():
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}
-    with pytest.raises(RecipeError, match=r"ds.json: train_micro_batch_size_per_gpu = 4 contradicts the recipe \(batch_size gives 2\)"):
+    with pytest.raises(
+        RecipeError, match=r"ds.json: train_micro_batch_size_per_gpu = 4 contradicts the recipe \(batch_size gives 2\)"
+    ):
         fake_deepspeed_run(config)._fit_deepspeed_config()
     with pytest.raises(RecipeError, match="train_batch_size = 8 contradicts"):
         fake_deepspeed_run({"train_batch_size": 8})._fit_deepspeed_config()
     with pytest.raises(RecipeError, match="gradient_accumulation_steps = 2 contradicts"):
         fake_deepspeed_run({"gradient_accumulation_steps": 2})._fit_deepspeed_config()
-    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1, "train_batch_size": 4, "gradient_clipping": "auto"}
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 4,
+        "gradient_clipping": "auto",
+    }
     fake_deepspeed_run(config)._fit_deepspeed_config()
-    assert config == {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4, "gradient_clipping": 1.0}
+    assert config == {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 4,
+        "gradient_clipping": 1.0,
+    }
 
 
 def test_remote_code_is_not_run_unless_the_recipe_asks(tmp_path):
@@ -190,7 +229,14 @@ def test_remote_code_is_not_run_unless_the_recipe_asks(tmp_path):
     folder = tmp_path / "remote"
     folder.mkdir()
     marker = tmp_path / "ran"
-    (folder / "config.json").write_text(json.dumps({"model_type": "custom-remote", "auto_map": {"AutoConfig": "conf.CustomConfig", "AutoModelForCausalLM": "conf.CustomModel"}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "custom-remote",
+                "auto_map": {"AutoConfig": "conf.CustomConfig", "AutoModelForCausalLM": "conf.CustomModel"},
+            }
+        )
+    )
     (folder / "conf.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     with pytest.raises(ModelLoadError):
         load_causal_lm(folder, device=torch.device("cpu"), dtype=torch.float32, role="target")
@@ -206,7 +252,9 @@ def test_trackers_wandb_offline_and_tensorboard(toy_dir, toy_data, tmp_path, mon
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    code, out = run("medusa", toy_dir, toy_data, tmp_path, "tracked", "report_to=[wandb,tensorboard]", max_steps=4, eval_every=2)
+    code, out = run(
+        "medusa", toy_dir, toy_data, tmp_path, "tracked", "report_to=[wandb,tensorboard]", max_steps=4, eval_every=2
+    )
     assert code == 0
     assert list(out.glob("wandb/offline-run-*/run-*.wandb")), "wandb wrote no offline run"
     events = list((out / "draftsmith").rglob("events.out.tfevents.*"))

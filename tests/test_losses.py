@@ -57,6 +57,7 @@ def grad_of(value, *inputs):
 
 # --- values against references and properties ---------------------------------------------
 
+
 @pytest.mark.parametrize("kind", DIVERGENCES)
 def test_identical_inputs_give_zero_and_soft_ce_the_entropy(kind):
     x = make(0)
@@ -154,6 +155,7 @@ def test_nla_and_lk_hybrid_by_hand():
 def test_nla_and_lk_hybrid_gradients():
     s, t = make(70, scale=2.0).requires_grad_(), make(71, scale=2.0)
     alpha = torch.minimum(F.softmax(s, -1), F.softmax(t, -1)).sum(-1).detach()
+
     def rows(kind):
         return divergence(kind, s, t, reduction="none")
 
@@ -170,7 +172,7 @@ def test_nla_and_lk_hybrid_gradients():
     for g in (g_nla, g_lk):
         stepped = (s - 0.05 * g).detach()
         after = torch.minimum(F.softmax(stepped, -1), F.softmax(t, -1)).sum(-1)
-        assert bool((after > alpha).all()), (after - alpha)
+        assert bool((after > alpha).all()), after - alpha
 
 
 def test_teacher_gets_no_gradient():
@@ -181,6 +183,7 @@ def test_teacher_gets_no_gradient():
 
 
 # --- chunked, sliced and Projected paths against the plain one ------------------------------
+
 
 @pytest.mark.parametrize("chunk_size, vocab_chunk_size", CHUNKINGS)
 @pytest.mark.parametrize("kind", DIVERGENCES)
@@ -207,8 +210,9 @@ def test_projected_equals_materialized_logits(kind, chunk_size, vocab_chunk_size
     ref_s = F.linear(hidden, weight, bias)
     ref_t = F.linear(teacher_hidden, weight, bias).detach()
     ref = divergence(kind, ref_s, ref_t, mask, temperature=1.3)
-    value = divergence(kind, student, teacher, mask, temperature=1.3,
-                       chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size)
+    value = divergence(
+        kind, student, teacher, mask, temperature=1.3, chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size
+    )
     torch.testing.assert_close(value, ref, rtol=1e-5, atol=1e-6)
     for got, want in zip(grad_of(value, hidden, weight, bias), grad_of(ref, hidden, weight, bias)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -232,6 +236,7 @@ def test_chunked_paths_keep_no_vocabulary_wide_tensor_for_backward():
 
 
 # --- hard cases: one-hot targets, -inf, masks, dtypes ---------------------------------------
+
 
 def one_hot_teacher(gap):
     t = torch.zeros(SHAPE)
@@ -334,21 +339,25 @@ def test_bf16_inputs_are_computed_in_fp32(kind):
 
 # --- argument checking ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, named", [
-    (dict(kind="kl"), "kind"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(beta=-0.1), "beta"),
-    (dict(beta=1.5), "beta"),
-    (dict(tv_weight=2.0), "tv_weight"),
-    (dict(eta=-1.0), "eta"),
-    (dict(reduction="avg"), "reduction"),
-    (dict(chunk_size=0), "chunk_size"),
-    (dict(vocab_chunk_size=-4), "vocab_chunk_size"),
-    (dict(teacher=torch.zeros(2, 5, 36)), "shape"),
-    (dict(mask=torch.ones(2, 4, dtype=torch.bool)), "mask"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(kind="kl"), "kind"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(beta=-0.1), "beta"),
+        (dict(beta=1.5), "beta"),
+        (dict(tv_weight=2.0), "tv_weight"),
+        (dict(eta=-1.0), "eta"),
+        (dict(reduction="avg"), "reduction"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(vocab_chunk_size=-4), "vocab_chunk_size"),
+        (dict(teacher=torch.zeros(2, 5, 36)), "shape"),
+        (dict(mask=torch.ones(2, 4, dtype=torch.bool)), "mask"),
+    ],
+)
 def test_bad_arguments_name_themselves(kwargs, named):
     call = dict(kind="jsd", student=make(49), teacher=make(50)) | kwargs
     with pytest.raises(ValueError, match=named) as info:
@@ -377,6 +386,7 @@ def test_bad_projected_and_helper_arguments():
 
 # --- cross-entropy and feature regression --------------------------------------------------
 
+
 @pytest.mark.parametrize("chunking", [(None, None), (3, None), (None, 8), (4, 9)])
 @pytest.mark.parametrize("projected", [False, True])
 def test_cross_entropy_matches_f_cross_entropy(chunking, projected):
@@ -404,14 +414,16 @@ def test_smooth_l1_is_a_masked_mean_of_feature_means():
         per_element = torch.where(d < beta, 0.5 * d**2 / beta, d - 0.5 * beta)
         per_token = per_element.mean(-1)
         torch.testing.assert_close(smooth_l1(pred, target, mask, beta=beta), per_token[mask].mean())
-        torch.testing.assert_close(smooth_l1(pred, target, mask, beta=beta, reduction="none"),
-                                   torch.where(mask, per_token, 0.0))
+        torch.testing.assert_close(
+            smooth_l1(pred, target, mask, beta=beta, reduction="none"), torch.where(mask, per_token, 0.0)
+        )
     garbage = torch.where(mask[..., None], pred, torch.nan)
     torch.testing.assert_close(smooth_l1(garbage, target, mask), smooth_l1(pred, target, mask))
     assert smooth_l1(pred, target, torch.zeros_like(mask)) == 0
 
 
 # --- optimisation --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", DIVERGENCES)
 def test_sgd_on_student_logits_lowers_each_divergence(kind):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.decoding import DraftModelDrafter, Proposal
 from draftsmith.decoding import loop as runtime_loop
 from draftsmith.decoding.sampling import draw, verify_chain
+from draftsmith.eval.lossless import check_lossless
 from draftsmith.eval.stats import pit_uniformity, token_cdf
 
 PROMPT = torch.tensor([1, 5, 77, 140])
@@ -49,8 +49,17 @@ def _bonus_off_by_one(p, draft_tokens, q, generator=None):
 
 
 def _check(target, drafter, samples=1600, **path):
-    return check_lossless(target, drafter, PROMPT, num_draft_tokens=2, temperature=1.0, top_k=TOP_K,
-                          samples=samples, progress=False, **path)  # fmt: skip
+    return check_lossless(
+        target,
+        drafter,
+        PROMPT,
+        num_draft_tokens=2,
+        temperature=1.0,
+        top_k=TOP_K,
+        samples=samples,
+        progress=False,
+        **path,
+    )
 
 
 @pytest.mark.slow
@@ -114,9 +123,16 @@ def test_pit_uniformity_passes_exact_samples_and_fails_shifted_ones():
     assert pit_uniformity(*token_cdf(exact, zero)).p_value == 0.0  # an impossible token
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(samples=50), "samples"), (dict(samples=2.5), "samples"),
-                                           (dict(batch_size=0), "batch_size"), (dict(threshold=0.0), "threshold"),
-                                           (dict(threshold=2.0), "threshold")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(samples=50), "samples"),
+        (dict(samples=2.5), "samples"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(threshold=0.0), "threshold"),
+        (dict(threshold=2.0), "threshold"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, match, pairs):
     target, draft = pairs("llama")
     with pytest.raises(ValueError, match=match):

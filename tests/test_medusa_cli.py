@@ -14,22 +14,51 @@ from draftsmith.train.medusa import MedusaRecipe, train
 def heads_dir(toy_dir, toy_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("medusa") / "run"
     recipe = MedusaRecipe(
-        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), num_heads=3, batch_size=2, max_length=128,
-        max_steps=8, eval_every=8, save_every=100, heldout_fraction=0.2, device="cpu", lr=1e-2,
-    )  # fmt: skip
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        num_heads=3,
+        batch_size=2,
+        max_length=128,
+        max_steps=8,
+        eval_every=8,
+        save_every=100,
+        heldout_fraction=0.2,
+        device="cpu",
+        lr=1e-2,
+    )
     train(recipe, progress=False)
     return out / "heads"
 
 
 def eval_args(toy_dir, heads_dir, out, *extra):
     return [
-        "eval", "--target", toy_dir / "target", "--medusa", heads_dir, "--prompts", toy_dir / "prompts.jsonl",
-        "--limit", 2, "--max-new-tokens", 10, "--repeats", 1, "--no-progress", "--device", "cpu", "--out", out, *extra,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        toy_dir / "target",
+        "--medusa",
+        heads_dir,
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        2,
+        "--max-new-tokens",
+        10,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 def test_eval_medusa_chain_and_auto_tree(toy_dir, heads_dir, tmp_path, run_cli):
-    code, stdout, err = run_cli(eval_args(toy_dir, heads_dir, tmp_path / "e", "--medusa-tree", "auto", "--tree-nodes", 6, "-k", 3))
+    code, stdout, err = run_cli(
+        eval_args(toy_dir, heads_dir, tmp_path / "e", "--medusa-tree", "auto", "--tree-nodes", 6, "-k", 3)
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "e" / "report.json").read_text())
     rows = {r["method"]: r for r in report["methods"]}
@@ -39,7 +68,9 @@ def test_eval_medusa_chain_and_auto_tree(toy_dir, heads_dir, tmp_path, run_cli):
 
 
 def test_typical_acceptance_is_labelled_lossy(toy_dir, heads_dir, tmp_path, run_cli):
-    code, stdout, err = run_cli(eval_args(toy_dir, heads_dir, tmp_path / "e", "--lossy", "typical", "--temperature", 1.0, "--no-distances"))
+    code, stdout, err = run_cli(
+        eval_args(toy_dir, heads_dir, tmp_path / "e", "--lossy", "typical", "--temperature", 1.0, "--no-distances")
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "e" / "report.json").read_text())
     assert report["lossless"] is False and "(LOSSY typical)" in stdout
@@ -53,7 +84,7 @@ def test_bad_medusa_input(toy_dir, heads_dir, tmp_path, run_cli):
     code, _, err = run_cli(eval_args(toy_dir, heads_dir, tmp_path / "e", "--medusa-tree", "zero"))
     assert code == 2 and "JSON list of paths" in err
     args = eval_args(toy_dir, heads_dir, tmp_path / "e")
-    args[args.index("--medusa"):args.index("--medusa") + 2] = ["--prompt-lookup", "--medusa-tree", "auto"]
+    args[args.index("--medusa") : args.index("--medusa") + 2] = ["--prompt-lookup", "--medusa-tree", "auto"]
     code, _, err = run_cli(args)
     assert code == 2 and "give --medusa DIR" in err
     # heads trained on another target: a hidden-size mismatch is an error naming both sizes

@@ -7,6 +7,9 @@ import warnings
 
 import pytest
 import torch
+from fixtures import tiny_model
+from safetensors.torch import load_file, save_file
+
 from draftsmith.heads.medusa import (
     MedusaConfig,
     MedusaError,
@@ -16,8 +19,6 @@ from draftsmith.heads.medusa import (
     save_medusa,
 )
 from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
-from fixtures import tiny_model
-from safetensors.torch import load_file, save_file
 
 H, V = 48, 320
 
@@ -48,7 +49,9 @@ def trained(heads: MedusaHeads, seed: int = 1) -> MedusaHeads:
 
 
 def make(target, num_heads=3, num_layers=2, share=False) -> MedusaHeads:
-    return MedusaHeads.for_target(target, num_heads, num_layers, share, target_name_or_path="toy/target", data_hash="d" * 8)
+    return MedusaHeads.for_target(
+        target, num_heads, num_layers, share, target_name_or_path="toy/target", data_hash="d" * 8
+    )
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
@@ -158,7 +161,10 @@ def test_export_layout_and_round_trip(targets, tmp_path, fmt, share):
         assert config["truncated_vocab_size"] == V and config["medusa_fc_bias"] is True
         assert config["original_lm_head"] is False and {"max_paths", "topk"} <= set(config)
         # vLLM renames any top-level key holding "num" and "heads"/"layers": none but these two
-        assert [k for k in config if "num" in k and ("heads" in k or "layers" in k)] == ["num_heads", "num_hidden_layers"]
+        assert [k for k in config if "num" in k and ("heads" in k or "layers" in k)] == [
+            "num_heads",
+            "num_hidden_layers",
+        ]
     assert (config["hidden_size"], config["vocab_size"]) == (H, V)
     assert config["draftsmith"]["target_fingerprint"] == heads.config.target_fingerprint
     assert config["draftsmith"]["data_hash"] == "d" * 8
@@ -174,7 +180,9 @@ def test_export_layout_and_round_trip(targets, tmp_path, fmt, share):
 def test_hub_layouts_without_sizes_or_biases_load(targets, tmp_path):
     heads = trained(make(targets(), 2, 1))
     out = export_medusa(heads, tmp_path / "medusa", "medusa")
-    (out / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1, "base_model_name_or_path": "x"}))
+    (out / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1, "base_model_name_or_path": "x"})
+    )
     back = load_medusa(out)  # sizes read off the weights, as in hub configs
     assert (back.config.hidden_size, back.config.vocab_size, back.config.target_name_or_path) == (H, V, "x")
     with torch.no_grad():
@@ -184,7 +192,10 @@ def test_hub_layouts_without_sizes_or_biases_load(targets, tmp_path):
     config = json.loads((out / "config.json").read_text())
     state = load_file(out / "model.safetensors")
     # no biases (medusa_fc_bias false) and one projection for all heads (original_lm_head)
-    save_file({k: v for k, v in state.items() if not k.endswith("bias") and k != "lm_heads.1.weight"}, str(out / "model.safetensors"))
+    save_file(
+        {k: v for k, v in state.items() if not k.endswith("bias") and k != "lm_heads.1.weight"},
+        str(out / "model.safetensors"),
+    )
     (out / "config.json").write_text(json.dumps({**config, "medusa_fc_bias": False, "original_lm_head": True}))
     back = load_medusa(out)
     assert all(b.linear.bias.abs().sum() == 0 for blocks in back.blocks for b in blocks)
@@ -209,7 +220,9 @@ def test_check_target_sizes_raise_and_another_fingerprint_is_refused(targets, tm
         warnings.simplefilter("error")
         back = load_medusa(out, target=other)  # the sizes fit; which target it was trained on is provenance's
     with pytest.raises(ProvenanceError, match=f"{fp_heads}.*{fp_other}"):
-        check_target_provenance("heads", TargetRecord.of_head_config(back.config), other, allow_mismatch=False, flag="f")
+        check_target_provenance(
+            "heads", TargetRecord.of_head_config(back.config), other, allow_mismatch=False, flag="f"
+        )
 
 
 def test_bad_inputs_are_refused_with_clear_messages(targets, tmp_path):

@@ -17,20 +17,22 @@ import json
 
 import pytest
 import torch
+from test_dflash import BLOCK  # noqa: F401 (a fixture)
+from test_dflash import Checked as CheckedDFlash
+from test_peagle import DEPTHS  # noqa: F401 (a fixture)
+from test_peagle import Checked as CheckedPEagle
+from test_static import COMPILED
+from test_tune_cli import flat_verify, tune_args  # noqa: F401 (a fixture)
 
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding import kv as kv_module
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.decoding.peagle import PEagleDrafter
+from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash_formats import save_dflash
 from draftsmith.heads.eagle import PEagleHead, save_eagle
 from draftsmith.heads.models import load_causal_lm
-from test_dflash import BLOCK, Checked as CheckedDFlash, fitted as dflash_fitted  # noqa: F401 (a fixture)
-from test_peagle import DEPTHS, Checked as CheckedPEagle, fitted as peagle_fitted  # noqa: F401 (a fixture)
-from test_static import COMPILED
-from test_tune_cli import flat_verify, tune_args  # noqa: F401 (a fixture)
 
 #: kind -> (drafter class, its from-scratch checking subclass, K: every position it drafts)
 KINDS = {"dflash": (DFlashDrafter, CheckedDFlash, BLOCK - 1), "peagle": (PEagleDrafter, CheckedPEagle, DEPTHS)}
@@ -91,16 +93,25 @@ def test_static_proposals_equal_the_heads_from_scratch(setup):
     _, checked, k = KINDS[kind]
     drafter = checked(head, target)
     rows = [prompts[0], prompts[1], prompts[2][:1]]
-    out = generate_batch(target, rows, drafter, num_draft_tokens=k, max_new_tokens=16,
-                         eos_token_id=rows[1][0].item(), static_cache=True)  # fmt: skip
+    out = generate_batch(
+        target, rows, drafter, num_draft_tokens=k, max_new_tokens=16, eos_token_id=rows[1][0].item(), static_cache=True
+    )
     assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
 
 
 def test_static_sampling_is_lossless(setup):
     """check_lossless at T = 1 on the static store: chi-square of t1 and (t1, t2)."""
     kind, target, head, prompts = setup
-    result = check_lossless(target, KINDS[kind][0](head), prompts[0], num_draft_tokens=2, samples=300,
-                            progress=False, batch_size=4, static_cache=True)  # fmt: skip
+    result = check_lossless(
+        target,
+        KINDS[kind][0](head),
+        prompts[0],
+        num_draft_tokens=2,
+        samples=300,
+        progress=False,
+        batch_size=4,
+        static_cache=True,
+    )
     assert 0.05 < result.acceptance_rate < 0.95, result.describe()
     assert result.passed, result.describe()
 
@@ -130,8 +141,9 @@ def toy_heads(toy_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("toy-heads")
     torch.manual_seed(0)
     mask = target.config.vocab_size - 1
-    save_dflash(DFlashHead.for_target(target, block_size=4, mask_token_id=mask, aux_layer_ids=[0, 1, 2]),
-                out / "dflash")  # fmt: skip
+    save_dflash(
+        DFlashHead.for_target(target, block_size=4, mask_token_id=mask, aux_layer_ids=[0, 1, 2]), out / "dflash"
+    )
     save_eagle(PEagleHead.for_target(target, mask_token_id=mask, num_depths=3, aux_layer_ids=[0, 1, 2]), out / "peagle")
     return out / "dflash", out / "peagle"
 
@@ -145,9 +157,30 @@ def test_eval_command_compiles_the_one_pass_heads(toy_dir, toy_heads, tmp_path, 
     prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
 
     def evaluate(out, *extra):
-        args = ["eval", "--target", toy_dir / "target", "--dflash", toy_heads[0], "--peagle", toy_heads[1],
-                "--prompts", prompts, "--max-new-tokens", 10, "-k", 3, "--repeats", 1, "--no-distances",
-                "--no-progress", "--device", "cpu", "--out", out, *extra]  # fmt: skip
+        args = [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--dflash",
+            toy_heads[0],
+            "--peagle",
+            toy_heads[1],
+            "--prompts",
+            prompts,
+            "--max-new-tokens",
+            10,
+            "-k",
+            3,
+            "--repeats",
+            1,
+            "--no-distances",
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--out",
+            out,
+            *extra,
+        ]
         code, stdout, err = run_cli(args)
         assert code == 0, err
         return json.loads((out / "report.json").read_text()), stdout
@@ -163,8 +196,25 @@ def test_eval_command_compiles_the_one_pass_heads(toy_dir, toy_heads, tmp_path, 
 
 
 def test_check_lossless_takes_the_one_pass_heads(toy_dir, toy_heads, run_cli):
-    args = ["check-lossless", "--target", toy_dir / "target", "--dflash", toy_heads[0], "--peagle", toy_heads[1],
-            "--samples", 100, "-k", 2, "--batch-size", 4, "--static-cache", "--no-progress", "--device", "cpu"]  # fmt: skip
+    args = [
+        "check-lossless",
+        "--target",
+        toy_dir / "target",
+        "--dflash",
+        toy_heads[0],
+        "--peagle",
+        toy_heads[1],
+        "--samples",
+        100,
+        "-k",
+        2,
+        "--batch-size",
+        4,
+        "--static-cache",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     code, stdout, err = run_cli(args)
     assert code == 0, err
     assert stdout.count("static cache path") == 2 and stdout.count("PASS") == 2, stdout
@@ -177,7 +227,7 @@ def test_tune_takes_the_one_pass_heads(flag, name, toy_dir, toy_heads, tmp_path,
     folder = toy_heads[0] if name == "dflash" else toy_heads[1]
     code, out, err = run_cli(tune_args(toy_dir, flag, folder, tmp_path / "tune", "--k-max", 5))
     assert code == 0, err
-    assert f"K is searched up to 3, not 5" in out and f"== {name}: K = 3 on 3 prompts" in out, out
+    assert "K is searched up to 3, not 5" in out and f"== {name}: K = 3 on 3 prompts" in out, out
     assert "ms per step" in out and flat_verify == [[1, 2, 3, 4]]
     record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
     assert record["drafter"]["name"] == name and record["chosen"]["num_speculative_tokens"] >= 0

@@ -12,18 +12,27 @@ import json
 
 import pytest
 import torch
+from fixtures import VOCAB, greedy_answers_batch, tiny_model
 from safetensors.torch import load_file
 
-from draftsmith.distill.vocab import build_vocab_map
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.peagle import PEagleDrafter
-from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
 from draftsmith.distill.acceptance import walk_tau
+from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.eval.lossless import check_lossless
+from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
 from draftsmith.train.common import decoded_tau
-from draftsmith.train.peagle import PEagleRecipe, chain_mask, cod_sample, every_chain, main, pack_chains, peagle_losses, train
+from draftsmith.train.peagle import (
+    PEagleRecipe,
+    chain_mask,
+    cod_sample,
+    every_chain,
+    main,
+    pack_chains,
+    peagle_losses,
+    train,
+)
 from draftsmith.train.recipe import RecipeError, load_recipe
-from fixtures import VOCAB, greedy_answers_batch, tiny_model
 
 FAMILIES = ("llama", "qwen2", "mistral")
 DEPTHS = 4
@@ -44,8 +53,9 @@ def test_shapes_and_parameter_counts(family, pairs):
     target, _ = pairs(family)
     c = target.config
     H, V, Vd, I = c.hidden_size, c.vocab_size, 64, c.intermediate_size
-    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2],
-                                 vocab_map=_fake_vocab_map(Vd))  # fmt: skip
+    head = PEagleHead.for_target(
+        target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], vocab_map=_fake_vocab_map(Vd)
+    )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     layer = 2 * H * H + 2 * 2 * H * kv + H * H + 3 * H * I + 3 * H  # q/k/v read 2H; o; mlp; three norms
     # trained: embeddings, fc, the layer, norm, reduced lm_head, mask_hidden (in the 3H aux space)
@@ -76,7 +86,7 @@ def test_bad_inputs_each_get_one_clear_error(pairs, tmp_path):
         ("down_sample_ratio_min", -0.1, r"down_sample_ratio_min = -0.1 must be in \[0, 1\]"),
         ("down_sample_ratio_min", 0.9, "down_sample_ratio_min = 0.9 is above down_sample_ratio = 0.7"),
         ("mask_token_id", -1, "mask_token_id = -1 must be a token id >= 0"),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=message):
             PEagleRecipe(**base, **{key: value})
     path = tmp_path / "r.yaml"
@@ -116,8 +126,10 @@ def _reference_mask(anchor, depth, real, context):
         for q in range(N):
             for k in range(N):
                 qa, qd, ka, kd = (int(x) for x in (anchor[b, q], depth[b, q], anchor[b, k], depth[b, k]))
-                ok = real[b, q] and real[b, k] and (
-                    (kd == 0 and ka <= qa and bool(context[b, ka])) or (ka == qa and kd <= qd)
+                ok = (
+                    real[b, q]
+                    and real[b, k]
+                    and ((kd == 0 and ka <= qa and bool(context[b, ka])) or (ka == qa and kd <= qd))
                 )
                 out[b, q, k] = bool(ok) or q == k
     return out
@@ -146,8 +158,15 @@ def fitted(pairs):
     torch.manual_seed(0)
     head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2])
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=DEPTHS, down_sample_ratio=1.0,
-                          down_sample_ratio_min=1.0, max_anchors=None)  # fmt: skip
+    recipe = PEagleRecipe(
+        target="t",
+        data="d",
+        out="o",
+        num_depths=DEPTHS,
+        down_sample_ratio=1.0,
+        down_sample_ratio_min=1.0,
+        max_anchors=None,
+    )
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     for step in range(25):
@@ -247,8 +266,15 @@ def test_the_cache_holds_each_rows_verified_pairs(fitted, temperature):
     target, head, prompts = fitted
     drafter = Checked(head, target)
     rows = [prompts[0], prompts[1], prompts[2][:1]]
-    out = generate_batch(target, rows, drafter, num_draft_tokens=DEPTHS, max_new_tokens=16,
-                         sampling=SamplingConfig(temperature=temperature), eos_token_id=rows[1][0].item())  # fmt: skip
+    out = generate_batch(
+        target,
+        rows,
+        drafter,
+        num_draft_tokens=DEPTHS,
+        max_new_tokens=16,
+        sampling=SamplingConfig(temperature=temperature),
+        eos_token_id=rows[1][0].item(),
+    )
     assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
 
 
@@ -258,8 +284,15 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless at T=1: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300
-    result = check_lossless(target, PEagleDrafter(head), prompts[0], num_draft_tokens=2, samples=samples,
-                            progress=False, batch_size=batch_size)  # fmt: skip
+    result = check_lossless(
+        target,
+        PEagleDrafter(head),
+        prompts[0],
+        num_draft_tokens=2,
+        samples=samples,
+        progress=False,
+        batch_size=batch_size,
+    )
     assert 0.05 < result.acceptance_rate < 0.95, result.describe()
     assert result.passed, result.describe()
 
@@ -269,8 +302,14 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
 
 def test_export_and_import_round_trip(tmp_path):
     target = tiny_model("llama", layers=4).eval()  # servers capture layer inputs: aux ids below L
-    head = PEagleHead.for_target(target, mask_token_id=MASK, mask_token_source="recipe", num_depths=DEPTHS,
-                                 aux_layer_ids=[1, 2, 3], vocab_map=_fake_vocab_map(64)).eval()  # fmt: skip
+    head = PEagleHead.for_target(
+        target,
+        mask_token_id=MASK,
+        mask_token_source="recipe",
+        num_depths=DEPTHS,
+        aux_layer_ids=[1, 2, 3],
+        vocab_map=_fake_vocab_map(64),
+    ).eval()
     with torch.no_grad():  # off the init (norms at 1), so that a dropped or misread tensor shows
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -314,10 +353,23 @@ def test_export_and_import_round_trip(tmp_path):
 def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "peagle"
     recipe = PEagleRecipe(
-        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", batch_size=2, max_length=128,
-        max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34, lr=3e-3,
-        num_depths=3, max_anchors=16, draft_vocab_size=64, log_every=1,
-    )  # fmt: skip
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        device="cpu",
+        batch_size=2,
+        max_length=128,
+        max_steps=12,
+        warmup_steps=2,
+        eval_every=12,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=3e-3,
+        num_depths=3,
+        max_anchors=16,
+        draft_vocab_size=64,
+        log_every=1,
+    )
     summary = train(recipe, progress=False)
     losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
@@ -332,11 +384,34 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):
         load_eagle(out / "head", target=tiny_model("llama", hidden=32))
-    code, _, err = run_cli([
-        "eval", "--target", toy_dir / "target", "--peagle", out / "head", "--peagle", f"second={out / 'head'}",
-        "--prompts", toy_dir / "prompts.jsonl", "--limit", 2, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
-        "--device", "cpu", "-k", 3, "--out", tmp_path / "ev", "--batch-sizes", "1,2",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--peagle",
+            out / "head",
+            "--peagle",
+            f"second={out / 'head'}",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            2,
+            "--max-new-tokens",
+            8,
+            "--repeats",
+            1,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "-k",
+            3,
+            "--out",
+            tmp_path / "ev",
+            "--batch-sizes",
+            "1,2",
+        ]
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert {"head", "second"} <= {r["method"] for r in report["methods"]}
@@ -346,8 +421,19 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     # three distinct capturable aux layers, which the export refuses in one line, writing nothing.
     code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v"])
     assert code == 2 and "exactly 3 aux hidden states" in err and not (tmp_path / "v").exists()
-    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--peagle", toy_dir / "target", "--prompts",
-                            toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--peagle",
+            toy_dir / "target",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--out",
+            tmp_path / "x",
+        ]
+    )
     assert code == 2 and "expected a P-EAGLE head folder" in err
     with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
         train(PEagleRecipe(**{**recipe.__dict__, "out": str(tmp_path / "o3"), "mask_token_id": VOCAB}), progress=False)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tokenizers import processors
 
+from draftsmith.decoding import generate
+from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.distill.prompts import Prompter, encode_text
 from draftsmith.distill.sources import SourceError, load_source
 from draftsmith.eval.evaluator import EvalSettings, load_prompt_file, prompt_turns
-from draftsmith.decoding import generate
-from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.heads.toy import CHAT_TEMPLATE, tiny_pair, tiny_tokenizer
 
 MT_BENCH = [
@@ -135,9 +135,24 @@ def mt_bench(tmp_path_factory):
 def test_mt_bench_through_eval_reports_each_category_and_turn(toy_dir, mt_bench, tmp_path, run_cli):
     out = tmp_path / "e"
     args = [
-        "eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", mt_bench,
-        "--max-new-tokens", 6, "--repeats", 1, "--no-progress", "--no-distances", "--device", "cpu", "--out", out,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        toy_dir / "target",
+        "--draft",
+        toy_dir / "draft",
+        "--prompts",
+        mt_bench,
+        "--max-new-tokens",
+        6,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--no-distances",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ]
     code, stdout, err = run_cli(args)
     assert code == 0, err
     assert "prompt 1 (row 0, turn 1) as the target reads it: '<s>[INST] Write a haiku. [/INST]'" in stdout
@@ -197,6 +212,14 @@ def test_generate_reads_mt_bench_turns_and_refuses_token_ids(toy_dir, mt_bench, 
 def test_serving_task_rows_name_the_turn():
     from draftsmith.eval.sweep.analysis import task_rows
 
-    entry = {"task": "writing", "prompts": 1, "new_tokens": 4, "target_calls": 2, "alpha": 0.5, "tau": 2.0, "speedup": 1.1}
+    entry = {
+        "task": "writing",
+        "prompts": 1,
+        "new_tokens": 4,
+        "target_calls": 2,
+        "alpha": 0.5,
+        "tau": 2.0,
+        "speedup": 1.1,
+    }
     report = {"methods": [{"method": "draft", "tasks": [{**entry, "turn": 1}, {**entry, "turn": 2}, entry]}]}
     assert [r["task"] for r in task_rows(report)] == ["writing (turn 1)", "writing (turn 2)", "writing"]

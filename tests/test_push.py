@@ -94,7 +94,9 @@ class FakeHub:
             return req._send(200, {"id": match.group(1), "private": repo["private"], "sha": "0" * 40})
         if match and method == "POST" and match.group(2) == "preupload":
             files = json.loads(body)["files"]
-            return req._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+            return req._send(
+                200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+            )
         if match and method == "POST" and match.group(2) == "branch":
             if match.group(3) in repo["branches"]:
                 return req._send(409, {"error": "branch exists"})
@@ -148,7 +150,17 @@ def hub(monkeypatch):
 
 # ---------------------------------------------------------------------- tiny runs
 def _common(**extra):
-    values = dict(device="cpu", batch_size=2, max_length=128, max_steps=3, warmup_steps=1, log_every=1, eval_every=3, save_every=100, heldout_fraction=0.34)
+    values = dict(
+        device="cpu",
+        batch_size=2,
+        max_length=128,
+        max_steps=3,
+        warmup_steps=1,
+        log_every=1,
+        eval_every=3,
+        save_every=100,
+        heldout_fraction=0.34,
+    )
     values.update(extra)
     return values
 
@@ -169,26 +181,81 @@ def runs(toy_dir, toy_data, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     target, data = str(toy_dir / "target"), str(toy_data)
-    train_medusa(MedusaRecipe(target=target, data=data, out=str(root / "medusa"), num_heads=2, **_common()), progress=False)
+    train_medusa(
+        MedusaRecipe(target=target, data=data, out=str(root / "medusa"), num_heads=2, **_common()), progress=False
+    )
     evaluate = [
-        "eval", "--target", target, "--medusa", root / "medusa" / "heads", "--prompts", toy_dir / "prompts.jsonl", "--limit", 2,
-        "--max-new-tokens", 8, "--repeats", 1, "--no-progress", "--device", "cpu", "-k", 2, "--out", root / "medusa" / "eval",
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        target,
+        "--medusa",
+        root / "medusa" / "heads",
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        2,
+        "--max-new-tokens",
+        8,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--device",
+        "cpu",
+        "-k",
+        2,
+        "--out",
+        root / "medusa" / "eval",
+    ]
     assert main([str(a) for a in evaluate]) == 0
-    train_medusa(MedusaRecipe(target=target, data=data, out=str(root / "medusa2"), mode="medusa2", num_heads=2, **_common()), progress=False)
-    train_eagle(EagleRecipe(target=target, data=data, out=str(root / "eagle1"), version="eagle1", eval_depth=2, **_common()), progress=False)
-    draft = DraftRecipe(target=target, data=data, out=str(root / "draft"), draft_path=str(toy_dir / "draft"), num_draft_tokens=3, **_common())
+    train_medusa(
+        MedusaRecipe(target=target, data=data, out=str(root / "medusa2"), mode="medusa2", num_heads=2, **_common()),
+        progress=False,
+    )
+    train_eagle(
+        EagleRecipe(target=target, data=data, out=str(root / "eagle1"), version="eagle1", eval_depth=2, **_common()),
+        progress=False,
+    )
+    draft = DraftRecipe(
+        target=target,
+        data=data,
+        out=str(root / "draft"),
+        draft_path=str(toy_dir / "draft"),
+        num_draft_tokens=3,
+        **_common(),
+    )
     train_draft(draft, progress=False)
     # A 4-layer target: EAGLE-3's default aux layers (1, 2, 3) are what vLLM and SGLang capture.
     deep = root / "target4"
     tiny_model("llama", layers=4).save_pretrained(deep)
     tiny_tokenizer().save_pretrained(deep)
     generate = [
-        "generate", "--target", deep, "--prompts", toy_dir / "prompts.jsonl", "--limit", 6, "--max-new-tokens", 8,
-        "--chat-template", "none", "--out", root / "data4", "--no-progress", "--device", "cpu",
-    ]  # fmt: skip
+        "generate",
+        "--target",
+        deep,
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        6,
+        "--max-new-tokens",
+        8,
+        "--chat-template",
+        "none",
+        "--out",
+        root / "data4",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main([str(a) for a in generate]) == 0
-    eagle3 = EagleRecipe(target=str(deep), data=str(root / "data4"), out=str(root / "eagle3"), draft_vocab_size=64, ttt_steps=2, eval_depth=2, **_common())
+    eagle3 = EagleRecipe(
+        target=str(deep),
+        data=str(root / "data4"),
+        out=str(root / "eagle3"),
+        draft_vocab_size=64,
+        ttt_steps=2,
+        eval_depth=2,
+        **_common(),
+    )
     train_eagle(eagle3, progress=False)
     return root
 
@@ -218,7 +285,9 @@ def test_medusa_run_arrives_complete_and_loads(runs, hub, tmp_path):
     assert config["model_type"] == "medusa" and config["num_heads"] == 2  # vLLM's layout by default
     pushed = load_medusa(hub.unpack("toy-org/medusa", tmp_path))
     trained = load_medusa(runs / "medusa" / "heads")
-    assert all(torch.equal(a, b) for a, b in zip(trained.state_dict().values(), pushed.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(trained.state_dict().values(), pushed.state_dict().values(), strict=True)
+    )
 
     card = _card(files)
     data_hash = json.loads((runs / "medusa" / "heads" / "config.json").read_text())["data_hash"]
@@ -226,7 +295,10 @@ def test_medusa_run_arrives_complete_and_loads(runs, hub, tmp_path):
     assert card.data.base_model == TARGET_ID and {"speculative-decoding", "medusa", "medusa-1"} <= set(card.data.tags)
     text = card.text
     assert data_hash in text and fingerprint in text and "Medusa-1" in text
-    assert f"vllm serve {TARGET_ID} --speculative-config" in text and '"method": "medusa", "model": "toy-org/medusa"' in text
+    assert (
+        f"vllm serve {TARGET_ID} --speculative-config" in text
+        and '"method": "medusa", "model": "toy-org/medusa"' in text
+    )
     assert "SGLang has no Medusa drafter" in text
     # The run's OUT/eval/report.json is found: its tau and alpha are in the card.
     report = json.loads((runs / "medusa" / "eval" / "report.json").read_text())
@@ -254,7 +326,10 @@ def test_eagle3_run_arrives_in_the_vllm_layout(runs, hub, tmp_path):
     assert str(runs / "target4") in text and "--base-model ORG/NAME" in text
     assert '"method": "eagle3", "model": "toy-org/eagle3"' in text
     assert "--speculative-algorithm EAGLE3" in text and "draftsmith export eagle3 --format sglang" in text
-    assert "Not evaluated with `draftsmith eval` yet" in text and f"draftsmith eval --target {runs / 'target4'} --eagle eagle3" in text
+    assert (
+        "Not evaluated with `draftsmith eval` yet" in text
+        and f"draftsmith eval --target {runs / 'target4'} --eagle eagle3" in text
+    )
     assert json.loads((runs / "data4" / "summary.json").read_text())["data_hash"] in text
 
 
@@ -271,13 +346,30 @@ def test_draft_run_arrives_with_its_tokenizer(runs, hub, tmp_path):
     assert "tokenizer.json" in draft_files and set(files) == draft_files | {"README.md", "recipe.yaml", "run_info.json"}
     assert hub.files("toy-org/draft", "main") == {}  # only the branch was written
     out = hub.unpack("toy-org/draft", tmp_path / "pulled", "dev")
-    pushed, trained = AutoModelForCausalLM.from_pretrained(out), AutoModelForCausalLM.from_pretrained(runs / "draft" / "draft")
-    assert all(torch.equal(a, b) for a, b in zip(trained.state_dict().values(), pushed.state_dict().values(), strict=True))
-    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(runs / "draft" / "draft").get_vocab()
+    pushed, trained = (
+        AutoModelForCausalLM.from_pretrained(out),
+        AutoModelForCausalLM.from_pretrained(runs / "draft" / "draft"),
+    )
+    assert all(
+        torch.equal(a, b) for a, b in zip(trained.state_dict().values(), pushed.state_dict().values(), strict=True)
+    )
+    assert (
+        AutoTokenizer.from_pretrained(out).get_vocab()
+        == AutoTokenizer.from_pretrained(runs / "draft" / "draft").get_vocab()
+    )
     card = _card(files)
-    assert card.data.base_model == TARGET_ID and card.data.pipeline_tag == "text-generation" and "draft-model" in card.data.tags
-    assert '"method": "draft_model", "model": "toy-org/draft", "num_speculative_tokens": 3, "revision": "dev"' in card.text
-    assert "--speculative-algorithm STANDALONE --speculative-draft-model-path toy-org/draft --speculative-draft-model-revision dev" in card.text
+    assert (
+        card.data.base_model == TARGET_ID
+        and card.data.pipeline_tag == "text-generation"
+        and "draft-model" in card.data.tags
+    )
+    assert (
+        '"method": "draft_model", "model": "toy-org/draft", "num_speculative_tokens": 3, "revision": "dev"' in card.text
+    )
+    assert (
+        "--speculative-algorithm STANDALONE --speculative-draft-model-path toy-org/draft --speculative-draft-model-revision dev"
+        in card.text
+    )
 
 
 def test_token_never_leaves_in_files_or_output(runs, hub, tmp_path, capfd):
@@ -286,9 +378,17 @@ def test_token_never_leaves_in_files_or_output(runs, hub, tmp_path, capfd):
     (run / "recipe.json").write_text(json.dumps({**recipe, "hub_token": FAKE_TOKEN, "pad_token_id": 0}))
     info = json.loads((run / "run_info.json").read_text())
     info["command"] = [
-        "train/medusa.py", "--recipe", "r.yaml", f"hub_token={FAKE_TOKEN}", "--hf-token", FAKE_TOKEN, "max_new_tokens=8",
-        "--wandb-api-key", "k3y-value", "api_key=other-k3y",
-    ]  # fmt: skip
+        "train/medusa.py",
+        "--recipe",
+        "r.yaml",
+        f"hub_token={FAKE_TOKEN}",
+        "--hf-token",
+        FAKE_TOKEN,
+        "max_new_tokens=8",
+        "--wandb-api-key",
+        "k3y-value",
+        "api_key=other-k3y",
+    ]
     info["recipe"]["hub_token"] = FAKE_TOKEN
     (run / "run_info.json").write_text(json.dumps(info))
     push(run, "toy-org/secret", endpoint=hub.url)
@@ -300,13 +400,39 @@ def test_token_never_leaves_in_files_or_output(runs, hub, tmp_path, capfd):
     pushed_recipe = yaml.safe_load(files["recipe.yaml"])
     assert "hub_token" not in pushed_recipe and pushed_recipe["pad_token_id"] == 0  # vocabulary keys stay
     command = json.loads(files["run_info.json"])["command"]
-    assert command[3:] == ["hub_token=<redacted>", "--hf-token", "<redacted>", "max_new_tokens=8", "--wandb-api-key", "<redacted>", "api_key=<redacted>"]
+    assert command[3:] == [
+        "hub_token=<redacted>",
+        "--hf-token",
+        "<redacted>",
+        "max_new_tokens=8",
+        "--wandb-api-key",
+        "<redacted>",
+        "api_key=<redacted>",
+    ]
 
 
 def test_secret_keys_and_scrub():
-    for key in ("token", "hub_token", "hf_token", "use_auth_token", "HF-Token", "api_key", "wandb_api_key", "client_secret"):
+    for key in (
+        "token",
+        "hub_token",
+        "hf_token",
+        "use_auth_token",
+        "HF-Token",
+        "api_key",
+        "wandb_api_key",
+        "client_secret",
+    ):
         assert is_secret_key(key), key
-    for key in ("pad_token", "eos_token_id", "bos_token", "max_new_tokens", "tokenizer", "token_map", "num_draft_tokens", "add_bos_token"):
+    for key in (
+        "pad_token",
+        "eos_token_id",
+        "bos_token",
+        "max_new_tokens",
+        "tokenizer",
+        "token_map",
+        "num_draft_tokens",
+        "add_bos_token",
+    ):
         assert not is_secret_key(key), key
     assert scrub({"a": [f"x {FAKE_TOKEN} y"], "b": {"token": "t"}}) == {"a": ["x <redacted> y"], "b": {}}
     assert scrub("with s3cr3t-value", ("s3cr3t-value",)) == "with <redacted>"
@@ -351,7 +477,18 @@ def test_bad_input_is_a_clear_error_before_any_network_call(runs, hub, tmp_path,
     torch.save({"w": torch.zeros(2)}, pickled / "draft" / "pytorch_model.bin")
     with pytest.raises(HubError, match=r"holds pickle weights \(pytorch_model.bin\): only safetensors are pushed"):
         push(pickled, "toy-org/x", endpoint=hub.url)
-    for bad in ("a/b/c", "-lead", "org/trail.", "org/na..me", "org/a--b", "", "org/", "sp ace", "x" * 97, "org/name.git"):
+    for bad in (
+        "a/b/c",
+        "-lead",
+        "org/trail.",
+        "org/na..me",
+        "org/a--b",
+        "",
+        "org/",
+        "sp ace",
+        "x" * 97,
+        "org/name.git",
+    ):
         with pytest.raises(HubError, match="repo id .*expected NAME or ORG/NAME"):
             push(runs / "medusa", bad, endpoint=hub.url)
     with pytest.raises(HubError, match="base model '/local/target': expected the target's Hub id as ORG/NAME"):
@@ -380,7 +517,18 @@ def test_eagle3_on_a_two_layer_target_has_no_server_layout(tmp_path, toy_dir, to
     from draftsmith.train.eagle import EagleRecipe, train
 
     out = tmp_path / "e3"
-    train(EagleRecipe(target=str(toy_dir / "target"), data=str(toy_data), out=str(out), draft_vocab_size=64, ttt_steps=2, eval_depth=2, **_common()), progress=False)
+    train(
+        EagleRecipe(
+            target=str(toy_dir / "target"),
+            data=str(toy_data),
+            out=str(out),
+            draft_vocab_size=64,
+            ttt_steps=2,
+            eval_depth=2,
+            **_common(),
+        ),
+        progress=False,
+    )
     with pytest.raises(HubError, match="exactly 3 aux hidden states.*push with format 'hf'"):
         stage_run(out, tmp_path / "staged", repo_id="toy-org/x")
     assert not (tmp_path / "staged").exists()  # nothing half-written
@@ -394,12 +542,25 @@ def test_staging_layouts_and_replacing_an_earlier_staging(runs, tmp_path):
 
     staged = stage_run(runs / "eagle3", tmp_path / "s", repo_id="toy-org/e3", format="sglang")
     config = json.loads((staged / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and load_eagle(staged).config.aux_layer_ids == [1, 2, 3]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and load_eagle(staged).config.aux_layer_ids == [
+        1,
+        2,
+        3,
+    ]
     text = (staged / "README.md").read_text()
-    assert "--speculative-draft-model-path toy-org/e3 --speculative-num-steps 3" in text and "draftsmith export e3 --format vllm" in text
+    assert (
+        "--speculative-draft-model-path toy-org/e3 --speculative-num-steps 3" in text
+        and "draftsmith export e3 --format vllm" in text
+    )
     # A second dry run into the same folder replaces the first; any other non-empty folder is refused.
     staged = stage_run(runs / "medusa", tmp_path / "s", repo_id="toy-org/m", format="medusa")
-    assert {p.name for p in staged.iterdir()} == {"config.json", "medusa_lm_head.safetensors", "README.md", "recipe.yaml", "run_info.json"}
+    assert {p.name for p in staged.iterdir()} == {
+        "config.json",
+        "medusa_lm_head.safetensors",
+        "README.md",
+        "recipe.yaml",
+        "run_info.json",
+    }
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     with pytest.raises(HubError, match="is not empty"):
@@ -433,7 +594,6 @@ def test_model_card_parses_and_explains_an_eagle1_head(runs):
     assert check_repo_id("toy-org/Name_1.0") == "toy-org/Name_1.0"
 
 
-
 def test_card_metadata_carries_license_datasets_and_the_evaluation(runs, toy_dir, tmp_path):
     """The YAML front matter: the target's license read off its own model card, the prompts' Hub
     dataset, and the `draftsmith eval` results of this drafter as model-index."""
@@ -441,7 +601,9 @@ def test_card_metadata_carries_license_datasets_and_the_evaluation(runs, toy_dir
 
     run = _copy_run(runs, "medusa", tmp_path)
     target = Path(shutil.copytree(toy_dir / "target", tmp_path / "target"))
-    (target / "README.md").write_text("---\nlicense: other\nlicense_name: toy-license\nlicense_link: LICENSE\n---\n# toy\n")
+    (target / "README.md").write_text(
+        "---\nlicense: other\nlicense_name: toy-license\nlicense_link: LICENSE\n---\n# toy\n"
+    )
     config = json.loads((run / "heads" / "config.json").read_text())
     config["target_name_or_path"] = str(target)
     (run / "heads" / "config.json").write_text(json.dumps(config))
@@ -477,9 +639,12 @@ def test_card_metadata_carries_license_datasets_and_the_evaluation(runs, toy_dir
     assert card.data.license == "apache-2.0" and card.data.eval_results is None
     assert "license" not in ModelCard(model_card(runs / "eagle1", repo_id="toy-org/e1", format=None)).data.to_dict()
 
+
 # ---------------------------------------------------------------------- the command
 def test_cli_dry_run_push_and_errors(runs, hub, tmp_path, run_cli):
-    code, out, err = run_cli(["push", runs / "eagle3", "--repo-id", "toy-org/e3", "--dry-run", "--out", tmp_path / "staged"])
+    code, out, err = run_cli(
+        ["push", runs / "eagle3", "--repo-id", "toy-org/e3", "--dry-run", "--out", tmp_path / "staged"]
+    )
     assert code == 0, err
     assert "staged 5 files for toy-org/e3" in out and "nothing pushed" in out and "not evaluated" in out
     assert f"--out {runs / 'eagle3' / 'eval'}" in out  # the command that fills RUN/eval/report.json
@@ -489,7 +654,19 @@ def test_cli_dry_run_push_and_errors(runs, hub, tmp_path, run_cli):
     report = json.loads((runs / "medusa" / "eval" / "report.json").read_text())
     next(r for r in report["methods"] if r["method"] == "medusa-chain")["tau"] = 3.21
     (tmp_path / "report.json").write_text(json.dumps(report))
-    code, out, err = run_cli(["push", runs / "medusa", "--repo-id", "toy-org/m", "--endpoint", hub.url, "--private", "--eval-report", tmp_path / "report.json"])
+    code, out, err = run_cli(
+        [
+            "push",
+            runs / "medusa",
+            "--repo-id",
+            "toy-org/m",
+            "--endpoint",
+            hub.url,
+            "--private",
+            "--eval-report",
+            tmp_path / "report.json",
+        ]
+    )
     assert code == 0, err
     assert f"pushed {runs / 'medusa'} to {hub.url}/toy-org/m" in out and "not evaluated" not in out
     assert hub.created[-1]["visibility"] == "private" and FAKE_TOKEN not in out + err
@@ -499,7 +676,10 @@ def test_cli_dry_run_push_and_errors(runs, hub, tmp_path, run_cli):
         (["--repo-id", "a/b/c"], "repo id 'a/b/c': expected NAME or ORG/NAME"),
         (["--repo-id", "toy-org/x", "--dry-run"], "--dry-run writes what would be pushed to --out DIR"),
         (["--repo-id", "toy-org/x", "--out", tmp_path / "o"], "--out applies to --dry-run"),
-        (["--repo-id", "toy-org/x", "--format", "onnx", "--dry-run", "--out", tmp_path / "o"], "format 'onnx': EAGLE-3 pushes as vllm, sglang, hf"),
+        (
+            ["--repo-id", "toy-org/x", "--format", "onnx", "--dry-run", "--out", tmp_path / "o"],
+            "format 'onnx': EAGLE-3 pushes as vllm, sglang, hf",
+        ),
         (["--repo-id", "toy-org/x", "--eval-report", tmp_path / "report.json"], "measured --medusa"),
     ):
         code, out, err = run_cli(["push", runs / "eagle3", *args])
@@ -511,7 +691,9 @@ def test_unfinished_run_is_named(tmp_path, runs):
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(runs / "medusa" / "recipe.json", run / "recipe.json")
-    with pytest.raises(HubError, match="has no heads/, head/ or draft/ with a config.json: its training has not finished"):
+    with pytest.raises(
+        HubError, match="has no heads/, head/ or draft/ with a config.json: its training has not finished"
+    ):
         stage_run(run, tmp_path / "s", repo_id="toy-org/x")
 
 
@@ -521,7 +703,15 @@ def test_a_recipe_with_push_to_hub_pushes_when_training_ends(toy_dir, toy_data, 
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     out = tmp_path / "run"
     recipe = tmp_path / "r.yaml"
-    values = _common(target=str(toy_dir / "target"), data=str(toy_data), out=str(out), num_heads=2, push_to_hub=True, hub_repo_id="toy-org/pushed", hub_private=True)
+    values = _common(
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        num_heads=2,
+        push_to_hub=True,
+        hub_repo_id="toy-org/pushed",
+        hub_private=True,
+    )
     recipe.write_text(yaml.safe_dump(values))
     assert medusa_main(["--recipe", str(recipe), "--no-progress"]) == 0
     files = hub.files("toy-org/pushed")

@@ -73,7 +73,12 @@ def test_launch_config_loads_and_leaves_batch_sizes_to_the_recipe(path):
     if config.distributed_type == "DEEPSPEED":
         ds_file = REPO / config.deepspeed_config["deepspeed_config_file"]
         ds = json.loads(ds_file.read_text())
-        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        for key in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "gradient_clipping",
+        ):
             assert ds[key] == "auto", f"{ds_file.name}: {key} must come from the recipe"
         assert ds["zero_optimization"]["stage"] == (2 if "zero2" in path.stem else 3)
         assert ("offload_optimizer" in ds["zero_optimization"]) == ("offload" in path.stem)

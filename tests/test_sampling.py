@@ -111,9 +111,7 @@ def position_p_values(p, drafts, num_accepted, next_token) -> dict[int, float]:
     counts = torch.bincount(bins.flatten(), minlength=(k1 + 1) * vocab)
     counts = counts[: k1 * vocab].view(k1, vocab)
     return {
-        j: chi_square_gof(counts[j - 1], p[j - 1]).p_value
-        for j in range(1, k1 + 1)
-        if counts[j - 1].sum() >= MIN_ROWS
+        j: chi_square_gof(counts[j - 1], p[j - 1]).p_value for j in range(1, k1 + 1) if counts[j - 1].sum() >= MIN_ROWS
     }
 
 

@@ -53,20 +53,37 @@ def copy_target(tmp_path_factory):
 
 def common(target, data, out, **extra):
     values = dict(
-        target=str(target), data=str(data), out=str(out), device="cpu", batch_size=4, max_length=96,
-        warmup_steps=2, eval_every=1000, save_every=1000, heldout_fraction=0.34, serve_check_prompts=8,
+        target=str(target),
+        data=str(data),
+        out=str(out),
+        device="cpu",
+        batch_size=4,
+        max_length=96,
+        warmup_steps=2,
+        eval_every=1000,
+        save_every=1000,
+        heldout_fraction=0.34,
+        serve_check_prompts=8,
         serve_check_new_tokens=32,
-    )  # fmt: skip
+    )
     return values | extra
 
 
 # kind -> (trainer module and recipe, the recipe's own keys, the saved folder); K = 3 for every kind.
 KINDS = {
     "medusa": ("medusa.MedusaRecipe", dict(num_heads=3, max_steps=4, lr=1e-2), "heads"),
-    "eagle": ("eagle.EagleRecipe", dict(eval_depth=3, ttt_steps=3, max_steps=30, lr=1e-2, draft_vocab_size=128), "head"),
+    "eagle": (
+        "eagle.EagleRecipe",
+        dict(eval_depth=3, ttt_steps=3, max_steps=30, lr=1e-2, draft_vocab_size=128),
+        "head",
+    ),
     "dflash": ("dflash.DFlashRecipe", dict(block_size=4, max_steps=30, lr=1e-2), "head"),
     "peagle": ("peagle.PEagleRecipe", dict(num_depths=3, max_steps=30, lr=1e-2), "head"),
-    "draft": ("draft.DraftRecipe", dict(draft_init="truncate", draft_layers=1, num_draft_tokens=3, max_steps=2), "draft"),
+    "draft": (
+        "draft.DraftRecipe",
+        dict(draft_init="truncate", draft_layers=1, num_draft_tokens=3, max_steps=2),
+        "draft",
+    ),
 }
 
 
@@ -131,8 +148,14 @@ def test_the_simulated_walk_serves_what_training_said(trained, kind):
 def fake_run(recipe_values: dict, printed: list, logged: list):
     """What `serve_check` reads of a `TrainingRun`, to call it again on a finished run's folder."""
     recipe = types.SimpleNamespace(**recipe_values)
-    return types.SimpleNamespace(recipe=recipe, is_main=True, device=torch.device("cpu"), step=0,
-                                 print=printed.append, log=lambda step, record: logged.append(record))  # fmt: skip
+    return types.SimpleNamespace(
+        recipe=recipe,
+        is_main=True,
+        device=torch.device("cpu"),
+        step=0,
+        print=printed.append,
+        log=lambda step, record: logged.append(record),
+    )
 
 
 def served(copy_target, out, kind, k, monkeypatch=None, plant=None):

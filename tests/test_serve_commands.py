@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import tiny_model
+
 from draftsmith.eval import sweep
-from draftsmith.publish.serve import serving_commands
 from draftsmith.heads.eagle import EagleHead, save_eagle
 from draftsmith.heads.medusa import MedusaHeads, save_medusa
 from draftsmith.heads.models import load_causal_lm
-from fixtures import tiny_model
+from draftsmith.publish.serve import serving_commands
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +110,29 @@ def test_tune_write_prints_the_serving_commands(toy_dir, tmp_path, run_cli, monk
     monkeypatch.setattr(sweep, "measure_verify_curve", lambda target, context, sizes, **_: {n: 1.0 for n in sizes})
     draft = tmp_path / "self-draft"
     shutil.copytree(toy_dir / "target", draft)  # the target drafting for itself: alpha = 1, K = k_max wins
-    code, stdout, err = run_cli([
-        "tune", "--target", toy_dir / "target", "--draft", draft, "--prompts", toy_dir / "prompts.jsonl", "--limit", 2,
-        "--max-new-tokens", 6, "--repeats", 1, "--k-max", 2, "--no-progress", "--device", "cpu", "--write",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "tune",
+            "--target",
+            toy_dir / "target",
+            "--draft",
+            draft,
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            2,
+            "--max-new-tokens",
+            6,
+            "--repeats",
+            1,
+            "--k-max",
+            2,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--write",
+        ]
+    )
     assert code == 0, err
     vllm, sglang = commands(stdout)
     served, spec = vllm_spec(vllm)

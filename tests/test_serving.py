@@ -10,6 +10,7 @@ import re
 from itertools import pairwise
 
 import pytest
+
 from draftsmith.eval.serving import (
     CostCurve,
     Request,
@@ -66,7 +67,9 @@ def test_hand_computed_idle_engine_and_capped_last_step():
 
 
 def test_conservation_and_order_of_events():
-    profile = StepProfile("eagle", {1: 0.02, 8: 0.03, 16: 0.05}, {1: 0.3, 2: 0.2, 3: 0.5}, prefill_seconds_per_token=1e-4)
+    profile = StepProfile(
+        "eagle", {1: 0.02, 8: 0.03, 16: 0.05}, {1: 0.3, 2: 0.2, 3: 0.5}, prefill_seconds_per_token=1e-4
+    )
     requests = poisson_requests(20.0, 300, prompt_lengths=[30, 200, 700], output_lengths=[1, 17, 64, 300], seed=3)
     run = simulate(profile, requests, max_batch=8, seed=3)
     assert len(run.requests) == len(requests)  # every request answered exactly once, in input order
@@ -142,7 +145,9 @@ def test_capacity_leaves_out_the_final_drain():
 
 def test_sustainable_load_limited_by_latency():
     profile = StepProfile("m", {1: 0.02, 8: 0.025}, {1: 0.3, 2: 0.2, 3: 0.5})
-    result = sustainable_load(profile, 2.0, 90, max_batch=8, prompt_lengths=100, output_lengths=[50, 100, 200], num_requests=200)
+    result = sustainable_load(
+        profile, 2.0, 90, max_batch=8, prompt_lengths=100, output_lengths=[50, 100, 200], num_requests=200
+    )
     assert result.reached and result.limit == "latency"
     assert result.latency_s <= 2.0
     assert result.qps < result.capacity.requests_per_s
@@ -182,8 +187,14 @@ def test_histograms_from_decoder_counts_and_from_alphas():
 
 
 def test_profile_from_a_report_row():
-    row = {"method": "medusa", "lossy": True, "alpha_per_position": [0.5, 0.5], "target_calls": 10,
-           "drafter_seconds": 0.05, "target_seconds": 0.15}  # fmt: skip
+    row = {
+        "method": "medusa",
+        "lossy": True,
+        "alpha_per_position": [0.5, 0.5],
+        "target_calls": 10,
+        "drafter_seconds": 0.05,
+        "target_seconds": 0.15,
+    }
     profile = StepProfile.from_report_row(row, {1: 0.02, 8: 0.04})
     assert profile.name == "medusa (LOSSY typical)"
     assert profile.mean_tokens_per_step == pytest.approx(1.75)
@@ -241,7 +252,10 @@ def test_cost_per_tokens_and_per_answer():
             lambda: sustainable_load(StepProfile("m", 1.0), 0, max_batch=1, prompt_lengths=1, output_lengths=1),
             "latency_target_s = 0",
         ),
-        (lambda: sustainable_load(StepProfile("m", 1.0), 1.0, max_batch=0, prompt_lengths=1, output_lengths=1), "max_batch = 0"),
+        (
+            lambda: sustainable_load(StepProfile("m", 1.0), 1.0, max_batch=0, prompt_lengths=1, output_lengths=1),
+            "max_batch = 0",
+        ),
         (lambda: crossover([0, 4], [1, 1], [1, 1]), "batch size = 0"),
         (lambda: crossover([1, 4], [1, 1], [1]), "same length"),
         (lambda: crossover([1, 4], [1, -1], [1, 1]), "holds -1"),
@@ -360,7 +374,15 @@ def test_plot_bad_input(tmp_path):
 def test_summary_is_json_ready():
     run = simulate(StepProfile("m", 0.01, {1: 0.5, 2: 0.5}), poisson_requests(5.0, 50, 10, 20, seed=1), max_batch=4)
     summary = json.loads(json.dumps(run.summary()))
-    for key in ("tokens_per_s", "requests_per_s", "latency_s_p50", "latency_s_p90", "latency_s_p99", "ttft_s_p90", "queue_s_p99"):
+    for key in (
+        "tokens_per_s",
+        "requests_per_s",
+        "latency_s_p50",
+        "latency_s_p90",
+        "latency_s_p99",
+        "ttft_s_p90",
+        "queue_s_p99",
+    ):
         assert math.isfinite(summary[key]) and summary[key] >= 0
     assert summary["latency_s_p50"] <= summary["latency_s_p90"] <= summary["latency_s_p99"]
     assert summary["output_tokens"] == 50 * 20

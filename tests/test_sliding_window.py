@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from fixtures import windowed_model
 
 from draftsmith.decoding import DraftModelDrafter, PromptLookupDrafter, generate, generate_batch, row_seed
 from draftsmith.decoding.sampling import SamplingConfig
-from fixtures import windowed_model
 
 N_NEW = 16
 PROMPTS = [torch.tensor(p) for p in ([5, 9, 14, 9, 14, 30, 41, 9, 14], [7], [60, 61, 62, 63, 60, 61, 62], [3, 4])]
@@ -53,9 +53,25 @@ def test_batched_equals_batch_one(target, static):
     for temperature in (0.0, 1.0):
         sampling = SamplingConfig(temperature=temperature)
         draft = copy.deepcopy(target)
-        batch = generate_batch(target, PROMPTS, DraftModelDrafter(draft), max_new_tokens=N_NEW, num_draft_tokens=3,
-                               sampling=sampling, seed=3, static_cache=static)  # fmt: skip
+        batch = generate_batch(
+            target,
+            PROMPTS,
+            DraftModelDrafter(draft),
+            max_new_tokens=N_NEW,
+            num_draft_tokens=3,
+            sampling=sampling,
+            seed=3,
+            static_cache=static,
+        )
         for b, prompt in enumerate(PROMPTS):
-            alone = generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=N_NEW, num_draft_tokens=3,
-                             temperature=temperature, seed=row_seed(3, b), static_cache=static)  # fmt: skip
+            alone = generate(
+                target,
+                DraftModelDrafter(draft),
+                prompt,
+                max_new_tokens=N_NEW,
+                num_draft_tokens=3,
+                temperature=temperature,
+                seed=row_seed(3, b),
+                static_cache=static,
+            )
             assert batch.tokens[b] == alone.tokens, (b, temperature)

@@ -35,18 +35,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import tiny_model, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
-from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.decoding import generate
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.masks import additive
 from draftsmith.decoding.peagle import PEagleDrafter
+from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.heads.eagle import EagleHead, PEagleHead, export_eagle, load_eagle
 from draftsmith.train.eagle import shifted, ttt_mask
 from draftsmith.train.peagle import chain_mask
-from fixtures import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,10 @@ def judged(tmp_path_factory):
     tiny_tokenizer().save_pretrained(tmp / "target")  # its trainer loads the verifier's tokenizer
     H = target.config.hidden_size
     gen = torch.Generator().manual_seed(0)
-    inputs = {"hidden_states": torch.randn(1, T, 3 * H, generator=gen), "input_ids": torch.randint(3, 320, (1, T), generator=gen)}
+    inputs = {
+        "hidden_states": torch.randn(1, T, 3 * H, generator=gen),
+        "input_ids": torch.randint(3, 320, (1, T), generator=gen),
+    }
     save_file(inputs, str(tmp / "inputs.safetensors"))
     vmap = build_vocab_map(torch.arange(320).flip(0) * (torch.arange(320) % 3 != 0), VD, "data-hash")
     heads, jobs = {}, []
@@ -132,29 +135,74 @@ def judged(tmp_path_factory):
                 p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in p_name else 0.05))
         heads[name] = head.eval()
         export_eagle(head, tmp / f"export-{name}", "vllm")
-        jobs.append({"check": [str(tmp / f"export-{name}"), str(tmp / "inputs.safetensors"), str(tmp / f"export-{name}.logits")]})
+        jobs.append(
+            {
+                "check": [
+                    str(tmp / f"export-{name}"),
+                    str(tmp / "inputs.safetensors"),
+                    str(tmp / f"export-{name}.logits"),
+                ]
+            }
+        )
         vocab = {"draft_vocab_size": VD} if name != "eagle3" else {}  # speculators' default: the full vocabulary
         build_flags = json.dumps({"target_layer_ids": [1, 2, 3], **vocab, **flags})  # its default needs L >= 7
-        jobs.append({"build": [str(tmp / f"built-{name}"), str(tmp / "target"), build_flags,
-                               str(tmp / "inputs.safetensors"), str(tmp / f"built-{name}.logits")]})  # fmt: skip
+        jobs.append(
+            {
+                "build": [
+                    str(tmp / f"built-{name}"),
+                    str(tmp / "target"),
+                    build_flags,
+                    str(tmp / "inputs.safetensors"),
+                    str(tmp / f"built-{name}.logits"),
+                ]
+            }
+        )
     # P-EAGLE: an export of draftsmith's head, and a checkpoint speculators' model class builds
-    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=3, vocab_map=vmap, aux_layer_ids=[1, 2, 3],
-                                 target_name_or_path=str(tmp / "target"))  # fmt: skip
+    head = PEagleHead.for_target(
+        target,
+        mask_token_id=MASK,
+        num_depths=3,
+        vocab_map=vmap,
+        aux_layer_ids=[1, 2, 3],
+        target_name_or_path=str(tmp / "target"),
+    )
     with torch.no_grad():
         for p_name, p in head.named_parameters():
             p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in p_name else 0.05))
     heads["peagle"] = head.eval()
     export_eagle(head, tmp / "export-peagle", "vllm", num_speculative_tokens=3)
-    jobs.append({"check": [str(tmp / "export-peagle"), str(tmp / "inputs.safetensors"), str(tmp / "export-peagle.logits")]})
-    build_flags = json.dumps({"speculator_type": "peagle", "target_layer_ids": [1, 2, 3], "draft_vocab_size": VD,
-                              "mask_token_id": MASK, "num_depths": 3})  # fmt: skip
-    jobs.append({"build": [str(tmp / "built-peagle"), str(tmp / "target"), build_flags,
-                           str(tmp / "inputs.safetensors"), str(tmp / "built-peagle.logits")]})  # fmt: skip
+    jobs.append(
+        {"check": [str(tmp / "export-peagle"), str(tmp / "inputs.safetensors"), str(tmp / "export-peagle.logits")]}
+    )
+    build_flags = json.dumps(
+        {
+            "speculator_type": "peagle",
+            "target_layer_ids": [1, 2, 3],
+            "draft_vocab_size": VD,
+            "mask_token_id": MASK,
+            "num_depths": 3,
+        }
+    )
+    jobs.append(
+        {
+            "build": [
+                str(tmp / "built-peagle"),
+                str(tmp / "target"),
+                build_flags,
+                str(tmp / "inputs.safetensors"),
+                str(tmp / "built-peagle.logits"),
+            ]
+        }
+    )
     trained = tmp / "trained"
     jobs.append({"train": [str(tmp / "train-data"), str(trained), str(tmp / "target")]})
-    jobs.append({"check": [str(trained / "checkpoint_best"), str(tmp / "inputs.safetensors"), str(tmp / "trained.logits")]})
+    jobs.append(
+        {"check": [str(trained / "checkpoint_best"), str(tmp / "inputs.safetensors"), str(tmp / "trained.logits")]}
+    )
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    reports = json.loads(_run([python, JUDGE, tmp / "jobs.json"], "the speculators judge", timeout=900).splitlines()[-1])
+    reports = json.loads(
+        _run([python, JUDGE, tmp / "jobs.json"], "the speculators judge", timeout=900).splitlines()[-1]
+    )
     return {"tmp": tmp, "target": target.eval(), "inputs": inputs, "heads": heads, "reports": reports}
 
 
@@ -164,8 +212,15 @@ def test_draftsmith_exports_are_what_speculators_builds_and_computes(judged, nam
     assert report["config_class"] == "Eagle3SpeculatorConfig" and report["model_class"] == "Eagle3DraftModel"
     assert (report["missing"], report["unexpected"], report["shape_mismatches"]) == ([], [], [])
     assert report["not_finite"] == []
-    expected_flags = {"norm_before_fc": False, "fc_norm": False, "norm_output": False, "norm_before_residual": False,
-                      "embed_requires_grad": False, "target_hidden_size": None, **VARIANTS[name]}  # fmt: skip
+    expected_flags = {
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "norm_before_residual": False,
+        "embed_requires_grad": False,
+        "target_hidden_size": None,
+        **VARIANTS[name],
+    }
     assert report["flags"] == expected_flags
     theirs = load_file(str(judged["tmp"] / f"export-{name}.logits"))
     ours = draftsmith_logits(judged["heads"][name], judged["inputs"])
@@ -182,7 +237,9 @@ def peagle_logits(head: PEagleHead, inputs: dict, chains: dict) -> torch.Tensor:
     is_pair = depth == 0
     element_ids = torch.where(is_pair, ids[0, position], torch.full_like(position, head.config.mask_token_id))
     with torch.no_grad():
-        hidden = torch.where(is_pair[..., None], head.project(states[:, position[0]]), head.mask_features(1, position.shape[1]))
+        hidden = torch.where(
+            is_pair[..., None], head.project(states[:, position[0]]), head.mask_features(1, position.shape[1])
+        )
         real = torch.ones_like(is_pair)
         mask = additive(chain_mask(anchor, depth, real, torch.ones_like(ids, dtype=torch.bool)), head.dtype)[:, None]
         _, logits = head(element_ids, hidden, position_ids=position, attention_mask=mask)
@@ -192,7 +249,12 @@ def peagle_logits(head: PEagleHead, inputs: dict, chains: dict) -> torch.Tensor:
 def test_peagle_export_is_what_speculators_builds_and_computes(judged):
     report = judged["reports"][2 * len(VARIANTS)]
     assert report["config_class"] == "PEagleSpeculatorConfig" and report["model_class"] == "PEagleDraftModel"
-    assert (report["missing"], report["unexpected"], report["shape_mismatches"], report["not_finite"]) == ([], [], [], [])
+    assert (report["missing"], report["unexpected"], report["shape_mismatches"], report["not_finite"]) == (
+        [],
+        [],
+        [],
+        [],
+    )
     assert report["mask_token_id"] == MASK and report["flags"]["embed_requires_grad"] is True
     theirs = load_file(str(judged["tmp"] / "export-peagle.logits"))
     assert int(theirs["depth"].max()) == 2  # the chains reach every depth
@@ -230,7 +292,10 @@ def test_a_speculators_train_run_loads_computes_the_same_and_decodes_losslessly(
         head = load_eagle(folder, target=judged["target"], dtype=torch.float32)
     c = head.config
     assert (c.norm_before_fc, c.norm_output, c.norm_before_residual, c.fc_norm) == (True, True, True, False)
-    assert report["flags"] == {**{k: getattr(c, k) for k in report["flags"] if k != "target_hidden_size"}, "target_hidden_size": None}
+    assert report["flags"] == {
+        **{k: getattr(c, k) for k in report["flags"] if k != "target_hidden_size"},
+        "target_hidden_size": None,
+    }
     theirs, ours = load_file(str(judged["tmp"] / "trained.logits")), draftsmith_logits(head, judged["inputs"])
     for step in ("step0", "step1"):
         torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=step)

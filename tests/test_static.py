@@ -21,24 +21,23 @@ import warnings
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
-from draftsmith.decoding import generate
-from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
-from draftsmith.decoding.eagle import EagleDrafter
-from draftsmith.decoding import compiler as compiler_module
-from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.compiler import CAPACITY_STEP, StaticCacheOverflow
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
-from draftsmith.decoding.masks import chain_attend, tree_attend
-from draftsmith.decoding.target import right_aligned
-from draftsmith.decoding.sampling import SamplingConfig
-from draftsmith.eval.stats import chi_square_gof
-from fixtures import VOCAB, tiny_config, windowed_model
+from fixtures import VOCAB, windowed_model
 from test_decoder import _exact_joint, _sample_first_two
 from test_eagle_drafter import _oracle_head
 from test_tree import NUM_HEADS, _oracle, informed_medusa
 from test_tree import TREE as MEDUSA_TREE
+
+from draftsmith.decoding import compiler as compiler_module
+from draftsmith.decoding import generate
+from draftsmith.decoding import kv as kv_module
+from draftsmith.decoding.compiler import CAPACITY_STEP, StaticCacheOverflow
+from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.decoding.masks import chain_attend, tree_attend
+from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.decoding.target import right_aligned
+from draftsmith.eval.stats import chi_square_gof
 
 ATOL = 1e-5  # fp32: a static-cache forward reads the same numbers through a longer (masked) attention
 EAGLE_TREE = {"depth": 3, "top_k": 3, "total_tokens": 10}
@@ -258,8 +257,7 @@ def test_self_drafting_with_one_model_object(pairs):
     """The same model as target and draft: two caches (roles), every draft accepted."""
     target, _ = pairs("qwen2")
     prompt = _ids(7, seed=13)
-    out = generate(target, DraftModelDrafter(target), prompt, max_new_tokens=20,
-                   num_draft_tokens=3, static_cache=True)
+    out = generate(target, DraftModelDrafter(target), prompt, max_new_tokens=20, num_draft_tokens=3, static_cache=True)
     assert out.tokens == _hf_greedy(target, prompt, 20)
     assert out.stats.accepted[:-1] == out.stats.proposed[:-1] and sum(out.stats.accepted) > 10
 
@@ -305,8 +303,12 @@ def test_heads_use_the_verification_states(kind, pairs, monkeypatch):
     runs = []
     for static in (False, True):
         recorder = _Observed(make())
-        runs.append((generate(target, recorder.drafter, prompt, max_new_tokens=18, num_draft_tokens=k,
-                              static_cache=static), recorder))  # fmt: skip
+        runs.append(
+            (
+                generate(target, recorder.drafter, prompt, max_new_tokens=18, num_draft_tokens=k, static_cache=static),
+                recorder,
+            )
+        )
     (eager, seen_eager), (static, seen_static) = runs
     assert static.tokens == eager.tokens
     calls = sum(cls is StaticRaggedCache and model is target for cls, model in forwards)
@@ -376,8 +378,7 @@ def test_the_lossless_check_has_power_on_the_static_path(pairs):
             return Proposal(proposal.tokens, proposal.counts, torch.softmax(proposal.logits, -1), proposal.logits)
 
     warped = SamplingConfig(0.8, top_k=20, top_p=0.9)
-    result, _ = _check_lossless(target, lambda: RawLogitsQ(draft), LOSSLESS_PROMPT, 2, 2400,
-                                warped, static_cache=True)
+    result, _ = _check_lossless(target, lambda: RawLogitsQ(draft), LOSSLESS_PROMPT, 2, 2400, warped, static_cache=True)
     assert result.p_value < 1e-3, result
 
 
@@ -419,10 +420,12 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
     target, draft = (copy.deepcopy(m) for m in pairs("gpt_neox"))
     _compiling_fails(monkeypatch, "C++ compile error: cc1plus not found (test)")
     prompt = _ids(6, seed=16)
-    out, messages = _warnings(lambda: generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=10,
-                                               num_draft_tokens=2, compile=True))  # fmt: skip
-    assert any("off for the target: compiling width 3 failed (RuntimeError: C++ compile error" in m
-               for m in messages), messages  # fmt: skip
+    out, messages = _warnings(
+        lambda: generate(target, DraftModelDrafter(draft), prompt, max_new_tokens=10, num_draft_tokens=2, compile=True)
+    )
+    assert any(
+        "off for the target: compiling width 3 failed (RuntimeError: C++ compile error" in m for m in messages
+    ), messages
     # its own cache; a greedy draft compiles its whole chain (catch-up of width 1, then 2 draft steps)
     assert any("off for the draft: compiling a 2-token chain after width 1 failed" in m for m in messages), messages
     for model, role in ((target, "target"), (draft, "draft")):
@@ -437,8 +440,11 @@ def test_failing_compile_of_the_heads_falls_back(pairs, monkeypatch):
     reference = _hf_greedy(target, prompt, 10)
     medusa, _ = _oracle(target, prompt, 10)
     layers = target.config.num_hidden_layers
-    out, messages = _warnings(lambda: generate(target, MedusaDrafter(medusa, layers), prompt, max_new_tokens=10,
-                                               num_draft_tokens=3, compile=True))  # fmt: skip
+    out, messages = _warnings(
+        lambda: generate(
+            target, MedusaDrafter(medusa, layers), prompt, max_new_tokens=10, num_draft_tokens=3, compile=True
+        )
+    )
     assert any("compiling the Medusa heads failed (RuntimeError: inductor failed" in m for m in messages), messages
     assert out.tokens == reference and out.stats.compile_seconds < 1.0
 
@@ -507,8 +513,7 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
     assert {1, 2, 3, 4, 5, 11}.issubset({width for _, width in kv._compiled})
     assert kv.compiler.seconds > 0
     # Warm: a second run compiles nothing.
-    out = generate(target, DraftModelDrafter(draft), prompts[0], max_new_tokens=21,
-                   num_draft_tokens=3, compile=True)
+    out = generate(target, DraftModelDrafter(draft), prompts[0], max_new_tokens=21, num_draft_tokens=3, compile=True)
     assert out.stats.compile_seconds < 0.5 and out.tokens == _hf_greedy(target, prompts[0], 21)
 
 
@@ -554,7 +559,6 @@ def test_cuda_graphs_greedy_is_identical(pairs):
     assert kv_module._STATIC_CACHES[target]["target", "default", 1].compiler.error is None
 
 
-
 @pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=[pytest.mark.slow, COMPILED])])
 def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     """`draftsmith eval --static-cache / --compile` decodes the same tokens as the default path
@@ -568,8 +572,29 @@ def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
 
     def evaluate(out, *extra):
-        args = ["eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompts", prompts,
-                "--limit", 3, "--max-new-tokens", 12, "-k", 3, "--repeats", 1, "--no-distances", "--device", "cpu", "--out", out, *extra]  # fmt: skip
+        args = [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--draft",
+            toy_dir / "draft",
+            "--prompts",
+            prompts,
+            "--limit",
+            3,
+            "--max-new-tokens",
+            12,
+            "-k",
+            3,
+            "--repeats",
+            1,
+            "--no-distances",
+            "--device",
+            "cpu",
+            "--out",
+            out,
+            *extra,
+        ]
         code, stdout, _ = run_cli(args)
         assert code == 0
         return json.loads((out / "report.json").read_text()), stdout
@@ -579,5 +604,8 @@ def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     assert ("compiled (default): compile time" if flag == "--compile" else "static KV cache") in stdout
     rows = {r["method"]: r for r in plain["methods"]}
     for row in fast["methods"]:
-        assert (row["new_tokens"], row["target_calls"]) == (rows[row["method"]]["new_tokens"], rows[row["method"]]["target_calls"])
+        assert (row["new_tokens"], row["target_calls"]) == (
+            rows[row["method"]]["new_tokens"],
+            rows[row["method"]]["target_calls"],
+        )
     assert fast["settings"]["static_cache"] is True

@@ -19,6 +19,8 @@ import re
 
 import pytest
 import torch
+from fixtures import VOCAB
+
 from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompt_file
@@ -32,7 +34,6 @@ from draftsmith.eval.sweep import (
 )
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.medusa import MedusaHeads
-from fixtures import VOCAB
 
 PNG = b"\x89PNG\r\n\x1a\n"
 NEW = 6  # new tokens per prompt (--ignore-eos: exactly this many)
@@ -51,10 +52,28 @@ def task_prompts(toy_dir, tmp_path_factory):
 
 def eval_args(toy_dir, prompts, out, *extra):
     return [
-        "eval", "--target", toy_dir / "target", "--draft", toy_dir / "draft", "--prompt-lookup", "--prompts", prompts,
-        "-k", 3, "--max-new-tokens", NEW, "--ignore-eos", "--repeats", 2, "--no-progress", "--device", "cpu",
-        "--out", out, *extra,
-    ]  # fmt: skip
+        "eval",
+        "--target",
+        toy_dir / "target",
+        "--draft",
+        toy_dir / "draft",
+        "--prompt-lookup",
+        "--prompts",
+        prompts,
+        "-k",
+        3,
+        "--max-new-tokens",
+        NEW,
+        "--ignore-eos",
+        "--repeats",
+        2,
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +82,19 @@ def served(toy_dir, task_prompts, tmp_path_factory):
     from draftsmith.scripts.cli import main
 
     out = tmp_path_factory.mktemp("served") / "eval"
-    args = eval_args(toy_dir, task_prompts, out, "--batch-sizes", "3,1,2", "--qps", "5,50", "--latency-target", 10,
-                     "--price-per-hour", 2.0)  # fmt: skip
+    args = eval_args(
+        toy_dir,
+        task_prompts,
+        out,
+        "--batch-sizes",
+        "3,1,2",
+        "--qps",
+        "5,50",
+        "--latency-target",
+        10,
+        "--price-per-hour",
+        2.0,
+    )
     import contextlib
     import io
 
@@ -87,16 +117,27 @@ def test_every_file_and_section(served):
         figures + ["report.json", "report.md", "serving.json", "serving.md", "serving.html"]
     )  # nothing temporary left behind
     md = (out / "serving.md").read_text()
-    for heading in ("The three A: Acceptance, Acceleration, Attendance", "Acceptance by draft position", "Per task",
-                    "Acceleration: throughput vs batch size", "Engine step cost", "Speedup vs K (autotuner)",
-                    "Attendance: simulated load", "Cost"):  # fmt: skip
+    for heading in (
+        "The three A: Acceptance, Acceleration, Attendance",
+        "Acceptance by draft position",
+        "Per task",
+        "Acceleration: throughput vs batch size",
+        "Engine step cost",
+        "Speedup vs K (autotuner)",
+        "Attendance: simulated load",
+        "Cost",
+    ):
         assert f"## {heading}" in md, heading
     for name in figures:
         assert f"({name})" in md
     _, serving = _load(out)
     assert serving["settings"]["batch_sizes"] == [1, 2, 3] and serving["settings"]["qps"] == [5.0, 50.0]
-    assert serving["figures"] == {"acceptance": figures[0], "throughput": figures[1], "latency": figures[2],
-                                  "speedup_vs_k": figures[3]}  # fmt: skip
+    assert serving["figures"] == {
+        "acceptance": figures[0],
+        "throughput": figures[1],
+        "latency": figures[2],
+        "speedup_vs_k": figures[3],
+    }
     assert "The three A (Acceptance, Acceleration, Attendance):" in stdout and "| target-only |" in stdout
 
 
@@ -267,14 +308,18 @@ def test_medusa_and_eagle_chains_and_a_tree_batched_and_sampling(pairs, heads, t
         "medusa-tree": MedusaDrafter(medusa, layers, tree=[(0,), (1,), (0, 0)]),
         "eagle-chain": EagleDrafter(eagle),
     }
-    settings = EvalSettings(num_draft_tokens=2, max_new_tokens=5, temperature=1.0, repeats=1, ignore_eos=True,
-                            measure_distances=False)  # fmt: skip
+    settings = EvalSettings(
+        num_draft_tokens=2, max_new_tokens=5, temperature=1.0, repeats=1, ignore_eos=True, measure_distances=False
+    )
     report = evaluate(target, drafters, prompts, settings, progress=False)
     sweep = SweepSettings(batch_sizes=(2, 1), latency_target_s=1e-9, price_per_hour=0.0)
     serving = run_sweep(target, drafters, prompts, settings, sweep, report=report, progress=False)
     methods = serving["methods"]
-    assert [n for n, e in methods.items() if e["batched"]] == list(methods) == [
-        "target-only", "draft", "medusa-chain", "medusa-tree", "eagle-chain"]  # fmt: skip
+    assert (
+        [n for n, e in methods.items() if e["batched"]]
+        == list(methods)
+        == ["target-only", "draft", "medusa-chain", "medusa-tree", "eagle-chain"]
+    )
     for name in ("target-only", "draft", "medusa-chain", "medusa-tree", "eagle-chain"):
         rows = {r["batch_size"]: r for r in methods[name]["batches"]}
         assert rows[1]["new_tokens"] == 3 * 5 and rows[2]["new_tokens"] == 4 * 5  # 3 prompts; batch 2 cycles one
@@ -285,8 +330,9 @@ def test_medusa_and_eagle_chains_and_a_tree_batched_and_sampling(pairs, heads, t
     assert row["req/s at p90 <= 1e-09 s"] == "unreachable"
     assert set(serving["tuning"]) == {"draft", "medusa-chain", "eagle-chain"}  # chains: the tree has a tuner of its own
     paths = write_serving(serving, tmp_path / "out", report=report)
-    assert sorted(p.name for p in paths) == sorted(["acceptance.png", "throughput_vs_batch.png", "speedup_vs_k.png",
-                                                    "serving.json", "serving.md", "serving.html"])  # fmt: skip
+    assert sorted(p.name for p in paths) == sorted(
+        ["acceptance.png", "throughput_vs_batch.png", "speedup_vs_k.png", "serving.json", "serving.md", "serving.html"]
+    )
     md = (tmp_path / "out" / "serving.md").read_text()
     assert "batch 1 only" not in md
     assert "## Attendance: simulated load" in md and "unreachable" in md and "$0" in md
@@ -341,7 +387,10 @@ def test_batch_plan_and_settings():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--batch-sizes", "0,2"], "argument --batch-sizes: --batch-sizes '0,2': '0' is not a batch size (an integer >= 1)"),
+        (
+            ["--batch-sizes", "0,2"],
+            "argument --batch-sizes: --batch-sizes '0,2': '0' is not a batch size (an integer >= 1)",
+        ),
         (["--batch-sizes", "1,two"], "'two' is not a batch size"),
         (["--batch-sizes", "2,2"], "--batch-sizes '2,2' repeats a value"),
         (["--batch-sizes", "1", "--qps", "0"], "--qps '0': '0' is not an arrival rate (requests per second > 0)"),

@@ -19,7 +19,17 @@ import sys
 
 import pytest
 import torch
-from lifecycle_helpers import METHODS, child_env, free_port, losses, main_of, recipe_values, run_script, weights, write_recipe
+from lifecycle_helpers import (
+    METHODS,
+    child_env,
+    free_port,
+    losses,
+    main_of,
+    recipe_values,
+    run_script,
+    weights,
+    write_recipe,
+)
 
 from draftsmith.train import sharding
 from draftsmith.train.medusa import MedusaRecipe
@@ -52,19 +62,28 @@ def test_the_estimate_matches_a_hand_count(toy_dir, toy_data, tmp_path):
     assert estimate.trainable_params == 2 * (H * H + H) + 2 * V * H  # a residual block and an lm_head copy per head
     assert estimate.activations == 2 * 64 * ((L + 1) * H * 4 + 3 * V * 4)
     assert estimate.total == estimate.target_share + 4 * LAYER + 16 * estimate.trainable_params + estimate.activations
-    whole = sharding.estimate_memory(load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "r")), "medusa")
+    whole = sharding.estimate_memory(
+        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "r")), "medusa"
+    )
     assert whole.target_share == whole.target_bytes and whole.gathered_layer == 0
     assert "target 282.9 KiB over 2 -> " in estimate.describe() and "(float32)" in estimate.describe()
-    zero3 = sharding.estimate_memory(medusa_recipe(toy_dir, toy_data, tmp_path, target_sharding="zero3"), "medusa", shards=2)
+    zero3 = sharding.estimate_memory(
+        medusa_recipe(toy_dir, toy_data, tmp_path, target_sharding="zero3"), "medusa", shards=2
+    )
     assert dataclasses.replace(zero3, sharding="fsdp2") == estimate  # ZeRO-3 partitions the same layers
     assert zero3.target_share == estimate.target_share and zero3.gathered_layer == 4 * LAYER
 
 
 @pytest.mark.parametrize(
     "method, extra",
-    [("medusa", {}), ("medusa", {"share_lm_head": True, "num_layers": 2}), ("eagle", {}),
-     ("eagle", {"version": "eagle1", "draft_vocab_size": None}), ("draft", {})],
-)  # fmt: skip
+    [
+        ("medusa", {}),
+        ("medusa", {"share_lm_head": True, "num_layers": 2}),
+        ("eagle", {}),
+        ("eagle", {"version": "eagle1", "draft_vocab_size": None}),
+        ("draft", {}),
+    ],
+)
 def test_the_head_count_is_what_the_trainer_trains(method, extra, toy_dir, toy_data, tmp_path):
     """The estimator counts the trained model from the recipe's shape keys before the target
     loads; the trainers' own modules, built on the real toy target, hold that many parameters."""
@@ -85,7 +104,11 @@ def test_the_head_count_is_what_the_trainer_trains(method, extra, toy_dir, toy_d
         from draftsmith.heads.eagle import EagleHead
 
         data = DistillData(recipe.data)
-        vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash) if recipe.draft_vocab_size else None
+        vocab_map = (
+            build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
+            if recipe.draft_vocab_size
+            else None
+        )
         built = EagleHead.for_target(target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map)
     else:
         built = module.build_draft(recipe, target, load_tokenizer(recipe.target), torch.device("cpu"))
@@ -101,13 +124,23 @@ def test_a_target_that_cannot_fit_is_refused_with_the_numbers(toy_dir, toy_data,
     assert main_of("medusa")(["--recipe", str(recipe), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert re.search(r"target does not fit: memory per process .*target 282\.9 KiB .* = 1\.\d+ MiB, more than 90% of the 293\.0 KiB free on cpu", err), err
+    assert re.search(
+        r"target does not fit: memory per process .*target 282\.9 KiB .* = 1\.\d+ MiB, more than 90% of the 293\.0 KiB free on cpu",
+        err,
+    ), err
     assert "set target_sharding: fsdp2" in err
     assert not out.exists()  # refused before anything was written
     # 8 GiB of layers over 2 processes of 1 GiB: 4 GiB each; 10 give 0.8 GiB + one gathered 0.05 GiB (9 give 0.94)
-    estimate = sharding.estimate_memory(MedusaRecipe(**recipe_values("medusa", toy_dir, toy_data, out, target_sharding="fsdp2")), "medusa", shards=2)
-    big = dataclasses.replace(estimate, target_bytes=8 * GIB, replicated_bytes=0, layer_bytes=GIB // 20, trainable_params=0, activations=0)
-    with pytest.raises(sharding.ShardingError, match=r"target 8\.00 GiB over 2 -> 4\.00 GiB .* = 4\.05 GiB, more than 90% of the 1\.00 GiB free on cuda:0; 10 processes of this size would fit"):
+    estimate = sharding.estimate_memory(
+        MedusaRecipe(**recipe_values("medusa", toy_dir, toy_data, out, target_sharding="fsdp2")), "medusa", shards=2
+    )
+    big = dataclasses.replace(
+        estimate, target_bytes=8 * GIB, replicated_bytes=0, layer_bytes=GIB // 20, trainable_params=0, activations=0
+    )
+    with pytest.raises(
+        sharding.ShardingError,
+        match=r"target 8\.00 GiB over 2 -> 4\.00 GiB .* = 4\.05 GiB, more than 90% of the 1\.00 GiB free on cuda:0; 10 processes of this size would fit",
+    ):
         sharding.check_fits(big, GIB, "free on cuda:0")
     sharding.check_fits(big.with_shards(10), GIB, "free on cuda:0")  # fits: no error
     with pytest.raises(sharding.ShardingError, match="even one layer per device does not fit"):
@@ -116,7 +149,11 @@ def test_a_target_that_cannot_fit_is_refused_with_the_numbers(toy_dir, toy_data,
 
 def test_a_bad_target_sharding_is_one_line_naming_the_key(toy_dir, toy_data, tmp_path):
     with pytest.raises(RecipeError) as err:
-        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="tensor_parallel"))
+        load_recipe(
+            MedusaRecipe,
+            None,
+            recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="tensor_parallel"),
+        )
     message = "target_sharding = 'tensor_parallel': expected one of none, device_map, fsdp2, zero3"
     assert message in str(err.value) and str(err.value).startswith("command line: ") and "\n" not in str(err.value)
 
@@ -126,16 +163,30 @@ def test_sharding_needs_a_frozen_target_and_the_right_process_count(how, toy_dir
     from draftsmith.train.draft import DraftRecipe
 
     with pytest.raises(RecipeError, match="medusa2 trains LoRA on it"):
-        load_recipe(MedusaRecipe, None, recipe_values("medusa", toy_dir, toy_data, tmp_path / "a", mode="medusa2", target_sharding=how))
-    with pytest.raises(RecipeError, match=f"target_sharding = {how} partitions the layers draft_init = truncate copies"):
-        load_recipe(DraftRecipe, None, recipe_values("draft", toy_dir, toy_data, tmp_path / "a", draft_init="truncate", target_sharding=how))
-    recipe = write_recipe(tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding=how))
+        load_recipe(
+            MedusaRecipe,
+            None,
+            recipe_values("medusa", toy_dir, toy_data, tmp_path / "a", mode="medusa2", target_sharding=how),
+        )
+    with pytest.raises(
+        RecipeError, match=f"target_sharding = {how} partitions the layers draft_init = truncate copies"
+    ):
+        load_recipe(
+            DraftRecipe,
+            None,
+            recipe_values("draft", toy_dir, toy_data, tmp_path / "a", draft_init="truncate", target_sharding=how),
+        )
+    recipe = write_recipe(
+        tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding=how)
+    )
     assert main_of("medusa")(["--recipe", str(recipe), "--no-progress"]) == 2
     assert f"target_sharding = {how} partitions the target over processes, but 1 was started" in capsys.readouterr().err
 
 
 def test_estimate_memory_prints_without_loading(toy_dir, toy_data, tmp_path, capsys):
-    recipe = write_recipe(tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="fsdp2"))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", recipe_values("medusa", toy_dir, toy_data, tmp_path / "run", target_sharding="fsdp2")
+    )
     args = ["--recipe", str(recipe), "--estimate-memory", "--shards", "2", "--device-memory", "0.0003"]
     assert main_of("medusa")(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -150,7 +201,10 @@ def test_device_map_in_one_process_trains_what_the_whole_target_trains(toy_dir, 
     runs = {}
     for value in ("none", "device_map"):
         out = tmp_path / value
-        recipe = write_recipe(tmp_path / f"{value}.yaml", recipe_values("medusa", toy_dir, toy_data, out, max_steps=3, target_sharding=value))
+        recipe = write_recipe(
+            tmp_path / f"{value}.yaml",
+            recipe_values("medusa", toy_dir, toy_data, out, max_steps=3, target_sharding=value),
+        )
         assert main_of("medusa")(["--recipe", str(recipe), "--no-progress"]) == 0
         runs[value] = out
     assert losses(runs["device_map"]) == losses(runs["none"])
@@ -159,15 +213,24 @@ def test_device_map_in_one_process_trains_what_the_whole_target_trains(toy_dir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, how, launch", [
-    ("medusa", "fsdp2", "ddp"), ("eagle", "fsdp2", "ddp"), ("medusa", "zero3", "ddp"), ("medusa", "zero3", "zero2"),
-])  # fmt: skip
-def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(method, how, launch, toy_dir, toy_data,
-                                                                                      tmp_path):  # fmt: skip
+@pytest.mark.parametrize(
+    "method, how, launch",
+    [
+        ("medusa", "fsdp2", "ddp"),
+        ("eagle", "fsdp2", "ddp"),
+        ("medusa", "zero3", "ddp"),
+        ("medusa", "zero3", "zero2"),
+    ],
+)
+def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(
+    method, how, launch, toy_dir, toy_data, tmp_path
+):
     """The head's engine (DDP, or DeepSpeed ZeRO-2) is independent of the target's partitioning."""
     keys = {"max_steps": 4, **({"lr": LR[method]} if method in LR else {})}
     reference = tmp_path / "whole"
-    recipe = write_recipe(tmp_path / "whole.yaml", recipe_values(method, toy_dir, toy_data, reference, batch_size=4, **keys))
+    recipe = write_recipe(
+        tmp_path / "whole.yaml", recipe_values(method, toy_dir, toy_data, reference, batch_size=4, **keys)
+    )
     assert main_of(method)(["--recipe", str(recipe), "--no-progress"]) == 0
 
     out = tmp_path / "sharded"
@@ -175,9 +238,27 @@ def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_t
     device, env = ("cpu", {"ACCELERATE_USE_CPU": "true"}) if launch == "ddp" else ("auto", {})
     values = recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding=how, device=device, **keys)
     recipe = write_recipe(tmp_path / "sharded.yaml", values)
-    args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", f"recipes/accelerate/{launch}.yaml", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(),
-            METHODS[method][0], "--recipe", recipe, "--no-progress"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        f"recipes/accelerate/{launch}.yaml",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        free_port(),
+        METHODS[method][0],
+        "--recipe",
+        recipe,
+        "--no-progress",
+    ]
     done = run_script(args, env=child_env(**env))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())

@@ -51,10 +51,24 @@ def _recipe(path, toy_dir, toy_data, out, **extra):
     import yaml
 
     values = dict(
-        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", draft_init="checkpoint",
-        draft_path=str(toy_dir / "draft"), batch_size=2, max_length=128, max_steps=8, warmup_steps=1, log_every=1,
-        eval_every=100, save_every=100, heldout_fraction=0.34, lr=1e-3, num_draft_tokens=2, loss="forward_kl",
-    )  # fmt: skip
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        device="cpu",
+        draft_init="checkpoint",
+        draft_path=str(toy_dir / "draft"),
+        batch_size=2,
+        max_length=128,
+        max_steps=8,
+        warmup_steps=1,
+        log_every=1,
+        eval_every=100,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=1e-3,
+        num_draft_tokens=2,
+        loss="forward_kl",
+    )
     values.update(extra)
     path.write_text("# test recipe\n" + yaml.safe_dump(values))
     return path
@@ -69,24 +83,75 @@ def topk_cache(toy_dir, toy_data, tmp_path_factory):
     from draftsmith.scripts.cli import main as cli
 
     out = tmp_path_factory.mktemp("topk") / "cache"
-    args = ["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "none", "--dtype", "fp32",
-            "--model-dtype", "float32", "--topk-logits", K, "--batch-size", 3, "--out", out, "--no-progress",
-            "--device", "cpu"]  # fmt: skip
+    args = [
+        "cache-hidden",
+        "--target",
+        toy_dir / "target",
+        "--data",
+        toy_data,
+        "--layers",
+        "none",
+        "--dtype",
+        "fp32",
+        "--model-dtype",
+        "float32",
+        "--topk-logits",
+        K,
+        "--batch-size",
+        3,
+        "--out",
+        out,
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert cli([str(a) for a in args]) == 0
-    assert json.loads((out / "manifest.json").read_text())["bytes_per_token"] == K * 8 + 4  # no states: the teacher alone
+    assert (
+        json.loads((out / "manifest.json").read_text())["bytes_per_token"] == K * 8 + 4
+    )  # no states: the teacher alone
     return out
 
 
 def test_a_cache_of_nothing_is_refused(toy_dir, toy_data, tmp_path, run_cli):
-    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "none",
-                            "--out", tmp_path / "c", "--no-progress", "--device", "cpu"])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "none",
+            "--out",
+            tmp_path / "c",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 2 and "--layers none without --topk-logits" in err and not (tmp_path / "c").exists()
 
 
-def test_offline_training_equals_online_with_the_same_truncation_and_lowers_the_loss(toy_dir, toy_data, topk_cache, tmp_path):
+def test_offline_training_equals_online_with_the_same_truncation_and_lowers_the_loss(
+    toy_dir, toy_data, topk_cache, tmp_path
+):
     offline, online = tmp_path / "offline", tmp_path / "online"
-    assert main(["--recipe", str(_recipe(tmp_path / "a.yaml", toy_dir, toy_data, offline, teacher_cache=str(topk_cache))), "--no-progress"]) == 0
-    assert main(["--recipe", str(_recipe(tmp_path / "b.yaml", toy_dir, toy_data, online, teacher_topk=K)), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--recipe",
+                str(_recipe(tmp_path / "a.yaml", toy_dir, toy_data, offline, teacher_cache=str(topk_cache))),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["--recipe", str(_recipe(tmp_path / "b.yaml", toy_dir, toy_data, online, teacher_topk=K)), "--no-progress"]
+        )
+        == 0
+    )
     a, b = _losses(offline), _losses(online)
     assert len(a) == len(b) == 8
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)

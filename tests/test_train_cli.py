@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from draftsmith.train.recipe import RecipeError
 from draftsmith.train.recipe_files import accelerate_config, find_recipe, recipes_root, shipped_recipes
 
@@ -21,10 +22,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 def toy_overrides(toy_dir, toy_data, out) -> list[str]:
     return [
-        f"target={toy_dir / 'target'}", f"data={toy_data}", f"out={out}", "device=cpu", "num_heads=2", "max_steps=2",
-        "batch_size=2", "max_length=64", "warmup_steps=1", "eval_every=2", "save_every=100", "heldout_fraction=0.34",
+        f"target={toy_dir / 'target'}",
+        f"data={toy_data}",
+        f"out={out}",
+        "device=cpu",
+        "num_heads=2",
+        "max_steps=2",
+        "batch_size=2",
+        "max_length=64",
+        "warmup_steps=1",
+        "eval_every=2",
+        "save_every=100",
+        "heldout_fraction=0.34",
         "hidden_cache=null",  # the shipped recipe reads a cache of the real target
-    ]  # fmt: skip
+    ]
 
 
 def test_every_recipe_in_the_folder_is_shipped_by_name():
@@ -32,7 +43,9 @@ def test_every_recipe_in_the_folder_is_shipped_by_name():
     assert shipped_recipes() == [name for name in on_disk if not name.startswith("accelerate/")]
     assert find_recipe("smollm2/medusa") == recipes_root() / "smollm2" / "medusa.yaml"
     assert find_recipe("llama3/eagle3.yaml").is_file()
-    with pytest.raises(RecipeError, match=r"recipe 'smollm2/medusaa' is neither a file .* \(did you mean smollm2/medusa\?\)"):
+    with pytest.raises(
+        RecipeError, match=r"recipe 'smollm2/medusaa' is neither a file .* \(did you mean smollm2/medusa\?\)"
+    ):
         find_recipe("smollm2/medusaa")
 
 
@@ -63,7 +76,10 @@ def test_train_with_a_recipe_name_and_overrides(toy_dir, toy_data, tmp_path, run
         (["--recipe", "smollm2/medusa", "max_step=2"], "unknown key(s) max_step (did you mean max_steps?)"),
         (["--recipe", "smollm2/medusa", "max_steps=many"], "max_steps = 'many' should be int"),
         (["--recipe", "smollm2/medusaa"], "--recipe: recipe 'smollm2/medusaa' is neither a file nor a shipped recipe"),
-        (["--recipe", "smollm2/medusa", "--accelerate-config", "zero22"], "--accelerate-config: accelerate config 'zero22'"),
+        (
+            ["--recipe", "smollm2/medusa", "--accelerate-config", "zero22"],
+            "--accelerate-config: accelerate config 'zero22'",
+        ),
     ],
 )
 def test_bad_train_input_is_one_line_and_exit_2(args, message, run_cli, tmp_path):
@@ -78,7 +94,17 @@ def test_train_from_a_non_editable_install_outside_the_checkout(toy_dir, toy_dat
     skip = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "runs", "__pycache__", ".venv")
     shutil.copytree(REPO, source, ignore=skip)
     site = tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site)]
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(site),
+    ]
     build = subprocess.run([*pip, str(source)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     shutil.rmtree(source)  # nothing may be read from a checkout from here on
@@ -92,8 +118,17 @@ def test_train_from_a_non_editable_install_outside_the_checkout(toy_dir, toy_dat
         "sys.exit(main(sys.argv[1:]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
-    args = ["train", "medusa", "--recipe", "smollm2/medusa", "--no-progress", *toy_overrides(toy_dir, toy_data, work / "run")]
-    run = subprocess.run([sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    args = [
+        "train",
+        "medusa",
+        "--recipe",
+        "smollm2/medusa",
+        "--no-progress",
+        *toy_overrides(toy_dir, toy_data, work / "run"),
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     where = next(line for line in run.stdout.splitlines() if line.startswith("from "))
     installed = [str(site / "draftsmith" / package / "__init__.py") for package in ("train", "recipes")]

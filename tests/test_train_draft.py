@@ -15,16 +15,31 @@ from draftsmith.train.recipe import RecipeError, load_recipe
 def write_recipe(path, **values):
     import yaml
 
-    path.write_text("# test recipe\n" + yaml.safe_dump({k: str(v) if hasattr(v, "is_dir") else v for k, v in values.items()}))
+    path.write_text(
+        "# test recipe\n" + yaml.safe_dump({k: str(v) if hasattr(v, "is_dir") else v for k, v in values.items()})
+    )
     return path
 
 
 def base(toy_dir, toy_data, out, **extra):
     values = dict(
-        target=toy_dir / "target", data=toy_data, out=out, device="cpu", draft_init="checkpoint", draft_path=toy_dir / "draft",
-        batch_size=2, max_length=128, max_steps=10, warmup_steps=2, log_every=1, eval_every=10, save_every=100,
-        heldout_fraction=0.34, lr=3e-4, num_draft_tokens=3,
-    )  # fmt: skip
+        target=toy_dir / "target",
+        data=toy_data,
+        out=out,
+        device="cpu",
+        draft_init="checkpoint",
+        draft_path=toy_dir / "draft",
+        batch_size=2,
+        max_length=128,
+        max_steps=10,
+        warmup_steps=2,
+        log_every=1,
+        eval_every=10,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=3e-4,
+        num_draft_tokens=3,
+    )
     values.update(extra)
     return values
 
@@ -79,7 +94,16 @@ def test_each_divergence_lowers(loss):
 
 def test_distillation_raises_held_out_acceptance(toy_dir, toy_data, tmp_path):
     out = tmp_path / "fkl"
-    assert main(["--recipe", str(write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="forward_kl", max_steps=16))), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--recipe",
+                str(write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="forward_kl", max_steps=16))),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     s = summary(out)
     assert s["eval"]["acceptance"] > s["initial"]["acceptance"] + 0.02
     assert s["eval"]["tau_simulated"] > s["initial"]["tau_simulated"]
@@ -89,7 +113,10 @@ def test_distillation_raises_held_out_acceptance(toy_dir, toy_data, tmp_path):
 
 def test_on_policy_uses_the_draft_and_records_it(toy_dir, toy_data, tmp_path):
     out = tmp_path / "op"
-    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="tv", on_policy_fraction=0.5, max_steps=4, on_policy_new_tokens=8))
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        **base(toy_dir, toy_data, out, loss="tv", on_policy_fraction=0.5, max_steps=4, on_policy_new_tokens=8),
+    )
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     s = summary(out)
     assert s["on_policy_steps"] == 2 and s["off_policy_steps"] == 2 and 0 < s["on_policy_tokens"] <= 2 * 2 * 8
@@ -99,9 +126,25 @@ def test_on_policy_uses_the_draft_and_records_it(toy_dir, toy_data, tmp_path):
 
 def test_fixed_data_ce_baseline_truncated_draft_and_lora(toy_dir, toy_data, tmp_path):
     fixed = tmp_path / "fixed.jsonl"
-    fixed.write_text("\n".join(json.dumps({"text": line}) for line in (toy_dir / "prompts.jsonl").read_text().splitlines()[:8]) + "\n")
+    fixed.write_text(
+        "\n".join(json.dumps({"text": line}) for line in (toy_dir / "prompts.jsonl").read_text().splitlines()[:8])
+        + "\n"
+    )
     out = tmp_path / "ce"
-    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, loss="ce", data_mode="fixed", fixed_data=fixed, draft_init="truncate", draft_layers=1, max_steps=4))
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        **base(
+            toy_dir,
+            toy_data,
+            out,
+            loss="ce",
+            data_mode="fixed",
+            fixed_data=fixed,
+            draft_init="truncate",
+            draft_layers=1,
+            max_steps=4,
+        ),
+    )
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     assert summary(out)["data"].startswith("fixed:") and summary(out)["draft"]["num_layers"] == 1
     out = tmp_path / "lora"
@@ -136,8 +179,24 @@ def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
     out = tmp_path / "launched"
     recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, max_steps=2, eval_every=2))
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(repo / "train" / "draft.py"), "--recipe", str(recipe), "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(repo / "train" / "draft.py"),
+        "--recipe",
+        str(recipe),
+        "--no-progress",
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "draft" / "config.json").is_file() and "held-out acceptance" in done.stdout

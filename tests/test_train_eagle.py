@@ -14,9 +14,20 @@ from draftsmith.train.recipe import RecipeError, load_recipe
 
 def recipe(toy_dir, toy_data, out, **extra):
     values = dict(
-        target=str(toy_dir / "target"), data=str(toy_data), out=str(out), device="cpu", batch_size=2, max_length=128,
-        max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34, lr=3e-3, eval_depth=3,
-    )  # fmt: skip
+        target=str(toy_dir / "target"),
+        data=str(toy_data),
+        out=str(out),
+        device="cpu",
+        batch_size=2,
+        max_length=128,
+        max_steps=12,
+        warmup_steps=2,
+        eval_every=12,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=3e-3,
+        eval_depth=3,
+    )
     values.update(extra)
     return EagleRecipe(**values)
 
@@ -62,9 +73,10 @@ def test_training_lowers_the_loss_and_saves_a_loadable_head(toy_dir, toy_data, t
 
 
 def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp_path):
+    from transformers import AutoModelForCausalLM
+
     from draftsmith.decoding import generate
     from draftsmith.decoding.eagle import EagleDrafter
-    from transformers import AutoModelForCausalLM
 
     out = tmp_path / "e31"
     extra = dict(draft_vocab_size=64, ttt_steps=2, fc_norm=True, norm_output=True, loss="lk_hybrid", log_every=1)
@@ -82,18 +94,54 @@ def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp
 
 def test_offline_cache_and_mismatches(toy_dir, toy_data, tmp_path, run_cli):
     cache = tmp_path / "cache"
-    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "0,1,last", "--dtype", "fp32", "--out", cache, "--no-progress", "--device", "cpu"])
+    code, _, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "0,1,last",
+            "--dtype",
+            "fp32",
+            "--out",
+            cache,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
     # eagle3 on a 2-layer target reads aux (0, 1) and needs `last` for the teacher
-    summary = train(recipe(toy_dir, toy_data, tmp_path / "offline", hidden_cache=str(cache), max_steps=3), progress=False)
+    summary = train(
+        recipe(toy_dir, toy_data, tmp_path / "offline", hidden_cache=str(cache), max_steps=3), progress=False
+    )
     assert summary["aux_layers"] == [0, 1]
     # a cache holding more layers than the head reads serves it (aux [1] + last of (0, 1, last))
-    summary = train(recipe(toy_dir, toy_data, tmp_path / "o2", hidden_cache=str(cache), aux_layers=[1], max_steps=2),
-                    progress=False)  # fmt: skip
+    summary = train(
+        recipe(toy_dir, toy_data, tmp_path / "o2", hidden_cache=str(cache), aux_layers=[1], max_steps=2), progress=False
+    )
     assert summary["aux_layers"] == [1] and summary["train_tokens_per_second"] > 0
     fewer = tmp_path / "fewer"
-    code, _, err = run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1,last",
-                            "--dtype", "fp32", "--out", fewer, "--no-progress", "--device", "cpu"])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "cache-hidden",
+            "--target",
+            toy_dir / "target",
+            "--data",
+            toy_data,
+            "--layers",
+            "1,last",
+            "--dtype",
+            "fp32",
+            "--out",
+            fewer,
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0, err
     with pytest.raises(CacheError, match=r"holds layers \[1, 2\], the trainer needs \[0, 1, 2\] \(missing \[0\]\)"):
         train(recipe(toy_dir, toy_data, tmp_path / "o3", hidden_cache=str(fewer), max_steps=2), progress=False)
@@ -103,10 +151,32 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "e3"
     train(recipe(toy_dir, toy_data, out, draft_vocab_size=64, ttt_steps=2, max_steps=4), progress=False)
     head = out / "head"
-    code, stdout, err = run_cli([
-        "eval", "--target", toy_dir / "target", "--eagle", head, "--eagle-tree", "2,3,8", "--prompts", toy_dir / "prompts.jsonl",
-        "--limit", 2, "--max-new-tokens", 10, "--repeats", 1, "--no-progress", "--device", "cpu", "-k", 3, "--out", tmp_path / "ev",
-    ])  # fmt: skip
+    code, stdout, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--eagle",
+            head,
+            "--eagle-tree",
+            "2,3,8",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            2,
+            "--max-new-tokens",
+            10,
+            "--repeats",
+            1,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "-k",
+            3,
+            "--out",
+            tmp_path / "ev",
+        ]
+    )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads((tmp_path / "ev" / "report.json").read_text())["methods"]}
     assert {"eagle-chain", "eagle-tree"} <= set(rows) and rows["eagle-tree"]["tree"]
@@ -119,19 +189,80 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     a, b = load_eagle(head), load_eagle(tmp_path / "hf")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     # Several heads side by side, each named: the same weights measure the same.
-    code, _, err = run_cli([
-        "eval", "--target", toy_dir / "target", "--eagle", f"ours={head}", "--eagle", f"copy={tmp_path / 'hf'}",
-        "--prompts", toy_dir / "prompts.jsonl", "--limit", 1, "--max-new-tokens", 8, "--repeats", 1, "--no-progress",
-        "--device", "cpu", "-k", 3, "--no-distances", "--out", tmp_path / "ev2",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--eagle",
+            f"ours={head}",
+            "--eagle",
+            f"copy={tmp_path / 'hf'}",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            1,
+            "--max-new-tokens",
+            8,
+            "--repeats",
+            1,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "-k",
+            3,
+            "--no-distances",
+            "--out",
+            tmp_path / "ev2",
+        ]
+    )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads((tmp_path / "ev2" / "report.json").read_text())["methods"]}
     assert {"ours-chain", "copy-chain"} <= set(rows) and rows["ours-chain"]["alpha"] == rows["copy-chain"]["alpha"]
-    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", f"medusa={head}", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--eagle",
+            f"medusa={head}",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--out",
+            tmp_path / "x",
+        ]
+    )
     assert code == 2 and "another method's name" in err
-    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--prompt-lookup", "--eagle-tree", "2,2,4", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--prompt-lookup",
+            "--eagle-tree",
+            "2,2,4",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--out",
+            tmp_path / "x",
+        ]
+    )
     assert code == 2 and "give --eagle DIR" in err
-    code, _, err = run_cli(["eval", "--target", toy_dir / "target", "--eagle", head, "--eagle-tree", "2,2", "--prompts", toy_dir / "prompts.jsonl", "--out", tmp_path / "x"])
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--eagle",
+            head,
+            "--eagle-tree",
+            "2,2",
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--out",
+            tmp_path / "x",
+        ]
+    )
     assert code == 2 and "DEPTH,TOP_K,TOTAL_TOKENS" in err
 
 
@@ -197,14 +328,35 @@ def test_training_time_test_helps_deeper_drafts(tmp_path):
     prompts = [_fibonacci(4, *torch.randint(0, m, (2,), generator=gen).tolist(), m, offset) for _ in range(32)]
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"prompt": tok.decode(p)}) for p in prompts) + "\n")
     settings = GenerateSettings(max_new_tokens=20, batch_size=16)
-    generate_dataset(target, tok, load_source(str(tmp_path / "p.jsonl")), tmp_path / "data", settings, template=None, progress=False, log=lambda *a: None)
+    generate_dataset(
+        target,
+        tok,
+        load_source(str(tmp_path / "p.jsonl")),
+        tmp_path / "data",
+        settings,
+        template=None,
+        progress=False,
+        log=lambda *a: None,
+    )
     deep = {}
     for n in (1, 3):
         r = EagleRecipe(
-            target=str(tmp_path / "target"), data=str(tmp_path / "data"), out=str(tmp_path / f"e{n}"), version="eagle3",
-            ttt_steps=n, eval_depth=3, device="cpu", batch_size=8, max_length=64, max_steps=60, warmup_steps=5,
-            eval_every=60, save_every=1000, heldout_fraction=0.25, lr=3e-3,
-        )  # fmt: skip
+            target=str(tmp_path / "target"),
+            data=str(tmp_path / "data"),
+            out=str(tmp_path / f"e{n}"),
+            version="eagle3",
+            ttt_steps=n,
+            eval_depth=3,
+            device="cpu",
+            batch_size=8,
+            max_length=64,
+            max_steps=60,
+            warmup_steps=5,
+            eval_every=60,
+            save_every=1000,
+            heldout_fraction=0.25,
+            lr=3e-3,
+        )
         top1 = train(r, progress=False)["eval"]["top1_per_step"]
         deep[n] = sum(top1[1:]) / 2
     print("depth >= 2 top-1, n = 1 vs n = 3:", deep)

@@ -22,16 +22,29 @@ REPO = Path(__file__).resolve().parents[1]
 def write_recipe(path: Path, **values) -> Path:
     import yaml
 
-    path.write_text("# test recipe\n" + yaml.safe_dump({k: str(v) if isinstance(v, Path) else v for k, v in values.items()}))
+    path.write_text(
+        "# test recipe\n" + yaml.safe_dump({k: str(v) if isinstance(v, Path) else v for k, v in values.items()})
+    )
     return path
 
 
 def base(toy_dir, toy_data, out, **extra):
     values = dict(
-        target=toy_dir / "target", data=toy_data, out=out, device="cpu", num_heads=3, batch_size=2,
-        max_length=128, max_steps=12, warmup_steps=2, log_every=1, eval_every=6, save_every=100,
-        heldout_fraction=0.2, lr=1e-2,
-    )  # fmt: skip
+        target=toy_dir / "target",
+        data=toy_data,
+        out=out,
+        device="cpu",
+        num_heads=3,
+        batch_size=2,
+        max_length=128,
+        max_steps=12,
+        warmup_steps=2,
+        log_every=1,
+        eval_every=6,
+        save_every=100,
+        heldout_fraction=0.2,
+        lr=1e-2,
+    )
     values.update(extra)
     return values
 
@@ -42,7 +55,9 @@ def losses(out: Path) -> list[float]:
 
 def test_recipe_errors_name_the_key(tmp_path):
     path = write_recipe(tmp_path / "r.yaml", target="t", data="d", out="o", num_heds=3)
-    with pytest.raises(RecipeError, match="unknown key.*num_heds \\(did you mean num_heads\\?\\).*valid keys:.*num_heads"):
+    with pytest.raises(
+        RecipeError, match="unknown key.*num_heds \\(did you mean num_heads\\?\\).*valid keys:.*num_heads"
+    ):
         load_recipe(MedusaRecipe, path)
     with pytest.raises(RecipeError, match="command line: unknown key.*bogus"):
         load_recipe(MedusaRecipe, write_recipe(tmp_path / "ok.yaml", target="t", data="d", out="o"), ["bogus=1"])
@@ -52,7 +67,11 @@ def test_recipe_errors_name_the_key(tmp_path):
         load_recipe(MedusaRecipe, path.with_name("ok.yaml"), ["num_heads=four"])
     with pytest.raises(RecipeError, match="loss = 'kl'.*forward_kl"):
         load_recipe(MedusaRecipe, path.with_name("ok.yaml"), ["loss=kl"])
-    recipe = load_recipe(MedusaRecipe, path.with_name("ok.yaml"), ["lr=3e-4", "lora_target_modules=[q_proj,v_proj]", "share_lm_head=true"])
+    recipe = load_recipe(
+        MedusaRecipe,
+        path.with_name("ok.yaml"),
+        ["lr=3e-4", "lora_target_modules=[q_proj,v_proj]", "share_lm_head=true"],
+    )
     assert recipe.lr == 3e-4 and recipe.lora_target_modules == ["q_proj", "v_proj"] and recipe.share_lm_head is True
 
 
@@ -99,7 +118,13 @@ def test_resume_gives_the_same_heads(toy_dir, toy_data, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     whole = tmp_path / "whole"
-    main(["--recipe", str(write_recipe(tmp_path / "a.yaml", **base(toy_dir, toy_data, whole, max_steps=6, save_every=3))), "--no-progress"])
+    main(
+        [
+            "--recipe",
+            str(write_recipe(tmp_path / "a.yaml", **base(toy_dir, toy_data, whole, max_steps=6, save_every=3))),
+            "--no-progress",
+        ]
+    )
     part = tmp_path / "part"
     recipe = write_recipe(tmp_path / "b.yaml", **base(toy_dir, toy_data, part, max_steps=6, save_every=3))
     import draftsmith.train.run as run_module
@@ -128,7 +153,9 @@ def test_medusa2_trains_lora_saves_and_merges(toy_dir, toy_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "m2"
-    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, mode="medusa2", max_steps=6, lr=5e-3, lambda_warmup_steps=3))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", **base(toy_dir, toy_data, out, mode="medusa2", max_steps=6, lr=5e-3, lambda_warmup_steps=3)
+    )
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["eval"]["kl_drift"] >= 0 and (out / "adapter" / "adapter_config.json").is_file()
@@ -146,24 +173,85 @@ def test_medusa2_trains_lora_saves_and_merges(toy_dir, toy_data, tmp_path):
 
 def test_offline_cache_trains_and_mismatches_are_errors(toy_dir, toy_data, tmp_path, run_cli):
     good = tmp_path / "cache-last"
-    assert run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "last", "--dtype", "fp32", "--out", good, "--no-progress", "--device", "cpu"])[0] == 0
+    assert (
+        run_cli(
+            [
+                "cache-hidden",
+                "--target",
+                toy_dir / "target",
+                "--data",
+                toy_data,
+                "--layers",
+                "last",
+                "--dtype",
+                "fp32",
+                "--out",
+                good,
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )[0]
+        == 0
+    )
     out = tmp_path / "offline"
-    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, hidden_cache=good, loss="forward_kl", max_steps=4))
+    recipe = write_recipe(
+        tmp_path / "r.yaml", **base(toy_dir, toy_data, out, hidden_cache=good, loss="forward_kl", max_steps=4)
+    )
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     # a cache holding more layers than `last` (one cache for every head) trains the same heads
     more = tmp_path / "cache-more"
-    assert run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "0,last,1",
-                    "--dtype", "fp32", "--out", more, "--no-progress", "--device", "cpu"])[0] == 0  # fmt: skip
+    assert (
+        run_cli(
+            [
+                "cache-hidden",
+                "--target",
+                toy_dir / "target",
+                "--data",
+                toy_data,
+                "--layers",
+                "0,last,1",
+                "--dtype",
+                "fp32",
+                "--out",
+                more,
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )[0]
+        == 0
+    )
     superset = base(toy_dir, toy_data, tmp_path / "superset", hidden_cache=more, loss="forward_kl", max_steps=4)
     recipe = write_recipe(tmp_path / "s.yaml", **superset)
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     assert losses(tmp_path / "superset") == pytest.approx(losses(out), abs=1e-6)
     wrong = tmp_path / "cache-1"
-    assert run_cli(["cache-hidden", "--target", toy_dir / "target", "--data", toy_data, "--layers", "1", "--out", wrong, "--no-progress", "--device", "cpu"])[0] == 0
+    assert (
+        run_cli(
+            [
+                "cache-hidden",
+                "--target",
+                toy_dir / "target",
+                "--data",
+                toy_data,
+                "--layers",
+                "1",
+                "--out",
+                wrong,
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )[0]
+        == 0
+    )
     recipe = write_recipe(tmp_path / "w.yaml", **base(toy_dir, toy_data, tmp_path / "o2", hidden_cache=wrong))
     with pytest.raises(CacheError, match="holds layers \\[1\\], the trainer needs \\[2\\]"):
         medusa_train.train(load_recipe(MedusaRecipe, recipe), progress=False)
-    recipe = write_recipe(tmp_path / "x.yaml", **base(toy_dir, toy_data, tmp_path / "o3", hidden_cache=good, mode="medusa2"))
+    recipe = write_recipe(
+        tmp_path / "x.yaml", **base(toy_dir, toy_data, tmp_path / "o3", hidden_cache=good, mode="medusa2")
+    )
     with pytest.raises(RecipeError, match="medusa1"):
         load_recipe(MedusaRecipe, recipe)
 
@@ -174,8 +262,24 @@ def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
     out = tmp_path / "launched"
     recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, max_steps=3, eval_every=3))
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train" / "medusa.py"), "--recipe", str(recipe), "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(REPO / "train" / "medusa.py"),
+        "--recipe",
+        str(recipe),
+        "--no-progress",
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "heads" / "config.json").is_file() and "heads written to" in done.stdout

@@ -17,15 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from fixtures import FAMILIES, VOCAB, windowed_model
 
 from draftsmith.decoding import generate
-from draftsmith.decoding.drafters import Drafter, MedusaDrafter, PromptLookupDrafter, Proposal
-from draftsmith.eval.evaluator import EvalSettings, evaluate
-from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
-from draftsmith.eval.stats import chi_square_gof
-from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
+from draftsmith.decoding.drafters import Drafter, MedusaDrafter, Proposal
+from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.masks import tree_attend
 from draftsmith.decoding.tree import (
     children_of,
     typical_threshold,
@@ -33,9 +30,11 @@ from draftsmith.decoding.tree import (
     verify_tree_greedy,
     verify_tree_typical,
 )
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
-from draftsmith.decoding.masks import tree_attend
-from fixtures import FAMILIES, HEAD_SCALE, VOCAB, tiny_config, windowed_model
+from draftsmith.eval.evaluator import EvalSettings, evaluate
+from draftsmith.eval.lossless import check_lossless
+from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
+from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
+from draftsmith.eval.stats import chi_square_gof
 
 ATOL = 1e-5  # fp32: cached vs full forwards differ by ~4e-6
 
@@ -324,8 +323,14 @@ def test_tree_greedy_with_a_sliding_window_matches_target_only():
     reference = generate(target, None, prompt, max_new_tokens=12).tokens
     heads, _ = _oracle(target, prompt, num_new=12, seed=6)
     for static in (False, True):
-        out = generate(target, MedusaDrafter(heads, 3, tree=TREE), prompt, max_new_tokens=12,
-                       num_draft_tokens=NUM_HEADS, static_cache=static)  # fmt: skip
+        out = generate(
+            target,
+            MedusaDrafter(heads, 3, tree=TREE),
+            prompt,
+            max_new_tokens=12,
+            num_draft_tokens=NUM_HEADS,
+            static_cache=static,
+        )
         assert out.tokens == reference and sum(out.stats.accepted) > 0, static
 
 
@@ -415,8 +420,9 @@ def test_drafter_gets_the_committed_states(family, temperature, pairs):
     heads, _ = _oracle(target, prompt, num_new=20, seed=12)
     for tree in (None, TREE):
         drafter = Recorder(heads, layers, tree=tree)
-        out = generate(target, drafter, prompt, max_new_tokens=20, num_draft_tokens=NUM_HEADS,
-                       temperature=temperature, seed=3)
+        out = generate(
+            target, drafter, prompt, max_new_tokens=20, num_draft_tokens=NUM_HEADS, temperature=temperature, seed=3
+        )
         seq = torch.cat([prompt, torch.tensor(out.tokens)])
         with torch.no_grad():
             full = target(seq[None], output_hidden_states=True).hidden_states[layers][0]
@@ -472,8 +478,9 @@ def test_budget_is_respected_with_trees(temperature, pairs):
     for make in (lambda: FixedTree(), lambda: MedusaDrafter(heads, 2, tree=TREE)):
         for k in (1, 2, 4):
             for n in (1, 2, 3, 5, 8):
-                out = generate(target, make(), prompt, max_new_tokens=n, num_draft_tokens=k,
-                               temperature=temperature, seed=n)
+                out = generate(
+                    target, make(), prompt, max_new_tokens=n, num_draft_tokens=k, temperature=temperature, seed=n
+                )
                 assert len(out.tokens) == n == out.stats.new_tokens
                 assert sum(a + 1 for a in out.stats.accepted) == n
                 assert all(a < k + 1 for a in out.stats.accepted)
@@ -485,8 +492,16 @@ def test_tree_stats_count_depths(temperature, pairs):
     prompt = _ids(10, seed=15)
     heads, _ = _oracle(target, prompt, num_new=30, seed=15)
     drafter = Recorder(heads, 2, tree=TREE)
-    out = generate(target, drafter, prompt, max_new_tokens=30, num_draft_tokens=NUM_HEADS,
-                   temperature=temperature, seed=1, measure_distances=True)
+    out = generate(
+        target,
+        drafter,
+        prompt,
+        max_new_tokens=30,
+        num_draft_tokens=NUM_HEADS,
+        temperature=temperature,
+        seed=1,
+        measure_distances=True,
+    )
     stats = out.stats
     assert stats.num_draft_tokens == NUM_HEADS
     assert stats.proposed[0] == len(TREE)  # nodes per call (every TREE path is one node)
@@ -497,8 +512,9 @@ def test_tree_stats_count_depths(temperature, pairs):
     calls = list(zip(accepted, depths))
 
     def reached(inner_ends):  # depth i + 1 is reached below a path of length i only where its end has children
-        return [sum(i < n or (i == n < d and inner) for (n, d), inner in zip(calls, inner_ends))
-                for i in range(NUM_HEADS)]  # fmt: skip
+        return [
+            sum(i < n or (i == n < d and inner) for (n, d), inner in zip(calls, inner_ends)) for i in range(NUM_HEADS)
+        ]
 
     # The last call's path is not handed over: its end may be either.
     assert stats.reached in (reached(drafter.ends_inner + [True]), reached(drafter.ends_inner + [False]))
@@ -550,8 +566,9 @@ def test_tree_errors(pairs):
         MedusaDrafter(heads, 2, tree=[])
     for temperature in (0.0, 1.0):
         with pytest.raises(ValueError, match="probs"):
-            generate(target, FixedTree(probs=True), prompt, max_new_tokens=4, num_draft_tokens=3,
-                     temperature=temperature)
+            generate(
+                target, FixedTree(probs=True), prompt, max_new_tokens=4, num_draft_tokens=3, temperature=temperature
+            )
 
 
 class ConstantHeads(torch.nn.Module):
@@ -599,16 +616,24 @@ def test_typical_acceptance_is_reported_lossy(pairs):
     target, _ = pairs("llama")
     prompt = _ids(8, seed=17)
     heads, _ = _oracle(target, prompt, num_new=24, seed=17, miss=1.0)  # rank 0 always wrong
-    lossless = generate(target, MedusaDrafter(heads, 2, tree=TREE), prompt, max_new_tokens=24,
-                        num_draft_tokens=3, temperature=1.0, seed=0)
+    lossless = generate(
+        target,
+        MedusaDrafter(heads, 2, tree=TREE),
+        prompt,
+        max_new_tokens=24,
+        num_draft_tokens=3,
+        temperature=1.0,
+        seed=0,
+    )
     assert not lossless.stats.lossy and lossless.stats.lossy_kl_per_token == 0.0
     # A permissive threshold accepts the heads' low-probability first choices.
     for drafter, kwargs in (
         (MedusaDrafter(heads, 2, tree=TREE, typical=(1e-3, 1e-3)), {}),
         (MedusaDrafter(heads, 2), {"typical": (1e-3, 1e-3)}),  # a chain, typical by argument
     ):
-        out = generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=3,
-                       temperature=1.0, seed=0, **kwargs)
+        out = generate(
+            target, drafter, prompt, max_new_tokens=24, num_draft_tokens=3, temperature=1.0, seed=0, **kwargs
+        )
         stats = out.stats
         assert stats.lossy and stats.tau > lossless.stats.tau
         assert stats.lossy_kl_per_token > 0.1, stats.lossy_kl_per_token
@@ -616,8 +641,9 @@ def test_typical_acceptance_is_reported_lossy(pairs):
         merged = lossless.stats + stats
         assert merged.lossy and merged.lossy_kl_sum == pytest.approx(stats.lossy_kl_sum)
     # At T = 0 the typical rule is exact argmax matching: greedy and lossless.
-    greedy = generate(target, MedusaDrafter(heads, 2, tree=TREE, typical=(0.09, 0.3)), prompt,
-                      max_new_tokens=24, num_draft_tokens=3)
+    greedy = generate(
+        target, MedusaDrafter(heads, 2, tree=TREE, typical=(0.09, 0.3)), prompt, max_new_tokens=24, num_draft_tokens=3
+    )
     assert greedy.tokens == generate(target, None, prompt, max_new_tokens=24).tokens
     assert not greedy.stats.lossy
 
@@ -656,7 +682,14 @@ def test_build_medusa_tree_takes_the_most_likely_nodes():
     # Path probabilities: (0) .6, (1) .3 = (0,0) .3 (tie: shallower first), (0,0,0) .27,
     # (0,1) .24, (0,1,0) .216, (1,0) .15, (1,0,0) .135, (1,1) .12, ...
     assert build_medusa_tree(ACCURACY, 8) == [
-        (0,), (1,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0), (1, 0), (1, 0, 0),
+        (0,),
+        (1,),
+        (0, 0),
+        (0, 0, 0),
+        (0, 1),
+        (0, 1, 0),
+        (1, 0),
+        (1, 0, 0),
     ]
     assert build_medusa_tree(ACCURACY, 1) == [(0,)]
     assert len(build_medusa_tree(ACCURACY, 100)) == 3 + 6 + 6  # every node there is
@@ -676,8 +709,14 @@ def test_build_medusa_tree_is_optimal_on_random_tables():
     for _ in range(5):
         acc = (torch.rand(3, 4, generator=gen) * 0.5).tolist()
         everything = build_medusa_tree(acc, 10_000)
-        best = sorted((expected_accept_length([p], acc) - expected_accept_length([p[:-1]], acc) if len(p) > 1
-                       else expected_accept_length([p], acc)) for p in everything)[::-1]
+        best = sorted(
+            (
+                expected_accept_length([p], acc) - expected_accept_length([p[:-1]], acc)
+                if len(p) > 1
+                else expected_accept_length([p], acc)
+            )
+            for p in everything
+        )[::-1]
         for n in (1, 5, 12):
             tree = build_medusa_tree(acc, n)
             assert expected_accept_length(tree, acc) == pytest.approx(sum(best[:n]))
@@ -693,8 +732,7 @@ def test_sampled_tree_decode_is_lossless(pairs):
     target, _ = pairs("llama")
     prompt = torch.tensor([1, 5, 77, 140, 9])
     drafter = MedusaDrafter(informed_medusa(target, prompt), 2, tree=[(0, 0), (0, 1), (1, 0), (2,)])
-    result = check_lossless(target, drafter, prompt, num_draft_tokens=2, samples=2500, batch_size=500,
-                            progress=False)  # fmt: skip
+    result = check_lossless(target, drafter, prompt, num_draft_tokens=2, samples=2500, batch_size=500, progress=False)
     # accepted / proposed nodes: at most 2 of the 6 nodes can be accepted in a call.
     assert 0.05 < result.acceptance_rate < 1 / 3, result.describe()
     assert result.passed, result.describe()

@@ -10,6 +10,7 @@ import random
 import re
 
 import pytest
+
 from draftsmith.eval.tune import (
     compare_prediction,
     tune_chain,
@@ -120,9 +121,14 @@ def test_eagle_tree_points():
     tuning = tune_eagle_tree(points, verify)
     assert [c.speedup for c in tuning.candidates] == pytest.approx([4.0 / 2.4, 3.4 / 1.5])
     assert tuning.setting() == {
-        "num_speculative_tokens": 5, "depth": 4, "top_k": 4, "total_tokens": 16,
-        "kind": "eagle-tree", "predicted_tau": 3.4, "predicted_speedup": pytest.approx(3.4 / 1.5),
-    }  # fmt: skip
+        "num_speculative_tokens": 5,
+        "depth": 4,
+        "top_k": 4,
+        "total_tokens": 16,
+        "kind": "eagle-tree",
+        "predicted_tau": 3.4,
+        "predicted_speedup": pytest.approx(3.4 / 1.5),
+    }
     with pytest.raises(ValueError, match=re.escape("points[0].tau = 8.0")):
         tune_eagle_tree([dict(points[0], tau=8.0)], verify)
     with pytest.raises(ValueError, match="lacks draft_seconds"):
@@ -182,8 +188,10 @@ def test_write_setting_into_a_speculators_export(tmp_path):
     path = write_setting(folder, tuning)
     config = json.loads(path.read_text())
     assert config["speculators_config"]["proposal_methods"][0] == {
-        "proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1,
-    }  # fmt: skip
+        "proposal_type": "greedy",
+        "speculative_tokens": 3,
+        "verifier_accept_k": 1,
+    }
     speculation = config["draftsmith"]["speculation"]
     assert speculation["num_speculative_tokens"] == 3 and speculation["kind"] == "chain"
     assert config["draftsmith"]["target_name_or_path"] == "meta-llama/Llama-3.1-8B-Instruct"  # provenance kept
@@ -238,11 +246,14 @@ def test_speedup_plot(tmp_path):
 
     png = plot_speedup_vs_k(
         {"jump": tune_chain(ALPHAS, 0.05, JUMP), "flat": tune_chain(ALPHAS, 0.05, FLAT)},
-        tmp_path / "k.png", measured={"jump": {3: 2.3}},
-    )  # fmt: skip
+        tmp_path / "k.png",
+        measured={"jump": {3: 2.3}},
+    )
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     with pytest.raises(ValueError, match="one kind"):
-        plot_speedup_vs_k({"a": tune_chain(ALPHAS, 0.05, FLAT), "b": tune_medusa_tree([[0.5]], [1], FLAT)}, tmp_path / "x.png")
+        plot_speedup_vs_k(
+            {"a": tune_chain(ALPHAS, 0.05, FLAT), "b": tune_medusa_tree([[0.5]], [1], FLAT)}, tmp_path / "x.png"
+        )
     with pytest.raises(ValueError, match="no tuning"):
         plot_speedup_vs_k({"a": tune_chain(ALPHAS, 0.05, FLAT)}, tmp_path / "y.png", measured={"b": {1: 1.0}})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.png"]

@@ -12,9 +12,10 @@ import shutil
 
 import pytest
 import torch
-from draftsmith.eval import sweep
+
 from draftsmith.decoding import generate
 from draftsmith.decoding.drafters import DraftModelDrafter
+from draftsmith.eval import sweep
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.tune import write_setting
 from draftsmith.heads.eagle import EagleHead, load_eagle
@@ -27,9 +28,26 @@ CPU = torch.device("cpu")
 
 def tune_args(toy_dir, flag, folder, out, *extra):
     return [
-        "tune", "--target", toy_dir / "target", flag, folder, "--prompts", toy_dir / "prompts.jsonl", "--limit", 3,
-        "--max-new-tokens", 8, "--repeats", 1, "--no-progress", "--device", "cpu", "--out", out, *extra,
-    ]  # fmt: skip
+        "tune",
+        "--target",
+        toy_dir / "target",
+        flag,
+        folder,
+        "--prompts",
+        toy_dir / "prompts.jsonl",
+        "--limit",
+        3,
+        "--max-new-tokens",
+        8,
+        "--repeats",
+        1,
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -75,10 +93,29 @@ def test_self_draft_writes_the_longest_chain(toy_dir, tmp_path, run_cli, flat_ve
     assert {k: v for k, v in _config(draft).items() if k != "draftsmith"} == before
     model = load_causal_lm(draft, device=CPU, dtype=torch.float32, role="draft")
     assert model.config.draftsmith["speculation"]["num_speculative_tokens"] == 3
-    code, _, err = run_cli([
-        "eval", "--target", toy_dir / "target", "--draft", draft, "--prompts", toy_dir / "prompts.jsonl", "--limit", 1,
-        "--max-new-tokens", 4, "--repeats", 1, "--no-distances", "--no-progress", "--device", "cpu", "--out", tmp_path / "e",
-    ])  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--target",
+            toy_dir / "target",
+            "--draft",
+            draft,
+            "--prompts",
+            toy_dir / "prompts.jsonl",
+            "--limit",
+            1,
+            "--max-new-tokens",
+            4,
+            "--repeats",
+            1,
+            "--no-distances",
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--out",
+            tmp_path / "e",
+        ]
+    )
     assert code == 0, err
 
 
@@ -89,7 +126,9 @@ def test_medusa_chain_or_tree_is_recorded_and_loads(toy_dir, tmp_path, run_cli, 
     heads.config.head_accuracies = [[0.9, 0.05], [0.8, 0.1], [0.7]]  # as train/medusa.py records them
     folder = tmp_path / "medusa"
     heads.save_pretrained(folder)
-    code, out, err = run_cli(tune_args(toy_dir, "--medusa", folder, tmp_path / "tune", "--tree-budgets", "2,4", "--write"))
+    code, out, err = run_cli(
+        tune_args(toy_dir, "--medusa", folder, tmp_path / "tune", "--tree-budgets", "2,4", "--write")
+    )
     assert code == 0, err
     assert "has 3 Medusa heads: K is searched up to 3, not 8" in out
     assert flat_verify == [[1, 2, 3, 4, 5]]  # the chain's 1..4 and the trees' 2 + 1, 4 + 1
@@ -131,8 +170,9 @@ def test_measured_costs_choose_consistently(toy_dir, tmp_path, run_cli):
     drafter = DraftModelDrafter(load_causal_lm(toy_dir / "draft", device=CPU, dtype=torch.float32, role="draft"))
     pooled = None
     for i, prompt in enumerate(load_prompts(toy_dir / "prompts.jsonl", tokenizer, limit=3)):
-        stats = generate(target, drafter, prompt, max_new_tokens=8, num_draft_tokens=3, seed=i,
-                         eos_token_id=tokenizer.eos_token_id).stats  # fmt: skip
+        stats = generate(
+            target, drafter, prompt, max_new_tokens=8, num_draft_tokens=3, seed=i, eos_token_id=tokenizer.eos_token_id
+        ).stats
         pooled = stats if pooled is None else pooled + stats
     assert record["measurement"]["alpha_per_position"] == pooled.alpha_per_position
     assert record["measurement"]["target_calls"] == pooled.target_calls
@@ -168,6 +208,7 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
 )
 def test_bad_tune_input(toy_dir, tmp_path, run_cli, args, message):
     args = [str(a).format(draft=toy_dir / "draft", missing=tmp_path / "missing") for a in args]
-    code, _, err = run_cli(["tune", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl",
-                            "--device", "cpu", *args])  # fmt: skip
+    code, _, err = run_cli(
+        ["tune", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--device", "cpu", *args]
+    )
     assert code == 2 and message in err, err

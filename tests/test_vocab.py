@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from draftsmith.distill.data import DistillData
-from draftsmith.distill.vocab import VocabMap, VocabMapError, build_vocab_map, check_consistent, load_vocab_map, save_vocab_map
+from draftsmith.distill.vocab import (
+    VocabMap,
+    VocabMapError,
+    build_vocab_map,
+    check_consistent,
+    load_vocab_map,
+    save_vocab_map,
+)
 
 
 def test_keeps_the_most_frequent_tokens_in_target_order():

@@ -22,7 +22,16 @@ def split_rows(n: int, heldout_fraction: float) -> tuple[list[int], list[int]]:
     return [i for i in range(n) if i % every], [i for i in range(n) if i % every == 0]
 
 
-def batch_rows(train_rows: list[int], step: int, micro: int, batch_size: int, grad_accum: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
+def batch_rows(
+    train_rows: list[int],
+    step: int,
+    micro: int,
+    batch_size: int,
+    grad_accum: int,
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+) -> list[int]:
     """Rows of micro-batch `micro` of optimizer step `step` on process `rank`.
 
     A pure function of (seed, step): epochs are seeded permutations of the training rows, so a
@@ -49,9 +58,11 @@ def open_hidden_cache(path: str, target, data, layers: tuple[int, ...]):
 
     cache = HiddenStateCache(path)
     cache.check(
-        target_fingerprint=target_fingerprint(target), layers=layers, data_hash=data.data_hash,
+        target_fingerprint=target_fingerprint(target),
+        layers=layers,
+        data_hash=data.data_hash,
         hidden_size=target.config.get_text_config().hidden_size,
-    )  # fmt: skip
+    )
     return cache
 
 
@@ -289,8 +300,9 @@ def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int
     def states(batch):
         if cache is None:
             with torch.no_grad():
-                o = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           output_hidden_states=True)  # fmt: skip
+                o = target(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+                )
             feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
             return feats, *on_draft_vocab(o.logits, vocab, t2d)
         held, top1 = cached_states(cache, batch, device, (*aux, last), use_top1)  # [B, n + 1, T, H], [B, T] | None
@@ -347,11 +359,14 @@ def head_summary(done, head, vocab_map, **method) -> dict:
     """A head trainer's training summary: steps, the `method` fields, the target layers read, the
     last evaluation, the draft vocabulary (its share of the data's tokens) and the throughput."""
     return {
-        "steps": done.step, **method, "aux_layers": list(head.config.aux_layer_ids), "eval": done.last_eval,
+        "steps": done.step,
+        **method,
+        "aux_layers": list(head.config.aux_layer_ids),
+        "eval": done.last_eval,
         "draft_vocab_size": head.config.draft_vocab_size,
         "vocab_coverage": vocab_map.coverage if vocab_map is not None else 1.0,
         "train_tokens_per_second": done.tokens_per_second,
-    }  # fmt: skip
+    }
 
 
 def save_head(run, model, head, save) -> None:
@@ -439,21 +454,23 @@ def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: 
 def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: int) -> tuple[float, int]:
     """(tokens per target call, calls counted) of greedy chain decoding of `prompts` with `drafter`
     at K = `k`, over the calls that drafted as many tokens as any call did (see above)."""
-    from draftsmith.eval.drafter_specs import eos_token_id
     from draftsmith.decoding import generate_batch
+    from draftsmith.eval.drafter_specs import eos_token_id
 
     device = target.get_output_embeddings().weight.device
     ids = [torch.tensor(p, dtype=torch.long, device=device) for p in prompts]
-    result = generate_batch(target, ids, drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
-                            eos_token_id=eos_token_id(target, None))  # fmt: skip
+    result = generate_batch(
+        target, ids, drafter, num_draft_tokens=k, max_new_tokens=new_tokens, eos_token_id=eos_token_id(target, None)
+    )
     calls = [(p, a) for row in result.rows for p, a in zip(row.proposed, row.accepted)]
     full = max((p for p, _ in calls), default=0)
     kept = [a + 1 for p, a in calls if p == full] or [a + 1 for _, a in calls]
     return sum(kept) / max(1, len(kept)), len(kept)
 
 
-def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dict | None,
-                key="tau_simulated_served") -> dict:  # fmt: skip
+def serve_check(
+    run, target, kind: str, folder, prompts, k: int, evaluation: dict | None, key="tau_simulated_served"
+) -> dict:
     """The serve check of a finished run (main process): the line `simulated tau X vs decoded tau
     Y`, a warning line when they differ by more than 10%, and both in the metrics; returns what
     the training summary records. `kind`/`folder`: the saved drafter (`chain_drafter`); `prompts`
@@ -484,10 +501,15 @@ def serve_check(run, target, kind: str, folder, prompts, k: int, evaluation: dic
         return {"skipped": skipped}
     ratio = tau / simulated
     check = {
-        "tau_simulated": simulated, "tau_decoded": tau, "ratio": ratio, "num_draft_tokens": k,
-        "prompts": len(prompts), "new_tokens": r.serve_check_new_tokens, "target_calls": calls,
+        "tau_simulated": simulated,
+        "tau_decoded": tau,
+        "ratio": ratio,
+        "num_draft_tokens": k,
+        "prompts": len(prompts),
+        "new_tokens": r.serve_check_new_tokens,
+        "target_calls": calls,
         "agrees": abs(ratio - 1) <= SERVE_CHECK_TOLERANCE,
-    }  # fmt: skip
+    }
     run.print(
         f"serve check: simulated tau {simulated:.3f} vs decoded tau {tau:.3f} (x{ratio:.3f}; greedy chain, K = {k}, "
         f"{len(prompts)} held-out prompts, {r.serve_check_new_tokens} new tokens, bonus token counted in both)"

@@ -30,12 +30,26 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.decoding.masks import additive
-from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
-from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
-from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
-from draftsmith.train.common import heldout_prompts, one_pass_evaluation, serve_check
+from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.train.common import (
+    aux_states_and_teacher,
+    collate_rows,
+    describe_top1,
+    draft_vocab_ids,
+    draft_vocab_map,
+    head_summary,
+    heldout_batches,
+    heldout_prompts,
+    mask_token,
+    one_pass_evaluation,
+    prepare_head,
+    save_head,
+    serve_check,
+    target_sizes,
+    to_device,
+    training_rows,
+)
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -223,10 +237,16 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
         head = DFlashHead.for_target(
-            target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id,
-            mask_token_source=mask_source, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
-            target_name_or_path=recipe.target, data_hash=data.data_hash,
-        ).to(device)  # fmt: skip
+            target,
+            num_layers=recipe.num_layers,
+            block_size=recipe.block_size,
+            mask_token_id=mask_id,
+            mask_token_source=mask_source,
+            aux_layer_ids=recipe.aux_layers,
+            vocab_map=vocab_map,
+            target_name_or_path=recipe.target,
+            data_hash=data.data_hash,
+        ).to(device)
     except DFlashError as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
@@ -269,13 +289,26 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         return one_pass_evaluation(batches, target_states, every, recipe.block_size - 1, recipe, "slot", "blocks")
 
     done = train_loop(
-        run, model, optimizer, scheduler, step, micro_step, desc="dflash", progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot"),
-    )  # fmt: skip
+        run,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        micro_step,
+        desc="dflash",
+        progress=progress,
+        evaluate=evaluate if heldout_rows else None,
+        describe=describe_top1("slot"),
+    )
     summary = head_summary(
-        done, head, vocab_map, block_size=recipe.block_size, num_layers=recipe.num_layers, mask_token_id=mask_id,
+        done,
+        head,
+        vocab_map,
+        block_size=recipe.block_size,
+        num_layers=recipe.num_layers,
+        mask_token_id=mask_id,
         mask_token_source=mask_source,
-    )  # fmt: skip
+    )
     save_head(run, model, head, save_dflash)
     K, prompts = recipe.block_size - 1, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
     summary["serve_check"] = serve_check(run, target, "dflash", run.out / "head", prompts, K, done.last_eval)

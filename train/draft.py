@@ -48,8 +48,16 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
-from draftsmith.train.common import answer_starts, check_trains_tokens, reading, split_rows, to_device
-from draftsmith.train.common import heldout_walks, serve_check, walk_taus
+from draftsmith.train.common import (
+    answer_starts,
+    check_trains_tokens,
+    heldout_walks,
+    reading,
+    serve_check,
+    split_rows,
+    to_device,
+    walk_taus,
+)
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -105,7 +113,9 @@ class DraftRecipe(RunRecipe):
         if self.data_mode == "fixed" and not self.fixed_data:
             raise ValueError("data_mode = fixed needs fixed_data (JSONL with text or prompt)")
         if self.temperature <= 0:
-            raise ValueError(f"temperature = {self.temperature} must be > 0 (match the serving temperature; 1 for greedy serving)")
+            raise ValueError(
+                f"temperature = {self.temperature} must be > 0 (match the serving temperature; 1 for greedy serving)"
+            )
         if not 0 <= self.beta <= 1 or not 0 <= self.tv_weight <= 1:
             raise ValueError("beta and tv_weight must be in [0, 1]")
         if self.teacher_topk < 0:
@@ -115,10 +125,14 @@ class DraftRecipe(RunRecipe):
             if self.loss == "ce":
                 raise ValueError(f"{key} is a teacher for a divergence; loss = ce reads only the data's tokens")
             if self.temperature != 1.0:
-                raise ValueError(f"{key}: a top-k teacher's tail is known at temperature 1 only, got temperature = {self.temperature}")
+                raise ValueError(
+                    f"{key}: a top-k teacher's tail is known at temperature 1 only, got temperature = {self.temperature}"
+                )
         if self.teacher_cache and (self.data_mode != "generated" or self.on_policy_fraction > 0):
-            raise ValueError("teacher_cache holds the target's logits on the `data` rows: it needs data_mode = generated "
-                             "and on_policy_fraction = 0 (on-policy rows are scored online)")
+            raise ValueError(
+                "teacher_cache holds the target's logits on the `data` rows: it needs data_mode = generated "
+                "and on_policy_fraction = 0 (on-policy rows are scored online)"
+            )
         for name in ("num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
@@ -140,7 +154,11 @@ class Rows:
 def generated_rows(data: DistillData) -> Rows:
     with reading(data):
         ds = data.dataset
-        ids, masks, prompt_lengths = [list(r) for r in ds["input_ids"]], [list(m) for m in ds["loss_mask"]], list(ds["prompt_length"])
+        ids, masks, prompt_lengths = (
+            [list(r) for r in ds["input_ids"]],
+            [list(m) for m in ds["loss_mask"]],
+            list(ds["prompt_length"]),
+        )
     return Rows(ids, masks, prompt_lengths, f"generated:{data.data_hash[:12]}")
 
 
@@ -150,7 +168,7 @@ def fixed_rows(path: str, tokenizer, max_length: int) -> Rows:
 
     source = load_source(path)
     if source.format != "prompt":
-        raise RecipeError(f"fixed_data {path!r} holds {source.format} conversations; give text rows ({{\"text\": ...}})")
+        raise RecipeError(f'fixed_data {path!r} holds {source.format} conversations; give text rows ({{"text": ...}})')
     ids, masks = [], []
     for record in source.records:
         tokens = tokenizer(record.prompt).input_ids
@@ -183,7 +201,10 @@ def on_policy_batch(draft, rows: Rows, index: list[int], recipe: DraftRecipe, pa
     then covers exactly the tokens the draft produced (what it will propose when serving)."""
     from transformers import GenerationConfig
 
-    prompts = [rows.ids[i][: max(1, min(rows.prompt_lengths[i], recipe.max_length - recipe.on_policy_new_tokens))] for i in index]
+    prompts = [
+        rows.ids[i][: max(1, min(rows.prompt_lengths[i], recipe.max_length - recipe.on_policy_new_tokens))]
+        for i in index
+    ]
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(ids)
@@ -191,9 +212,14 @@ def on_policy_batch(draft, rows: Rows, index: list[int], recipe: DraftRecipe, pa
         ids[r, width - len(p) :] = torch.tensor(p)
         attention[r, width - len(p) :] = 1
     config = GenerationConfig(
-        max_new_tokens=recipe.on_policy_new_tokens, do_sample=True, temperature=recipe.temperature, top_k=None, top_p=None,
-        eos_token_id=eos_ids or None, pad_token_id=pad_id,
-    )  # fmt: skip
+        max_new_tokens=recipe.on_policy_new_tokens,
+        do_sample=True,
+        temperature=recipe.temperature,
+        top_k=None,
+        top_p=None,
+        eos_token_id=eos_ids or None,
+        pad_token_id=pad_id,
+    )
     was_training = draft.training
     draft.eval()
     out = draft.generate(input_ids=ids.to(device), attention_mask=attention.to(device), generation_config=config).cpu()
@@ -204,8 +230,15 @@ def on_policy_batch(draft, rows: Rows, index: list[int], recipe: DraftRecipe, pa
         answer = new[r].tolist()
         stop = next((j for j, t in enumerate(answer) if t in set(eos_ids)), None)
         samples.append(p + answer[: stop + 1 if stop is not None else len(answer)])
-    batch_rows_ = Rows(samples, [[0] * len(p) + [1] * (len(s) - len(p)) for p, s in zip(prompts, samples)], [len(p) for p in prompts], "on-policy")
-    return collate(batch_rows_, list(range(len(samples))), recipe.max_length, pad_id) | {"generated_tokens": sum(len(s) - len(p) for p, s in zip(prompts, samples))}
+    batch_rows_ = Rows(
+        samples,
+        [[0] * len(p) + [1] * (len(s) - len(p)) for p, s in zip(prompts, samples)],
+        [len(p) for p in prompts],
+        "on-policy",
+    )
+    return collate(batch_rows_, list(range(len(samples))), recipe.max_length, pad_id) | {
+        "generated_tokens": sum(len(s) - len(p) for p, s in zip(prompts, samples))
+    }
 
 
 def is_on_policy_step(step: int, fraction: float) -> bool:
@@ -224,12 +257,27 @@ def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe, topk=Non
         return cross_entropy(draft_logits[:, :-1], batch["input_ids"][:, 1:], mask, chunk_size=recipe.chunk_size)
     if topk is not None:
         values, ids, tail = (t[:, :-1] for t in topk)
-        return topk_divergence(recipe.loss, draft_logits[:, :-1], values, ids, tail, mask, beta=recipe.beta,
-                               tv_weight=recipe.tv_weight, chunk_size=recipe.chunk_size)
+        return topk_divergence(
+            recipe.loss,
+            draft_logits[:, :-1],
+            values,
+            ids,
+            tail,
+            mask,
+            beta=recipe.beta,
+            tv_weight=recipe.tv_weight,
+            chunk_size=recipe.chunk_size,
+        )
     return divergence(
-        recipe.loss, draft_logits[:, :-1], target_logits[:, :-1], mask, temperature=recipe.temperature,
-        beta=recipe.beta, tv_weight=recipe.tv_weight, chunk_size=recipe.chunk_size,
-    )  # fmt: skip
+        recipe.loss,
+        draft_logits[:, :-1],
+        target_logits[:, :-1],
+        mask,
+        temperature=recipe.temperature,
+        beta=recipe.beta,
+        tv_weight=recipe.tv_weight,
+        chunk_size=recipe.chunk_size,
+    )
 
 
 def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[torch.Tensor]:
@@ -272,7 +320,8 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         "acceptance": sums["accept"] / n,  # mean sum(min(p, q)) at the recipe's temperature
         "acceptance_greedy": sums["greedy"] / n,
         # tokens per call along the decoder's walk (the bonus token counted), and the chain's mean over positions
-        **walk_taus(walks[""]), **walk_taus(walks["_greedy"], "tau_simulated_greedy"),
+        **walk_taus(walks[""]),
+        **walk_taus(walks["_greedy"], "tau_simulated_greedy"),
         "tau_simulated_mean": sums["tau"] / n if sums["n"] else 1.0,
         "tau_simulated_greedy_mean": sums["tau_greedy"] / n if sums["n"] else 1.0,
         "positions": sums["n"],
@@ -301,7 +350,9 @@ def open_teacher_cache(recipe: DraftRecipe, target, data: DistillData):
     cache.check(target_fingerprint=target_fingerprint(target), data_hash=data.data_hash)
     k = cache.require_topk()
     if recipe.teacher_topk and recipe.teacher_topk != k:
-        raise RecipeError(f"teacher_topk = {recipe.teacher_topk} but teacher_cache {recipe.teacher_cache!r} holds the top {k}")
+        raise RecipeError(
+            f"teacher_topk = {recipe.teacher_topk} but teacher_cache {recipe.teacher_cache!r} holds the top {k}"
+        )
     return cache
 
 
@@ -316,7 +367,9 @@ def build_draft(recipe: DraftRecipe, target, tokenizer, device):
     elif recipe.draft_init == "truncate":
         draft = draft_by_truncation(target, recipe.draft_layers)
     else:
-        draft = draft_from_config(target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, seed=recipe.seed)
+        draft = draft_from_config(
+            target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, seed=recipe.seed
+        )
     check_same_vocabulary(target, draft)
     return draft.to(device=device, dtype=torch.float32)  # master weights in fp32
 
@@ -363,10 +416,17 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         from peft import LoraConfig, get_peft_model
 
         try:
-            draft = get_peft_model(draft, LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.lora_target_modules)))
+            draft = get_peft_model(
+                draft,
+                LoraConfig(
+                    r=recipe.lora_r, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.lora_target_modules)
+                ),
+            )
         except ValueError as err:
             raise RecipeError(f"lora_target_modules {recipe.lora_target_modules}: {err}") from None
-    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in draft.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay
+    )
     model, optimizer, scheduler = run.prepare(draft, optimizer)
     draft = run.accelerator.unwrap_model(model)
     step = run.start()
@@ -418,10 +478,19 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
 
     started = step
     done = train_loop(
-        run, model, optimizer, scheduler, step, micro_step, desc=f"draft ({recipe.loss})", progress=progress,
-        evaluate=evaluate if heldout_index else None, describe=describe, last_eval=initial,
+        run,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        micro_step,
+        desc=f"draft ({recipe.loss})",
+        progress=progress,
+        evaluate=evaluate if heldout_index else None,
+        describe=describe,
+        last_eval=initial,
         fields=lambda step: {"on_policy": is_on_policy_step(step, recipe.on_policy_fraction)},
-    )  # fmt: skip
+    )
     on_policy_steps = sum(is_on_policy_step(s, recipe.on_policy_fraction) for s in range(started, done.step))
     if initial and done.last_eval:
         a, b = initial["acceptance"], done.last_eval["acceptance"]
@@ -431,8 +500,9 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         "steps": done.step,
         "loss": recipe.loss,
         "data": rows.origin,
-        "teacher": f"cache:{recipe.teacher_cache}" if cache is not None else
-                   (f"online top-{recipe.teacher_topk}" if recipe.teacher_topk else "online"),
+        "teacher": f"cache:{recipe.teacher_cache}"
+        if cache is not None
+        else (f"online top-{recipe.teacher_topk}" if recipe.teacher_topk else "online"),
         "initial": initial,
         "eval": done.last_eval,
         "train_tokens_per_second": done.tokens_per_second,

@@ -36,10 +36,24 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
-from draftsmith.train.common import aux_states_and_teacher, collate_rows, draft_vocab_map, heldout_batches
-from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, save_head
-from draftsmith.train.common import target_sizes, to_device, training_rows
-from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
+from draftsmith.train.common import (
+    aux_states_and_teacher,
+    collate_rows,
+    describe_top1,
+    draft_vocab_ids,
+    draft_vocab_map,
+    head_summary,
+    heldout_batches,
+    heldout_prompts,
+    heldout_walks,
+    prepare_head,
+    save_head,
+    serve_check,
+    target_sizes,
+    to_device,
+    training_rows,
+    walk_taus,
+)
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -74,7 +88,9 @@ class EagleRecipe(RunRecipe):
         if self.version == "eagle1" and (self.draft_vocab_size or self.vocab_map):
             raise ValueError("draft_vocab_size / vocab_map are eagle3 options (EAGLE-1 uses the target's lm_head)")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ValueError(f"draft_vocab_size = {self.draft_vocab_size} must be >= 1 (or unset for the full vocabulary)")
+            raise ValueError(
+                f"draft_vocab_size = {self.draft_vocab_size} must be >= 1 (or unset for the full vocabulary)"
+            )
         if self.version == "eagle1" and (self.fc_norm or self.norm_output):
             raise ValueError("fc_norm / norm_output are eagle3 options (EAGLE-3.1)")
         if self.loss not in DIVERGENCES:
@@ -150,13 +166,18 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
             out, logits = head(step_ids, hidden.to(head.dtype), position_ids=positions, cache=cache)
         else:
             out, logits = head(
-                shifted(step_ids, j), hidden, position_ids=positions + j, cache=cache,
+                shifted(step_ids, j),
+                hidden,
+                position_ids=positions + j,
+                cache=cache,
                 attention_mask=ttt_mask(n, j, ids.device, head.dtype),
-            )  # fmt: skip
+            )
         loss = divergence(recipe.loss, logits.float(), target_logits, label_mask)
         if recipe.version == "eagle1":
             feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
-            loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(out.float(), feats[:, 1:].float(), feature_mask)
+            loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(
+                out.float(), feats[:, 1:].float(), feature_mask
+            )
         losses.append(loss)
         with torch.no_grad():
             hit = (logits.argmax(-1) == target_logits.argmax(-1)) & label_mask
@@ -194,10 +215,15 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     vocab_map = draft_vocab_map(recipe, data, V) if recipe.version == "eagle3" else None
     try:
         head = EagleHead.for_target(
-            target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map,
-            target_name_or_path=recipe.target, data_hash=data.data_hash,
-            fc_norm=recipe.fc_norm, norm_output=recipe.norm_output,
-        ).to(device)  # fmt: skip
+            target,
+            recipe.version,
+            aux_layer_ids=recipe.aux_layers,
+            vocab_map=vocab_map,
+            target_name_or_path=recipe.target,
+            data_hash=data.data_hash,
+            fc_norm=recipe.fc_norm,
+            norm_output=recipe.norm_output,
+        ).to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
     aux = tuple(head.config.aux_layer_ids)
@@ -234,8 +260,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         walks = torch.zeros(2, 2, dtype=torch.float64)
         for start, batch in heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device):
             feats, teacher, in_vocab = target_states(batch)
-            _, hits, counts = eagle_losses(head, batch, feats, teacher, recipe, in_vocab, train=False,
-                                           steps=recipe.eval_depth)  # fmt: skip
+            _, hits, counts = eagle_losses(
+                head, batch, feats, teacher, recipe, in_vocab, train=False, steps=recipe.eval_depth
+            )
             sums = [(float(h.sum()), float(c.sum())) for h, c in zip(hits, counts)]
             hit_sums = sums if hit_sums is None else [(a + x, b + y) for (a, b), (x, y) in zip(hit_sums, sums)]
             # The decoder calls at every trained position of the answer, an out-of-vocabulary one too (a miss).
@@ -253,9 +280,17 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         }
 
     done = train_loop(
-        run, model, optimizer, scheduler, step, micro_step, desc=recipe.version, progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe_top1("step"),
-    )  # fmt: skip
+        run,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        micro_step,
+        desc=recipe.version,
+        progress=progress,
+        evaluate=evaluate if heldout_rows else None,
+        describe=describe_top1("step"),
+    )
     summary = head_summary(done, head, vocab_map, version=recipe.version)
     save_head(run, model, head, save_eagle)
     K, prompts = recipe.eval_depth, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau

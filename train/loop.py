@@ -50,9 +50,20 @@ def _mean(run, value):
 
 
 def train_loop(
-    run, model, optimizer, scheduler, step: int, micro_step, *, desc: str, progress: bool = True,
-    evaluate=None, describe=None, last_eval: dict | None = None, fields=None,
-) -> Trained:  # fmt: skip
+    run,
+    model,
+    optimizer,
+    scheduler,
+    step: int,
+    micro_step,
+    *,
+    desc: str,
+    progress: bool = True,
+    evaluate=None,
+    describe=None,
+    last_eval: dict | None = None,
+    fields=None,
+) -> Trained:
     """Optimizer steps from `step` to recipe.max_steps.
 
     micro_step(step, micro) -> (loss, batch, extras): the forward of one micro-batch (called

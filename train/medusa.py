@@ -38,9 +38,19 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
-from draftsmith.train.common import batch_rows, cached_states, collate_rows, open_hidden_cache, sync, to_device
-from draftsmith.train.common import training_rows
-from draftsmith.train.common import heldout_prompts, heldout_walks, serve_check, walk_taus
+from draftsmith.train.common import (
+    batch_rows,
+    cached_states,
+    collate_rows,
+    heldout_prompts,
+    heldout_walks,
+    open_hidden_cache,
+    serve_check,
+    sync,
+    to_device,
+    training_rows,
+    walk_taus,
+)
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -68,7 +78,9 @@ class MedusaRecipe(RunRecipe):
     lora_r: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.0
-    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # family-specific
+    lora_target_modules: list = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )  # family-specific
     medusa2_lambda: float = 0.2  # weight of the head losses against L_base once warmed up
     lambda_warmup_steps: int = 50  # heads start random-ish: keep them from pulling the backbone early
     head_lr_multiplier: float = 4.0  # heads learn from scratch, the backbone only adapts
@@ -115,7 +127,11 @@ def head_losses(heads, hidden, teacher_logits, batch, recipe: MedusaRecipe) -> l
         else:
             # The target's distribution for token t+2+k is its prediction at position t+1+k.
             teacher = teacher_logits[:, 1 + k : teacher_logits.shape[1] - 1]
-            losses.append(divergence(recipe.loss, student, teacher, mask, temperature=recipe.temperature, chunk_size=recipe.chunk_size))
+            losses.append(
+                divergence(
+                    recipe.loss, student, teacher, mask, temperature=recipe.temperature, chunk_size=recipe.chunk_size
+                )
+            )
     return losses
 
 
@@ -142,8 +158,12 @@ class MedusaObjective(torch.nn.Module):
 
     def backbone_forward(self, batch):
         with torch.no_grad(), self.backbone.disable_adapter():
-            original = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        out = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+            original = self.backbone(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits.float()
+        out = self.backbone(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+        )
         return original, out
 
     def forward(self, input_ids, attention_mask, loss_mask, hidden=None, teacher=None, lam: float = 0.0, shares=None):
@@ -238,15 +258,24 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
 
     heads = MedusaHeads.for_target(
-        target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head,
-        target_name_or_path=recipe.target, data_hash=data.data_hash,
-    ).to(device)  # fmt: skip
+        target,
+        recipe.num_heads,
+        recipe.num_layers,
+        recipe.share_lm_head,
+        target_name_or_path=recipe.target,
+        data_hash=data.data_hash,
+    ).to(device)
     backbone = None
     params = [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": recipe.lr}]
     if recipe.mode == "medusa2":
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout, target_modules=list(recipe.lora_target_modules))
+        lora = LoraConfig(
+            r=recipe.lora_r,
+            lora_alpha=recipe.lora_alpha,
+            lora_dropout=recipe.lora_dropout,
+            target_modules=list(recipe.lora_target_modules),
+        )
         try:
             backbone = get_peft_model(target, lora)
         except ValueError as err:
@@ -270,7 +299,9 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
             teacher = None if recipe.loss == "ce" else target.get_output_embeddings()(hidden.to(target.dtype)).float()
             return hidden, teacher
         with torch.no_grad():
-            out = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+            out = target(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+            )
         return out.hidden_states[-1].float(), (None if recipe.loss == "ce" else out.logits.float())
 
     def eval_states(batch):
@@ -288,7 +319,12 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     # training throughput below (Medusa-1 training costs a target forward plus the heads).
     forward_tokens, forward_seconds = 0, 0.0
     for micro in range(min(3, recipe.max_steps)):
-        batch = collate_rows(data, batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed), recipe.max_length, pad_id)
+        batch = collate_rows(
+            data,
+            batch_rows(train_rows, 0, micro % recipe.grad_accum, recipe.batch_size, recipe.grad_accum, recipe.seed),
+            recipe.max_length,
+            pad_id,
+        )
         ids, att = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         sync(device)
         t0 = time.perf_counter()
@@ -320,9 +356,17 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         return f"top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.3f}{drift}"
 
     done = train_loop(
-        run, model, optimizer, scheduler, step, micro_step, desc=f"medusa ({recipe.mode})", progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe,
-    )  # fmt: skip
+        run,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        micro_step,
+        desc=f"medusa ({recipe.mode})",
+        progress=progress,
+        evaluate=evaluate if heldout_rows else None,
+        describe=describe,
+    )
 
     summary = {
         "steps": done.step,

@@ -29,12 +29,26 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.distill.losses import DIVERGENCES, divergence
 from draftsmith.decoding.masks import additive
-from draftsmith.train.common import collate_rows, draft_vocab_map, heldout_batches, save_head
-from draftsmith.train.common import aux_states_and_teacher, mask_token, to_device, training_rows
-from draftsmith.train.common import describe_top1, draft_vocab_ids, head_summary, prepare_head, target_sizes
-from draftsmith.train.common import heldout_prompts, one_pass_evaluation, serve_check
+from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.train.common import (
+    aux_states_and_teacher,
+    collate_rows,
+    describe_top1,
+    draft_vocab_ids,
+    draft_vocab_map,
+    head_summary,
+    heldout_batches,
+    heldout_prompts,
+    mask_token,
+    one_pass_evaluation,
+    prepare_head,
+    save_head,
+    serve_check,
+    target_sizes,
+    to_device,
+    training_rows,
+)
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun, trainer_main
@@ -84,9 +98,16 @@ class PEagleRecipe(RunRecipe):
 
 
 # ---------------------------------------------------------------------- the packed chains
-def cod_sample(trained: torch.Tensor, num_depths: int, ratio: float, ratio_min: float, max_anchors: int | None,
-               generator=None, drop: bool = True, window: tuple[int, int] | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def cod_sample(
+    trained: torch.Tensor,
+    num_depths: int,
+    ratio: float,
+    ratio_min: float,
+    max_anchors: int | None,
+    generator=None,
+    drop: bool = True,
+    window: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(anchor [N], depth [N]) of one row of n pairs; `trained [n]` marks the pairs whose target is
     trained. Depth 0: every pair (the context). The seeds are the trained positions (at most
     `max_anchors`, drawn at random); depth d draws int((seeds - d) * max(ratio^d, ratio_min))
@@ -120,8 +141,19 @@ def cod_sample(trained: torch.Tensor, num_depths: int, ratio: float, ratio_min: 
 
 def pack_chains(trained: torch.Tensor, recipe: PEagleRecipe, generator=None, drop: bool = True, window=None):
     """(anchor, depth, real) [B, N]: each row's `cod_sample`, padded to the longest (real False)."""
-    rows = [cod_sample(trained[b], recipe.num_depths, recipe.down_sample_ratio, recipe.down_sample_ratio_min,
-                       recipe.max_anchors, generator, drop, window) for b in range(trained.shape[0])]  # fmt: skip
+    rows = [
+        cod_sample(
+            trained[b],
+            recipe.num_depths,
+            recipe.down_sample_ratio,
+            recipe.down_sample_ratio_min,
+            recipe.max_anchors,
+            generator,
+            drop,
+            window,
+        )
+        for b in range(trained.shape[0])
+    ]
     N = max(a.numel() for a, _ in rows)
     anchor = torch.zeros(len(rows), N, dtype=torch.long)
     depth = torch.zeros_like(anchor)
@@ -149,8 +181,9 @@ def pair_targets(batch) -> torch.Tensor:
     return torch.cat([trained, torch.zeros(trained.shape[0], 1, dtype=torch.bool, device=trained.device)], dim=1)
 
 
-def peagle_losses(head, batch, feats, teacher, recipe: PEagleRecipe, in_vocab, generator=None, drop: bool = True,
-                  window=None):  # fmt: skip
+def peagle_losses(
+    head, batch, feats, teacher, recipe: PEagleRecipe, in_vocab, generator=None, drop: bool = True, window=None
+):
     """(loss, hits [B, N], trained [B, N], anchor, depth) of one packed forward. `feats`: the aux
     states concatenated [B, T, n*H]; `teacher`: the target's logits on the head's vocabulary
     [B, T, Vd] and `in_vocab` [B, T] (None: the whole vocabulary), as `common.on_draft_vocab` makes
@@ -233,10 +266,17 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
         head = PEagleHead.for_target(
-            target, mask_token_id=mask_id, mask_token_source=mask_source, num_depths=recipe.num_depths,
-            aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map, target_name_or_path=recipe.target,
-            data_hash=data.data_hash, fc_norm=recipe.fc_norm, norm_output=recipe.norm_output,
-        ).to(device)  # fmt: skip
+            target,
+            mask_token_id=mask_id,
+            mask_token_source=mask_source,
+            num_depths=recipe.num_depths,
+            aux_layer_ids=recipe.aux_layers,
+            vocab_map=vocab_map,
+            target_name_or_path=recipe.target,
+            data_hash=data.data_hash,
+            fc_norm=recipe.fc_norm,
+            norm_output=recipe.norm_output,
+        ).to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
@@ -274,9 +314,17 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         return one_pass_evaluation(batches, target_states, every, recipe.num_depths, recipe, "depth", "chains")
 
     done = train_loop(
-        run, model, optimizer, scheduler, step, micro_step, desc="peagle", progress=progress,
-        evaluate=evaluate if heldout_rows else None, describe=describe_top1("depth"),
-    )  # fmt: skip
+        run,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        micro_step,
+        desc="peagle",
+        progress=progress,
+        evaluate=evaluate if heldout_rows else None,
+        describe=describe_top1("depth"),
+    )
     summary = head_summary(
         done, head, vocab_map, num_depths=recipe.num_depths, mask_token_id=mask_id, mask_token_source=mask_source
     )

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import yaml
 
-
 TRACKERS = ("wandb", "tensorboard")
 
 
@@ -65,19 +64,31 @@ class RunRecipe:
     hub_private: bool = False
     # where it runs
     trust_remote_code: bool = False  # run Python shipped with a hub model: only for models you trust
-    allow_target_mismatch: bool = False  # the data was made by another target: true only when `target` is a fine-tune of it
+    allow_target_mismatch: bool = (
+        False  # the data was made by another target: true only when `target` is a fine-tune of it
+    )
     seed: int = 0
     device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
     dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
-    target_sharding: str = "none"  # none (whole per process), device_map (one process, several GPUs), fsdp2 or zero3 (over processes)
+    target_sharding: str = (
+        "none"  # none (whole per process), device_map (one process, several GPUs), fsdp2 or zero3 (over processes)
+    )
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # nan <= 0 is False: a nan would pass every check below
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name} = {value} must be a finite number")
-        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every",
-                     "serve_check_new_tokens"):
+        for name in (
+            "max_steps",
+            "batch_size",
+            "grad_accum",
+            "max_length",
+            "eval_every",
+            "save_every",
+            "log_every",
+            "serve_check_new_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if self.lr <= 0:
@@ -106,11 +117,17 @@ class RunRecipe:
         from draftsmith.train.sharding import PARTITIONED, TARGET_SHARDINGS
 
         if self.target_sharding not in TARGET_SHARDINGS:
-            raise ValueError(f"target_sharding = {self.target_sharding!r}: expected one of {', '.join(TARGET_SHARDINGS)}")
+            raise ValueError(
+                f"target_sharding = {self.target_sharding!r}: expected one of {', '.join(TARGET_SHARDINGS)}"
+            )
         if self.target_sharding != "none" and getattr(self, "mode", None) == "medusa2":
-            raise ValueError(f"target_sharding = {self.target_sharding} needs a frozen target: medusa2 trains LoRA on it (use none)")
+            raise ValueError(
+                f"target_sharding = {self.target_sharding} needs a frozen target: medusa2 trains LoRA on it (use none)"
+            )
         if self.target_sharding in PARTITIONED and getattr(self, "draft_init", None) == "truncate":
-            raise ValueError(f"target_sharding = {self.target_sharding} partitions the layers draft_init = truncate copies: use device_map, or draft_init checkpoint/config")
+            raise ValueError(
+                f"target_sharding = {self.target_sharding} partitions the layers draft_init = truncate copies: use device_map, or draft_init checkpoint/config"
+            )
 
 
 def _expected_type(cls, name):
@@ -122,7 +139,9 @@ def _check_value(cls, name: str, value, where: str):
     """Light type check against the dataclass annotation (int/float/bool/str/list/None)."""
     hint = _expected_type(cls, name)
     origin = typing.get_origin(hint)
-    options = typing.get_args(hint) if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else (hint,)
+    options = (
+        typing.get_args(hint) if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else (hint,)
+    )
     for option in options:
         base = typing.get_origin(option) or option
         if option is type(None) and value is None:
@@ -187,7 +206,11 @@ def load_recipe(config_cls, path: str | Path | None, overrides: list[str] | dict
     try:
         return config_cls(**checked)
     except TypeError as err:  # a required key is missing
-        required = [f.name for f in dataclasses.fields(config_cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        required = [
+            f.name
+            for f in dataclasses.fields(config_cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         missing = [name for name in required if name not in checked]
         raise RecipeError(f"{where}: missing required key(s) {', '.join(missing)} ({err})") from None
     except ValueError as err:  # checks name the key first ("lr = nan must ..."): say where it was set
@@ -210,15 +233,31 @@ def run_info(recipe) -> dict:
     from importlib import metadata
 
     versions = {}
-    for package in ("draftsmith", "torch", "transformers", "accelerate", "peft", "datasets", "safetensors", "tokenizers"):
+    for package in (
+        "draftsmith",
+        "torch",
+        "transformers",
+        "accelerate",
+        "peft",
+        "datasets",
+        "safetensors",
+        "tokenizers",
+    ):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
     try:
-        revision = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5
-        ).stdout.strip() or None
+        revision = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=Path(__file__).resolve().parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         revision = None
     return {

@@ -34,17 +34,38 @@ import torch
 from draftsmith.distill.data import write_json_atomic
 from draftsmith.train.common import batch_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
-from draftsmith.train.run_folder import check_out_writable, checkpoints, drop_metrics_after, latest_checkpoint
-from draftsmith.train.run_folder import refuse_earlier_run
+from draftsmith.train.run_folder import (
+    check_out_writable,
+    checkpoints,
+    drop_metrics_after,
+    latest_checkpoint,
+    refuse_earlier_run,
+)
 
 # Keys that steer the run, not what it computes: they may change when a run is resumed.
 # Every other key must match the checkpoint's recipe (a resumed run that silently trained on
 # other data or with another schedule would be neither run).
 RUN_CONTROL_KEYS = frozenset(
-    {"out", "resume", "init_from", "save_every", "keep_checkpoints", "log_every", "eval_every", "report_to",
-     "tracker_project", "push_to_hub", "hub_repo_id", "hub_private", "device", "allow_target_mismatch",
-     "target_sharding", "serve_check_prompts", "serve_check_new_tokens"}
-)  # fmt: skip
+    {
+        "out",
+        "resume",
+        "init_from",
+        "save_every",
+        "keep_checkpoints",
+        "log_every",
+        "eval_every",
+        "report_to",
+        "tracker_project",
+        "push_to_hub",
+        "hub_repo_id",
+        "hub_private",
+        "device",
+        "allow_target_mismatch",
+        "target_sharding",
+        "serve_check_prompts",
+        "serve_check_new_tokens",
+    }
+)
 
 
 class TrainingError(RuntimeError):
@@ -79,7 +100,9 @@ def save_checkpoint(accelerator, out: Path, step: int, recipe: dict, keep: int =
 def read_checkpoint(path: Path) -> dict:
     state_file = Path(path) / "trainer_state.json"
     if not state_file.is_file():
-        raise RecipeError(f"resume: {str(path)!r} is not a complete checkpoint (no trainer_state.json); complete ones: step-* folders under OUT/checkpoints")
+        raise RecipeError(
+            f"resume: {str(path)!r} is not a complete checkpoint (no trainer_state.json); complete ones: step-* folders under OUT/checkpoints"
+        )
     try:
         return json.loads(state_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -217,12 +240,16 @@ class TrainingRun:
             elif r.target_sharding == "device_map":
                 target = sharding.load_device_map(r, dtype, self._device_map, self._head_device)
             else:
-                target = load_causal_lm(r.target, device=self.device, dtype=dtype, role="target", trust_remote_code=r.trust_remote_code)
+                target = load_causal_lm(
+                    r.target, device=self.device, dtype=dtype, role="target", trust_remote_code=r.trust_remote_code
+                )
         except sharding.ShardingError as err:
             raise RecipeError(str(err)) from None
         self.target_bytes_held = sharding.held_bytes(target)
         if r.target_sharding != "none":
-            self.print(f"target: {sharding.gib(self.target_bytes_held)} of its {sharding.gib(self.memory_estimate.target_bytes)} held by each process")
+            self.print(
+                f"target: {sharding.gib(self.target_bytes_held)} of its {sharding.gib(self.memory_estimate.target_bytes)} held by each process"
+            )
         return target.requires_grad_(False)
 
     def load_target_and_data(self):
@@ -243,9 +270,12 @@ class TrainingRun:
         recorded = TargetRecord.of_description(data.provenance.get("target"))
         try:
             note = check_target_provenance(
-                f"data {str(data.dir)!r}", recorded, target, allow_mismatch=self.recipe.allow_target_mismatch,
+                f"data {str(data.dir)!r}",
+                recorded,
+                target,
+                allow_mismatch=self.recipe.allow_target_mismatch,
                 flag="set allow_target_mismatch=true",
-            )  # fmt: skip
+            )
         except ProvenanceError as err:
             raise RecipeError(str(err)) from None
         if note:
@@ -292,9 +322,15 @@ class TrainingRun:
         for key, value in wanted.items():
             have = config.get(key, "auto")
             if have != "auto" and have != value and not (key == "gradient_clipping" and float(have) == value):
-                recipe_key = {"train_micro_batch_size_per_gpu": "batch_size", "gradient_accumulation_steps": "grad_accum",
-                              "train_batch_size": "batch_size x grad_accum x processes", "gradient_clipping": "grad_clip"}[key]  # fmt: skip
-                raise RecipeError(f"{where}: {key} = {have} contradicts the recipe ({recipe_key} gives {value}); set it to \"auto\" or {value}")
+                recipe_key = {
+                    "train_micro_batch_size_per_gpu": "batch_size",
+                    "gradient_accumulation_steps": "grad_accum",
+                    "train_batch_size": "batch_size x grad_accum x processes",
+                    "gradient_clipping": "grad_clip",
+                }[key]
+                raise RecipeError(
+                    f'{where}: {key} = {have} contradicts the recipe ({recipe_key} gives {value}); set it to "auto" or {value}'
+                )
             config[key] = value
 
     def prepare(self, model, optimizer):
@@ -314,7 +350,10 @@ class TrainingRun:
     def gathered(self, model):
         """A context in which the trainable model's parameters are whole on every process (they
         are partitioned under DeepSpeed ZeRO-3): evaluation and saving run inside it."""
-        if self.accelerator.state.deepspeed_plugin is not None and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+        if (
+            self.accelerator.state.deepspeed_plugin is not None
+            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        ):
             import deepspeed
 
             return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
@@ -333,7 +372,9 @@ class TrainingRun:
         if r.resume:
             step = self._resume(current)
         elif latest_checkpoint(self.out) is not None:
-            raise RecipeError(f"{self.out} already holds checkpoints: pass resume=true (or --resume) to continue, or choose another out")
+            raise RecipeError(
+                f"{self.out} already holds checkpoints: pass resume=true (or --resume) to continue, or choose another out"
+            )
         elif r.init_from:
             self._warm_start(Path(r.init_from).expanduser())
         if step == 0:
@@ -350,9 +391,10 @@ class TrainingRun:
         if r.report_to:
             acc.init_trackers(
                 r.tracker_project,
-                config=_scalars({k: v for k, v in current.items() if isinstance(v, (int, float, str, bool)) and v is not None}) | {
-                    k: str(v) for k, v in current.items() if isinstance(v, (str, bool)) or v is None
-                },
+                config=_scalars(
+                    {k: v for k, v in current.items() if isinstance(v, (int, float, str, bool)) and v is not None}
+                )
+                | {k: str(v) for k, v in current.items() if isinstance(v, (str, bool)) or v is None},
                 init_kwargs={"wandb": {"dir": str(self.out), "name": f"{self.method}-{self.out.name}"}},
             )
         acc.wait_for_everyone()
@@ -374,7 +416,9 @@ class TrainingRun:
                 continue
             differ = recipe_differences(state["recipe"], current)
             if differ:
-                raise RecipeError(f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)")
+                raise RecipeError(
+                    f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)"
+                )
             try:
                 acc.load_state(str(ckpt))
             except Exception:
@@ -384,14 +428,20 @@ class TrainingRun:
                 if given:
                     older = [c for c in checkpoints(ckpt.parent.parent) if c.name < ckpt.name]  # OUT/checkpoints/step-N
                     hint = f"resume from {older[-1]}, the one before it" if older else "start a new run"
-                    raise RecipeError(f"resume: checkpoint {ckpt} cannot be read: {bad} is truncated or corrupt; {hint}") from None
+                    raise RecipeError(
+                        f"resume: checkpoint {ckpt} cannot be read: {bad} is truncated or corrupt; {hint}"
+                    ) from None
                 skipped.append(bad)
                 continue
             if skipped:
-                self.print(f"resume: skipped {len(skipped)} unreadable checkpoint(s) ({'; '.join(skipped)}); took {ckpt}, the newest good one")
+                self.print(
+                    f"resume: skipped {len(skipped)} unreadable checkpoint(s) ({'; '.join(skipped)}); took {ckpt}, the newest good one"
+                )
             self.print(f"resumed from {ckpt} (step {int(state['step'])})")
             return int(state["step"])
-        raise RecipeError(f"resume: no checkpoint of {self.out} reads back whole ({'; '.join(skipped)}); start a new run in another out")
+        raise RecipeError(
+            f"resume: no checkpoint of {self.out} reads back whole ({'; '.join(skipped)}); start a new run in another out"
+        )
 
     @staticmethod
     def _readable_state(ckpt: Path, skipped: list) -> dict | None:
@@ -409,7 +459,9 @@ class TrainingRun:
                 raise RecipeError(f"init_from {str(source)!r}: the run holds no complete checkpoint")
             source = latest
         if not source.is_dir():
-            raise RecipeError(f"init_from {str(source)!r} is not a folder (expected a checkpoint folder or a run folder)")
+            raise RecipeError(
+                f"init_from {str(source)!r} is not a folder (expected a checkpoint folder or a run folder)"
+            )
         weights = _model_weights(source)
         if weights.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -435,8 +487,14 @@ class TrainingRun:
         mean = float(self.accelerator.reduce(t.to(self.device), reduction="mean"))
         if not math.isfinite(mean):
             good = latest_checkpoint(self.out)
-            where = f"the last good checkpoint is {good} (resume=true continues from it)" if good else "no checkpoint was written yet"
-            raise TrainingError(f"{self.method}: the loss became {mean} at step {self.step}; training stopped, {where}. Lower lr, check grad_clip and the data.")
+            where = (
+                f"the last good checkpoint is {good} (resume=true continues from it)"
+                if good
+                else "no checkpoint was written yet"
+            )
+            raise TrainingError(
+                f"{self.method}: the loss became {mean} at step {self.step}; training stopped, {where}. Lower lr, check grad_clip and the data."
+            )
         return mean
 
     def token_shares(self, counts) -> list[float]:
@@ -476,7 +534,9 @@ class TrainingRun:
 
     def checkpoint(self, step: int) -> None:
         if step % self.recipe.save_every == 0 and step < self.recipe.max_steps:
-            save_checkpoint(self.accelerator, self.out, step, recipe_dict(self.recipe), keep=self.recipe.keep_checkpoints)
+            save_checkpoint(
+                self.accelerator, self.out, step, recipe_dict(self.recipe), keep=self.recipe.keep_checkpoints
+            )
 
     def progress(self, step: int, desc: str, enabled: bool = True):
         """A progress bar on the main process only (None elsewhere)."""
@@ -492,8 +552,12 @@ class TrainingRun:
         """OUT/training_summary.json written (the summary plus where the run ran), every process
         done, trackers closed, the result pushed when the recipe asks. Returns the summary."""
         acc = self.accelerator
-        where = {"device": str(self.device), "processes": acc.num_processes, "distributed": str(acc.distributed_type),
-                 "target_sharding": self.recipe.target_sharding}  # fmt: skip
+        where = {
+            "device": str(self.device),
+            "processes": acc.num_processes,
+            "distributed": str(acc.distributed_type),
+            "target_sharding": self.recipe.target_sharding,
+        }
         if self.memory_estimate is not None:
             where["memory_estimate"] = dataclasses.asdict(self.memory_estimate) | {"total": self.memory_estimate.total}
             where["target_bytes_held"] = self.target_bytes_held  # by the main process
@@ -523,12 +587,35 @@ def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--recipe", help=f"recipe YAML ({recipe_hint})")
-    parser.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT", help="continue the run in `out` from its latest checkpoint, or from the checkpoint folder given")
-    parser.add_argument("--init-from", metavar="PATH", help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        metavar="CHECKPOINT",
+        help="continue the run in `out` from its latest checkpoint, or from the checkpoint folder given",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)",
+    )
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--estimate-memory", action="store_true", help="print the memory per process the recipe needs (from the target's config, nothing loaded) and exit")
-    parser.add_argument("--shards", type=int, help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map) the target is spread over")
-    parser.add_argument("--device-memory", type=float, metavar="GIB", help="with --estimate-memory: a device's memory, to say how many of them fit")
+    parser.add_argument(
+        "--estimate-memory",
+        action="store_true",
+        help="print the memory per process the recipe needs (from the target's config, nothing loaded) and exit",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map) the target is spread over",
+    )
+    parser.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GIB",
+        help="with --estimate-memory: a device's memory, to say how many of them fit",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
     args = parser.parse_args(argv)
     if (args.shards is not None or args.device_memory is not None) and not args.estimate_memory:

@@ -99,8 +99,10 @@ class MemoryEstimate:
         gathered = f" + one gathered layer {gib(self.gathered_layer)}" if self.gathered_layer else ""
         head = "head not counted"
         if self.trainable_params is not None:
-            head = (f"head {gib(self.head_bytes)} ({self.trainable_params / 1e6:.1f}M trained x 16 B, "
-                    f"{self.frozen_head_params / 1e6:.1f}M frozen x 4 B)")  # fmt: skip
+            head = (
+                f"head {gib(self.head_bytes)} ({self.trainable_params / 1e6:.1f}M trained x 16 B, "
+                f"{self.frozen_head_params / 1e6:.1f}M frozen x 4 B)"
+            )
         return (
             f"memory per process (estimate, target_sharding={self.sharding}): target {share} ({self.dtype}){gathered}"
             f" + {head} + activations {gib(self.activations)} = {gib(self.total)}"
@@ -248,10 +250,17 @@ def estimate_memory(recipe, method: str, shards: int | None = None, target=None)
         shards = launched.get(recipe.target_sharding, 1)
     trainable, frozen = head_parameters(method, recipe, target)
     return MemoryEstimate(
-        recipe.target_sharding, shards, str(dtype).removeprefix("torch."), total,
-        total - sum(parameter_bytes(m) for m in layers), parameter_bytes(layers[0]) if layers else 0, len(layers),
-        trainable, frozen, activation_bytes(recipe, tc, torch.finfo(dtype).bits // 8),
-    )  # fmt: skip
+        recipe.target_sharding,
+        shards,
+        str(dtype).removeprefix("torch."),
+        total,
+        total - sum(parameter_bytes(m) for m in layers),
+        parameter_bytes(layers[0]) if layers else 0,
+        len(layers),
+        trainable,
+        frozen,
+        activation_bytes(recipe, tc, torch.finfo(dtype).bits // 8),
+    )
 
 
 def available_bytes(device: torch.device) -> tuple[int, str]:
@@ -360,9 +369,13 @@ def load_device_map(recipe, dtype: torch.dtype, device_map: dict, head_device: t
     from draftsmith.heads.models import load_causal_lm
 
     model = load_causal_lm(
-        recipe.target, device=None, dtype=dtype, role="target", trust_remote_code=recipe.trust_remote_code,
+        recipe.target,
+        device=None,
+        dtype=dtype,
+        role="target",
+        trust_remote_code=recipe.trust_remote_code,
         device_map=device_map,
-    )  # fmt: skip
+    )
     model.register_forward_hook(_outputs_to(head_device))
     return model
 
@@ -484,8 +497,12 @@ def _zero3_partitioner(dtype: torch.dtype):
     except ImportError:
         raise ShardingError('target_sharding = zero3 needs DeepSpeed: pip install -e ".[deepspeed]"') from None
     # Stage 3 without an optimizer: only the parameter partitioning is used (no engine, no batch sizes).
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
-              "bf16": {"enabled": dtype == torch.bfloat16}, "fp16": {"enabled": dtype == torch.float16}}  # fmt: skip
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3},
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+    }
 
     def partition(layer) -> None:
         deepspeed.zero.Init(module=layer, config_dict_or_path=config, dtype=dtype)

@@ -91,9 +91,13 @@ class Answered:
 
 def _request(client: EndpointClient, prompt, settings: LoadSettings, seed: int, max_tokens: int) -> Answered:
     body = {
-        "prompt": prompt, "max_tokens": max_tokens, "temperature": settings.temperature, "seed": seed,
-        "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": settings.temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if settings.ignore_eos:
         body["ignore_eos"] = True
     sent = time.perf_counter()
@@ -124,11 +128,16 @@ class Level:
         span = max(r.finish_s for r in a) - min(r.sent_s for r in a)
         tokens = sum(r.output_tokens for r in a)
         out = {
-            "concurrency": self.concurrency, "requests": len(a), "errors": len(self.errors),
-            "stopped_by": self.stopped_by, "output_tokens": tokens, "seconds": span,
-            "tokens_per_s": tokens / span, "requests_per_s": len(a) / span,
+            "concurrency": self.concurrency,
+            "requests": len(a),
+            "errors": len(self.errors),
+            "stopped_by": self.stopped_by,
+            "output_tokens": tokens,
+            "seconds": span,
+            "tokens_per_s": tokens / span,
+            "requests_per_s": len(a) / span,
             "tokens_from": sorted({r.tokens_from for r in a}),
-        }  # fmt: skip
+        }
         _add_percentiles(out, [r.finish_s - r.sent_s for r in a], [r.first_token_s - r.sent_s for r in a], percentiles)
         return out
 
@@ -139,8 +148,9 @@ def _add_percentiles(out: dict, latencies, ttfts, extra: Sequence[float]) -> Non
     out.update({f"ttft_s_p{q:g}": percentile(ttfts, q) for q in qs})
 
 
-def measure_level(client: EndpointClient, prompts: Sequence, concurrency: int, settings: LoadSettings,
-                  offset: int = 0) -> Level:  # fmt: skip
+def measure_level(
+    client: EndpointClient, prompts: Sequence, concurrency: int, settings: LoadSettings, offset: int = 0
+) -> Level:
     """`concurrency` closed-loop clients (module docstring) over the prompts, from prompt `offset` on."""
     level, lock = Level(concurrency), threading.Lock()
     wanted = max(settings.requests, concurrency)
@@ -188,8 +198,10 @@ def run_load(client: EndpointClient, prompts: Sequence, settings: LoadSettings, 
         rows.append(level.summary([settings.percentile]))
         if progress:
             r = rows[-1]
-            print(f"concurrency {c}: {r['requests']} answers, {r['tokens_per_s']:.4g} tokens/s, "
-                  f"latency p50 {r['latency_s_p50']:.3g} s")  # fmt: skip
+            print(
+                f"concurrency {c}: {r['requests']} answers, {r['tokens_per_s']:.4g} tokens/s, "
+                f"latency p50 {r['latency_s_p50']:.3g} s"
+            )
     return rows
 
 
@@ -199,18 +211,32 @@ def capacity_at_target(rows: Sequence[Mapping], latency_target_s: float, q: floa
     ok = [r for r in rows if r[key] <= latency_target_s]
     if not ok:
         first = rows[0]
-        return {"concurrency": None, "requests_per_s": None, "tokens_per_s": None, "reason": (
-            f"{method}: unreachable: even at concurrency {first['concurrency']} the {p} latency is "
-            f"{first[key]:.4g} s, above the {latency_target_s:.4g} s target")}  # fmt: skip
+        return {
+            "concurrency": None,
+            "requests_per_s": None,
+            "tokens_per_s": None,
+            "reason": (
+                f"{method}: unreachable: even at concurrency {first['concurrency']} the {p} latency is "
+                f"{first[key]:.4g} s, above the {latency_target_s:.4g} s target"
+            ),
+        }
     best = max(ok, key=lambda r: r["requests_per_s"])
     higher = [r for r in rows if r["concurrency"] > best["concurrency"] and r[key] > latency_target_s]
-    limit = (f"; at concurrency {higher[0]['concurrency']} the {p} latency is {higher[0][key]:.4g} s" if higher
-             else "; every measured level meets it")  # fmt: skip
-    reason = (f"{method}: sustains {best['requests_per_s']:.3g} req/s ({best['tokens_per_s']:.4g} tokens/s) at "
-              f"concurrency {best['concurrency']} with {p} latency {best[key]:.4g} s <= {latency_target_s:.4g} s"
-              + limit)  # fmt: skip
-    return {"concurrency": best["concurrency"], "requests_per_s": best["requests_per_s"],
-            "tokens_per_s": best["tokens_per_s"], "reason": reason}  # fmt: skip
+    limit = (
+        f"; at concurrency {higher[0]['concurrency']} the {p} latency is {higher[0][key]:.4g} s"
+        if higher
+        else "; every measured level meets it"
+    )
+    reason = (
+        f"{method}: sustains {best['requests_per_s']:.3g} req/s ({best['tokens_per_s']:.4g} tokens/s) at "
+        f"concurrency {best['concurrency']} with {p} latency {best[key]:.4g} s <= {latency_target_s:.4g} s" + limit
+    )
+    return {
+        "concurrency": best["concurrency"],
+        "requests_per_s": best["requests_per_s"],
+        "tokens_per_s": best["tokens_per_s"],
+        "reason": reason,
+    }
 
 
 # ---------------------------------------------------------------------- the simulated closed loop
@@ -225,24 +251,38 @@ def simulated_closed_loop(
         if not e.get("batched"):
             continue
         profile = StepProfile(
-            name, {int(r): t for r, t in e["step_seconds"].items()},
+            name,
+            {int(r): t for r, t in e["step_seconds"].items()},
             {int(n): p for n, p in e["tokens_per_step"].items()},
             prefill_seconds_per_token=e["prefill_seconds_per_token"],
             prefill_seconds_per_request=e["prefill_seconds_per_request"],
-        )  # fmt: skip
+        )
         rows = []
         for c in levels:
             n = max(requests, c)
-            queued = [Request(0.0, prompt_lengths[i % len(prompt_lengths)], output_lengths[i % len(output_lengths)])
-                      for i in range(n)]  # fmt: skip
+            queued = [
+                Request(0.0, prompt_lengths[i % len(prompt_lengths)], output_lengths[i % len(output_lengths)])
+                for i in range(n)
+            ]
             run = simulate(profile, queued, c)
             served = run.requests
             span = max(r.finish_s for r in served)
             tokens = run.output_tokens
-            row = {"concurrency": c, "requests": n, "errors": 0, "output_tokens": tokens, "seconds": span,
-                   "tokens_per_s": tokens / span, "requests_per_s": n / span}  # fmt: skip
-            _add_percentiles(row, [r.finish_s - r.admitted_s for r in served],
-                             [r.first_token_s - r.admitted_s for r in served], percentiles)  # fmt: skip
+            row = {
+                "concurrency": c,
+                "requests": n,
+                "errors": 0,
+                "output_tokens": tokens,
+                "seconds": span,
+                "tokens_per_s": tokens / span,
+                "requests_per_s": n / span,
+            }
+            _add_percentiles(
+                row,
+                [r.finish_s - r.admitted_s for r in served],
+                [r.first_token_s - r.admitted_s for r in served],
+                percentiles,
+            )
             rows.append(row)
         out[name] = rows
     return out
@@ -259,8 +299,10 @@ def read_serving(path) -> dict:
         raise SpecError(f"--compare-serving {str(path)!r}: not a readable serving.json ({err})") from None
     for key in ("methods", "prompt_lengths", "output_lengths"):
         if not isinstance(serving, dict) or key not in serving:
-            raise SpecError(f"--compare-serving {str(path)!r} has no {key!r}: expected the serving.json of "
-                             "`draftsmith eval --batch-sizes`")  # fmt: skip
+            raise SpecError(
+                f"--compare-serving {str(path)!r} has no {key!r}: expected the serving.json of "
+                "`draftsmith eval --batch-sizes`"
+            )
     return serving
 
 
@@ -282,10 +324,15 @@ def read_counters(client: EndpointClient):
         return None, "; ".join(notes)
     total = found[0]
     for c in found[1:]:
-        total = type(c)(total.drafts + c.drafts, total.draft_tokens + c.draft_tokens,
-                        total.accepted_tokens + c.accepted_tokens,
-                        {k: total.accepted_per_position.get(k, 0.0) + c.accepted_per_position.get(k, 0.0)
-                         for k in set(total.accepted_per_position) | set(c.accepted_per_position)})  # fmt: skip
+        total = type(c)(
+            total.drafts + c.drafts,
+            total.draft_tokens + c.draft_tokens,
+            total.accepted_tokens + c.accepted_tokens,
+            {
+                k: total.accepted_per_position.get(k, 0.0) + c.accepted_per_position.get(k, 0.0)
+                for k in set(total.accepted_per_position) | set(c.accepted_per_position)
+            },
+        )
     return total, "; ".join(notes)
 
 
@@ -296,13 +343,21 @@ def acceptance_rows(served: Mapping | None, report: Mapping | None, model: str) 
 
     rows = []
     if served:
-        row = {"source": f"served: {model} (/metrics)", "tau": served["mean_acceptance_length"],
-               "acc. rate": served["acceptance_rate"], "drafts": served["drafts"]}  # fmt: skip
+        row = {
+            "source": f"served: {model} (/metrics)",
+            "tau": served["mean_acceptance_length"],
+            "acc. rate": served["acceptance_rate"],
+            "drafts": served["drafts"],
+        }
         rows.append(row | {f"alpha_{i + 1}": a for i, a in enumerate(served["alpha_per_position"])})
     for r in (report or {}).get("methods", []):
         if r.get("alpha_per_position"):
-            row = {"source": f"draftsmith: {method_name(r)} (batch 1)", "tau": r["tau"],
-                   "acc. rate": r.get("acceptance_rate"), "drafts": r.get("target_calls")}  # fmt: skip
+            row = {
+                "source": f"draftsmith: {method_name(r)} (batch 1)",
+                "tau": r["tau"],
+                "acc. rate": r.get("acceptance_rate"),
+                "drafts": r.get("target_calls"),
+            }
             rows.append(row | {f"alpha_{i + 1}": a for i, a in enumerate(r["alpha_per_position"])})
     return rows
 
@@ -312,12 +367,21 @@ def load_table(name: str, rows: Sequence[Mapping]) -> list[dict]:
     """Rows in the columns of the sweep's tables (method, tokens/s, req/s, latency p50 s, p90 s,
     p99 s, TTFT p50 s), the batch size replaced by the concurrency level."""
     return [
-        {"method": name, "concurrency": r["concurrency"], "requests": r["requests"], "tokens/s": r["tokens_per_s"],
-         "req/s": r["requests_per_s"], "latency p50 s": r["latency_s_p50"], "p90 s": r["latency_s_p90"],
-         "p99 s": r["latency_s_p99"], "TTFT p50 s": r["ttft_s_p50"], "TTFT p90 s": r["ttft_s_p90"],
-         "errors": r["errors"]}
+        {
+            "method": name,
+            "concurrency": r["concurrency"],
+            "requests": r["requests"],
+            "tokens/s": r["tokens_per_s"],
+            "req/s": r["requests_per_s"],
+            "latency p50 s": r["latency_s_p50"],
+            "p90 s": r["latency_s_p90"],
+            "p99 s": r["latency_s_p99"],
+            "TTFT p50 s": r["ttft_s_p50"],
+            "TTFT p90 s": r["ttft_s_p90"],
+            "errors": r["errors"],
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def sections(engine: Mapping, report: Mapping | None = None):
@@ -366,8 +430,9 @@ def write_engine(engine: dict, out_dir, report: Mapping | None = None) -> list[P
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "engine.json"
-    md, page = write_serving_report(out_dir, *sections(engine, report), title="draftsmith serving engine load test",
-                                    name="engine")  # fmt: skip
+    md, page = write_serving_report(
+        out_dir, *sections(engine, report), title="draftsmith serving engine load test", name="engine"
+    )
     write_atomic(json_path, json.dumps(engine, indent=2, allow_nan=True) + "\n")
     return [json_path, md, page]
 
@@ -405,13 +470,17 @@ def run_engine(job: EngineJob) -> dict:
         # The exact tokens where the server takes ids (vLLM, SGLang), else their text.
         takes_ids = client.accepts("/v1/completions", {"prompt": ids[0], "max_tokens": 1}) is not None
         if not takes_ids and tokenizer is None:
-            raise EndpointError(f"endpoint {client.settings.urls[0]} takes text prompts only, and --target "
-                                f"{job.target} has no tokenizer to write them")  # fmt: skip
+            raise EndpointError(
+                f"endpoint {client.settings.urls[0]} takes text prompts only, and --target "
+                f"{job.target} has no tokenizer to write them"
+            )
         prompts = ids if takes_ids else [tokenizer.decode(p, skip_special_tokens=True) for p in ids]
         probe = {"prompt": prompts[0], "max_tokens": 1, "ignore_eos": True}
         if job.load.ignore_eos and client.accepts("/v1/completions", probe) is None:
-            raise EndpointError(f"endpoint {client.settings.urls[0]} refuses `ignore_eos` (--ignore-eos): its answers "
-                                "end where the model stops; drop --ignore-eos")  # fmt: skip
+            raise EndpointError(
+                f"endpoint {client.settings.urls[0]} refuses `ignore_eos` (--ignore-eos): its answers "
+                "end where the model stops; drop --ignore-eos"
+            )
         report = run_eval(job.local) if job.local is not None else None
         before, note = read_counters(client)
         levels = run_load(client, prompts, job.load, job.progress)
@@ -420,11 +489,14 @@ def run_engine(job: EngineJob) -> dict:
         client.close()
     s = job.load
     engine = {
-        "endpoints": list(job.endpoint.urls), "served_model": client.model, "settings": asdict(s),
-        "prompts_file": str(job.prompts), "num_prompts": len(prompts),
+        "endpoints": list(job.endpoint.urls),
+        "served_model": client.model,
+        "settings": asdict(s),
+        "prompts_file": str(job.prompts),
+        "num_prompts": len(prompts),
         "prompts_sent_as": "ids" if takes_ids else "text",
         "levels": levels,
-    }  # fmt: skip
+    }
     method = f"served: {client.model}"
     if s.latency_target_s is not None:
         engine["capacity"] = capacity_at_target(levels, s.latency_target_s, s.percentile, method)
@@ -440,11 +512,15 @@ def run_engine(job: EngineJob) -> dict:
         spec = {"served": None, "note": f"The server exposes no speculative-decoding counters ({note}): load only."}
     else:
         served = served_acceptance(after - before)
-        spec = {"served": served, "note": (
-            f"Served: vLLM's counters over the load test ({served['drafts']:.0f} drafts, all the server's traffic in "
-            f"that window): tau = 1 + accepted / drafts = {served['mean_acceptance_length']:.3g}, alpha_i = accepted "
-            "at position i / accepted at position i - 1. draftsmith rows: its own batch-1 decode of the head on the "
-            "same prompts (at its K, which may differ from the server's).")}  # fmt: skip
+        spec = {
+            "served": served,
+            "note": (
+                f"Served: vLLM's counters over the load test ({served['drafts']:.0f} drafts, all the server's traffic in "
+                f"that window): tau = 1 + accepted / drafts = {served['mean_acceptance_length']:.3g}, alpha_i = accepted "
+                "at position i / accepted at position i - 1. draftsmith rows: its own batch-1 decode of the head on the "
+                "same prompts (at its K, which may differ from the server's)."
+            ),
+        }
     engine["speculation"] = spec
     paths = write_engine(engine, job.out, report)
     print()

@@ -115,9 +115,17 @@ def sustainable_load(
 
     def result(qps, reason, run, limit):
         return LoadResult(
-            profile.name, qps, reason, latency_target_s, percentile,
-            run.latency(percentile) if run else None, run.tokens_per_s if run else None, capacity, limit, trials,
-        )  # fmt: skip
+            profile.name,
+            qps,
+            reason,
+            latency_target_s,
+            percentile,
+            run.latency(percentile) if run else None,
+            run.tokens_per_s if run else None,
+            capacity,
+            limit,
+            trials,
+        )
 
     high = capacity.requests_per_s  # unstable at and above
     low = high / 64 if min_qps is None else min_qps
@@ -126,8 +134,9 @@ def sustainable_load(
             None,
             f"unreachable: min_qps {low:.3g} req/s is at or above the capacity of {high:.3g} req/s "
             f"(max batch {max_batch}); the queue would grow without bound",
-            None, "unreachable",
-        )  # fmt: skip
+            None,
+            "unreachable",
+        )
     ok, run = trial(low)
     if not ok:
         return result(
@@ -136,8 +145,9 @@ def sustainable_load(
             f"{run.latency(percentile):.4g} s, above the {latency_target_s:.4g} s target; lower loads "
             "will not help much (a request cannot finish faster than its own decode): raise the target, "
             "shorten the answers or use a faster method",
-            None, "unreachable",
-        )  # fmt: skip
+            None,
+            "unreachable",
+        )
     best_run, failed = run, None
     while high / low > 1 + rel_tol:
         mid = math.sqrt(low * high)

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 
 PREFIX = "vllm:spec_decode_"
 DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = (
-    f"{PREFIX}num_drafts", f"{PREFIX}num_draft_tokens", f"{PREFIX}num_accepted_tokens",
+    f"{PREFIX}num_drafts",
+    f"{PREFIX}num_draft_tokens",
+    f"{PREFIX}num_accepted_tokens",
     f"{PREFIX}num_accepted_tokens_per_pos",
-)  # fmt: skip
+)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
@@ -139,10 +141,11 @@ class SpecDecodeCounters:
     def __sub__(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
         positions = sorted(set(self.accepted_per_position) | set(before.accepted_per_position))
         delta = SpecDecodeCounters(
-            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
             self.accepted_tokens - before.accepted_tokens,
             {k: self.accepted_per_position.get(k, 0.0) - before.accepted_per_position.get(k, 0.0) for k in positions},
-        )  # fmt: skip
+        )
         counts = [delta.drafts, delta.draft_tokens, delta.accepted_tokens, *delta.accepted_per_position.values()]
         if any(c < 0 for c in counts):
             raise ExpositionError(
@@ -179,11 +182,13 @@ def served_acceptance(delta: SpecDecodeCounters) -> dict:
                                             the tokens before it were)"""
     d, per = delta.drafts, delta.accepted_per_position
     out = {
-        "drafts": d, "draft_tokens": delta.draft_tokens, "accepted_tokens": delta.accepted_tokens,
+        "drafts": d,
+        "draft_tokens": delta.draft_tokens,
+        "accepted_tokens": delta.accepted_tokens,
         "num_positions": max(per) + 1 if per else 0,
         "mean_acceptance_length": 1.0 + delta.accepted_tokens / d if d else math.nan,
         "acceptance_rate": delta.accepted_tokens / delta.draft_tokens if delta.draft_tokens else math.nan,
-    }  # fmt: skip
+    }
     reached, alphas, shares = d, [], []
     for k in range(max(per) + 1 if per else 0):
         accepted = per.get(k, 0.0)

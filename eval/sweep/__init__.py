@@ -45,10 +45,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from draftsmith.eval.evaluator import BASELINE, EvalSettings
+from tqdm.auto import tqdm
+
 from draftsmith.decoding import BatchResult, DecodeStats, Drafter, generate, generate_batch
 from draftsmith.decoding.kv import model_cache
 from draftsmith.decoding.target import synchronize
+from draftsmith.eval.evaluator import BASELINE, EvalSettings
 from draftsmith.eval.stats import percentile
 from draftsmith.eval.sweep.analysis import _analyse, admission_cost, task_rows, three_a_rows
 from draftsmith.eval.sweep.costs import (
@@ -61,7 +63,6 @@ from draftsmith.eval.sweep.costs import (
 from draftsmith.eval.sweep.report import crossover_sentences, display_rows, load_sentences, sections, write_serving
 from draftsmith.eval.sweep.settings import SweepSettings, batch_plan
 from draftsmith.eval.tune import tune_chain
-from tqdm.auto import tqdm
 
 VERIFY_REPEATS = 15  # timed forwards per size for v(n): the median of 15 shrugs off a few descheduled ones
 WARMUP_NEW_TOKENS = 16  # the warm-up decode per method: long enough to touch every code path
@@ -149,9 +150,17 @@ def measure_chain(
 
     def decode(prompt, seed, max_new_tokens):
         return generate(
-            target, drafter, prompt, max_new_tokens=max_new_tokens, num_draft_tokens=k_max,
-            temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, seed=seed, eos_token_id=eos,
-        ).stats  # fmt: skip
+            target,
+            drafter,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            num_draft_tokens=k_max,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            seed=seed,
+            eos_token_id=eos,
+        ).stats
 
     decode(prompts[0], settings.seed, min(WARMUP_NEW_TOKENS, settings.max_new_tokens))
     pooled = None
@@ -163,10 +172,16 @@ def measure_chain(
     layers = tuple(getattr(drafter, "target_layers", ()))
     verify = measure_verify_curve(target, context, sizes, hidden_layers=layers)
     return ChainMeasurement(
-        name=getattr(drafter, "name", "drafter"), k_max=k_max, alpha_per_position=pooled.alpha_per_position,
-        tau=pooled.tau, target_calls=pooled.target_calls, drafts=sum(pooled.proposed),
-        drafter_seconds=pooled.drafter_seconds, per_step=draft_cost_per_step(drafter), verify_seconds=verify,
-    )  # fmt: skip
+        name=getattr(drafter, "name", "drafter"),
+        k_max=k_max,
+        alpha_per_position=pooled.alpha_per_position,
+        tau=pooled.tau,
+        target_calls=pooled.target_calls,
+        drafts=sum(pooled.proposed),
+        drafter_seconds=pooled.drafter_seconds,
+        per_step=draft_cost_per_step(drafter),
+        verify_seconds=verify,
+    )
 
 
 # ---------------------------------------------------------------------- the sweep
@@ -232,10 +247,17 @@ def run_sweep(
 
     def decode(drafter, indices, seed, max_new_tokens):
         result = generate_batch(
-            target, [prompts[i] for i in indices], drafter, num_draft_tokens=settings.num_draft_tokens,
-            max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, seed=seed,
-            static_cache=settings.static_cache, compile=settings.compile,
-        )  # fmt: skip
+            target,
+            [prompts[i] for i in indices],
+            drafter,
+            num_draft_tokens=settings.num_draft_tokens,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_id=eos,
+            seed=seed,
+            static_cache=settings.static_cache,
+            compile=settings.compile,
+        )
         compiling[0] += result.compile_seconds
         return result
 
@@ -268,8 +290,11 @@ def run_sweep(
 
     out = _analyse(cells, batch1_only, prompts, plans, settings, sweep, report or {})
     out["compile_seconds"] = compiling[0]
-    chain = {name: d for name, d in drafters.items()
-             if name in batched and name != BASELINE and getattr(d, "tree", None) is None}  # trees: tune_*_tree
+    chain = {
+        name: d
+        for name, d in drafters.items()
+        if name in batched and name != BASELINE and getattr(d, "tree", None) is None
+    }  # trees: tune_*_tree
     out["tuning"], out["verify_seconds"] = _tunings(target, chain, prompts, settings, report or {})
     return out
 
@@ -279,10 +304,13 @@ def _tunings(target, chain: Mapping[str, Drafter], prompts, settings: EvalSettin
     measured alpha per position and draft cost, and a verify cost curve measured here."""
     by_name = {row["method"]: row for row in report.get("methods", [])}
     usable = {
-        name: by_name[name] for name in chain
-        if name in by_name and by_name[name].get("alpha_per_position") and not by_name[name].get("lossy")
+        name: by_name[name]
+        for name in chain
+        if name in by_name
+        and by_name[name].get("alpha_per_position")
+        and not by_name[name].get("lossy")
         and by_name[name].get("target_calls")
-    }  # fmt: skip
+    }
     if not usable:
         return {}, {}
     k = settings.num_draft_tokens

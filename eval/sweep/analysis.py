@@ -77,9 +77,12 @@ def _analyse(cells, batch1_only, prompts, plans, settings: EvalSettings, sweep: 
         step_seconds = {r: _median(v) for r, v in sorted(steps.items())}
         per_request, per_token = admission_cost(by_size[sizes[0]].admissions, step_seconds)
         profile = StepProfile(
-            name, step_seconds, tokens_histogram(pooled.accepted),
-            prefill_seconds_per_token=per_token, prefill_seconds_per_request=per_request,
-        )  # fmt: skip
+            name,
+            step_seconds,
+            tokens_histogram(pooled.accepted),
+            prefill_seconds_per_token=per_token,
+            prefill_seconds_per_request=per_request,
+        )
         entry = {
             "batched": True,
             "batches": rows,
@@ -101,8 +104,10 @@ def _analyse(cells, batch1_only, prompts, plans, settings: EvalSettings, sweep: 
             # On the table's own speedups (medians of per-pass ratios), so sentence and table agree.
             cross = crossover(sizes, [1.0] * len(sizes), [r["speedup"] for r in rows], method=name)
             entry["crossover"] = {
-                "batch_size": cross.batch_size, "crossing": cross.crossing, "sentence": cross.sentence,
-            }  # fmt: skip
+                "batch_size": cross.batch_size,
+                "crossing": cross.crossing,
+                "sentence": cross.sentence,
+            }
         entry.update(_attendance(profile, prompt_lengths, output_lengths, sweep))
         entry["_profile"] = profile  # dropped before writing; the latency CDF reads the runs
         methods[name] = entry
@@ -177,14 +182,23 @@ def _attendance(profile: StepProfile, prompt_lengths, output_lengths, sweep: Swe
     out["_runs"] = runs
     if sweep.latency_target_s is not None:
         load = sustainable_load(
-            profile, sweep.latency_target_s, sweep.percentile, max_batch=sweep.max_batch,
-            prompt_lengths=prompt_lengths, output_lengths=output_lengths, num_requests=sweep.sim_requests,
-        )  # fmt: skip
+            profile,
+            sweep.latency_target_s,
+            sweep.percentile,
+            max_batch=sweep.max_batch,
+            prompt_lengths=prompt_lengths,
+            output_lengths=output_lengths,
+            num_requests=sweep.sim_requests,
+        )
         out["sustainable"] = {
-            "qps": load.qps, "reason": load.reason, "limit": load.limit, "latency_s": load.latency_s,
-            "tokens_per_s": load.tokens_per_s, "latency_target_s": load.latency_target_s,
+            "qps": load.qps,
+            "reason": load.reason,
+            "limit": load.limit,
+            "latency_s": load.latency_s,
+            "tokens_per_s": load.tokens_per_s,
+            "latency_target_s": load.latency_target_s,
             "percentile": load.percentile,
-        }  # fmt: skip
+        }
     if sweep.price_per_hour is not None:
         price, mean_out = sweep.price_per_hour, capacity.mean_output_tokens
         cost = {
@@ -253,8 +267,16 @@ def task_rows(report: Mapping) -> list[dict]:
     for row in report.get("methods", []):
         for t in row.get("tasks", []):
             task = t["task"] + (f" (turn {t['turn']})" if "turn" in t else "")  # multi-turn prompts: per turn
-            rows.append({
-                "method": method_name(row), "task": task, "prompts": t["prompts"], "new_tokens": t["new_tokens"],
-                "target_calls": t["target_calls"], "alpha": t["alpha"], "tau": t["tau"], "speedup": t["speedup"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "method": method_name(row),
+                    "task": task,
+                    "prompts": t["prompts"],
+                    "new_tokens": t["new_tokens"],
+                    "target_calls": t["target_calls"],
+                    "alpha": t["alpha"],
+                    "tau": t["tau"],
+                    "speedup": t["speedup"],
+                }
+            )
     return rows

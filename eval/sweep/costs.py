@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+
 from draftsmith.decoding import Drafter, MedusaDrafter
 from draftsmith.decoding.drafters import OnePassDrafter
 
@@ -33,8 +34,9 @@ def draft_cost_per_step(drafter: Drafter) -> bool:
 def chain_draft_seconds(drafter: Drafter, drafter_seconds: float, target_calls: int, drafts: int):
     """The draft cost for `tune_chain`: seconds per drafted token, or for a per-step drafter a
     function of K that is the same for every K >= 1."""
-    return chain_draft_seconds_from(draft_cost_per_step(drafter), drafter_seconds, target_calls, drafts,
-                                    getattr(drafter, "name", "drafter"))  # fmt: skip
+    return chain_draft_seconds_from(
+        draft_cost_per_step(drafter), drafter_seconds, target_calls, drafts, getattr(drafter, "name", "drafter")
+    )
 
 
 def chain_draft_seconds_from(per_step: bool, drafter_seconds: float, target_calls: int, drafts: int, name: str):

@@ -79,15 +79,17 @@ def write_serving(
         top = s["qps"][-1]
         runs = {n: e["_runs"][top] for n, e in batched.items() if "_runs" in e}
         figures["latency"] = plot_latency_cdf(
-            runs, out_dir / "latency_cdf.png",
+            runs,
+            out_dir / "latency_cdf.png",
             title=f"request latency, simulated at {top:g} req/s (max batch {s['max_batch']})",
-        )  # fmt: skip
+        )
     tunings = serving.get("tuning") or {}
     if tunings:
         figures["speedup_vs_k"] = plot_speedup_vs_k(
-            {n: t["tuning"] for n, t in tunings.items()}, out_dir / "speedup_vs_k.png",
+            {n: t["tuning"] for n, t in tunings.items()},
+            out_dir / "speedup_vs_k.png",
             measured={n: t["measured_speedup"] for n, t in tunings.items()},
-        )  # fmt: skip
+        )
     written += list(figures.values())
     serving["figures"] = {k: p.name for k, p in figures.items()}
 
@@ -130,9 +132,10 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
             f" Decoding path: {s['path']} (a preallocated KV cache of fixed batch: finished rows stay as padding rows)"
             + (
                 f"; compile time {serving.get('compile_seconds', 0.0):.1f} s, not in any timing."
-                if s["path"] == "compiled" else "."
+                if s["path"] == "compiled"
+                else "."
             )
-        )  # fmt: skip
+        )
     three = (
         "Acceptance: alpha and tau of the batch-1 evaluation. Acceleration: speedup at each batch size. Attendance: "
         f"the highest Poisson load one engine (max batch {max(sizes)}) serves with the {p} request latency within "
@@ -141,78 +144,131 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
     text = [intro, three]
     text += crossover_sentences(serving)
     text += load_sentences(serving)
-    out.append(Section("The three A: Acceptance, Acceleration, Attendance", "\n\n".join(text),
-                       rows=display_rows(serving["three_a"])))  # fmt: skip
+    out.append(
+        Section(
+            "The three A: Acceptance, Acceleration, Attendance",
+            "\n\n".join(text),
+            rows=display_rows(serving["three_a"]),
+        )
+    )
 
     if report and report.get("methods"):
         rows = [
-            {"method": method_name(r), **{f"alpha_{i + 1}": a for i, a in enumerate(r["alpha_per_position"])},
-             "tau": r["tau"]}
-            for r in report["methods"] if r.get("alpha_per_position")
-        ]  # fmt: skip
+            {
+                "method": method_name(r),
+                **{f"alpha_{i + 1}": a for i, a in enumerate(r["alpha_per_position"])},
+                "tau": r["tau"],
+            }
+            for r in report["methods"]
+            if r.get("alpha_per_position")
+        ]
         images = [figures["acceptance"]] if "acceptance" in figures else []
         if rows:
-            out.append(Section("Acceptance by draft position", "alpha_i: acceptance of draft i given drafts 1..i-1 "
-                               "were accepted (batch 1; trees: per depth).", rows=rows, images=images))  # fmt: skip
+            out.append(
+                Section(
+                    "Acceptance by draft position",
+                    "alpha_i: acceptance of draft i given drafts 1..i-1 were accepted (batch 1; trees: per depth).",
+                    rows=rows,
+                    images=images,
+                )
+            )
     if serving.get("tasks"):
-        out.append(Section(
-            "Per task", "Batch-1 counters per task of the prompt rows; a method's new_tokens and target_calls over "
-            "its tasks sum to its totals. speedup: the task's tokens/s over target-only's on the same prompts.",
-            rows=serving["tasks"], breakdown="tau",
-        ))  # fmt: skip
+        out.append(
+            Section(
+                "Per task",
+                "Batch-1 counters per task of the prompt rows; a method's new_tokens and target_calls over "
+                "its tasks sum to its totals. speedup: the task's tokens/s over target-only's on the same prompts.",
+                rows=serving["tasks"],
+                breakdown="tau",
+            )
+        )
 
     rows = []
     for name, e in batched.items():
         for r in e["batches"]:
-            row = {"method": name, "batch": r["batch_size"], "tokens/s": r["tokens_per_s"], "speedup": r["speedup"],
-                   "tau": r["tau"], "latency p50 s": r["latency_s_p50"], "p90 s": r["latency_s_p90"],
-                   "p99 s": r["latency_s_p99"], "TTFT p50 s": r["ttft_s_p50"],
-                   "step ms (full batch)": r["step_ms_full_batch"]}  # fmt: skip
+            row = {
+                "method": name,
+                "batch": r["batch_size"],
+                "tokens/s": r["tokens_per_s"],
+                "speedup": r["speedup"],
+                "tau": r["tau"],
+                "latency p50 s": r["latency_s_p50"],
+                "p90 s": r["latency_s_p90"],
+                "p99 s": r["latency_s_p99"],
+                "TTFT p50 s": r["ttft_s_p50"],
+                "step ms (full batch)": r["step_ms_full_batch"],
+            }
             if "usd_per_1k_tokens" in r:
                 row["$/1k tokens"] = r["usd_per_1k_tokens"]
             rows.append(row)
-    text = ("Static batches: every row of a batch starts together; latency and TTFT are per request from the batch's "
-            "start.\n\n" + "\n\n".join(crossover_sentences(serving)))  # fmt: skip
-    out.append(Section("Acceleration: throughput vs batch size", text, rows=display_rows(rows),
-                       images=[figures["throughput"]] if "throughput" in figures else []))  # fmt: skip
+    text = (
+        "Static batches: every row of a batch starts together; latency and TTFT are per request from the batch's "
+        "start.\n\n" + "\n\n".join(crossover_sentences(serving))
+    )
+    out.append(
+        Section(
+            "Acceleration: throughput vs batch size",
+            text,
+            rows=display_rows(rows),
+            images=[figures["throughput"]] if "throughput" in figures else [],
+        )
+    )
 
     actives = sorted({int(r) for e in batched.values() for r in e["step_seconds"]})
     rows = []
     for name, e in batched.items():
-        row = {"method": name, "tokens/step": _fmt_hist(e["tokens_per_step"]), "mean": e["mean_tokens_per_step"],
-               "admission ms/request": 1000 * e["prefill_seconds_per_request"],
-               "admission ms/prompt token": 1000 * e["prefill_seconds_per_token"]}  # fmt: skip
+        row = {
+            "method": name,
+            "tokens/step": _fmt_hist(e["tokens_per_step"]),
+            "mean": e["mean_tokens_per_step"],
+            "admission ms/request": 1000 * e["prefill_seconds_per_request"],
+            "admission ms/prompt token": 1000 * e["prefill_seconds_per_token"],
+        }
         for a in actives:
             row[f"{a} rows ms"] = 1000 * e["step_seconds"][str(a)] if str(a) in e["step_seconds"] else None
         rows.append(row)
-    out.append(Section(
-        "Engine step cost (the simulator's input)",
-        "One engine step (drafting + verification) in ms per number of active rows, medians of every step measured at "
-        "that many rows; tokens per step: the share of steps in which a row gained n tokens. Admission: what a new "
-        "request adds to the step that admits it (the target's prefill, and what the first step costs beyond a usual "
-        "one: a draft model or EAGLE head reading the prompt), fitted per request + per prompt token on the smallest "
-        "batch size.", rows=rows,
-    ))  # fmt: skip
+    out.append(
+        Section(
+            "Engine step cost (the simulator's input)",
+            "One engine step (drafting + verification) in ms per number of active rows, medians of every step measured at "
+            "that many rows; tokens per step: the share of steps in which a row gained n tokens. Admission: what a new "
+            "request adds to the step that admits it (the target's prefill, and what the first step costs beyond a usual "
+            "one: a draft model or EAGLE head reading the prompt), fitted per request + per prompt token on the smallest "
+            "batch size.",
+            rows=rows,
+        )
+    )
 
     tunings = serving.get("tuning") or {}
     if tunings:
         rows = [{"method": n, **c} for n, t in tunings.items() for c in t["tuning"].rows()]
         verify = ", ".join(f"v({n}) {1000 * v:.2f}" for n, v in serving["verify_seconds"].items())
-        out.append(Section(
-            "Speedup vs K (autotuner)",
-            "Predicted batch-1 speedup per K from the measured alpha per position, draft cost and verify cost curve "
-            f"(ms: {verify}); cross: the measured speedup at K = {s['num_draft_tokens']}. `draftsmith tune` measures "
-            "up to a larger K and records the choice.", rows=rows,
-            images=[figures["speedup_vs_k"]] if "speedup_vs_k" in figures else [],
-        ))  # fmt: skip
+        out.append(
+            Section(
+                "Speedup vs K (autotuner)",
+                "Predicted batch-1 speedup per K from the measured alpha per position, draft cost and verify cost curve "
+                f"(ms: {verify}); cross: the measured speedup at K = {s['num_draft_tokens']}. `draftsmith tune` measures "
+                "up to a larger K and records the choice.",
+                rows=rows,
+                images=[figures["speedup_vs_k"]] if "speedup_vs_k" in figures else [],
+            )
+        )
 
     rows = []
     for name, e in batched.items():
         for sim in e.get("simulations", []):
-            row = {"method": name, "req/s": sim["qps"], "stable": sim["stable"], "tokens/s": sim["tokens_per_s"],
-                   "mean batch": sim["mean_batch"], "latency p50 s": sim["latency_s_p50"],
-                   "p90 s": sim["latency_s_p90"], "p99 s": sim["latency_s_p99"], "TTFT p50 s": sim["ttft_s_p50"],
-                   "queue p90 s": sim["queue_s_p90"]}  # fmt: skip
+            row = {
+                "method": name,
+                "req/s": sim["qps"],
+                "stable": sim["stable"],
+                "tokens/s": sim["tokens_per_s"],
+                "mean batch": sim["mean_batch"],
+                "latency p50 s": sim["latency_s_p50"],
+                "p90 s": sim["latency_s_p90"],
+                "p99 s": sim["latency_s_p99"],
+                "TTFT p50 s": sim["ttft_s_p50"],
+                "queue p90 s": sim["queue_s_p90"],
+            }
             if "usd_per_1k_tokens" in sim:
                 row["$/1k tokens"] = sim["usd_per_1k_tokens"]
             rows.append(row)
@@ -220,28 +276,44 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
         f"{n} {e['capacity']['requests_per_s']:.3g} req/s ({e['capacity']['tokens_per_s']:.4g} tokens/s)"
         for n, e in batched.items()
     )
-    text = (f"Continuous batching simulated from the measured step costs ({s['sim_requests']} Poisson requests per "
-            f"rate, prompt and answer lengths drawn from the measured ones, max batch {max(sizes)}). Capacity (every "
-            f"slot busy): {capacity}. A rate at or above capacity is not stable: its queue grows without "
-            "bound.")  # fmt: skip
+    text = (
+        f"Continuous batching simulated from the measured step costs ({s['sim_requests']} Poisson requests per "
+        f"rate, prompt and answer lengths drawn from the measured ones, max batch {max(sizes)}). Capacity (every "
+        f"slot busy): {capacity}. A rate at or above capacity is not stable: its queue grows without "
+        "bound."
+    )
     loads = load_sentences(serving)
     if loads:
         text += "\n\n" + "\n\n".join(loads)
     if rows or loads:
-        out.append(Section("Attendance: simulated load", text, rows=display_rows(rows) or None,
-                           images=[figures["latency"]] if "latency" in figures else []))  # fmt: skip
+        out.append(
+            Section(
+                "Attendance: simulated load",
+                text,
+                rows=display_rows(rows) or None,
+                images=[figures["latency"]] if "latency" in figures else [],
+            )
+        )
 
     if s["price_per_hour"] is not None:
         rows = []
         for name, e in batched.items():
             c = e["cost"]
-            rows.append({"method": name, "$/1k tokens at capacity": c["at_capacity_usd_per_1k_tokens"],
-                         "$/answer at capacity": c["at_capacity_usd_per_answer"],
-                         "$/1k tokens at sustainable load": c.get("at_sustainable_load_usd_per_1k_tokens"),
-                         "$/answer at sustainable load": c.get("at_sustainable_load_usd_per_answer")})  # fmt: skip
-        out.append(Section(
-            "Cost", f"At ${s['price_per_hour']:g} per hour for the engine; an answer is the mean measured answer "
-            "length. At the sustainable load the engine idles part of the time, so its tokens cost more.",
-            rows=display_rows(rows),
-        ))  # fmt: skip
+            rows.append(
+                {
+                    "method": name,
+                    "$/1k tokens at capacity": c["at_capacity_usd_per_1k_tokens"],
+                    "$/answer at capacity": c["at_capacity_usd_per_answer"],
+                    "$/1k tokens at sustainable load": c.get("at_sustainable_load_usd_per_1k_tokens"),
+                    "$/answer at sustainable load": c.get("at_sustainable_load_usd_per_answer"),
+                }
+            )
+        out.append(
+            Section(
+                "Cost",
+                f"At ${s['price_per_hour']:g} per hour for the engine; an answer is the mean measured answer "
+                "length. At the sustainable load the engine idles part of the time, so its tokens cost more.",
+                rows=display_rows(rows),
+            )
+        )
     return out

@@ -19,13 +19,13 @@ from draftsmith.heads.eagle.formats import (
     save_eagle,
 )
 from draftsmith.heads.eagle.model import (
+    VARIANT_FLAGS,
+    VERSIONS,
     EagleAttention,
     EagleConfig,
     EagleDecoderLayer,
     EagleError,
     EagleHead,
-    VARIANT_FLAGS,
-    VERSIONS,
     default_aux_layer_ids,
 )
 from draftsmith.heads.eagle.peagle import PEagleConfig, PEagleHead

@@ -3,7 +3,6 @@ layouts (`export_eagle`), and `load_eagle` for any of the three (told apart by c
 layouts and the index conventions are described in `draftsmith.heads.eagle.model`.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -39,25 +38,42 @@ PEAGLE_KEYS = ("mask_hidden",)
 # `transformer_layer_config` only; SGLang keeps unknown keys as unused attributes).
 PROVENANCE_KEY = "draftsmith"
 _PROVENANCE_FIELDS = (
-    "target_name_or_path", "target_revision", "target_fingerprint", "target_num_layers",
-    "target_architectures", "data_hash", "vocab_map_data_hash", "aux_layer_ids",
-)  # fmt: skip
+    "target_name_or_path",
+    "target_revision",
+    "target_fingerprint",
+    "target_num_layers",
+    "target_architectures",
+    "data_hash",
+    "vocab_map_data_hash",
+    "aux_layer_ids",
+)
 
 # ---------------------------------------------------------------------- required key sets
 # The EAGLE-3 decoder layer's tensors, relative to the layer (no biases: attention_bias adds the
 # four `self_attn.*_proj.bias`, see `_required_keys`).
 LAYER_KEYS = (
-    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)  # fmt: skip
+    "hidden_norm.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
 # vLLM speculators format (vllm/model_executor/models/llama_eagle3.py: LlamaModel holds
 # embed_tokens, layers, fc, norm; Eagle3LlamaForCausalLM holds lm_head and draft_id_to_target_id,
 # loaded from `d2t`; `t2d` is read and dropped).
-VLLM_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"layers.0.{k}" for k in LAYER_KEYS)
+VLLM_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(
+    f"layers.0.{k}" for k in LAYER_KEYS
+)
 # SGLang (python/sglang/srt/models/llama_eagle3.py: LlamaModel holds embed_tokens, fc, midlayer,
 # norm; unknown names are skipped SILENTLY by its load_weights, hence the exact check).
-SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(f"midlayer.{k}" for k in LAYER_KEYS)
+SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight") + tuple(
+    f"midlayer.{k}" for k in LAYER_KEYS
+)
 VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both formats
 
 
@@ -150,18 +166,23 @@ def _is_peagle(head: EagleHead) -> bool:
 def _sglang_config(head: EagleHead, num_speculative_tokens: int) -> dict:
     c = head.config
     d = _layer_config_dict(c)
-    d.update({
-        "architectures": [SGLANG_ARCHITECTURE],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "draft_vocab_size": c.draft_vocab_size,
-        "tie_word_embeddings": False,
-        # SGLang captures layers_to_capture = [id + 1 for id in these]: write HF index - 1.
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids], "use_aux_hidden_state": True},
-        "num_speculative_tokens": num_speculative_tokens,  # informational: SGLang takes --speculative-num-steps
-        "torch_dtype": _dtype_name(head),
-        PROVENANCE_KEY: _provenance(c),
-    })  # fmt: skip
+    d.update(
+        {
+            "architectures": [SGLANG_ARCHITECTURE],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "draft_vocab_size": c.draft_vocab_size,
+            "tie_word_embeddings": False,
+            # SGLang captures layers_to_capture = [id + 1 for id in these]: write HF index - 1.
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids],
+                "use_aux_hidden_state": True,
+            },
+            "num_speculative_tokens": num_speculative_tokens,  # informational: SGLang takes --speculative-num-steps
+            "torch_dtype": _dtype_name(head),
+            PROVENANCE_KEY: _provenance(c),
+        }
+    )
     return d
 
 
@@ -178,13 +199,17 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
         raise EagleError("export to 'sglang': SGLang has no P-EAGLE layout here; export this head with --format vllm")
     L = c.target_num_layers
     if c.num_aux != 3:
-        raise EagleError(f"export to {fmt!r}: the server's fc reads exactly 3 aux hidden states, this head reads {c.aux_layer_ids}")
+        raise EagleError(
+            f"export to {fmt!r}: the server's fc reads exactly 3 aux hidden states, this head reads {c.aux_layer_ids}"
+        )
     if L is not None and max(c.aux_layer_ids) >= L:
         raise EagleError(
             f"export to {fmt!r}: aux layer id {max(c.aux_layer_ids)} is the target's post-norm output; servers capture "
             f"only layer inputs (ids 0..{L - 1})"
         )
-    unsupported = [flag for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if getattr(c, flag)]
+    unsupported = [
+        flag for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if getattr(c, flag)
+    ]
     if fmt == "sglang" and (c.attention_bias or unsupported or c.target_hidden_size not in (None, c.hidden_size)):
         raise EagleError(
             f"export to 'sglang': SGLang's Eagle3 layer has no attention bias, no {'/'.join(unsupported) or 'norm'} "
@@ -206,12 +231,16 @@ def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:
     replaced when it holds a draftsmith EAGLE head (re-running a training), anything else only with
     `overwrite`."""
     return _write_atomic(
-        out_dir, lambda tmp: head.save_pretrained(tmp, safe_serialization=True),
-        overwrite=overwrite, may_replace=_is_draftsmith_eagle,
-    )  # fmt: skip
+        out_dir,
+        lambda tmp: head.save_pretrained(tmp, safe_serialization=True),
+        overwrite=overwrite,
+        may_replace=_is_draftsmith_eagle,
+    )
 
 
-def export_eagle(head: EagleHead, out_dir, format: str, *, num_speculative_tokens: int = 3, overwrite: bool = False) -> Path:
+def export_eagle(
+    head: EagleHead, out_dir, format: str, *, num_speculative_tokens: int = 3, overwrite: bool = False
+) -> Path:
     """Write `head` for a server: "vllm" (speculators format), "sglang", or "hf" (= save_eagle).
 
     The produced weights are compared with the format's required key set before anything is
@@ -274,7 +303,11 @@ def load_eagle(
     if dtype is not None or device is not None:
         head = head.to(device=device, dtype=dtype)
     c = head.config
-    if expected_data_hash is not None and c.draft_vocab_size != c.vocab_size and c.vocab_map_data_hash != expected_data_hash:
+    if (
+        expected_data_hash is not None
+        and c.draft_vocab_size != c.vocab_size
+        and c.vocab_map_data_hash != expected_data_hash
+    ):
         recorded = c.vocab_map_data_hash[:12] if c.vocab_map_data_hash else "an unrecorded hash"
         raise EagleError(
             f"EAGLE head {str(path)!r} has a draft vocabulary counted on data {recorded}, but the data is "
@@ -315,7 +348,9 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
         variant["embed_requires_grad"] = raw.get("embed_requires_grad", True)
         variant.update(_peagle_fields(path, raw))
     state = _read_weights(path / WEIGHTS)
-    return _from_state(path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"), variant, raw.get("draft_vocab_size"))
+    return _from_state(
+        path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"), variant, raw.get("draft_vocab_size")
+    )
 
 
 def _peagle_fields(path: Path, raw: dict) -> dict:
@@ -325,14 +360,17 @@ def _peagle_fields(path: Path, raw: dict) -> dict:
         raise EagleError(f"{str(path / 'config.json')!r}: a peagle head needs mask_token_id (none is set)")
     methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
     return {
-        "mask_token_id": raw["mask_token_id"], "mask_token_source": provenance.get("mask_token_source"),
+        "mask_token_id": raw["mask_token_id"],
+        "mask_token_source": provenance.get("mask_token_source"),
         "num_depths": provenance.get("num_depths") or methods[0].get("speculative_tokens") or 8,
-    }  # fmt: skip
+    }
 
 
 def _load_sglang(path: Path, raw: dict) -> EagleHead:
     if raw.get("num_hidden_layers", 1) != 1:
-        raise EagleError(f"{str(path)!r}: num_hidden_layers={raw['num_hidden_layers']}; only 1-layer EAGLE-3 heads are supported")
+        raise EagleError(
+            f"{str(path)!r}: num_hidden_layers={raw['num_hidden_layers']}; only 1-layer EAGLE-3 heads are supported"
+        )
     ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     ids = [i + 1 for i in ids] if ids is not None else None  # SGLang's "output of layer i" -> HF index i + 1
     state = {}
@@ -347,9 +385,13 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     fc = state.get("fc.weight")
     if fc is None or "embed_tokens.weight" not in state:
-        raise EagleError(f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)")
+        raise EagleError(
+            f"{str(path / WEIGHTS)!r} has no fc.weight / embed_tokens.weight (embeddings are required to draft)"
+        )
     if layer.get("num_hidden_layers", 1) != 1:
-        raise EagleError(f"{str(path)!r}: the draft has {layer['num_hidden_layers']} decoder layers; draftsmith's EAGLE-3 head has one")
+        raise EagleError(
+            f"{str(path)!r}: the draft has {layer['num_hidden_layers']} decoder layers; draftsmith's EAGLE-3 head has one"
+        )
     if "sliding_attention" in (layer.get("layer_types") or []) and layer.get("sliding_window"):
         # speculators' trainer default: the draft attends to the last `sliding_window` tokens only.
         warnings.warn(
@@ -366,10 +408,13 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
     if aux_ids is None:
-        raise EagleError(f"{str(path)!r}: config.json does not say which target layers the head reads (eagle_aux_hidden_state_layer_ids)")
+        raise EagleError(
+            f"{str(path)!r}: config.json does not say which target layers the head reads (eagle_aux_hidden_state_layer_ids)"
+        )
     rope = layer.get("rope_parameters") or {
-        **(layer.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": layer.get("rope_theta", 10000.0)
-    }  # fmt: skip
+        **(layer.get("rope_scaling") or {"rope_type": "default"}),
+        "rope_theta": layer.get("rope_theta", 10000.0),
+    }
     V = state["embed_tokens.weight"].shape[0]
     if layer.get("vocab_size") not in (None, V):
         raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
@@ -408,11 +453,15 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     expected = set(head.state_dict())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
-        raise EagleError(f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}")
+        raise EagleError(
+            f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}"
+        )
     try:
         head.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
     except RuntimeError as err:  # shape mismatches
         raise EagleError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
-    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config()).to(state["fc.weight"].device)  # real buffers, not meta
+    head.rotary_emb = LlamaRotaryEmbedding(config.layer_config()).to(
+        state["fc.weight"].device
+    )  # real buffers, not meta
     head._freeze()
     return head

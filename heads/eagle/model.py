@@ -54,10 +54,21 @@ from torch import nn
 from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from draftsmith.heads.layers import attend, check_target_weights, check_vocab_map, copy_target_weights
-from draftsmith.heads.layers import draft_to_target_ids, draft_to_target_logits, keep_rope_fp32, llama_layer_config
-from draftsmith.heads.layers import qkvo_projections, record_target, rope_of, target_shape, target_weights
-
+from draftsmith.heads.layers import (
+    attend,
+    check_target_weights,
+    check_vocab_map,
+    copy_target_weights,
+    draft_to_target_ids,
+    draft_to_target_logits,
+    keep_rope_fp32,
+    llama_layer_config,
+    qkvo_projections,
+    record_target,
+    rope_of,
+    target_shape,
+    target_weights,
+)
 
 VERSIONS = ("eagle1", "eagle3")
 # EagleConfig's switches of the EAGLE-3 layer as speculators' config spells them (module docstring);
@@ -120,7 +131,10 @@ class EagleConfig(PretrainedConfig):
             raise EagleError(f"EagleConfig: version={version!r}; expected one of {', '.join(map(repr, VERSIONS))}")
         kwargs.setdefault("tie_word_embeddings", False)  # embed_tokens and lm_head are distinct tensors
         if rope_parameters is None:
-            rope_parameters = {"rope_type": "default", "rope_theta": float(rope_theta if rope_theta is not None else 10000.0)}
+            rope_parameters = {
+                "rope_type": "default",
+                "rope_theta": float(rope_theta if rope_theta is not None else 10000.0),
+            }
         draft_vocab_size = vocab_size if draft_vocab_size is None else draft_vocab_size
         if version == "eagle1" and draft_vocab_size != vocab_size:
             raise EagleError(
@@ -130,13 +144,21 @@ class EagleConfig(PretrainedConfig):
         if not 1 <= draft_vocab_size <= vocab_size:
             raise EagleError(f"EagleConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
         variants = {"norm_before_fc": norm_before_fc, "fc_norm": fc_norm, "norm_output": norm_output}
-        for name, value in {**variants, "norm_before_residual": norm_before_residual, "embed_requires_grad": embed_requires_grad}.items():
+        for name, value in {
+            **variants,
+            "norm_before_residual": norm_before_residual,
+            "embed_requires_grad": embed_requires_grad,
+        }.items():
             if not isinstance(value, bool):
                 raise EagleError(f"EagleConfig: {name}={value!r}; expected true or false")
         if version == "eagle1" and (any(variants.values()) or target_hidden_size is not None):
-            raise EagleError(f"EagleConfig: {', '.join(variants)} and target_hidden_size are EAGLE-3 options (version eagle1)")
+            raise EagleError(
+                f"EagleConfig: {', '.join(variants)} and target_hidden_size are EAGLE-3 options (version eagle1)"
+            )
         if norm_before_fc and fc_norm:
-            raise EagleError("EagleConfig: norm_before_fc and fc_norm are exclusive: one norm over the concat or one per aux state")
+            raise EagleError(
+                "EagleConfig: norm_before_fc and fc_norm are exclusive: one norm over the concat or one per aux state"
+            )
         if target_hidden_size is not None and not (isinstance(target_hidden_size, int) and target_hidden_size > 0):
             raise EagleError(f"EagleConfig: target_hidden_size={target_hidden_size!r}; expected a positive int or null")
         if aux_layer_ids is None:
@@ -161,9 +183,15 @@ class EagleConfig(PretrainedConfig):
         self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
         self.initializer_range = initializer_range
         record_target(
-            self, target_name_or_path, target_revision, target_fingerprint, target_num_layers, target_architectures,
-            data_hash, vocab_map_data_hash,
-        )  # fmt: skip
+            self,
+            target_name_or_path,
+            target_revision,
+            target_fingerprint,
+            target_num_layers,
+            target_architectures,
+            data_hash,
+            vocab_map_data_hash,
+        )
         super().__init__(**kwargs)
 
     @property
@@ -311,7 +339,9 @@ class EagleHead(PreTrainedModel):
         if len(set(aux_layer_ids)) != len(aux_layer_ids):
             raise EagleError(f"aux_layer_ids {aux_layer_ids} repeat an id")
         if version == "eagle1" and aux_layer_ids != [L]:
-            raise EagleError(f"eagle1 reads the post-norm last hidden state: aux_layer_ids must be [{L}], got {aux_layer_ids}")
+            raise EagleError(
+                f"eagle1 reads the post-norm last hidden state: aux_layer_ids must be [{L}], got {aux_layer_ids}"
+            )
         if vocab_map is not None:
             if version == "eagle1":
                 raise EagleError("eagle1 uses the target's full lm_head: a vocab_map applies to eagle3 only")
@@ -365,7 +395,11 @@ class EagleHead(PreTrainedModel):
         tokens, each sees the whole (growing) cache; else a float additive mask [B, 1, T, S] over
         the S columns the cache's layer returns (past + T for a growing one; 0 = attend, large
         negative = blocked)."""
-        if input_ids.dim() != 2 or tuple(hidden.shape[:2]) != tuple(input_ids.shape) or hidden.shape[-1] != self.config.hidden_size:
+        if (
+            input_ids.dim() != 2
+            or tuple(hidden.shape[:2]) != tuple(input_ids.shape)
+            or hidden.shape[-1] != self.config.hidden_size
+        ):
             raise EagleError(
                 f"forward: input_ids {list(input_ids.shape)} and hidden {list(hidden.shape)} must be [B, T] and "
                 f"[B, T, {self.config.hidden_size}]"
@@ -399,11 +433,22 @@ class EagleHead(PreTrainedModel):
     def _mask(mask, B, T, past, dtype, device) -> torch.Tensor:
         if mask is None:
             blocked = torch.ones(T, past + T, dtype=torch.bool, device=device).triu(past + 1)
-            return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(blocked, torch.finfo(dtype).min)[None, None]
+            return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(blocked, torch.finfo(dtype).min)[
+                None, None
+            ]
         if mask.dtype == torch.bool or not mask.is_floating_point():
-            raise EagleError("forward: pass a float additive attention_mask (0 = attend, large negative = blocked), not a bool mask")
-        if mask.dim() != 4 or mask.shape[1] != 1 or tuple(mask.shape[-2:]) != (T, past + T) or mask.shape[0] not in (1, B):
-            raise EagleError(f"forward: attention_mask must be [B, 1, {T}, {past + T}] (cache {past} + new {T}), got {list(mask.shape)}")
+            raise EagleError(
+                "forward: pass a float additive attention_mask (0 = attend, large negative = blocked), not a bool mask"
+            )
+        if (
+            mask.dim() != 4
+            or mask.shape[1] != 1
+            or tuple(mask.shape[-2:]) != (T, past + T)
+            or mask.shape[0] not in (1, B)
+        ):
+            raise EagleError(
+                f"forward: attention_mask must be [B, 1, {T}, {past + T}] (cache {past} + new {T}), got {list(mask.shape)}"
+            )
         return mask.to(device=device, dtype=dtype)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -439,7 +484,13 @@ class EagleHead(PreTrainedModel):
             if ours is not None and ours != theirs:
                 raise EagleError(
                     f"EAGLE head has {what} {ours} (trained on {trained_on}) but target {name!r} has {theirs}"
-                    + (": a mismatch here silently collapses acceptance" if what in ("max_position_embeddings", "rope_parameters") else "")
+                    + (
+                        ": a mismatch here silently collapses acceptance"
+                        if what in ("max_position_embeddings", "rope_parameters")
+                        else ""
+                    )
                 )
         if max(c.aux_layer_ids) > tc.num_hidden_layers:
-            raise EagleError(f"EAGLE head reads hidden states {c.aux_layer_ids}, target {name!r} has only {tc.num_hidden_layers} layers")
+            raise EagleError(
+                f"EAGLE head reads hidden states {c.aux_layer_ids}, target {name!r} has only {tc.num_hidden_layers} layers"
+            )

@@ -82,17 +82,30 @@ class PEagleHead(EagleHead):
 
     @classmethod
     def for_target(
-        cls, target: PreTrainedModel, *, mask_token_id: int, mask_token_source: str | None = None, num_depths: int = 8,
-        aux_layer_ids=None, vocab_map=None, target_name_or_path: str | None = None, data_hash: str | None = None,
+        cls,
+        target: PreTrainedModel,
+        *,
+        mask_token_id: int,
+        mask_token_source: str | None = None,
+        num_depths: int = 8,
+        aux_layer_ids=None,
+        vocab_map=None,
+        target_name_or_path: str | None = None,
+        data_hash: str | None = None,
         **variant,
-    ) -> PEagleHead:  # fmt: skip
+    ) -> PEagleHead:
         """EAGLE-3's head for `target` (`EagleHead.for_target`: embeddings and lm_head rows copied
         in, `variant` its flags) with the mask token and a fresh `mask_hidden`; embeddings trained."""
         variant.setdefault("embed_requires_grad", True)
         base = EagleHead.for_target(
-            target, "eagle3", aux_layer_ids=aux_layer_ids, vocab_map=vocab_map,
-            target_name_or_path=target_name_or_path, data_hash=data_hash, **variant,
-        )  # fmt: skip
+            target,
+            "eagle3",
+            aux_layer_ids=aux_layer_ids,
+            vocab_map=vocab_map,
+            target_name_or_path=target_name_or_path,
+            data_hash=data_hash,
+            **variant,
+        )
         fields = {k: v for k, v in base.config.to_dict().items() if k not in ("model_type", "transformers_version")}
         config = PEagleConfig(
             **fields, mask_token_id=mask_token_id, mask_token_source=mask_token_source, num_depths=num_depths
