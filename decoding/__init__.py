@@ -1,12 +1,13 @@
-"""The decoding runtime: one batch-aware speculative decoding loop, its KV cache (two stores),
+"""The decoding runtime: one batch-aware speculative decoding loop, its KV store,
 verification, and every drafter written once.
 
     from draftsmith.decoding import DraftModelDrafter, generate, generate_batch
 """
 
-from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.loop import decode, eos_set, generate, generate_batch, row_seed
+from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.decoding.stats import BatchResult, DecodeStats, Generation
 from draftsmith.decoding.target import synchronize

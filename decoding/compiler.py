@@ -1,6 +1,6 @@
 """torch.compile for the decoding runtime: one `Compiler` (mode, seconds spent compiling, and a
 fallback with a warning when compilation is unavailable or fails) for every compiled step, and
-the static store's step and greedy chain (`make_step`, `make_chain`) with the padding that
+the KV store's compiled step and greedy chain (`make_step`, `make_chain`) with the padding that
 lets a narrower call run a wider compiled step (`widen`, `widen_attend`).
 
 Compiled steps keep only dynamo's tensor guards (shapes, dtypes, devices of the weights, the
@@ -22,11 +22,6 @@ import warnings
 import torch
 
 from draftsmith.decoding.masks import static_mask
-
-
-class StaticCacheOverflow(ValueError):
-    """A preallocated cache cannot hold what was asked of it (nothing was written)."""
-
 
 #: Capacities are rounded up to a multiple of this, so that requests of similar length share
 #: one cache (and one set of compiled graphs: the capacity is part of every compiled shape).
@@ -146,11 +141,11 @@ class Compiler:
         return True
 
 
-# ------------------------------------------------- the static store's step, chain and padding
+# --------------------------------------------- the KV store's compiled step, chain and padding
 
 
 def make_step(call, kv):
-    """The one forward of a static cache, compiled or not: (ids [B, W], positions [B, W], valid
+    """The one compiled forward of a KV store (`kv.KVStore`): (ids [B, W], positions [B, W], valid
     [B, capacity], slots [B, capacity] (positions of the columns), start 0-d long, attend
     [B, W, L], *inputs [B, W, ...]) -> the outputs of `call(ids, positions, mask, cache, *inputs)`
     (`hf_call`: logits, hidden states)."""
@@ -173,7 +168,7 @@ def make_chain(step, width: int, num_tokens: int, logits: bool):
     (tokens [B, k], then with `logits` their logits [B, k, V]). It feeds the p catch-up columns
     (`keep`: the real ones), then k - 1 times the argmax of (logits + bias) at the next
     position and slot; `bias` is -inf on ids the target lacks. Pure tensor code: `valid` and
-    `slots` are updated functionally, the host's bookkeeping follows (`StaticRaggedCache.chain`)."""
+    `slots` are updated functionally, the host's bookkeeping follows (`KVStore.chain`)."""
 
     def chain(ids, positions, valid, slots, start, attend, keep, bias):
         out = step(ids, positions, valid, slots, start, attend)[0]

@@ -9,7 +9,7 @@ known, and the last token is the anchor at position n_b - 1:
 All B - 1 drafts come from one forward: slot k's q_k depends on the context only, never on the
 drafts before it.
 
-The head's cache (`decoding/kv.py`'s `RaggedCache` over a HF `DynamicCache`) holds, per draft
+The head's KV store (`decoding/kv.py`'s `KVStore`) holds, per draft
 layer, the keys/values of each row's context features and nothing else: a call feeds the
 features that arrived since the last one (the verified positions: the fed last token and the
 accepted drafts; rejected drafts never had features) together with the block, keeps the
@@ -19,8 +19,8 @@ Lossless at any temperature: greedy takes each slot's argmax; sampling draws slo
 own q_k = sampling.probs(logits_k) (the target's temperature, top-k, top-p) with the row's
 generator and hands q_k to the verifier as `probs`: speculative sampling only needs each draft
 drawn from the q it reports, given everything before it, which holds since x_k ~ q_k whatever
-x_1..x_{k-1} are. On the static path the cache is the preallocated store (a HF `StaticCache`),
-whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 new columns + the block).
+x_1..x_{k-1} are. On the static path the store is sized up front, and `--compile` compiles its
+step (`OnePassDrafter`: one width, K + 1 new columns + the block).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DFlashDrafter(OnePassDrafter):
     def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
         super().__init__(head, name, "DFlash")
         self.block_size = int(head.config.block_size)
-        self._tail = self.block_size
+        self._suffix = self.block_size
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
         return (min(num_tokens, self.block_size - 1),)
@@ -51,7 +51,7 @@ class DFlashDrafter(OnePassDrafter):
                 if n:
                     self._pending[b].append(features[b, features.shape[1] - n :])
 
-    def _tail_for(self, size: int) -> int:
+    def _suffix_for(self, size: int) -> int:
         return self.block_size
 
     def _step(self, ids, positions, mask, cache, features):
@@ -108,3 +108,8 @@ class DFlashDrafter(OnePassDrafter):
         features = self._features(hidden)
         for b, n in enumerate(num_accepted):
             self._pending[b].append(features[b, : n + 1])
+
+
+def dflash_rows(head, target, name: str, options=None) -> dict:
+    """The registry's rows of a DFlash head: one block chain, `name`."""
+    return {name: DFlashDrafter(head, name=name)}

@@ -3,7 +3,8 @@
 The contract (the loop in `decoding/loop.py` drives it):
 
     drafter.prepare(batch, capacity, compile, k, sampling, logits)   before the clock: capacity
-                                         (columns per row) is None on the growing store; `logits`:
+                                         (columns per row) is None when not known (the store then
+                                         grows as it fills); `logits`:
                                          whether proposals carry their raw logits; returns the
                                          seconds spent compiling
     drafter.start(prompts, prefill, vocab_size)   prefill: {layer: [B, P, H]} target states of
@@ -27,20 +28,17 @@ token; nodes in topological order, deterministic. `parents=None`: every row is a
 Hidden states: a drafter that reads the TARGET's states names them in `target_layers` (HF
 `output_hidden_states` ids: 0 = embeddings, L = the last layer after the final norm).
 `proposal_sizes(k)`: the usual sizes of a proposal (tokens of a chain, nodes of a tree), the
-largest bounding all: the static path sizes its cache with it and compiles 1 + each size.
+largest bounding all: the static path sizes its store with it and compiles 1 + each size.
 """
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from draftsmith.decoding.compiler import Compiler, compile_mode
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
+from draftsmith.decoding.kv import KVStore, capacity_for, model_cache
 from draftsmith.decoding.masks import chain_attend
 from draftsmith.decoding.sampling import SamplingConfig, draw_rows
 from draftsmith.decoding.target import max_positions, right_aligned
@@ -70,6 +68,8 @@ class Drafter:
     typical: tuple[float, float] | None = None
     #: The deepest proposal a tree drafter makes (None: as deep as asked).
     max_depth: int | None = None
+    #: The draft cost is per step whatever K (every position in one forward), not per drafted token.
+    cost_per_step = False
 
     def max_positions(self) -> int | None:
         """Longest prompt + new tokens the drafter can place (None = no limit of its own)."""
@@ -103,19 +103,19 @@ class Drafter:
 class HeadDrafter(Drafter):
     """A drafter whose head reads the target's hidden states `head.config.aux_layer_ids` (EAGLE,
     DFlash, P-EAGLE): it keeps the head, checks that it names its layers, projects them, and
-    keeps the head's KV store (`kv`): growing, or on the static path a preallocated one (role
-    `kind.lower()`) whose step (`_step`, a cache call of `kv.py`) `compile` compiles per width."""
+    keeps the head's KV store (`kv`, role `kind.lower()`): sized on the static path, where its
+    step (`_step`, a cache call of `kv.py`) `compile` compiles per width, else grown as it fills."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         self.head, self.name, self.kind = head, name, kind
-        self.role = kind.lower()  # the head's static cache, and its compiled steps' key
+        self.role = kind.lower()  # the head's store, and its compiled steps' key
         self.target_layers = tuple(int(i) for i in head.config.aux_layer_ids)
         if not self.target_layers:
             raise ValueError(
                 f"head.config.aux_layer_ids is empty: the {kind} head must name the target layers it reads"
             )
-        self.kv: RaggedCache | None = None
-        self._capacity, self._compile = None, False  # the static store's columns (None: growing), set by `prepare`
+        self.kv: KVStore | None = None
+        self._capacity, self._compile = None, False  # the store's columns (None: grown as it fills), set by `prepare`
 
     def max_positions(self) -> int | None:
         return max_positions(self.head.config)
@@ -136,8 +136,8 @@ class HeadDrafter(Drafter):
     def _prepare_store(
         self, batch: int, capacity: int | None, compile, logits: bool, looks: dict[int, int], extra: int
     ) -> float:
-        """`prepare` of the head's store: growing when `capacity` (the target's columns per row)
-        is None, else static with room for `extra` columns more (what one proposal feeds past a
+        """`prepare` of the head's store: grown as it fills when `capacity` (the target's columns
+        per row) is None, else sized with room for `extra` columns more (what one proposal feeds past a
         row's real ones), its step warmed (compiled with `compile`) for each width of `looks`
         (`warm_up_call`: width -> lookback), with features [batch, width, hidden] as its input.
         Returns the seconds spent compiling."""
@@ -150,45 +150,44 @@ class HeadDrafter(Drafter):
         inputs = lambda width: (torch.zeros(batch, width, size, device=param.device, dtype=param.dtype),)  # noqa: E731
         return kv.warm_up_call(self._step, looks, self.role, inputs)
 
-    def _new_store(self, batch: int) -> RaggedCache:
-        """The head's empty store for a request of `batch` rows (`start`), as `prepare` chose it."""
-        if self._capacity is None:  # the growing store (HF's cache makes its layers at the first forward)
-            param = self._param()
-            return RaggedCache(DynamicCache(), batch, param.device, dtype=param.dtype)
+    def _new_store(self, batch: int) -> KVStore:
+        """The head's empty store for a request of `batch` rows (`start`), sized as `prepare` chose."""
         return model_cache(self.head, self.role, batch, self._capacity, self._compile)
 
 
 class OnePassDrafter(HeadDrafter):
     """A head that drafts every position of a call in ONE forward (DFlash, P-EAGLE), over a
-    `RaggedCache` of its rows' context columns: row b has `_real[b]` columns in the cache and
+    KV store (`kv.py`) of its rows' context columns: row b has `_real[b]` columns in the cache and
     `_pending[b]`, what the verifications returned since, fed with the next call's forward (each
-    column once). Every forward feeds [the new context columns | a fixed tail of `_tail` columns
+    column once). Every forward feeds [the new context columns | a fixed suffix of `_suffix` columns
     (DFlash's block, P-EAGLE's placeholders)] and keeps the real context columns only. On the
     compiled path the context is widened (holes on the left, as in right-aligned rows) to the
     compiled width, so a compiled step runs exactly as it was traced, never recompiled:
     `prepare` compiles ONE width, K + 1 new columns (the fed last token and up to K accepted
-    drafts) + the tail, which every call after the prompt's fits (the prompt's first catch-up
-    is wider and runs uncompiled). One width rather than EAGLE's 1..K + 1: the tail is there
-    anyway and the static store's attention reads its whole buffer whatever the width, so the
+    drafts) + the suffix, which every call after the prompt's fits (the prompt's first catch-up
+    is wider and runs uncompiled). One width rather than EAGLE's 1..K + 1: the suffix is there
+    anyway and a compiled step's attention reads the whole buffer whatever the width, so the
     <= K padding columns cost a little per-column arithmetic, while each width more costs a
     compile. A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
+
+    cost_per_step = True
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
         super().__init__(head.eval(), name, kind)
         self.mask_token_id = int(head.config.mask_token_id)
-        self._tail = 0  # columns each forward feeds after the context (set by a subclass / `prepare`)
+        self._suffix = 0  # columns each forward feeds after the context (set by a subclass / `prepare`)
         self._real: list[int] = []  # context columns in the cache per row (= the next context position)
         self._pending: list[list] = []  # per row, the pieces not yet fed
 
-    def _tail_for(self, size: int) -> int:
-        """The tail's columns for proposals of up to `size` tokens."""
+    def _suffix_for(self, size: int) -> int:
+        """The suffix columns for proposals of up to `size` tokens."""
         raise NotImplementedError
 
     def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
         size = max(self.proposal_sizes(num_tokens))
-        self._tail = self._tail_for(size)
-        looks = {size + 1 + self._tail: 0}  # every later call is padded to it (class docstring)
-        return self._prepare_store(batch, capacity, compile, logits, looks, size + 1 + self._tail)
+        self._suffix = self._suffix_for(size)
+        looks = {size + 1 + self._suffix: 0}  # every later call is padded to it (class docstring)
+        return self._prepare_store(batch, capacity, compile, logits, looks, size + 1 + self._suffix)
 
     def _start_rows(self, batch: int, vocab_size: int) -> None:
         """An empty cache and nothing pending for `batch` rows of a target with `vocab_size` outputs."""
@@ -214,9 +213,9 @@ class OnePassDrafter(HeadDrafter):
         """The context columns of a forward feeding row b `fresh[b]` new ones: the narrowest
         compiled width (less the tail) that holds them all, else the widest row's (uncompiled);
         the cache has room for them and the tail afterwards."""
-        widths = [w - self._tail for w in self.kv.compiled_widths(self.role) if w - self._tail >= max(fresh)]
+        widths = [w - self._suffix for w in self.kv.compiled_widths(self.role) if w - self._suffix >= max(fresh)]
         width = min(widths, default=max(fresh))
-        self.kv.reserve(width + self._tail)
+        self.kv.reserve(width + self._suffix)
         return width
 
     def _forward(self, ids, positions, attend, features, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -261,9 +260,8 @@ class DraftModelDrafter(Drafter):
     lacks (the whole prompt at first, then the correction token, or the last draft and the
     bonus); the drafts x_1..x_{K-1} enter the cache while drafting, and after verification row b
     keeps the first n_b of them. Logits are aligned to the target's vocabulary (padded with
-    -inf, or cut) so that q and p cover the same tokens. On the static path the cache is
-    preallocated and a greedy proposal is ONE call (the catch-up and every draft step,
-    `compiler.make_chain`); with `compile` that chain is compiled for catch-ups of 1 and 2 tokens
+    -inf, or cut) so that q and p cover the same tokens. With `compile` a greedy proposal is ONE
+    call (the catch-up and every draft step, `compiler.make_chain`), compiled for catch-ups of 1 and 2 tokens
     (after a correction; after a bonus), sampled proposals' width-1 and width-2 steps instead
     (the draws come from the rows' generators between steps).
     """
@@ -271,7 +269,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model: PreTrainedModel, name: str = "draft"):
         self.model = model.eval()
         self.name = name
-        self.kv: RaggedCache | None = None
+        self.kv: KVStore | None = None
         self._capacity, self._compile = None, False
         self.model_vocab = self.vocab_size = model.get_output_embeddings().weight.shape[0]  # the target's after start
         self._spec_start = 0  # first cache column of this call's drafts
@@ -314,8 +312,9 @@ class DraftModelDrafter(Drafter):
         ids, positions, lo = right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
         width = max(num_tokens)
         self.kv.reserve(ids.shape[1] + width - 1)  # room for the catch-up and the drafts: no compaction between
-        if sampling.greedy and isinstance(self.kv, StaticRaggedCache):  # the whole chain in one call
-            tokens, raw = self.kv.chain(ids, positions, lo, width, self._bias, self.logits)
+        chained = self.kv.chain(ids, positions, lo, width, self._bias, self.logits) if sampling.greedy else None
+        if chained is not None:  # a compiled chain: the catch-up and every draft in one call
+            tokens, raw = chained
             self._spec_start = self.kv.length - (width - 1)
             raw = None if raw is None else self._aligned(raw.float())
             return Proposal(tokens=tokens, counts=list(num_tokens), logits=raw)
@@ -402,164 +401,6 @@ class PromptLookupDrafter(Drafter):
         return Proposal(tokens=tokens, counts=[len(f) for f in found])
 
 
-_MEDUSA_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {mode: (Compiler, {key: fn})}
-
-
-def _heads_function(heads: torch.nn.Module, num_heads: int, top: int):
-    """h [B, H] -> (logits [num_heads, B, V] as float, then the argmax per head (top = 0: a
-    chain) or the top-`top` ids per head [num_heads, B, top] (a tree)): the first heads only."""
-
-    def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = heads(h, num_heads=num_heads).float()
-        return logits, (logits.argmax(-1) if top == 0 else logits.topk(top, dim=-1).indices)
-
-    return run
-
-
-class MedusaDrafter(Drafter):
-    """Medusa heads on the target's last hidden state (post-norm): head j applied to the state h
-    of a token at position t predicts the token at t + 2 + j. The state of each row's last
-    committed token comes from the verification forward that committed it (no extra pass); the
-    correction/bonus after it is what the target's own lm_head predicted, so head 0 proposes
-    the first draft after it. A row whose prompt is one token has no state before its first call
-    and proposes nothing.
-
-    `heads(hidden [..., H], num_heads=n) -> logits [n, ..., V]` of the first n heads
-    (`draftsmith.heads.medusa.MedusaHeads`); only the heads a proposal reads run. `tree=None`: a
-    chain of the heads' argmax tokens. Otherwise a Medusa tree: paths of ranks, (0, 2) = head 0's
-    top-1 token, then head 1's third-best below it; every prefix of every path is a node (build
-    one with `eval.medusa_tree.build_medusa_tree`). Proposals are deterministic, so both are
-    verified losslessly, unless `typical = (epsilon, delta)` asks for Medusa's lossy rule. With
-    `compile` the heads and their argmax / top-k run as one compiled call (full batches).
-    """
-
-    def __init__(
-        self,
-        heads: torch.nn.Module,
-        target_num_layers: int | None = None,
-        *,
-        tree=None,
-        name: str = "medusa",
-        typical: tuple[float, float] | None = None,
-    ):
-        self.heads = heads
-        self.num_heads = int(heads.config.num_heads)
-        if target_num_layers is None:  # recorded by MedusaHeads.for_target
-            target_num_layers = getattr(heads.config, "target_num_layers", None)
-        if target_num_layers is None:
-            raise ValueError(
-                "MedusaDrafter needs the target's number of layers (the heads read its last, post-norm hidden "
-                "state): pass target_num_layers, the heads' config does not record it"
-            )
-        param = next(itertools.chain(heads.parameters(), heads.buffers()), None)
-        self._param = (param.device, param.dtype) if param is not None else (torch.device("cpu"), torch.float32)
-        self.target_layers = (int(target_num_layers),)
-        self.name = name
-        self.typical = tuple(typical) if typical is not None else None
-        self._compiled = None  # (rows, heads used, compiled function), set by `prepare`
-        self._h: torch.Tensor | None = None  # [B, H] state of each row's last committed token
-        self._has: list[bool] = []
-        self.tree = None if tree is None else [tuple(int(r) for r in path) for path in tree]
-        self._top = 0
-        if self.tree is not None:
-            self._build_tree(self.tree)
-        self.max_depth = self.num_heads if self.tree is None else int(self._depth.max()) + 1
-
-    def _build_tree(self, tree: list[tuple[int, ...]]) -> None:
-        if not tree:
-            raise ValueError("the Medusa tree is empty: give at least one path, or tree=None for a chain")
-        for path in tree:
-            if not path:
-                raise ValueError("a Medusa tree path must hold at least one rank")
-            if len(path) > self.num_heads:
-                raise ValueError(
-                    f"tree deeper than the number of heads: path {path} has depth {len(path)}, "
-                    f"the heads predict {self.num_heads} tokens"
-                )
-            if any(r < 0 for r in path):
-                raise ValueError(f"tree ranks must be >= 0, got path {path}")
-        # Nodes: every prefix of every path, once, ordered by depth then by first appearance.
-        order: dict[tuple[int, ...], int] = {}
-        for path in tree:
-            for d in range(1, len(path) + 1):
-                order.setdefault(path[:d], len(order))
-        nodes = sorted(order, key=lambda node: (len(node), order[node]))
-        index = {node: i for i, node in enumerate(nodes)}
-        self._parents = [index[node[:-1]] if len(node) > 1 else -1 for node in nodes]
-        self._depth = torch.tensor([len(node) - 1 for node in nodes])  # head of each node
-        self._rank = torch.tensor([node[-1] for node in nodes])
-        self._top = int(self._rank.max()) + 1  # top-k width needed from every head
-        # Nodes of depth <= d form a prefix of the list: the tree truncated to d tokens.
-        self._count = [sum(len(node) <= d for node in nodes) for d in range(self.num_heads + 1)]
-
-    def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
-        depth = min(num_tokens, self.num_heads)
-        return (depth if self.tree is None else self._count[depth],)
-
-    def _heads_used(self, num_tokens: int) -> int:
-        """How many heads a proposal of `num_tokens` reads: the chain's length, the tree's depth."""
-        depth = min(num_tokens, self.num_heads)
-        return depth if self.tree is None else int(self._depth[: self._count[depth]].max()) + 1
-
-    def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
-        used, self.logits = self._heads_used(num_tokens), logits
-        if compile_mode(compile) is None:
-            self._compiled = None
-            return 0.0
-        # Compiled once per heads module, mode and shape, shared by every drafter over them.
-        slots = _MEDUSA_COMPILED.setdefault(self.heads, {})
-        mode = compile_mode(compile)
-        if mode not in slots:
-            slots[mode] = (Compiler(mode, self._param[0], f"the Medusa heads ({type(self.heads).__name__})"), {})
-        compiler, functions = slots[mode]
-        key = (batch, used, self._top)
-        before = compiler.seconds
-        if key not in functions and compiler.enabled:
-            h = torch.zeros(batch, self.heads.config.hidden_size, device=self._param[0], dtype=self._param[1])
-            compiled = compiler.wrap(_heads_function(self.heads, used, self._top))
-            with torch.inference_mode():
-                if compiler.first_calls("the Medusa heads", compiled, h):
-                    functions[key] = compiled
-        self._compiled = (batch, used, functions[key]) if key in functions else None
-        return compiler.seconds - before
-
-    def start(self, prompts, prefill, vocab_size) -> None:
-        self._has = [len(p) >= 2 for p in prompts]
-        states = prefill.get(self.target_layers[0])
-        # right-aligned: column -1 is real. A copy in standard strides: the view's follow the prompt's
-        # length (even with one row, where `.contiguous()` keeps them), and compiled heads would
-        # recompile for every new stride (`accepted`'s states are gathered, so already standard).
-        self._h = states[:, -1].clone(memory_format=torch.contiguous_format) if states is not None else None
-
-    @torch.inference_mode()
-    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
-        depth = [min(k, self.num_heads) if has else 0 for k, has in zip(num_tokens, self._has)]
-        if max(depth) == 0:  # also when no row has a state yet (every prompt one token long)
-            return Proposal.empty(len(depth))
-        h = self._h.to(device=self._param[0], dtype=self._param[1])
-        used = self._heads_used(max(depth))
-        if self._compiled is not None and self._compiled[0] == h.shape[0] and self._compiled[1] >= used:
-            logits, top = self._compiled[2](h)
-            if h.device.type == "cuda":  # CUDA graph outputs are reused by the next replay
-                logits, top = logits.clone(), top.clone()
-        else:
-            logits, top = _heads_function(self.heads, used, self._top)(h)
-        if self.tree is None:  # head j's argmax proposes draft j + 1
-            width = max(depth)
-            raw = logits[:width].transpose(0, 1) if self.logits else None
-            return Proposal(tokens=top[:width].T, counts=depth, logits=raw)
-        counts = [self._count[d] for d in depth]
-        nodes = max(counts)
-        head, rank = self._depth[:nodes].to(top.device), self._rank[:nodes].to(top.device)
-        tokens = top[head, :, rank].T  # [B, nodes]: node i is rank_i of head_i
-        return Proposal(tokens=tokens, counts=counts, parents=[self._parents[:c] for c in counts])
-
-    def select(self, rows, kept) -> None:
-        self._h = self._h.index_select(0, rows.to(self._h.device)) if self._h is not None else None
-        self._has = [self._has[i] for i in kept]
-
-    def accepted(self, num_accepted, committed, hidden) -> None:
-        states = hidden[self.target_layers[0]]  # row b's committed columns first
-        rows = torch.arange(states.shape[0], device=states.device)
-        self._h = states[rows, torch.tensor(num_accepted, device=states.device)]
-        self._has = [True] * states.shape[0]
+def draft_model_rows(model, target, name: str, options=None) -> dict:
+    """The registry's rows of a draft model: one chain, `name`."""
+    return {name: DraftModelDrafter(model, name=name)}

@@ -6,8 +6,8 @@ position t, the "pair" t is (token_{t+1}, f_t), fed at position t:
     f_t           the target's feature at t: eagle1 the last hidden state (post-norm),
                   eagle3 project(concat of the aux hidden states at t)
     head(pair t)  -> (g_t, logits over token_{t+2})
-The head's ragged cache (`decoding/kv.py`, either store: a HF `DynamicCache`, or on the static
-path a preallocated `StaticCache` whose steps `--compile` compiles like the target's) holds each
+The head's ragged KV store (`decoding/kv.py`; on the static path sized up front, its steps
+compiled by `--compile` like the target's) holds each
 row's REAL pairs only: the pairs of the tokens a verification committed are fed at the next `propose` (their
 features arrive with the verification), then the proposal drafts with the head's own g as the
 feature, one position further on per depth, and those speculative columns are cut again. Tokens
@@ -98,7 +98,7 @@ class EagleDrafter(HeadDrafter):
         return min(self.tree["depth"], num_tokens - 1), min(self.tree["top_k"], self.head.config.draft_vocab_size)
 
     def prepare(self, batch, capacity, compile, num_tokens, sampling, logits=False) -> float:
-        """The static store holds a request's real pairs (`capacity`) and one proposal's drafts;
+        """A sized store holds a request's real pairs (`capacity`) and one proposal's drafts;
         with `compile`, its steps are compiled for every catch-up width (1 to K + 1: the fed last
         token and the accepted drafts, and the chain's one-token steps) and the tree's frontier."""
         looks = dict.fromkeys(range(1, num_tokens + 2), 0)
@@ -242,3 +242,25 @@ class EagleDrafter(HeadDrafter):
         offsets = torch.arange(width, device=device)[None] - torch.tensor(lo, device=device)[:, None]
         positions = torch.where(offsets >= 0, torch.tensor(self._real, device=device)[:, None] + offsets, 0)
         self._pending = (ids, features, positions, lo)
+
+
+def eagle_rows(head, target, name: str, options=None) -> dict:
+    """The registry's rows of an EAGLE head: NAME-chain, and NAME-tree (an EAGLE-2 dynamic tree)
+    when `options.tree` is "DEPTH,TOP_K,TOTAL_TOKENS"."""
+    typical = options.typical if options is not None else None
+    rows = {f"{name}-chain": EagleDrafter(head, name=f"{name}-chain", typical=typical)}
+    if options is not None and options.tree:
+        tree = parse_eagle_tree(options.tree)
+        rows[f"{name}-tree"] = EagleDrafter(head, tree=tree, name=f"{name}-tree", typical=typical)
+    return rows
+
+
+def parse_eagle_tree(text: str) -> dict:
+    """ "DEPTH,TOP_K,TOTAL_TOKENS" -> the EagleDrafter tree options; ValueError naming what was expected."""
+    try:
+        depth, top_k, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"tree {text!r}: expected DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16") from None
+    if min(depth, top_k, total) < 1:
+        raise ValueError(f"tree {text!r}: DEPTH, TOP_K and TOTAL_TOKENS must all be >= 1")
+    return {"depth": depth, "top_k": top_k, "total_tokens": total}

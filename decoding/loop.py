@@ -18,7 +18,8 @@ Randomness: row b draws from a generator seeded with `seeds[b]` and makes the sa
 same order whatever the other rows do, so `generate_batch(seed=s)` row b equals
 `generate(seed=row_seed(s, b))` (up to the float round-off of batched forwards).
 
-The static path (`static_cache=True`, or `compile=`): every model cache is preallocated and, with
+The static path (`static_cache=True`, or `compile=`): every model's KV store is sized up front
+for the whole request (the default path's stores grow as they fill) and, with
 `compile`, the target's verification widths (1 + each usual proposal size) and the draft's steps
 are compiled before the clock starts (`compile_seconds`, never part of the decoding time).
 """
@@ -48,6 +49,7 @@ from draftsmith.decoding.target import check_prompts, max_positions, right_align
 from draftsmith.decoding.tree import depths, truncate_tree, verify_tree, verify_tree_greedy, verify_tree_typical
 
 _MAX_SEED = 2**32  # seeds of generate_batch: [0, 2**32)
+DEFAULT_NUM_DRAFT_TOKENS = 4  # K when a caller names none (the evaluator's settings take it too)
 _MASK64 = 2**64 - 1
 
 
@@ -75,7 +77,7 @@ def generate(
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -121,7 +123,7 @@ def generate_batch(
     prompts: list[torch.Tensor],
     drafter: Drafter | None = None,
     *,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
     max_new_tokens: int,
     sampling: SamplingConfig | None = None,
     eos_token_id=None,
@@ -177,7 +179,7 @@ def decode(
     prompts: list[torch.Tensor],
     drafter: Drafter | None = None,
     *,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
     max_new_tokens: int,
     sampling: SamplingConfig | None = None,
     eos_token_id=None,
@@ -291,7 +293,7 @@ def decode(
         alive = [i for i, (r, hit) in enumerate(zip(active, hits)) if hit is None and len(new[r]) < max_new_tokens]
         index = torch.tensor(alive, dtype=torch.long, device=device) if alive and len(alive) < size else None
         if index is not None:
-            kv.select(index, alive)  # static: they stay as padding rows
+            kv.select(index, alive)  # with compiled steps they stay, as padding rows
         kv.compact_if_wasteful()
         t2 = now()
         for i, r in enumerate(active):

@@ -9,16 +9,16 @@ together with K - 1 placeholders, in ONE causal forward:
     positions  ...                    n_b - 2                   | n_b - 1 ... n_b + K - 3
     outputs                           -> token n_b              | -> token n_b + d
 mask_d's token is the mask token, its feature project(mask_hidden); it sees its row's real pairs
-and the placeholders before it. The cache (`decoding/kv.py`'s `RaggedCache` over an
-`DynamicCache`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
+and the placeholders before it. The KV store (`decoding/kv.py`'s
+`KVStore`) keeps the real pairs only: the placeholders' columns are cut at once, so a row's
 pairs are fed once and nothing is rolled back after a verification.
 
 Lossless at any temperature: greedy takes each depth's argmax; sampling draws depth d from its
 own q_d = sampling.probs(logits_d) (the target's temperature, top-k, top-p) with the row's
 generator and hands q_d to the verifier as `probs`. Speculative sampling needs each draft drawn
 from the q it reports given everything before it, which holds since q_d depends on the context
-only, not on the drafts x_1..x_{d-1}. On the static path the cache is the preallocated store (a
-HF `StaticCache`), whose step `--compile` compiles (`OnePassDrafter`: one width, K + 1 pairs + K - 1 masks).
+only, not on the drafts x_1..x_{d-1}. On the static path the store is sized up front, and
+`--compile` compiles its step (`OnePassDrafter`: one width, K + 1 pairs + K - 1 masks).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class PEagleDrafter(OnePassDrafter):
                     ids = torch.as_tensor(list(prompt[1:]), dtype=torch.long, device=device)
                     self._pending[b].append((ids, features[b, features.shape[1] - n :]))
 
-    def _tail_for(self, size: int) -> int:
+    def _suffix_for(self, size: int) -> int:
         return max(size - 1, 0)
 
     @torch.inference_mode()
@@ -65,12 +65,12 @@ class PEagleDrafter(OnePassDrafter):
         if max(counts) == 0:
             return Proposal.empty(batch, device)
         # The placeholders: `prepare`'s K - 1 (extra ones change nothing: each sees only those before it).
-        self._tail = max(self._tail, max(counts) - 1)
+        self._suffix = max(self._suffix, max(counts) - 1)
         width = self._context_width(fresh)
-        lo, fed = [width - n for n in fresh], width + self._tail
+        lo, fed = [width - n for n in fresh], width + self._suffix
         ids = torch.full((batch, fed), self.mask_token_id, dtype=torch.long, device=device)
         features = torch.zeros(batch, fed, H, device=device, dtype=dtype)
-        features[:, width:] = head.mask_features(batch, self._tail).to(dtype)
+        features[:, width:] = head.mask_features(batch, self._suffix).to(dtype)
         for b, pieces in enumerate(self._pending):
             if fresh[b]:
                 ids[b, lo[b] : width] = torch.cat([i for i, _ in pieces])
@@ -93,3 +93,8 @@ class PEagleDrafter(OnePassDrafter):
         ids = committed.to(features.device)
         for b, n in enumerate(num_accepted):
             self._pending[b].append((ids[b, : n + 1], features[b, : n + 1]))
+
+
+def peagle_rows(head, target, name: str, options=None) -> dict:
+    """The registry's rows of a P-EAGLE head: one chain drafted in one pass, `name`."""
+    return {name: PEagleDrafter(head, name=name)}

@@ -1,5 +1,5 @@
 """Token trees: the verification rules (greedy, lossless sampling, Medusa's lossy typical
-acceptance). Medusa trees are designed from measured head accuracies in `eval/medusa_tree.py`.
+acceptance). Medusa trees are designed from measured head accuracies in `decoding/medusa_tree.py`.
 
 A tree of n draft nodes is given by `tokens[i]` and `parents[i]` (the parent's index, or -1
 for a child of the last committed token), in topological order (parents first). The target

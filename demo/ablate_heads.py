@@ -96,9 +96,11 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
     t0 = time.perf_counter()
     for loss, seed in runs:
         name = f"{loss}/seed{seed}"
-        base = _recipe(settings.method, ctx, budget, data, cache, out / "runs" / f"{loss}-seed{seed}", settings.steps)
+        method, base = _recipe(
+            settings.method, ctx, budget, data, cache, out / "runs" / f"{loss}-seed{seed}", settings.steps
+        )
         recipe = replace(base, loss=loss, seed=seed, serve_check_prompts=0)  # no serve check: the evaluation follows
-        training[name] = _train_run(settings.method, recipe, name, log)
+        training[name] = _train_run(method, recipe, name, log)
         folders[name] = Path(recipe.out) / "head"
         k = _natural_k(settings.method, recipe)
     train_seconds = time.perf_counter() - t0
@@ -120,12 +122,12 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
     return record
 
 
-def _recipe(method: str, ctx, budget, data: Path, cache: Path, out: Path, steps: int):
-    from draftsmith.demo.heads import dflash_recipe, eagle_recipe, peagle_recipe
+def _recipe(name: str, ctx, budget, data: Path, cache: Path, out: Path, steps: int):
+    """(method, recipe): the demo's recipe `name` (recipes/<family>/<name>.yaml) for `steps` steps."""
+    from draftsmith.demo.heads import demo_recipe
 
-    build = {"dflash": dflash_recipe, "eagle3": eagle_recipe, "peagle": peagle_recipe}[method]
-    recipe = build(ctx, budget, data, cache, str(out))
-    return replace(recipe, max_steps=steps, eval_every=steps, save_every=steps + 1)
+    method, recipe = demo_recipe(ctx, budget, name, data, cache, str(out))
+    return method, replace(recipe, max_steps=steps, eval_every=steps, save_every=steps + 1)
 
 
 def _natural_k(method: str, recipe) -> int:
@@ -135,26 +137,28 @@ def _natural_k(method: str, recipe) -> int:
     ](recipe)
 
 
-def _train_run(method: str, recipe, name: str, log) -> dict:
+def _train_run(method, recipe, name: str, log) -> dict:
     """One head (skipped when its training summary exists); its training summary."""
-    from draftsmith.train import dflash, eagle, peagle
+    import importlib
 
-    train = {"dflash": dflash.train, "eagle3": eagle.train, "peagle": peagle.train}[method]
+    train = importlib.import_module(method.trainer).train
     summary_path = Path(recipe.out) / "training_summary.json"
     if not summary_path.is_file():
         shutil.rmtree(recipe.out, ignore_errors=True)
-        log(f"== {method} {name}: {recipe.max_steps} steps x {recipe.batch_size} rows")
+        log(f"== {method.kind} {name}: {recipe.max_steps} steps x {recipe.batch_size} rows")
         t0 = time.perf_counter()
         train(recipe, progress=False)
         log(f"   {time.perf_counter() - t0:.0f} s")
     return json.loads(summary_path.read_text())
 
 
-def _drafter(method: str, folder: Path, ctx, name: str):
+def _drafter(recipe_name: str, folder: Path, ctx, name: str):
     """The head as `draftsmith eval` loads it (`chain_drafter`, with its checks), named `name`."""
+    from draftsmith.demo.heads import demo_recipes, get_budget
     from draftsmith.eval.drafter_specs import chain_drafter
 
-    drafter = chain_drafter("eagle" if method == "eagle3" else method, folder, ctx.target, ctx.device, ctx.dtype)
+    method, _ = demo_recipes(get_budget(ctx.settings.target, ctx.settings.budget))[recipe_name]
+    drafter = chain_drafter(method.kind, folder, ctx.target, ctx.device, ctx.dtype)
     drafter.name = name
     return drafter
 

@@ -5,10 +5,9 @@
   2. one hidden-state cache of that data (`draftsmith.distill.hidden_cache`): the layers every
      head reads (EAGLE-3's (2, L//2, L-3) and the last) and the target's top-k logits, paid once
      and shared by every trainer below;
-  3. Medusa-1 heads (`train/medusa.py`), an EAGLE-3 head with a reduced draft vocabulary
-     (`train/eagle.py`), a DFlash block drafter (`train/dflash.py`), a P-EAGLE head
-     (`train/peagle.py`), and a layer-truncated copy of the target distilled DistillSpec-style
-     (`train/draft.py`); `recipes/smollm2/*.yaml` hold the same settings for the command line.
+  3. every registered method (heads/registry.py) that has a shipped recipe for the target's family
+     (`recipes/<family>/<name>.yaml`), trained from that recipe with the demo's data, cache, steps
+     and batch: the recipes are the settings, for the demo and for the command line alike.
 
 They live in `<cache>/demo-heads-<target>-<budget>/` with a stamp recording the target's
 fingerprint and the data budget; a stamp that does not match means the folder is rebuilt, never
@@ -18,7 +17,7 @@ reused. A trained artifact is reused only when its saved recipe equals the one t
 from __future__ import annotations
 
 import shutil
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 
 from draftsmith.distill.data import read_json, write_json_atomic
@@ -26,84 +25,52 @@ from draftsmith.distill.data import read_json, write_json_atomic
 
 @dataclass(frozen=True)
 class HeadsBudget:
+    family: str  # recipes/<family>/: one shipped recipe per method sets how it trains on this target
     prompts: int  # training prompts answered by the target
     max_new_tokens: int  # per answer
     generate_batch: int
     max_length: int  # prompt + answer tokens trained
-    batch_size: int  # rows per training step, every head
-    medusa_steps: int
-    num_heads: int
-    draft_steps: int  # distillation of the truncated target
-    draft_layers: int  # layers kept by the truncated draft
-    eagle_steps: int  # EAGLE-3 head
-    ttt_steps: int  # EAGLE-3 training-time test unroll
-    draft_vocab: int | None  # reduced vocabulary of EAGLE-3, DFlash and P-EAGLE (None = the target's)
-    dflash_steps: int
-    block_size: int  # DFlash slots per block: block_size - 1 drafts per forward
-    peagle_steps: int
-    peagle_depths: int
+    batch_size: int  # rows per training step, every method
+    steps_scale: float = 1.0  # each recipe's max_steps times this
+    max_steps: int | None = None  # instead: every method this many steps
+    overrides: tuple[tuple[str, object], ...] = ()  # recipe keys set for every method whose recipe has them
     evals: int = 1  # held-out evaluations per training run (their simulated tau is the learning curve)
-    topk_logits: int = 64  # the draft distillation's teacher: top k + the tail's mass
+    topk_logits: int = 64  # the top-k teacher logits kept in the cache (+ the tail's mass)
 
 
 # Sized for 2 CPU cores (see README "draftsmith demo" for the measured times); `long` shows how
-# acceptance grows with the tokens trained.
+# acceptance grows with the tokens trained. The micro target (a toy) takes the same recipes, made small.
 BUDGETS = {
     ("smollm2", "default"): HeadsBudget(
-        prompts=512,
-        max_new_tokens=128,
-        generate_batch=16,
-        max_length=512,
-        batch_size=8,
-        medusa_steps=30,
-        num_heads=3,
-        draft_steps=30,
-        draft_layers=4,
-        eagle_steps=60,
-        ttt_steps=3,
-        draft_vocab=8192,
-        dflash_steps=120,
-        block_size=8,
-        peagle_steps=40,
-        peagle_depths=6,
+        "smollm2", prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8
     ),
     ("smollm2", "long"): HeadsBudget(
+        "smollm2",
         prompts=1024,
         max_new_tokens=128,
         generate_batch=16,
         max_length=512,
         batch_size=8,
-        medusa_steps=120,
-        num_heads=3,
-        draft_steps=120,
-        draft_layers=4,
-        eagle_steps=480,
-        ttt_steps=3,
-        draft_vocab=8192,
-        dflash_steps=960,
-        block_size=8,
-        peagle_steps=640,
-        peagle_depths=6,
+        steps_scale=8.0,
         evals=5,
     ),
     ("micro", "default"): HeadsBudget(
+        "smollm2",
         prompts=32,
         max_new_tokens=16,
         generate_batch=8,
         max_length=512,
         batch_size=4,
-        medusa_steps=10,
-        num_heads=3,
-        draft_steps=5,
-        draft_layers=1,
-        eagle_steps=10,
-        ttt_steps=2,
-        draft_vocab=None,
-        dflash_steps=10,
-        block_size=4,
-        peagle_steps=10,
-        peagle_depths=3,
+        max_steps=10,
         topk_logits=8,
+        overrides=(
+            ("draft_vocab_size", None),
+            ("draft_layers", 1),
+            ("block_size", 4),
+            ("num_depths", 3),
+            ("ttt_steps", 2),
+            ("eval_depth", 2),
+        ),
     ),
 }
 STAMP = "stamp.json"
@@ -131,8 +98,8 @@ def _stamp(target_fingerprint: str, budget: HeadsBudget) -> dict:
 def _trained_with(folder: Path, recipe) -> bool:
     """True when `folder` was trained with `recipe`, keys that do not change the weights aside (the
     run-control keys a resume may change too: output path, logging, the serve check...)."""
+    from draftsmith.train.checkpoints import RUN_CONTROL_KEYS
     from draftsmith.train.recipe import recipe_dict
-    from draftsmith.train.run import RUN_CONTROL_KEYS
 
     try:
         saved = read_json(folder / "recipe.json", "recipe")
@@ -169,7 +136,8 @@ def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
     """The target's own answers to `budget.prompts` training prompts (resumes a partial run)."""
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.data import SUMMARY
-    from draftsmith.distill.generate import GenerateSettings, generate_dataset
+    from draftsmith.distill.generate import GenerateSettings
+    from draftsmith.distill.generate_run import generate_dataset
     from draftsmith.distill.sources import load_source
     from draftsmith.distill.summary import describe_summary
 
@@ -202,10 +170,10 @@ def demo_data(ctx, budget: HeadsBudget, root: Path, log=print) -> Path:
 
 
 def head_layers(ctx) -> list[int]:
-    """The target layers every head of the demo reads: EAGLE-3's (2, L//2, L-3)."""
-    from draftsmith.heads.eagle.model import default_aux_layer_ids
+    """The target layers every head of the demo reads: (2, L//2, L-3), as the recipes of a family set them."""
+    from draftsmith.heads.layers import spread_layer_ids
 
-    return default_aux_layer_ids(ctx.target.config.get_text_config().num_hidden_layers)
+    return spread_layer_ids(ctx.target.config.get_text_config().num_hidden_layers)
 
 
 def demo_cache(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> Path:
@@ -237,17 +205,16 @@ def demo_cache(ctx, budget: HeadsBudget, root: Path, data: Path, log=print) -> P
     return out
 
 
-def _train_once(ctx, root: Path, name: str, artifact: str, recipe_for, train, announce: str, report, log) -> Path:
+def _train_once(ctx, root: Path, name: str, artifact: str, recipe, train, announce: str, log) -> Path:
     """Train into `root/name` once and reuse it while its saved recipe equals this one. The run
-    goes to a hidden work folder, renamed into place when complete: nothing half-trained is
-    ever reused. Returns the artifact folder (`root/name/artifact`)."""
-    final, work = root / name, root / f".{name}-training"
-    recipe = recipe_for(str(work))
+    goes to a hidden work folder (`recipe.out`), renamed into place when complete: nothing
+    half-trained is ever reused. Returns the artifact folder (`root/name/artifact`)."""
+    final, work = root / name, Path(recipe.out)
     if (final / artifact / "config.json").is_file() and _trained_with(final, recipe):
         return final / artifact
     shutil.rmtree(work, ignore_errors=True)
     log(announce)
-    line = report(train(recipe, progress=ctx.progress))
+    line = _summary_line(train(recipe, progress=ctx.progress))
     if line:
         log(line)
     shutil.rmtree(final, ignore_errors=True)
@@ -255,11 +222,53 @@ def _train_once(ctx, root: Path, name: str, artifact: str, recipe_for, train, an
     return final / artifact
 
 
-def _run_fields(ctx, budget: HeadsBudget, data: Path, out, steps: int) -> dict:
-    """The recipe fields every demo training shares: the demo target and data, `steps` steps of
-    `budget.batch_size` rows with `budget.evals` held-out evaluations and no intermediate
-    checkpoint, fp32 weights (bf16 autocast stays each trainer's choice)."""
-    return {
+def _summary_line(summary: dict) -> str | None:
+    """The held-out evaluation of a finished run in one line: its simulated tau (or acceptance) and tokens/s."""
+    ev = summary.get("eval") or {}
+    rate = summary.get("train_tokens_per_second")
+    speed = f", {rate:,.0f} training tokens/s" if rate else ""
+    if "tau_simulated" in ev:
+        return f"held-out simulated tau {ev['tau_simulated']:.2f} (counts the bonus token){speed}"
+    if "acceptance" in ev:
+        return f"held-out acceptance (T = 1) {ev['acceptance']:.3f}{speed}"
+    return None
+
+
+def demo_recipes(budget: HeadsBudget) -> dict[str, tuple]:
+    """{recipe name: (its method, its file)} of every registered method with a recipe in the
+    budget's family folder, in the registry's order."""
+    from draftsmith.heads.registry import METHODS
+    from draftsmith.train.recipe_files import recipes_root
+
+    found = {}
+    for method in METHODS.values():
+        for name in method.recipe_files:
+            path = recipes_root() / budget.family / f"{name}.yaml"
+            if path.is_file():
+                found[name] = (method, path)
+                break
+    return found
+
+
+def demo_recipe(ctx, budget: HeadsBudget, name: str, data: Path, cache: Path | None, out: str):
+    """The shipped recipe `name` of the budget's family with the demo's own data, cache, output,
+    steps and batch (and the budget's overrides): (method, recipe)."""
+    from dataclasses import fields as recipe_fields
+
+    from draftsmith.train.recipe import load_recipe
+
+    method, path = demo_recipes(budget)[name]
+    recipe_class = method.part("recipe")
+    base = load_recipe(recipe_class, path)
+    keys = {f.name for f in recipe_fields(recipe_class)}
+    steps = budget.max_steps or max(1, round(base.max_steps * budget.steps_scale))
+    values = {k: v for k, v in budget.overrides if k in keys}
+    for key in ("hidden_cache", "teacher_cache"):  # the demo's one cache serves every method that reads one
+        if getattr(base, key, None) is not None:
+            values[key] = None if cache is None else str(cache)
+    if getattr(base, "aux_layers", None) is not None:
+        values["aux_layers"] = head_layers(ctx)
+    values |= {
         "target": str(ctx.built.target),
         "data": str(data),
         "out": out,
@@ -271,156 +280,20 @@ def _run_fields(ctx, budget: HeadsBudget, data: Path, out, steps: int) -> dict:
         "device": ctx.device.type,
         "dtype": "float32" if ctx.device.type == "cpu" else "auto",
     }
-
-
-def _cache(cache: Path | None) -> str | None:
-    return None if cache is None else str(cache)  # None: the trainer runs the target online
-
-
-def _head_fields(ctx, budget: HeadsBudget, cache: Path | None) -> dict:
-    """The keys the heads over the target's states share: the cached layers, the reduced vocabulary,
-    lr 1e-3 (small heads in short runs)."""
-    return {
-        "aux_layers": head_layers(ctx),
-        "draft_vocab_size": budget.draft_vocab,
-        "hidden_cache": _cache(cache),
-        "lr": 1e-3,
-    }
-
-
-def _top1_report(what: str, key: str):
-    """The summary line of a head trainer's held-out evaluation: `what` per entry of `key`, tau, tokens/s."""
-
-    def report(summary):
-        ev = summary["eval"]
-        rate = summary.get("train_tokens_per_second")
-        speed = f", {rate:,.0f} training tokens/s" if rate else ""
-        return ev and f"{what} {[round(a, 3) for a in ev[key]]}, simulated tau {ev['tau_simulated']:.2f}{speed}"
-
-    return report
-
-
-def medusa_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
-    from draftsmith.train.medusa import MedusaRecipe
-
-    # the target's frozen lm_head: a 49k-row head per Medusa head would be most of the drafting cost
-    return MedusaRecipe(
-        **_run_fields(ctx, budget, data, out, budget.medusa_steps),
-        num_heads=budget.num_heads,
-        share_lm_head=True,
-        hidden_cache=_cache(cache),
-    )
-
-
-def draft_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
-    from draftsmith.train.draft import DraftRecipe
-
-    return DraftRecipe(
-        **_run_fields(ctx, budget, data, out, budget.draft_steps),
-        draft_init="truncate",
-        draft_layers=budget.draft_layers,
-        loss="kl_tv",
-        lr=1e-3,
-        teacher_cache=_cache(cache),
-        num_draft_tokens=ctx.settings.num_draft_tokens,
-    )
-
-
-def eagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
-    from draftsmith.train.eagle import EagleRecipe
-
-    return EagleRecipe(
-        **_run_fields(ctx, budget, data, out, budget.eagle_steps),
-        **_head_fields(ctx, budget, cache),
-        version="eagle3",
-        ttt_steps=budget.ttt_steps,
-        eval_depth=ctx.settings.num_draft_tokens,
-    )
-
-
-def dflash_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
-    from draftsmith.train.dflash import DFlashRecipe
-
-    return DFlashRecipe(
-        **_run_fields(ctx, budget, data, out, budget.dflash_steps),
-        **_head_fields(ctx, budget, cache),
-        num_layers=1,
-        block_size=budget.block_size,
-        max_anchors=64,
-    )
-
-
-def peagle_recipe(ctx, budget: HeadsBudget, data: Path, cache: Path, out: str):
-    from draftsmith.train.peagle import PEagleRecipe
-
-    return PEagleRecipe(
-        **_run_fields(ctx, budget, data, out, budget.peagle_steps),
-        **_head_fields(ctx, budget, cache),
-        num_depths=budget.peagle_depths,
-        max_anchors=128,
-    )
-
-
-def _distilled_report(summary):
-    ev, init = summary["eval"], summary["initial"]
-    return ev and init and f"held-out acceptance (T = 1) {init['acceptance']:.3f} -> {ev['acceptance']:.3f}"
-
-
-# name: (trainer module, artifact folder, recipe builder, the announcement, the summary line)
-TRAINED = {
-    "medusa": (
-        "medusa",
-        "heads",
-        medusa_recipe,
-        lambda b: f"Medusa-1: {b.num_heads} heads over the target's lm_head, {b.medusa_steps} steps",
-        _top1_report("Medusa heads: top-1 per head", "top1"),
-    ),
-    "distilled-draft": (
-        "draft",
-        "draft",
-        draft_recipe,
-        lambda b: f"draft distillation: the target's first "
-        f"{b.draft_layers} layers, KL+TV from the top-{b.topk_logits} teacher, {b.draft_steps} steps",
-        _distilled_report,
-    ),
-    "eagle3": (
-        "eagle",
-        "head",
-        eagle_recipe,
-        lambda b: f"EAGLE-3: training-time test over {b.ttt_steps} steps, "
-        f"draft vocabulary {b.draft_vocab}, {b.eagle_steps} steps",
-        _top1_report("EAGLE-3 head: top-1 per step", "top1_per_step"),
-    ),
-    "dflash": (
-        "dflash",
-        "head",
-        dflash_recipe,
-        lambda b: f"DFlash: blocks of {b.block_size} slots "
-        f"({b.block_size - 1} drafts per forward), {b.dflash_steps} steps",
-        _top1_report("DFlash head: top-1 per slot", "top1_per_slot"),
-    ),
-    "peagle": (
-        "peagle",
-        "head",
-        peagle_recipe,
-        lambda b: f"P-EAGLE: {b.peagle_depths} depths per forward, {b.peagle_steps} steps",
-        _top1_report("P-EAGLE head: top-1 per depth", "top1_per_depth"),
-    ),
-}
+    return method, replace(base, **values)
 
 
 def train_demo_drafter(ctx, name: str, log=print) -> Path:
-    """The trained artifact `name` of TRAINED (trained once on the demo data from the shared cache)."""
+    """The trained artifact of the demo recipe `name` (trained once on the demo data from the shared cache)."""
     import importlib
 
-    module, artifact, recipe_builder, announce, report = TRAINED[name]
     budget, root, data, cache = ctx.distill_data()
-    train = importlib.import_module(f"draftsmith.train.{module}").train
-
-    def recipe_for(out):
-        return recipe_builder(ctx, budget, data, cache, out)
-
-    return _train_once(ctx, root, name, artifact, recipe_for, train, announce(budget), report, log)
+    method, recipe = demo_recipe(ctx, budget, name, data, cache, str(root / f".{name}-training"))
+    train = importlib.import_module(method.trainer).train
+    announce = (
+        f"{method.title}: recipes/{budget.family}/{name}.yaml, {recipe.max_steps} steps x {recipe.batch_size} rows"
+    )
+    return _train_once(ctx, root, name, method.run_folder, recipe, train, announce, log)
 
 
 def learning_curve(folder: Path) -> list[dict]:
@@ -440,7 +313,7 @@ def learning_curve(folder: Path) -> list[dict]:
 def training_speeds(root: Path) -> dict:
     """Each trainer's tokens/s and the target's forward-only tokens/s of the shared cache."""
     speeds = {}
-    for name in TRAINED:
+    for name in (p.name for p in sorted(root.iterdir()) if (p / "training_summary.json").is_file()):
         try:
             speeds[name] = read_json(root / name / "training_summary.json", "summary").get("train_tokens_per_second")
         except ValueError:

@@ -129,112 +129,51 @@ def _prompt_lookup(ctx: DemoContext):
     return PromptLookupDrafter(max_ngram=3)
 
 
-def _load_draft(folder, *, target, device, dtype):
-    from draftsmith.heads.models import load_causal_lm
-
-    return load_causal_lm(folder, device=device, dtype=dtype, role="draft")
+TREE_NODES = 16  # every tree row verifies 17 tokens per call
 
 
-def _distilled_draft(ctx: DemoContext):
-    from draftsmith.decoding.drafters import DraftModelDrafter
+def _trained_row(name: str, method, row: str, tree: str | None):
+    """The `prepare` of row `row` of the drafter the demo trains from recipe `name` (of `method`)."""
 
-    return DraftModelDrafter(ctx.trained("distilled-draft", _load_draft), name="distilled-draft")
+    def prepare(ctx: DemoContext):
+        from draftsmith.heads.registry import RowOptions
 
+        drafter = ctx.trained(name, method.load)
+        return method.rows(drafter, ctx.target, name, RowOptions(tree=tree, tree_nodes=TREE_NODES))[row]
 
-def _medusa_heads(ctx: DemoContext):
-    from draftsmith.heads.medusa import load_medusa
-
-    return ctx.trained("medusa", load_medusa)
-
-
-def _medusa_chain(ctx: DemoContext):
-    from draftsmith.decoding.drafters import MedusaDrafter
-
-    layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(_medusa_heads(ctx), layers, name="medusa-chain")
+    return prepare
 
 
-MEDUSA_TREE_NODES = 16  # verify 17 tokens per call
+def _recipe_line(path: Path) -> str:
+    """What a recipe trains: the first sentence of its opening comment."""
+    words = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#") or not line.strip("# "):
+            break
+        words.append(line.strip("# "))
+    text = " ".join(words)
+    return text.split(". ")[0].rstrip(".") if text else path.stem
 
 
-def _medusa_tree(ctx: DemoContext):
-    from draftsmith.decoding.drafters import MedusaDrafter
-    from draftsmith.eval.medusa_tree import build_medusa_tree
+def demo_methods(budget) -> list[DemoMethod]:
+    """Prompt lookup (free), then every registered method the budget's family has a recipe for, in
+    the registry's order: its chain row, and its tree row when the method decodes trees."""
+    from draftsmith.demo.heads import demo_recipes
 
-    heads = _medusa_heads(ctx)
-    tree = build_medusa_tree(heads.config.head_accuracies, MEDUSA_TREE_NODES)
-    layers = ctx.target.config.get_text_config().num_hidden_layers
-    return MedusaDrafter(heads, layers, tree=tree, name="medusa-tree")
+    rows = [
+        DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup)
+    ]
+    for name, (method, path) in demo_recipes(budget).items():
+        what = _recipe_line(path)
+        chain = name + method.row_suffix
+        rows.append(DemoMethod(chain, f"{what}; {method.title}, top-1 chain", _trained_row(name, method, chain, None)))
+        if method.default_tree:
+            tree, spec = f"{name}-tree", method.default_tree
+            rows.append(
+                DemoMethod(tree, f"the same, decoded as a tree ({spec})", _trained_row(name, method, tree, spec))
+            )
+    return rows
 
-
-EAGLE_TREE = {"depth": 3, "top_k": 4, "total_tokens": 16}  # same node budget as the Medusa tree
-
-
-def _eagle_head(ctx: DemoContext):
-    from draftsmith.heads.eagle import load_eagle
-
-    return ctx.trained("eagle3", load_eagle)
-
-
-def _eagle_chain(ctx: DemoContext):
-    from draftsmith.decoding.eagle import EagleDrafter
-
-    return EagleDrafter(_eagle_head(ctx), name="eagle3-chain")
-
-
-def _eagle_tree(ctx: DemoContext):
-    from draftsmith.decoding.eagle import EagleDrafter
-
-    return EagleDrafter(_eagle_head(ctx), tree=EAGLE_TREE, name="eagle3-tree")
-
-
-def _dflash(ctx: DemoContext):
-    from draftsmith.decoding.dflash import DFlashDrafter
-    from draftsmith.heads.dflash_formats import load_dflash
-
-    return DFlashDrafter(ctx.trained("dflash", load_dflash), name="dflash")
-
-
-def _peagle(ctx: DemoContext):
-    from draftsmith.decoding.peagle import PEagleDrafter
-    from draftsmith.heads.eagle import load_eagle
-
-    return PEagleDrafter(ctx.trained("peagle", load_eagle), name="peagle")
-
-
-# Every drafter method of the toolkit, in report order (each trained with the demo budget). No
-# independent small draft: no smaller model with SmolLM2's tokenizer can be had offline, so the
-# draft-model row is the target's own first layers, distilled.
-METHODS: list[DemoMethod] = [
-    DemoMethod("prompt-lookup", "n-gram lookup in the context (max n = 3); no model, no training", _prompt_lookup),
-    DemoMethod(
-        "distilled-draft",
-        "the target's first layers (+ its embeddings and lm_head), distilled (KL + TV) on the target's own answers",
-        _distilled_draft,
-    ),
-    DemoMethod(
-        "medusa-chain",
-        "Medusa-1 heads over the target's lm_head, trained on its own answers; top-1 of each head",
-        _medusa_chain,
-    ),
-    DemoMethod(
-        "medusa-tree",
-        f"the same heads, a {MEDUSA_TREE_NODES}-node tree built from their measured top-k accuracies",
-        _medusa_tree,
-    ),
-    DemoMethod(
-        "eagle3-chain",
-        "EAGLE-3 head (training-time test, reduced vocabulary) on the target's own answers; top-1 chain",
-        _eagle_chain,
-    ),
-    DemoMethod("eagle3-tree", "the same head, EAGLE-2 dynamic tree (depth 3, top-k 4, 16 nodes)", _eagle_tree),
-    DemoMethod("dflash", "DFlash block drafter (one forward drafts a block) on the target's own answers", _dflash),
-    DemoMethod(
-        "peagle",
-        "P-EAGLE head (mask placeholders: one forward drafts every depth) on the target's own answers",
-        _peagle,
-    ),
-]
 
 TABLE_NOTE = """\
 alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pooled over positions.
@@ -281,7 +220,8 @@ def run_demo(
     target = load_causal_lm(built.target, device=device_t, dtype=dtype_t, role="target")
     ctx = DemoContext(target, tokenizer, built, device_t, dtype_t, settings, progress=progress, log=log)
     drafters, prepare_s = {}, {}
-    for method in METHODS:
+    methods = demo_methods(budget)
+    for method in methods:
         t = time.perf_counter()
         drafters[method.name] = method.prepare(ctx)
         prepare_s[method.name] = time.perf_counter() - t
@@ -327,7 +267,7 @@ def run_demo(
     report["demo"] = {
         "settings": asdict(settings),
         "budget": asdict(budget),
-        "methods": {m.name: m.what for m in METHODS},
+        "methods": {m.name: m.what for m in methods},
         "demo_target": {
             "folder": str(built.folder),
             "what": spec.what,

@@ -1,8 +1,4 @@
-"""Self-distillation data: the target answers the prompts itself.
-
-    draftsmith generate --target DIR --prompts SRC --out DIR [--max-new-tokens 512]
-                        [--temperature 0 --top-p 1] [--num-samples 1] [--batch-size 8]
-                        [--chat-template auto|none|FILE]
+"""Self-distillation data: the target answers the prompts itself, turn by turn.
 
 A drafter is accepted in proportion to how well it predicts *this* target, so it trains on
 the target's own outputs: every assistant turn of the source is replaced by the target's
@@ -11,18 +7,12 @@ the target's completion. What the drafter learns is marked by the loss mask: the
 content and its end-of-turn token, taken from the tokenizer's own chat template
 (`distill/chat.py`), or the completion tokens for plain prompts.
 
-Work is split into shards of `shard_size` samples. A shard is generated with its own seed
-(seed * 1_000_003 + shard index), written to a temporary folder and renamed into place, so a
-re-run skips complete shards and ends with exactly the data an uninterrupted run makes.
-Under `accelerate launch` process r of N makes the shards k = r mod N (by index, whatever is done):
-no two write one shard, N make the data hash of one; the main one writes provenance and summary.
+This file is the generation loop: `generate_shard` turns one shard's samples into rows.
 Answers cut by --max-new-tokens are kept with finish_reason "length" and counted; a cut turn
 ends its conversation (later turns would follow an answer the target never finished).
-
-Bad input is an error before anything is written: an --out that cannot be written (checked
-before the model is loaded), non-finite weights, a source none of whose prompts fits in
-max_length. Logits are watched while generating (NaN or inf at the lm_head is an error, never a
-dataset of token 0); a run that fails before its first shard is complete removes what it made.
+Logits are watched while generating (NaN or inf at the lm_head is an error, never a dataset
+of token 0). The run around it (the command, the --out folder, shards over processes, resume,
+provenance, the summary) is distill/generate_run.py.
 
 The answers come from a backend: by default the loaded target (`_generate_batch`); with
 `backend=` any callable taking `TurnRequest`s and returning `Answer`s, e.g. a serving engine
@@ -33,25 +23,14 @@ records where its answer's token ids came from (`token_source`).
 from __future__ import annotations
 
 import contextlib
-import shutil
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from draftsmith.distill import data as store
-from draftsmith.distill.chat import (
-    ChatTemplateError,
-    check_template,
-    conversation_tokens,
-    special_token_ids,
-    template_hash,
-)
+from draftsmith.distill.chat import ChatTemplateError, conversation_tokens, special_token_ids
 from draftsmith.distill.prompts import encode_text
 from draftsmith.distill.sources import Record, Source, assistant_turns
-from draftsmith.distill.summary import finish
-from draftsmith.heads.artifacts import check_finite_weights, check_writable_folder
 
 
 @dataclass(frozen=True)
@@ -202,18 +181,6 @@ def _watch_logits(model):
         yield finite
     finally:
         handle.remove()
-
-
-def check_out_folder(out) -> None:
-    """--out is a new folder, an empty one or a draftsmith data folder (to resume), and can be
-    written: checked before any model is loaded (a probe folder is made in it and removed)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise store.DataError(f"--out {str(out)!r} exists and is not a folder; choose a folder path")
-    is_data = (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file()
-    if out.is_dir() and not is_data and any(out.iterdir()):
-        raise store.DataError(f"--out {str(out)!r} exists and is not a draftsmith data folder; choose a new folder")
-    check_writable_folder(out, "--out", store.DataError)
 
 
 def check_prompts_fit(source: Source, tokenizer, template: str | None, max_length: int, explicit: bool) -> None:
@@ -425,187 +392,6 @@ def _turn_request(conv: _Conversation, ids: list[int], budget: int) -> TurnReque
     return TurnRequest(ids, [dict(m) for m in conv.messages[: conv.turns[conv.num_turns]]], None, budget, key)
 
 
-def provenance(
-    model,
-    tokenizer,
-    target_path,
-    source: Source,
-    template: str | None,
-    template_spec: str,
-    settings: GenerateSettings,
-    max_length: int,
-    stop_ids: list[int],
-    dtype,
-) -> dict:
-    from draftsmith.heads.models import describe_model, tokenizer_fingerprint
-
-    return {
-        "kind": "draftsmith self-distillation data",
-        "format_version": 1,
-        "target": describe_model(target_path, model) | {"dtype": str(dtype).removeprefix("torch.")},
-        "tokenizer_hash": tokenizer_fingerprint(tokenizer),
-        "chat_template": {"spec": template_spec, "used": template is not None, "hash": template_hash(template)},
-        "source": {
-            "name": source.name,
-            "format": source.format,
-            "records": len(source.records),
-            "fingerprint": source.fingerprint,
-        },
-        "settings": asdict(settings) | {"max_length": max_length},
-        "stop_token_ids": stop_ids,
-    }
-
-
-# Keys that must agree for a re-run to resume into an existing folder.
-_RESUME_KEYS = ("target", "tokenizer_hash", "chat_template", "source", "settings", "stop_token_ids", "generator")
-
-
-def _check_resumable(out: Path, prov: dict) -> None:
-    old = store.read_json(out / store.PROVENANCE, "existing provenance")
-    differ = [k for k in _RESUME_KEYS if old.get(k) != prov.get(k)]
-    if differ:
-        raise store.DataError(
-            f"--out {str(out)!r} holds data made with other {', '.join(differ)}; "
-            "resume only with the same arguments, or choose a new --out"
-        )
-
-
-def generate_dataset(
-    model,
-    tokenizer,
-    source: Source,
-    out_dir,
-    settings: GenerateSettings,
-    *,
-    template: str | None,
-    template_spec: str = "auto",
-    target_path: str = "",
-    dtype=None,
-    progress: bool = True,
-    log=print,
-    backend=None,
-    state=None,
-) -> dict:
-    """Generate (or finish) the dataset in `out_dir`; returns the summary (None but in the main process
-    of `state`, an accelerate PartialState). With `backend` (an `EndpointBackend`) a server answers."""
-    out = Path(out_dir)
-    rank, processes = (state.process_index, state.num_processes) if state is not None else (0, 1)
-    if rank == 0:  # its probe folder would look like foreign content to a second checker
-        check_out_folder(out)
-    text_config = model.config.get_text_config()
-    max_length = settings.max_length or getattr(text_config, "max_position_embeddings", None) or 4096
-    if source.format == "input_ids":
-        raise store.DataError(
-            f"{source.name!r} holds pre-tokenised input_ids: generation needs text prompts or conversations "
-            '(rows with "prompt", "messages", "conversations" or "turns")'
-        )
-    if template is None and source.format != "prompt":
-        raise store.DataError(
-            f"{source.name!r} holds {source.format} conversations but no chat template is in use "
-            "(the tokenizer has none, or --chat-template none): pass --chat-template FILE"
-        )
-    if template is not None:
-        first = source.records[0]
-        check_template(
-            tokenizer,
-            template,
-            list(first.messages) if first.messages is not None else [{"role": "user", "content": first.prompt}],
-        )
-    check_prompts_fit(source, tokenizer, template, max_length, explicit=settings.max_length is not None)
-    try:
-        check_finite_weights(model, target_path, "--target", store.DataError)
-    except store.DataError as err:
-        raise store.DataError(f"{err}; nothing was written") from None
-    stop_ids = stop_token_ids(model, tokenizer, template)
-    prov = provenance(
-        model,
-        tokenizer,
-        target_path,
-        source,
-        template,
-        template_spec,
-        settings,
-        max_length,
-        stop_ids,
-        dtype or model.dtype,
-    )
-    if backend is not None:
-        prov |= backend.provenance()
-    if (out / store.SUMMARY).is_file() or (out / store.PROVENANCE).is_file():
-        _check_resumable(out, prov)
-    fresh = not (out / store.PROVENANCE).is_file()  # this call starts the folder
-    made = _first_missing(out)
-    if rank == 0:  # one process cleans and starts the folder while the others wait
-        (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
-        store.remove_stale_temporaries(out / store.SHARDS)
-        store.remove_stale_temporaries(out)
-        if fresh:
-            store.write_json_atomic(out / store.PROVENANCE, prov)
-    if processes > 1:
-        state.wait_for_everyone()
-
-    items = [(record, s) for record in source.records for s in range(settings.num_samples)]
-    num_shards = (len(items) + settings.shard_size - 1) // settings.shard_size
-    done = {p.name for p in store.complete_shards(out)}
-    todo = [k for k in range(rank, num_shards, processes) if store.shard_name(k) not in done]
-    if done and rank == 0:
-        log(f"resuming: {len(done)} of {num_shards} shards already complete")
-    bar = None
-    if progress and todo and rank == 0:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=sum(len(items[k * settings.shard_size : (k + 1) * settings.shard_size]) for k in todo),
-            desc="generate",
-            unit="turn",
-        )
-    k = None
-    try:
-        for k in todo:
-            chunk = items[k * settings.shard_size : (k + 1) * settings.shard_size]
-            torch.manual_seed(settings.seed * 1_000_003 + k)  # each shard its own stream: resumable
-            start = time.perf_counter()
-            rows, stats = generate_shard(
-                model,
-                tokenizer,
-                chunk,
-                template,
-                settings,
-                max_length=max_length,
-                stop_ids=stop_ids,
-                progress=bar,
-                backend=backend,
-            )
-            stats["seconds"] = _synchronized_elapsed(model.device, start)
-            stats["device"] = str(model.device) if backend is None else backend.describe()
-            stats["process"] = rank
-            store.write_shard(rows, stats, out / store.SHARDS / store.shard_name(k))
-    except Exception as err:
-        # A first run that fails before any shard is complete leaves nothing (there is nothing
-        # to resume); an interrupted one (KeyboardInterrupt) keeps its folder to be resumed.
-        removed = fresh and rank == 0 and not store.complete_shards(out)
-        if removed:
-            _remove_started(out, made)
-        if isinstance(err, NonFiniteLogits):
-            kept = (
-                "nothing was written"
-                if removed
-                else (f"the complete shards are kept in {str(out)!r} (other settings need a new --out)")
-            )
-            raise NonFiniteLogits(
-                f"--target {target_path!r}: {err} while generating {store.shard_name(k)}: {_overflow_hint(model)}; {kept}"
-            ) from None
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    if rank != 0:
-        return None  # the main process writes the summary once every shard is on disk
-    while processes > 1 and len(store.complete_shards(out)) < num_shards:  # polled: no collective to time out
-        time.sleep(1.0)
-    return finish(out, vocab_size=model.get_output_embeddings().weight.shape[0], num_shards=num_shards, log=log)
-
-
 def _advance(bar, turns: int, tokens: int) -> None:
     """The progress bar `turns` further, showing answer tokens per second since it started."""
     bar.answer_tokens = getattr(bar, "answer_tokens", 0) + tokens
@@ -613,36 +399,3 @@ def _advance(bar, turns: int, tokens: int) -> None:
     bar.update(turns)
     if elapsed > 0:
         bar.set_postfix_str(f"{bar.answer_tokens / elapsed:,.1f} tok/s")
-
-
-def _overflow_hint(model) -> str:
-    dtype = model.dtype
-    if dtype == torch.float16:
-        return "float16 overflows past 65504: try --dtype bfloat16 or float32"
-    if dtype == torch.float32:
-        return "its weights are finite, so the forward itself breaks even in float32: check the target's checkpoint"
-    return (
-        f"its weights are finite, so the forward overflows in {str(dtype).removeprefix('torch.')}: try --dtype float32"
-    )
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet (what mkdir(parents=True) makes)."""
-    made = None
-    while not path.exists():
-        made, path = path, path.parent
-    return made
-
-
-def _remove_started(out: Path, made: Path | None) -> None:
-    if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
-    else:  # --out existed, empty: leave it empty
-        shutil.rmtree(out / store.SHARDS, ignore_errors=True)
-        (out / store.PROVENANCE).unlink(missing_ok=True)
-
-
-def _synchronized_elapsed(device, start: float) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start

@@ -42,7 +42,8 @@ def run_generate(job: GenerateJob) -> dict | None:
     in the processes other than the main one under `accelerate launch`: they split the shards)."""
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.data import DataError
-    from draftsmith.distill.generate import check_out_folder, generate_dataset, stop_token_ids
+    from draftsmith.distill.generate import stop_token_ids
+    from draftsmith.distill.generate_run import check_out_folder, generate_dataset
     from draftsmith.distill.sources import load_source
     from draftsmith.distill.summary import describe_summary
     from draftsmith.heads.models import ModelLoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype

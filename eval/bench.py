@@ -34,12 +34,14 @@ from draftsmith.decoding import (
     synchronize,
 )
 from draftsmith.decoding.compiler import COMPILE_MODES
+from draftsmith.decoding.eagle import parse_eagle_tree
 from draftsmith.decoding.kv import capacity_for, model_cache
+from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
+from draftsmith.decoding.medusa_tree import build_medusa_tree
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.bench_report import ROW_NAMES, report
-from draftsmith.eval.drafter_specs import load_eagle_head, load_medusa_heads, parse_eagle_tree
+from draftsmith.eval.drafter_specs import Drafter, load_checked
 from draftsmith.eval.evaluator import load_prompts
-from draftsmith.eval.medusa_tree import build_medusa_tree
 from draftsmith.eval.sweep import measure_verify_curve, typical_context
 from draftsmith.heads.draft import DraftBuildError, draft_by_truncation, load_draft
 from draftsmith.heads.models import DTYPE_ALIASES, DTYPES, load_causal_lm, load_tokenizer
@@ -74,7 +76,7 @@ class BenchConfig:
     eagle_tree: str = "3,4,12"  # EAGLE-2 tree depth,top_k,total_tokens; "" = chain only
     prompt_lookup: bool = False  # add prompt-lookup rows (n-gram copy from the context, no model)
     prompt_file: str | None = None  # JSONL prompts ("prompt" text or "input_ids"); None = the built-in prompts
-    num_draft_tokens: int = 4  # K, the same for every chain (trees: their own depth)
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # K, the same for every chain (trees: their own depth)
     max_new_tokens: int = 128  # prefill stays a small share of a run
     prompts: int = 4  # prompts per repeat, every method runs each of them
     prompt_len: int = 32  # random-id prompts only
@@ -224,7 +226,7 @@ def load_heads(cfg: BenchConfig, target) -> dict:
     if cfg.prompt_lookup:
         heads["prompt-lookup"] = (PromptLookupDrafter, cfg.num_draft_tokens)  # no model: no fast path
     if cfg.medusa:
-        medusa = load_medusa_heads(cfg.medusa, target, device, dtype)
+        medusa = load_checked(Drafter("medusa", "medusa", cfg.medusa), target, device, dtype)
         k = min(cfg.num_draft_tokens, medusa.config.num_heads)
         heads["medusa-chain"] = (lambda: MedusaDrafter(medusa, layers, name="medusa-chain"), k)
         accuracies = medusa.config.head_accuracies
@@ -235,7 +237,7 @@ def load_heads(cfg: BenchConfig, target) -> dict:
         elif cfg.medusa_tree:
             print(f"bench: {cfg.medusa} records no head accuracies: no medusa-tree row", file=sys.stderr)
     if cfg.eagle:
-        eagle = load_eagle_head(cfg.eagle, target, device, dtype)
+        eagle = load_checked(Drafter("eagle", "eagle", cfg.eagle), target, device, dtype)
         heads["eagle-chain"] = (lambda: EagleDrafter(eagle, name="eagle-chain"), cfg.num_draft_tokens)
         if cfg.eagle_tree:
             settings = parse_eagle_tree(cfg.eagle_tree)

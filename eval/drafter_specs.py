@@ -1,44 +1,55 @@
-"""From what a user names (folders, method flags) to a loaded target and ready drafters.
+"""From what a user names (`--drafter KIND[:NAME]=DIR`, prompt lookup, trees) to a loaded target
+and ready drafters.
 
-    specs = DrafterSpecs(target="runs/toy/target", drafts=("small=runs/toy/draft",), prompt_lookup=True)
+    specs = DrafterSpecs(target="runs/toy/target", drafters=("draft:small=runs/toy/draft",), prompt_lookup=True)
     target, tokenizer, drafters, device, dtype = load_drafters(specs)
 
-One spec may ask for several methods at once (draft models, prompt lookup, Medusa heads as a
-chain and a tree, an EAGLE head as a chain and a dynamic tree); every input is checked before
-the (slow) target load, and a bad one raises SpecError naming the flag, the value and what
-was expected. `draftsmith eval` and `check-lossless` load through `load_drafters`, `draftsmith
-tune` through `load_chain_drafter` (one drafter, decoding a chain).
+A spec may name several drafters of any registered kind (heads/registry.py); each decodes the rows
+its method gives (a chain, and a tree when `--tree KIND=SPEC` asks). Every input is checked before
+the (slow) target load, and a bad one raises SpecError naming the flag, the value and what was
+expected. `draftsmith eval` and `check-lossless` load through `load_drafters`, `draftsmith tune`
+through `load_chain_drafter` (one drafter, decoding a chain).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftsmith.heads.registry import METHODS, Method, RegistryError, RowOptions, get_method, read_folder_config
 
 
 class SpecError(ValueError):
     """A drafter spec (or a job input) that cannot be used; the message names the flag and value."""
 
 
-# The names of the other rows of a report: a draft model may not take one.
-RESERVED_NAMES = ("target-only", "prompt-lookup", "medusa-chain", "medusa-tree", "eagle-chain", "eagle-tree")
+# The rows every report may hold besides the drafters': no drafter may take these names.
+RESERVED_NAMES = ("target-only", "prompt-lookup")
+SPEC_FORM = "KIND[:NAME]=DIR"
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """One `--drafter`: its method kind, the name of its rows, its folder."""
+
+    kind: str
+    name: str
+    folder: str
+
+    @property
+    def method(self) -> Method:
+        return get_method(self.kind)
 
 
 @dataclass(frozen=True)
 class DrafterSpecs:
     target: str  # folder of the target (HF format, with its tokenizer)
-    drafts: tuple[str, ...] = ()  # `[NAME=]DIR` of draft models sharing the target's vocabulary
+    drafters: tuple[str, ...] = ()  # `KIND[:NAME]=DIR` of trained drafters for this target
     prompt_lookup: bool = False
     max_ngram: int = 3  # prompt lookup: longest n-gram to match
-    medusa: str | None = None  # folder of Medusa heads
-    medusa_tree: str | None = None  # "auto" (from the heads' measured accuracies) or a JSON list of paths
-    tree_nodes: int = 16  # node budget of medusa_tree "auto": 17 tokens per verify stays cheap
-    eagle: str | tuple[str, ...] | None = None  # `[NAME=]DIR` of EAGLE-1/EAGLE-3 heads (one or several)
-    eagle_tree: str | None = None  # "DEPTH,TOP_K,TOTAL_TOKENS" of an EAGLE-2 dynamic tree
-    dflash: tuple[str, ...] = ()  # `[NAME=]DIR` of DFlash heads for this target
-    peagle: tuple[str, ...] = ()  # `[NAME=]DIR` of P-EAGLE heads for this target
+    trees: tuple[str, ...] = ()  # `KIND=SPEC`: also decode that kind's drafters as a tree
+    tree_nodes: int = 16  # node budget of an "auto" tree: 17 tokens per verify stays cheap
     lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
     typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
     typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
@@ -50,63 +61,128 @@ class DrafterSpecs:
     def typical(self) -> tuple[float, float] | None:
         return (self.typical_epsilon, self.typical_delta) if self.lossy == "typical" else None
 
-    def check(self) -> None:
-        """The combinations that make no sense, refused before anything is loaded."""
-        if not (self.drafts or self.prompt_lookup or self.medusa or self.eagle or self.dflash or self.peagle):
+    def resolved(self) -> list[Drafter]:
+        """The `--drafter`s with their row names (see `parse_drafters`)."""
+        return parse_drafters(self.drafters)
+
+    def tree_specs(self) -> dict[str, str]:
+        """{kind: tree spec} of the `--tree`s, each checked to name a kind that decodes trees."""
+        out = {}
+        for value in self.trees:
+            kind, sep, spec = str(value).partition("=")
+            method = _method(kind, f"--tree {value}")
+            if not sep or not spec:
+                raise SpecError(f"--tree {value!r}: expected KIND=SPEC, e.g. medusa=auto or eagle=4,4,16")
+            if method.tree_spec is None:
+                trees = ", ".join(m.kind for m in METHODS.values() if m.tree_spec)
+                raise SpecError(f"--tree {value!r}: {method.title} decode chains only (trees: {trees})")
+            out[kind] = spec
+        return out
+
+    def check(self) -> list[Drafter]:
+        """The combinations that make no sense, refused before anything is loaded; the drafters."""
+        drafters = self.resolved()
+        if not drafters and not self.prompt_lookup:
+            raise SpecError(f"give a drafter: --drafter {SPEC_FORM} (kinds: {', '.join(METHODS)}) or --prompt-lookup")
+        kinds = {d.kind for d in drafters}
+        for kind in self.tree_specs():
+            if kind not in kinds:
+                raise SpecError(f"--tree {kind}=...: applies to {get_method(kind).title}: give --drafter {kind}=DIR")
+        if self.lossy and not any(d.method.typical for d in drafters):
+            typical = ", ".join(m.kind for m in METHODS.values() if m.typical)
+            raise SpecError(f"--lossy applies to drafters of kind {typical}: give one with --drafter")
+        return drafters
+
+    def options(self, drafter: Drafter) -> RowOptions:
+        tree = self.tree_specs().get(drafter.kind)
+        typical = self.typical if drafter.method.typical else None
+        return RowOptions(tree=tree, tree_nodes=self.tree_nodes, typical=typical)
+
+
+def _method(kind: str, where: str) -> Method:
+    try:
+        return get_method(kind)
+    except RegistryError as err:
+        raise SpecError(f"{where}: {err}") from None
+
+
+def parse_drafters(values) -> list[Drafter]:
+    """The `--drafter KIND[:NAME]=DIR` values. Without NAME a kind's only drafter is named after the
+    kind, one of several after its folder (with the parent folder's name in front when two share a
+    name); each folder must hold that kind's layout. A row name taken twice is refused."""
+    given = []
+    for value in values or ():
+        head, sep, folder = str(value).partition("=")
+        kind, _, name = head.partition(":")
+        if not sep or not folder:
+            raise SpecError(f"--drafter {value!r}: expected {SPEC_FORM}, e.g. medusa=runs/medusa/heads")
+        given.append(
+            (_method(kind.strip(), f"--drafter {value}"), name.strip() or None, str(Path(folder).expanduser()))
+        )
+    drafters, rows = [], {name: "another method" for name in RESERVED_NAMES}
+    for method, name, folder in given:
+        if name in METHODS and name != method.kind:  # rows named like another method's would mislead
             raise SpecError(
-                "give a drafter: --draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup "
-                "(or --dflash DIR, --peagle DIR)"
+                f"--drafter {method.kind}:{name}={folder}: {name!r} is another method's name; pick another NAME"
             )
-        if self.medusa_tree and not self.medusa:
-            raise SpecError("--medusa-tree applies to Medusa heads: give --medusa DIR")
-        if self.eagle_tree and not self.eagle:
-            raise SpecError("--eagle-tree applies to EAGLE heads: give --eagle DIR")
-        if self.lossy and not (self.medusa or self.eagle):
-            raise SpecError("--lossy applies to Medusa and EAGLE heads: give --medusa DIR or --eagle DIR")
-        eagles = [name for name in eagle_names(self.eagle) if name != "eagle"]
-        taken = set(RESERVED_NAMES) | set(draft_names(self.drafts))
-        for name in eagles:
-            if {f"{name}-chain", f"{name}-tree"} & taken:
+        if name is None:
+            bare = [Path(f) for m, n, f in given if m is method and n is None]
+            path = Path(folder)
+            shared = sum(p.name == path.name for p in bare) > 1
+            alone = sum(m is method for m, _, _ in given) == 1
+            name = method.kind if alone else (f"{path.parent.name}/{path.name}" if shared else path.name)
+        for row in (name + method.row_suffix, f"{name}-tree") if method.tree_spec else (name,):
+            if row in rows:
                 raise SpecError(
-                    f"--eagle {name}=DIR: its rows {name}-chain/{name}-tree take another method's name; pick another NAME"
+                    f"--drafter {method.kind}:{name}={folder}: the row {row!r} is {rows[row]}'s too; "
+                    f"name it with --drafter {method.kind}:NAME=DIR"
                 )
+            rows[row] = f"{method.kind} {folder!r}"
+        drafters.append(Drafter(method.kind, name, folder))
+    return drafters
+
+
+def check_folder(drafter: Drafter) -> None:
+    """A folder holds its kind's layout (config.json), else SpecError naming what was expected."""
+    method, flag = drafter.method, f"--drafter {drafter.kind}={drafter.folder}"
+    if not Path(drafter.folder).is_dir():
+        raise SpecError(f"{flag}: {drafter.folder!r} does not exist or is not a directory")
+    config = read_folder_config(drafter.folder)
+    known = method.model_types or method.speculators_types or method.architectures or method.config_keys
+    if known and not method.matches(config):
+        raise SpecError(
+            f"{flag}: expected a {method.title} folder (config.json with model_type in {list(method.model_types)}"
+            + (f" or speculators_model_type in {list(method.speculators_types)}" if method.speculators_types else "")
+            + f"), found model_type {config.get('model_type')!r}"
+        )
+    if not known and not config.get("model_type"):
+        raise SpecError(f"{flag}: expected a transformers model folder (config.json with a model_type)")
 
 
 def load_drafters(specs: DrafterSpecs):
-    """(target, tokenizer, {name: drafter}, device, dtype), with every input checked first."""
-    from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
-    from draftsmith.heads.models import (
-        check_vocab_compatible,
-        load_causal_lm,
-        load_tokenizer,
-        resolve_device,
-        resolve_dtype,
-    )
+    """(target, tokenizer, {row name: drafter}, device, dtype), with every input checked first."""
+    from draftsmith.decoding.drafters import PromptLookupDrafter
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    specs.check()
+    drafters = specs.check()
     device = resolve_device(specs.device)
     dtype = resolve_dtype(specs.dtype, device)
-    drafts = draft_names(specs.drafts)
     tokenizer = load_tokenizer(specs.target)
-    for folder in drafts.values():
-        check_vocab_compatible(specs.target, folder, target_tokenizer=tokenizer)
-    dflash = dflash_names(specs.dflash, taken=set(drafts))
-    peagle = peagle_names(specs.peagle, taken=set(drafts) | set(dflash))
+    for drafter in drafters:
+        check_folder(drafter)
+        if drafter.method.precheck:
+            drafter.method.part("precheck")(specs.target, drafter.folder, target_tokenizer=tokenizer)
     target = _checked(load_causal_lm(specs.target, device=device, dtype=dtype, role="target"), specs.target, "target")
-    drafters = {}
-    for name, folder in drafts.items():
-        draft = _checked(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), folder, "draft")
-        label = Path(folder).name if len(drafts) == 1 else name  # one --draft keeps its method name "draft"
-        drafters[name] = DraftModelDrafter(draft, name=label)
+    rows = {}
+    for drafter in drafters:
+        loaded = load_checked(drafter, target, device, dtype, specs.allow_target_mismatch)
+        try:
+            rows.update(drafter.method.rows(loaded, target, drafter.name, specs.options(drafter)))
+        except ValueError as err:
+            raise SpecError(f"--drafter {drafter.kind}={drafter.folder}: {err}") from None
     if specs.prompt_lookup:
-        drafters["prompt-lookup"] = PromptLookupDrafter(max_ngram=specs.max_ngram)
-    if specs.medusa:
-        drafters.update(_medusa_drafters(specs, target, device, dtype))
-    if specs.eagle:
-        drafters.update(_eagle_drafters(specs, target, device, dtype))
-    drafters.update(_one_pass_drafters("--dflash", dflash, target, device, dtype, specs.allow_target_mismatch))
-    drafters.update(_one_pass_drafters("--peagle", peagle, target, device, dtype, specs.allow_target_mismatch))
-    return target, tokenizer, drafters, device, dtype
+        rows["prompt-lookup"] = PromptLookupDrafter(max_ngram=specs.max_ngram)
+    return target, tokenizer, rows, device, dtype
 
 
 def _checked(model, folder, what: str):
@@ -117,161 +193,23 @@ def _checked(model, folder, what: str):
     return model
 
 
-def draft_names(values, *, flag: str = "--draft", single: str = "draft") -> dict[str, str]:
-    """{method name: folder} of the --draft (or --eagle) flags. `NAME=DIR` names a draft; a bare
-    DIR is `single` when it is the only one, else its folder name, with the parent folder's name
-    in front when two folders share a name (demo-target-cpu/draft, distilled-draft/draft)."""
-    specs = []
-    for value in values or []:
-        name, sep, folder = str(value).partition("=")
-        if sep and name and folder and not Path(value).expanduser().exists():
-            specs.append((name.strip(), str(Path(folder).expanduser())))
-        else:
-            specs.append((None, str(Path(value).expanduser())))
-    if len(specs) == 1 and specs[0][0] is None:
-        return {single: specs[0][1]}
-    bare = [Path(f).expanduser() for n, f in specs if n is None]
-    out: dict[str, str] = {}
-    for name, folder in specs:
-        if name is None:
-            path = Path(folder).expanduser()
-            shared = sum(p.name == path.name for p in bare) > 1
-            name = f"{path.parent.name}/{path.name}" if shared else path.name
-        if name in out or name in RESERVED_NAMES:
-            raise SpecError(
-                f"{flag}: two drafters (or one and another method) are both named {name!r}; "
-                f"name them with {flag} NAME=DIR"
-            )
-        out[name] = folder
-    return out
-
-
-def dflash_names(values, taken=()) -> dict[str, str]:
-    """{method name: folder} of the --dflash flags (named as --draft's; one bare DIR is "dflash"),
-    each folder checked to hold a DFlash head before anything loads."""
-    from draftsmith.heads.dflash import DFlashConfig
-
-    out = {}
-    for name, folder in (draft_names(values) if values else {}).items():
-        name = "dflash" if name == "draft" else name
-        if name in out or name in taken or name in RESERVED_NAMES:
-            raise SpecError(f"--dflash: {name!r} names another method too; name the heads with --dflash NAME=DIR")
-        config = Path(folder) / "config.json"
-        try:
-            model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-        except (OSError, ValueError):
-            model_type = None
-        if model_type != DFlashConfig.model_type:
-            raise SpecError(
-                f"--dflash {folder}: expected a DFlash head folder (config.json with model_type {DFlashConfig.model_type!r})"
-            )
-        out[name] = folder
-    return out
-
-
-def peagle_names(values, taken=()) -> dict[str, str]:
-    """{method name: folder} of the --peagle flags (named as --draft's; one bare DIR is "peagle"),
-    each folder checked to hold a P-EAGLE head (draftsmith's or speculators' layout) before anything loads."""
-    from draftsmith.heads.eagle import PEagleConfig
-
-    out = {}
-    for name, folder in (draft_names(values) if values else {}).items():
-        name = "peagle" if name == "draft" else name
-        if name in out or name in taken or name in RESERVED_NAMES:
-            raise SpecError(f"--peagle: {name!r} names another method too; name the heads with --peagle NAME=DIR")
-        try:
-            config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = {}
-        if config.get("model_type") != PEagleConfig.model_type and config.get("speculators_model_type") != "peagle":
-            raise SpecError(
-                f"--peagle {folder}: expected a P-EAGLE head folder (config.json with model_type "
-                f"{PEagleConfig.model_type!r} or speculators_model_type 'peagle')"
-            )
-        out[name] = folder
-    return out
-
-
-def _one_pass_drafters(flag: str, names: dict[str, str], target, device, dtype, allow_target_mismatch: bool) -> dict:
-    """{method name: drafter} of the heads of `flag` ("--dflash" or "--peagle": heads that draft
-    every position in one forward), each loaded through `_load_checked`."""
-    from draftsmith.decoding.dflash import DFlashDrafter
-    from draftsmith.decoding.peagle import PEagleDrafter
-    from draftsmith.heads.dflash import DFlashError
-    from draftsmith.heads.dflash_formats import load_dflash
-    from draftsmith.heads.eagle import EagleError, load_eagle
-
-    what, load, error, drafter = {
-        "--dflash": ("DFlash head", load_dflash, DFlashError, DFlashDrafter),
-        "--peagle": ("P-EAGLE head", load_eagle, EagleError, PEagleDrafter),
-    }[flag]
-    drafters = {}
-    for name, folder in names.items():
-        head = _load_checked(
-            what, load, error, folder, target, device, dtype, allow_target_mismatch, context=f"{flag} {folder}: "
-        )
-        drafters[name] = drafter(head, name=name)
-    return drafters
-
-
-def parse_eagle_tree(text: str) -> dict:
-    """ "DEPTH,TOP_K,TOTAL_TOKENS" -> the EagleDrafter tree options."""
-    try:
-        depth, top_k, total = (int(x) for x in text.split(","))
-    except ValueError:
-        raise SpecError(f"--eagle-tree {text!r}: expected DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16") from None
-    if min(depth, top_k, total) < 1:
-        raise SpecError(f"--eagle-tree {text!r}: all three must be >= 1")
-    return {"depth": depth, "top_k": top_k, "total_tokens": total}
-
-
-def parse_medusa_tree(text: str, heads, folder, num_nodes: int) -> list[tuple[int, ...]]:
-    """ "auto" (a tree of `num_nodes` built from the heads' recorded accuracies) or JSON paths."""
-    from draftsmith.eval.medusa_tree import build_medusa_tree
-
-    if text == "auto":
-        accuracies = heads.config.head_accuracies
-        if not accuracies:
-            raise SpecError(
-                f"--medusa-tree auto: {folder} records no head accuracies "
-                "(train it with train/medusa.py, or give the paths as JSON)"
-            )
-        return build_medusa_tree(accuracies, num_nodes)
-    try:
-        return [tuple(int(r) for r in path) for path in json.loads(text)]
-    except (ValueError, TypeError) as err:
-        raise SpecError(
-            f"--medusa-tree {text!r}: expected auto or a JSON list of paths like [[0],[1],[0,0]] ({err})"
-        ) from None
-
-
-def load_medusa_heads(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """Medusa heads that fit `target` (sizes) and were trained on it (`_load_checked`)."""
-    from draftsmith.heads.medusa import MedusaError, load_medusa
-
-    return _load_checked("Medusa heads", load_medusa, MedusaError, folder, target, device, dtype, allow_target_mismatch)
-
-
-def load_eagle_head(folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """An EAGLE head that fits `target` (sizes, depth, RoPE) and was trained on it (`_load_checked`)."""
-    from draftsmith.heads.eagle import EagleError, load_eagle
-
-    return _load_checked("EAGLE head", load_eagle, EagleError, folder, target, device, dtype, allow_target_mismatch)
-
-
-def _load_checked(what: str, load, error, folder, target, device, dtype, allow_target_mismatch, *, context=""):
-    """`load(folder, target=, device=, dtype=)`'s heads, once their files are whole, their weights
-    finite, and they fit `target` and were trained on it (`check_heads_target`); else SpecError
-    (`error` of `load` too, its message after `context`)."""
+def load_checked(drafter: Drafter, target, device, dtype, allow_target_mismatch: bool = False):
+    """The trained drafter of `drafter` (its method's loader), once its files are whole, its
+    weights finite, and it fits `target` and was trained on it (`check_heads_target`); else
+    SpecError (the loader's own error too, after the flag)."""
     from draftsmith.heads.artifacts import check_safetensors
 
-    check_safetensors(folder, what, SpecError)
+    method, flag = drafter.method, f"--drafter {drafter.kind}={drafter.folder}"
+    check_safetensors(drafter.folder, method.title, SpecError)
     try:
-        heads = _checked(load(folder, target=target, device=device, dtype=dtype), folder, what)
-    except error as err:
-        raise SpecError(f"{context}{err}") from None
-    check_heads_target(f"{what} {str(folder)!r}", heads, target, allow_target_mismatch)
-    return heads
+        loaded = _checked(
+            method.load(drafter.folder, target=target, device=device, dtype=dtype), drafter.folder, method.title
+        )
+    except method.part("error") as err:
+        raise SpecError(f"{flag}: {err}") from None
+    if method.trained_on_target:
+        check_heads_target(f"{method.title} {drafter.folder!r}", loaded, target, allow_target_mismatch)
+    return loaded
 
 
 def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) -> None:
@@ -294,104 +232,32 @@ def check_heads_target(what: str, heads, target, allow_target_mismatch: bool) ->
         print(note, file=sys.stderr)
 
 
-def eagle_names(value) -> dict[str, str]:
-    """{row prefix: folder} of the --eagle flags: one bare DIR is "eagle" (rows eagle-chain,
-    eagle-tree); `NAME=DIR` gives rows NAME-chain and NAME-tree (heads of other toolkits beside
-    draftsmith's, measured by the same decoder)."""
-    values = (value,) if isinstance(value, str) else tuple(value or ())
-    return draft_names(values, flag="--eagle", single="eagle") if values else {}
-
-
-def _eagle_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
-    from draftsmith.decoding.eagle import EagleDrafter
-
-    options = {"typical": specs.typical}
-    tree = parse_eagle_tree(specs.eagle_tree) if specs.eagle_tree else None
-    drafters = {}
-    for prefix, folder in eagle_names(specs.eagle).items():
-        head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
-        drafters[f"{prefix}-chain"] = EagleDrafter(head, name=f"{prefix}-chain", **options)
-        if tree is not None:
-            drafters[f"{prefix}-tree"] = EagleDrafter(head, tree=tree, name=f"{prefix}-tree", **options)
-    return drafters
-
-
-def _medusa_drafters(specs: DrafterSpecs, target, device, dtype) -> dict:
-    from draftsmith.decoding.drafters import MedusaDrafter
-
-    heads = load_medusa_heads(specs.medusa, target, device, dtype, allow_target_mismatch=specs.allow_target_mismatch)
-    layers = target.config.get_text_config().num_hidden_layers
-    options = {"typical": specs.typical}
-    drafters = {"medusa-chain": MedusaDrafter(heads, layers, name="medusa-chain", **options)}
-    if specs.medusa_tree:
-        tree = parse_medusa_tree(specs.medusa_tree, heads, specs.medusa, specs.tree_nodes)
-        try:
-            drafters["medusa-tree"] = MedusaDrafter(heads, layers, tree=tree, name="medusa-tree", **options)
-        except ValueError as err:
-            raise SpecError(f"--medusa-tree: {err}") from None
-    return drafters
-
-
-CHAIN_KINDS = ("draft", "medusa", "eagle", "dflash", "peagle")
-
-
 def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mismatch: bool = False):
-    """The chain drafter `draftsmith eval` builds from one folder of `kind` (CHAIN_KINDS: a draft
-    model, Medusa heads, an EAGLE, DFlash or P-EAGLE head) over an already loaded `target`, with
-    the same checks (whole files, finite weights, trained on this target)."""
-    from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
-    from draftsmith.heads.models import load_causal_lm
-
-    if kind == "draft":
-        model = _checked(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), folder, "draft")
-        return DraftModelDrafter(model, name="draft")
-    if kind == "medusa":
-        heads = load_medusa_heads(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
-        return MedusaDrafter(heads, target.config.get_text_config().num_hidden_layers, name="medusa-chain")
-    if kind == "eagle":
-        from draftsmith.decoding.eagle import EagleDrafter
-
-        head = load_eagle_head(folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
-        return EagleDrafter(head, name="eagle-chain")
-    if kind not in ("dflash", "peagle"):
-        raise SpecError(f"drafter kind {kind!r}: expected one of {', '.join(CHAIN_KINDS)}")
-    return _one_pass_drafters(f"--{kind}", {kind: str(folder)}, target, device, dtype, allow_target_mismatch)[kind]
+    """The chain drafter of one folder of `kind` (any registered kind) over an already loaded
+    `target`, with `load_checked`'s checks; its rows are named after the kind."""
+    drafter = Drafter(_method(kind, "drafter kind").kind, kind, str(folder))
+    check_folder(drafter)
+    loaded = load_checked(drafter, target, device, dtype, allow_target_mismatch)
+    return next(iter(drafter.method.rows(loaded, target, kind, RowOptions()).values()))
 
 
-def load_chain_drafter(
-    target_folder,
-    *,
-    draft=None,
-    medusa=None,
-    eagle=None,
-    dflash=None,
-    peagle=None,
-    device="auto",
-    dtype="auto",
-    allow_target_mismatch=False,
-):
-    """The one chain drafter `draftsmith tune` measures (exactly one of draft, medusa, eagle,
-    dflash, peagle): (target, tokenizer, drafter, its folder, the Medusa heads or None)."""
-    from draftsmith.heads.models import (
-        check_vocab_compatible,
-        load_causal_lm,
-        load_tokenizer,
-        resolve_device,
-        resolve_dtype,
-    )
+def load_chain_drafter(target_folder, spec: str, *, device="auto", dtype="auto", allow_target_mismatch=False):
+    """The one chain drafter `draftsmith tune` measures (`spec`: KIND[:NAME]=DIR):
+    (target, tokenizer, drafter, its folder, its kind)."""
+    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
-    folders = {"draft": draft, "medusa": medusa, "eagle": eagle, "dflash": dflash, "peagle": peagle}
-    if sum(x is not None for x in folders.values()) != 1:
-        raise SpecError("give one drafter to tune: --draft, --medusa, --eagle, --dflash or --peagle DIR")
+    (drafter,) = parse_drafters([spec])
+    check_folder(drafter)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     tokenizer = load_tokenizer(target_folder)
-    if draft:
-        check_vocab_compatible(target_folder, draft, target_tokenizer=tokenizer)
+    if drafter.method.precheck:
+        drafter.method.part("precheck")(target_folder, drafter.folder, target_tokenizer=tokenizer)
     target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
-    kind, folder = next((k, f) for k, f in folders.items() if f is not None)
-    drafter = chain_drafter(kind, folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch)
-    return target, tokenizer, drafter, folder, (drafter.heads if kind == "medusa" else None)
+    chain = chain_drafter(
+        drafter.kind, drafter.folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch
+    )
+    return target, tokenizer, chain, drafter.folder, drafter.kind
 
 
 def eos_token_id(target, tokenizer):

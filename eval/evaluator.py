@@ -19,13 +19,15 @@ proposed after the first rejection of a call are never reached: alpha >= accepta
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from draftsmith.decoding import DecodeStats, Drafter, generate
+from draftsmith.decoding.compiler import COMPILE_MODES
+from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.distill.prompts import Prompter
 from draftsmith.distill.sources import NO_TASK, load_source
@@ -34,20 +36,34 @@ from draftsmith.eval.stats import percentile
 BASELINE = "target-only"
 
 
+def setting(default, help: str, *, at_least=None, above=None, at_most=None, flag=None, short=None, choices=None):
+    """A field of a typed settings class with what its command-line flag needs: the help, the
+    bounds a value is checked against (`at_least`, `above`, `at_most`), and a flag name other
+    than `--field-name` (a True default is switched off by its flag, e.g. --no-distances)."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most}
+    metadata = {"help": help, "flag": flag, "short": short, "choices": choices, **bounds}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class EvalSettings:
-    num_draft_tokens: int = 4  # K: drafts per target call
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0
-    top_p: float = 1.0
-    repeats: int = 3  # timed passes; speedup is the median over them
-    seed: int = 0
-    ignore_eos: bool = False  # decode exactly max_new_tokens per prompt (fixed-length benchmark)
-    measure_distances: bool = True  # the untimed KL/TV/expected-acceptance pass
-    static_cache: bool = False  # decode over preallocated KV caches (decoding/kv.py)
-    compile: bool | str = (
-        False  # also torch.compile the steps ("default" / "max-autotune"); compile time reported apart
+    """How drafters are evaluated; the one place these defaults live (`draftsmith eval`, tune and
+    check-lossless derive their flags from these fields)."""
+
+    num_draft_tokens: int = setting(DEFAULT_NUM_DRAFT_TOKENS, "K: drafts per target call", at_least=1, short="-k")
+    max_new_tokens: int = setting(128, "new tokens per prompt", at_least=1)
+    temperature: float = setting(0.0, "sampling temperature (0 = greedy)", at_least=0.0)
+    top_k: int = setting(0, "keep the k most likely tokens (0 = off)", at_least=0)
+    top_p: float = setting(1.0, "nucleus sampling mass (1 = off)", above=0.0, at_most=1.0)
+    repeats: int = setting(3, "timed passes (median reported)", at_least=1)
+    seed: int = setting(0, "sampling seed")
+    ignore_eos: bool = setting(False, "always decode --max-new-tokens tokens (a fixed-length benchmark)")
+    measure_distances: bool = setting(True, "skip the untimed KL/TV pass", flag="--no-distances")
+    static_cache: bool = setting(False, "decode over preallocated KV caches (the target and every drafter's)")
+    compile: bool | str = setting(
+        False,
+        "also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)",
+        choices=COMPILE_MODES,
     )
 
     def __post_init__(self):

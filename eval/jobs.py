@@ -20,20 +20,12 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.eval.drafter_specs import (
-    DrafterSpecs,
-    SpecError,
-    dflash_names,
-    draft_names,
-    eagle_names,
-    eos_token_id,
-    load_chain_drafter,
-    load_drafters,
-    peagle_names,
-)
+from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
+from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, eos_token_id, load_chain_drafter, load_drafters
 from draftsmith.eval.evaluator import EvalSettings
 from draftsmith.eval.lossless import MIN_SAMPLES
 from draftsmith.heads.artifacts import check_writable_folder
+from draftsmith.heads.registry import RowOptions, get_method
 
 
 def package_version() -> str:
@@ -148,14 +140,8 @@ def run_eval(job: EvalJob) -> dict:
     )
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
-    heads = {"medusa": specs.medusa} if specs.medusa else {}
-    report["drafts"] = {
-        **draft_names(specs.drafts),
-        **heads,
-        **eagle_names(specs.eagle),
-        **dflash_names(specs.dflash),
-        **peagle_names(specs.peagle),
-    }
+    report["drafts"] = {d.name: d.folder for d in specs.resolved()}  # {name: folder} of every --drafter
+    report["drafter_kinds"] = {d.name: d.kind for d in specs.resolved()}
     report["prompts_file"] = str(job.prompts)
     report["prompts_source"] = asked.provenance()
     report["draftsmith_version"] = package_version()
@@ -279,11 +265,7 @@ class TuneJob:
     target: str
     prompts: str
     settings: EvalSettings  # at num_draft_tokens = k_max; the check decodes at the chosen K
-    draft: str | None = None  # exactly one of draft, medusa, eagle, dflash, peagle
-    medusa: str | None = None
-    eagle: str | None = None
-    dflash: str | None = None
-    peagle: str | None = None
+    drafter: str = ""  # KIND[:NAME]=DIR of the one drafter to tune (heads/registry.py kinds)
     limit: int | None = None
     chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
     plain_prompts: str = "raw"  # plain "prompt" rows: raw text, or "chat" (one templated user turn)
@@ -309,15 +291,9 @@ def run_tune(job: TuneJob) -> dict:
     from draftsmith.eval.tune import tune_chain, tune_medusa_tree
 
     out = _out_folder(job.out)
-    if job.tree_budgets and not job.medusa:
-        raise SpecError("--tree-budgets applies to Medusa heads: give --medusa DIR")
-    target, tokenizer, drafter, folder, heads = load_chain_drafter(
+    target, tokenizer, drafter, folder, kind = load_chain_drafter(
         job.target,
-        draft=job.draft,
-        medusa=job.medusa,
-        eagle=job.eagle,
-        dflash=job.dflash,
-        peagle=job.peagle,
+        job.drafter,
         device=job.device,
         dtype=job.dtype,
         allow_target_mismatch=job.allow_target_mismatch,
@@ -336,18 +312,20 @@ def run_tune(job: TuneJob) -> dict:
     prompts, eos = asked.turns.prompts, asked.stop_ids
     print(asked.example())
     k_max = job.k_max
-    if heads is not None and k_max > heads.config.num_heads:
-        num_heads = heads.config.num_heads
-        print(f"note: {folder} has {num_heads} Medusa heads: K is searched up to {num_heads}, not {k_max}")
-        k_max = heads.config.num_heads
-    elif max(drafter.proposal_sizes(k_max)) < k_max:  # a one-pass head drafts a fixed number of positions
+    if max(drafter.proposal_sizes(k_max)) < k_max:  # heads that draft a fixed number of positions
         most = max(drafter.proposal_sizes(k_max))
         print(f"note: {folder} drafts at most {most} tokens per call: K is searched up to {most}, not {k_max}")
         k_max = most
     budgets = list(job.tree_budgets or [4, 8, 16, 32])
-    accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None
+    method = get_method(kind)
+    heads = drafter.heads if method.sized_trees else None
+    accuracies = getattr(heads.config, "head_accuracies", None) if heads is not None else None  # sized trees
+    if job.tree_budgets and heads is None:
+        raise SpecError(f"--tree-budgets applies to heads whose trees are built from measured accuracies, not {kind}")
     if heads is not None and not accuracies:
-        print(f"note: {folder} records no head accuracies (train it with train/medusa.py): the tree size is not tuned")
+        print(
+            f"note: {folder} records no head accuracies (train it with `draftsmith train {kind}`): the tree size is not tuned"
+        )
 
     settings = replace(job.settings, num_draft_tokens=k_max)
     measured = measure_chain(
@@ -378,18 +356,17 @@ def run_tune(job: TuneJob) -> dict:
     tunings = {"chain": tune_chain(measured.alpha_per_position, draft_seconds, measured.verify_seconds)}
     print("\n" + tunings["chain"].table())
     if accuracies:
-        tunings["medusa-tree"] = tune_medusa_tree(
-            accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1)
-        )
-        print("\n" + tunings["medusa-tree"].table())
-    kind = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
-    tuning = tunings[kind]
+        tree = f"{kind}-tree"
+        tunings[tree] = tune_medusa_tree(accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1))
+        print("\n" + tunings[tree].table())
+    choice = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
+    tuning = tunings[choice]
     setting = tuning.setting()
     best = tuning.best
-    print(f"\nchosen: {kind} {best.label}, predicted speedup {best.speedup:.2f}x (tau {best.tau:.2f})")
-    check, speedup = _check_choice(job, target, drafter, heads, prompts, eos, kind, tuning, setting)
+    print(f"\nchosen: {choice} {best.label}, predicted speedup {best.speedup:.2f}x (tau {best.tau:.2f})")
+    check, speedup = _check_choice(job, target, drafter, method, prompts, eos, tuning, setting)
     if out is not None:
-        _write_tuning(job, out, drafter, folder, measured, tunings, kind, setting, speedup, check, len(prompts))
+        _write_tuning(job, out, drafter, folder, measured, tunings, choice, setting, speedup, check, len(prompts))
     recorded = None
     if job.write and setting["num_speculative_tokens"] > 0:
         from draftsmith.eval.tune import write_setting
@@ -402,9 +379,8 @@ def run_tune(job: TuneJob) -> dict:
     return {"setting": setting, "folder": str(folder), "recorded": recorded}
 
 
-def _check_choice(job: TuneJob, target, drafter, heads, prompts, eos, kind, tuning, setting):
+def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, setting):
     """A timed decode at the chosen setting: (how it compares with the prediction, its speedup)."""
-    from draftsmith.decoding.drafters import MedusaDrafter
     from draftsmith.eval.evaluator import evaluate
     from draftsmith.eval.tune import compare_prediction
 
@@ -413,9 +389,9 @@ def _check_choice(job: TuneJob, target, drafter, heads, prompts, eos, kind, tuni
         print("no setting beats target-only decoding on these measured costs: serve without this drafter")
         return None, None
     chosen = drafter
-    if kind == "medusa-tree":
-        layers = target.config.get_text_config().num_hidden_layers
-        chosen = MedusaDrafter(heads, layers, tree=[tuple(p) for p in setting["tree"]], name="medusa-tree")
+    if setting.get("tree"):
+        rows = method.rows(drafter.heads, target, method.kind, RowOptions(tree=json.dumps(setting["tree"])))
+        chosen = rows[f"{method.kind}-tree"]
     settings = replace(job.settings, num_draft_tokens=k)
     report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
     speedup = report["methods"][1]["speedup"]
@@ -466,7 +442,7 @@ class LosslessJob:
     prompts: str | None = None  # instead of `prompt`: a prompt source, whose first row's first turn is checked
     chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
     plain_prompts: str = "raw"  # a plain prompt: raw text, or "chat" (one templated user turn)
-    num_draft_tokens: int = 4
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     temperature: float = 1.0  # the check needs sampling
     top_k: int = 0
     top_p: float = 1.0

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.decoding import Drafter, generate_batch
+from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import ChiSquare, chi_square_gof, pit_uniformity, token_cdf
 
@@ -118,7 +119,7 @@ def check_lossless(
     drafter: Drafter,
     prompt: torch.Tensor,
     *,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from draftsmith.decoding.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.distill.acceptance import simulated_tau
-from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.eval.report import write_atomic
 from draftsmith.eval.serving import CostCurve, as_cost_curve
 

@@ -3,6 +3,7 @@
 
     save_dflash(head, "out/dflash")                 # config.json + weights, without the target's tensors
     export_dflash(head, "out/dflash-vllm")          # for vllm serve TARGET --speculative-config ...
+    export_folder("out/dflash", "out/dflash-vllm", "vllm", num_speculative_tokens=7)  # from the folder
     head = load_dflash("out/dflash-vllm", target=target)
 
 What the speculators trainer writes for `speculators_model_type: dflash` (and vLLM reads):
@@ -89,29 +90,11 @@ def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
 def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
     """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
     `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
-    path, raw = read_config(path, "DFlash head", DFlashError)
     if target is None:
         raise DFlashError(
             "load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's"
         )
-    if raw.get("speculators_model_type") is not None:
-        config = config_from_speculators(path, raw)
-    elif raw.get("model_type") == DFlashConfig.model_type:
-        try:
-            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
-        except (TypeError, ValueError) as err:
-            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
-    else:
-        raise DFlashError(
-            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
-            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
-        )
-    if not (path / WEIGHTS).is_file():
-        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
-    try:
-        state = load_file(str(path / WEIGHTS))
-    except (OSError, SafetensorError) as err:
-        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
+    path, config, state = _read_folder(path)
     with torch.device("meta"):
         head = DFlashHead(config)
     head.check_target(target)
@@ -135,9 +118,34 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     return head.eval()
 
 
-def required_keys(head: DFlashHead) -> set[str]:
-    """The tensors a speculators `dflash` checkpoint of this head must hold, no more."""
-    c = head.config
+def _read_folder(path) -> tuple[Path, DFlashConfig, dict[str, torch.Tensor]]:
+    """(folder, config, saved tensors) of a draftsmith or speculators `dflash` folder: the head
+    without the target's tensors."""
+    path, raw = read_config(path, "DFlash head", DFlashError)
+    if raw.get("speculators_model_type") is not None:
+        config = config_from_speculators(path, raw)
+    elif raw.get("model_type") == DFlashConfig.model_type:
+        try:
+            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+        except (TypeError, ValueError) as err:
+            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+    else:
+        raise DFlashError(
+            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
+            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
+        )
+    if not (path / WEIGHTS).is_file():
+        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
+    try:
+        return path, config, load_file(str(path / WEIGHTS))
+    except (OSError, SafetensorError) as err:
+        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
+
+
+def required_keys(config: DFlashConfig) -> set[str]:
+    """The tensors a speculators `dflash` checkpoint of a head must hold, no more: the tensors
+    draftsmith saves too (the target's embeddings and full-vocabulary lm_head stay out of both)."""
+    c = config
     keys = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     layer = list(LAYER_KEYS) + ([f"self_attn.{p}_proj.bias" for p in "qkvo"] if c.attention_bias else [])
     keys |= {f"layers.{i}.{k}" for i in range(c.num_hidden_layers) for k in layer}
@@ -146,8 +154,7 @@ def required_keys(head: DFlashHead) -> set[str]:
     return keys
 
 
-def _layer_config(head: DFlashHead) -> dict:
-    c = head.config
+def _layer_config(c: DFlashConfig) -> dict:
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -174,9 +181,8 @@ def _layer_config(head: DFlashHead) -> dict:
     }
 
 
-def speculators_config(head: DFlashHead) -> dict:
+def speculators_config(c: DFlashConfig) -> dict:
     """config.json of the speculators `dflash` layout (module docstring)."""
-    c = head.config
     return {
         **speculators_header(SPECULATORS_ARCHITECTURE, "dflash", SPECULATORS_VERSION),
         "block_size": c.block_size,
@@ -187,7 +193,7 @@ def speculators_config(head: DFlashHead) -> dict:
         "sliding_window_non_causal": False,
         "sample_from_anchor": False,
         "tie_word_embeddings": False,
-        "transformer_layer_config": _layer_config(head),
+        "transformer_layer_config": _layer_config(c),
         "speculators_config": speculators_block("dflash", {"speculative_tokens": c.block_size - 1}, c),
         PROVENANCE_KEY: {field: getattr(c, field) for field in _PROVENANCE_FIELDS},
     }
@@ -196,25 +202,56 @@ def speculators_config(head: DFlashHead) -> dict:
 def export_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
     """Write `head` in the speculators `dflash` layout; the weights are checked against the key set
     vLLM loads before anything is written."""
-    c = head.config
+    frozen = set(head.frozen_keys())
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
+    return _write_speculators(head.config, state, out_dir, overwrite=overwrite)
+
+
+def _write_speculators(c: DFlashConfig, state: dict, out_dir, *, overwrite: bool = False) -> Path:
     if c.target_num_layers is not None and max(c.aux_layer_ids) >= c.target_num_layers:
         raise DFlashError(
             f"vllm export: aux layer ids {c.aux_layer_ids} include {c.target_num_layers} (after the final norm), "
             "which a server cannot capture: train with aux_layers below the target's layer count"
         )
-    frozen = set(head.frozen_keys())
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
-    required = required_keys(head)
+    required = required_keys(c)
     missing, extra = sorted(required - set(state)), sorted(set(state) - required)
     if missing or extra:
         raise DFlashError(f"vllm export: missing {missing}, left over {extra}; nothing was written")
-    config = speculators_config(head)
+    config = speculators_config(c)
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     return write_folder_atomic(out_dir, write, overwrite=overwrite, error=DFlashError)
+
+
+def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+    """The registry's exporter: the head of `folder` (either layout) written to `out` as `fmt`
+    ("vllm": the speculators `dflash` layout; "hf": the draftsmith layout, saved as it is).
+
+    Both layouts hold the same tensors (never the target's), so the head is converted without
+    its target; `target`, a zero-argument loader, is called only to check that the head fits it.
+    The drafts per call are the block's (block_size - 1): `num_speculative_tokens` is not written."""
+    path, config, state = _read_folder(folder)
+    if target is not None:
+        load_dflash(path, target=target())  # sizes, depth, positions and RoPE against the target
+    if fmt == "vllm":
+        return _write_speculators(config, state, out)
+    if fmt != "hf":
+        raise DFlashError(f"export format {fmt!r}: a DFlash head exports as vllm or hf")
+    required = required_keys(config)
+    if set(state) != required:
+        raise DFlashError(
+            f"{str(path / WEIGHTS)!r} does not match its config: missing {sorted(required - set(state))[:6]}, "
+            f"unexpected {sorted(set(state) - required)[:6]}"
+        )
+
+    def write(tmp: Path) -> None:
+        config.save_pretrained(tmp)
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+
+    return write_folder_atomic(out, write, overwrite=False, error=DFlashError)
 
 
 def config_from_speculators(path: Path, raw: dict):

@@ -22,6 +22,7 @@ All config fields are read and written by their standard names (`num_hidden_laye
 from __future__ import annotations
 
 import copy
+import shutil
 import warnings
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from draftsmith.heads.artifacts import write_folder_atomic
 from draftsmith.heads.models import (
     ModelLoadError,
     load_causal_lm,
@@ -40,6 +42,21 @@ from draftsmith.heads.models import (
 )
 
 SPEC_HINT = "speculative decoding needs the target's tokenizer"
+# What a draft folder carries beside its weights: the target's tokenizer (drafting and verifying
+# share token ids), one of these files at least.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+# Pickle files run code when loaded; the Hub flags them and servers may refuse them.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 class DraftBuildError(ModelLoadError):
@@ -369,3 +386,39 @@ def describe_draft(draft: PreTrainedModel, target: PreTrainedModel) -> dict:
         else build.get("target_fingerprint") == target_fingerprint(target),
         "build": build,
     }
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_draft(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+    """The registry's exporter: a draft is served as the plain HF causal LM it is, so its one
+    layout, "hf", is a copy of its files (safetensors weights, config, the target's tokenizer;
+    not README.md). A folder holding pickle weights, or no tokenizer, is refused; `target` and
+    `num_speculative_tokens` (the server's flag) are not used."""
+    folder = Path(folder)
+    if fmt != "hf":
+        raise DraftBuildError(f"export format {fmt!r}: a draft model exports as hf (the model as it is)")
+    if not folder.is_dir():
+        raise DraftBuildError(f"draft {str(folder)!r} does not exist or is not a folder")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "README.md")
+    names = [p.name for p in files]
+    pickles = [n for n in names if Path(n).suffix.lower() in PICKLE_SUFFIXES]
+    if pickles:
+        raise DraftBuildError(
+            f"draft {str(folder)!r} holds pickle weights ({', '.join(pickles)}): only safetensors are exported "
+            "(pickle files run code when loaded); re-save it with save_pretrained(..., safe_serialization=True)"
+        )
+    if not any(n.endswith(".safetensors") for n in names):
+        raise DraftBuildError(f"draft {str(folder)!r} has no safetensors weights (save it with save_pretrained)")
+    if not any(n in TOKENIZER_FILES for n in names):
+        raise DraftBuildError(
+            f"draft {str(folder)!r} has no tokenizer files: save the target's tokenizer beside it "
+            "(AutoTokenizer.from_pretrained(target).save_pretrained(draft_dir))"
+        )
+
+    def write(tmp: Path) -> None:
+        for file in files:
+            shutil.copy2(file, tmp / file.name)
+
+    return write_folder_atomic(out, write, overwrite=False, error=DraftBuildError)

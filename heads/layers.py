@@ -206,3 +206,14 @@ def describe_mask_head(head, what: str) -> str:
         f"{what}, aux layers {c.aux_layer_ids}, mask token {c.mask_token_id} ({c.mask_token_source}), "
         f"draft vocabulary {c.draft_vocab_size}/{c.vocab_size}, {trained / 1e6:.2f}M trained parameters"
     )
+
+
+def spread_layer_ids(num_layers: int) -> list[int]:
+    """Three hidden states spread over a target of `num_layers` layers, as heads that read several
+    (EAGLE-3 and its successors) take them: (2, L//2, L-3), or first/middle/last of range(1, L)
+    for tiny targets; HF hidden_states indices, increasing, none the embedding output when L >= 4."""
+    L = num_layers
+    if L >= 7:
+        return [2, L // 2, L - 3]
+    pool = list(range(1, L)) if L >= 4 else list(range(max(L, 1)))
+    return sorted({pool[0], pool[len(pool) // 2], pool[-1]})

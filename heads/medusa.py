@@ -4,6 +4,7 @@
     logits = heads(hidden)                                     # [num_heads, ..., V]
     save_medusa(heads, "out/heads")                            # draftsmith layout (save_pretrained)
     export_medusa(heads, "out/heads-vllm", "vllm")             # or "medusa" (FasterDecoding, TGI)
+    export_folder("out/heads", "out/heads-vllm", "vllm", num_speculative_tokens=3)  # from a folder
     heads = load_medusa("out/heads-vllm", target=target)       # any of the three layouts
 
 The target's lm_head maps h_t, its last hidden state AFTER the final norm (HF's
@@ -395,6 +396,25 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     return _write_atomic(out_dir, write, overwrite=overwrite)
+
+
+def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+    """The registry's exporter: the heads of `folder` (any of the three layouts) written to `out`
+    as `fmt` ("vllm", "medusa", or "hf" = the draftsmith layout, saved as it is). `target` is a
+    zero-argument callable loading the target, called only for heads that share its lm_head in a
+    server layout (which holds a copy per head). vLLM drafts one token per head, so
+    `num_speculative_tokens` is not written anywhere."""
+    heads = load_medusa(folder)
+    if fmt == "hf":
+        return save_medusa(heads, out)
+    if heads.config.share_lm_head:
+        if target is None:
+            raise MedusaError(
+                f"{str(folder)!r}: these heads share the target's lm_head, and the {fmt!r} layout holds a copy per "
+                "head: give the target (--target), or export with format 'hf'"
+            )
+        heads = load_medusa(folder, target=target())
+    return export_medusa(heads, out, fmt)
 
 
 # ---------------------------------------------------------------------- loading

@@ -214,3 +214,12 @@ def describe_model(path: str | Path, model: PreTrainedModel) -> dict:
         "config_hash": config_fingerprint(config),
         "fingerprint": target_fingerprint(model),
     }
+
+
+def load_draft_model(folder, *, target=None, device=None, dtype=None) -> PreTrainedModel:
+    """A draft model as the decoder loads it (the registry's draft loader): the folder's causal LM
+    on `device` in `dtype` (the target's when not given); its vocabulary is checked by
+    `check_vocab_compatible` before the target loads."""
+    device = device if device is not None else (target.device if target is not None else None)
+    dtype = dtype if dtype is not None else (target.dtype if target is not None else torch.float32)
+    return load_causal_lm(folder, device=device, dtype=dtype, role="draft")

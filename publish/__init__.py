@@ -1,20 +1,20 @@
 """Push a trained drafter to the Hugging Face Hub, with a model card generated from its run.
 
-    draftsmith push runs/medusa --repo-id me/llama-3.1-8b-medusa --private
-    draftsmith push runs/eagle3 --repo-id me/llama-3.1-8b-eagle3 --format sglang
-    draftsmith push runs/medusa --repo-id me/llama-3.1-8b-medusa --dry-run --out staged   # write, push nothing
+    draftsmith push runs/my-run --repo-id me/llama-3.1-8b-drafter --private     # the layout a server loads
+    draftsmith push runs/my-run --repo-id me/llama-3.1-8b-drafter --format hf   # the draftsmith layout
+    draftsmith push runs/my-run --repo-id me/llama-3.1-8b-drafter --dry-run --out staged   # write, push nothing
 
     from draftsmith.publish import push, stage_run
-    url = push("runs/medusa", "me/llama-3.1-8b-medusa", private=True)
+    url = push("runs/my-run", "me/llama-3.1-8b-drafter", private=True)
 
-One module per step:
-- artifacts.py: what is being pushed (`find_artifact`: a run folder with heads/, head/ or draft/,
-  or a bare artifact folder), its layout (`resolve_format`: Medusa -> vLLM, EAGLE-3 -> vLLM
-  (speculators) by default; "medusa" for FasterDecoding/TGI, "sglang", "hf" = the draftsmith
-  layout; EAGLE-1 heads have only "hf"), the repo id, and the run's `draftsmith eval` report;
+One module per step, every method taken from the registry (draftsmith.heads.registry.METHODS):
+- artifacts.py: what is being pushed (`find_artifact`: a run folder with the sub-folder its trainer
+  writes, or a bare drafter folder; `artifact_kind` is the registry's `method_of_config`), its layout
+  (`resolve_format`: the method's `export_formats`, the first by default, what a server loads; "hf"
+  is the draftsmith layout), the repo id, and the run's `draftsmith eval` report;
 - scrub.py: credentials out of the recipe and run info, and a last check of the staged files;
-- stage.py: `stage_run` writes what would be pushed (safetensors only, recipe.yaml, run_info.json,
-  README.md) in a temporary folder and renames it into place;
+- stage.py: `stage_run` writes what would be pushed (the weights by the method's exporter, safetensors
+  only; recipe.yaml, run_info.json, README.md) in a temporary folder and renames it into place;
 - card.py + card.md.j2: `model_card`, the README.md: target (name, revision, fingerprint), data
   provenance, training, the `draftsmith eval` results when the run has them, and the commands
   that serve the drafter with vLLM and SGLang;

@@ -11,33 +11,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Run folder layout written by train/{medusa,eagle,draft}.py.
-ARTIFACT_DIRS = {"heads": "medusa", "head": "eagle", "draft": "draft"}
+from draftsmith.heads.registry import METHODS, Method, get_method, method_of_config
+
+# The run folder's sub-folder each trainer writes its artifact to (methods may share one: head/).
+ARTIFACT_DIRS = tuple(dict.fromkeys(m.run_folder for m in METHODS.values()))
 RECIPE, RUN_INFO, SUMMARY = "recipe.json", "run_info.json", "training_summary.json"
 EVAL_REPORTS = ("eval/report.json", "report.json")  # where `draftsmith eval --out` is looked for
 
-# Pushed layouts per method; the first is the default (the one a server loads).
-FORMATS = {
-    "medusa1": ("vllm", "medusa", "hf"),
-    "medusa2": ("vllm", "medusa", "hf"),
-    "eagle3": ("vllm", "sglang", "hf"),
-    "eagle1": ("hf",),  # no server layout for EAGLE-1 heads is implemented
-    "draft": ("hf",),  # a plain HF causal LM: every server reads it as is
-}
+# Pushed layouts per method, from the registry; the first is the default (the one a server loads).
+FORMATS = {kind: m.export_formats for kind, m in METHODS.items()}
+# A variant a run records (recipe `mode` / `version`) whose heads have fewer layouts than its method.
+VARIANT_FORMATS = {"eagle1": ("hf",)}  # no server layout for EAGLE-1 heads is implemented
 FORMAT_ALIASES = {"draftsmith": "hf", "speculators": "vllm"}
-METHOD_NAMES = {
-    "medusa1": "Medusa-1",
-    "medusa2": "Medusa-2",
-    "eagle1": "EAGLE-1",
-    "eagle3": "EAGLE-3",
-    "draft": "draft model",
-}
-# Pickle files run code when loaded; the Hub flags them and servers may refuse them.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-# Draft length written into EAGLE server configs and serving commands when no evaluation says
-# otherwise: speculators' own default proposal length, and `draftsmith export`'s.
-EAGLE_SPECULATIVE_TOKENS = 3
-DRAFT_SPECULATIVE_TOKENS = 4  # the evaluator's default K
+METHOD_NAMES = {kind: m.title for kind, m in METHODS.items()}
 # `owner/name` or `name`: letters, digits, '-', '_', '.'; no '--' or '..'; no leading/trailing '-' or '.'.
 _REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 
@@ -51,13 +37,28 @@ class Artifact:
     """A trained drafter on disk and the run folder it came from (None for a bare artifact)."""
 
     path: Path
-    kind: str  # medusa | eagle | draft
-    method: str  # medusa1 | medusa2 | eagle1 | eagle3 | draft
+    kind: str  # the registry's kind (draftsmith.heads.registry.METHODS)
+    method: str  # the variant the run or config records (e.g. medusa2, eagle1), else the kind
     config: dict
     run_dir: Path | None = None
     recipe: dict = field(default_factory=dict)
     run_info: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Method:
+        return get_method(self.kind)
+
+    @property
+    def title(self) -> str:
+        """The method's title, its first word numbered by the variant (Medusa-2 heads, EAGLE-1 head)."""
+        number = self.method.removeprefix(self.kind)
+        brand, _, rest = self.spec.title.partition(" ")
+        return f"{brand}-{number} {rest}".strip() if number.isdigit() else self.spec.title
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return VARIANT_FORMATS.get(self.method, self.spec.export_formats)
 
     @property
     def provenance(self) -> dict:
@@ -71,13 +72,12 @@ class Artifact:
 
     @property
     def train_command(self) -> str:
-        script = {"medusa": "train/medusa.py", "eagle": "train/eagle.py", "draft": "train/draft.py"}[self.kind]
-        return f"accelerate launch {script}"
+        return f"draftsmith train {self.kind}"
 
     @property
     def eval_flag(self) -> str:
-        """The `draftsmith eval` flag that loads this kind of drafter."""
-        return {"medusa": "--medusa", "eagle": "--eagle", "draft": "--draft"}[self.kind]
+        """The `draftsmith eval` flag that loads this drafter, its folder to follow after `=`."""
+        return f"--drafter {self.kind}"
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -94,26 +94,23 @@ def read_json(path: Path, what: str) -> dict:
 
 
 def artifact_kind(config: dict, where: str = "config.json") -> str:
-    """medusa, eagle or draft, from an artifact's config.json (any layout draftsmith writes)."""
-    architectures = config.get("architectures") or []
-    if (
-        config.get("model_type") in ("draftsmith_medusa", "medusa")
-        or "MedusaModel" in architectures
-        or "medusa_num_heads" in config
-    ):
-        return "medusa"
-    if (
-        config.get("model_type") in ("draftsmith_eagle", "draftsmith_peagle")
-        or "speculators_model_type" in config
-        or "LlamaForCausalLMEagle3" in architectures
-    ):
-        return "eagle"
-    if config.get("model_type"):
-        return "draft"
-    raise HubError(
-        f"{where} has no model_type: it is neither Medusa heads, an EAGLE head nor a transformers model "
-        "(expected a folder written by train/medusa.py, train/eagle.py, train/draft.py or `draftsmith export`)"
-    )
+    """The registry's kind of an artifact, from its config.json (any layout draftsmith writes)."""
+    method = method_of_config(config)
+    if method is None:
+        raise HubError(
+            f"{where} has no model_type: it is neither a drafter head of {', '.join(METHODS)} nor a transformers "
+            "model (expected a folder written by `draftsmith train KIND` or `draftsmith export`)"
+        )
+    return method.kind
+
+
+def variant(kind: str, config: dict, recipe: dict) -> str:
+    """The variant a run's recipe (`mode`, `version`) or its config (`version`, the speculators
+    type) names for this kind (medusa1, eagle3, ...), else the kind itself."""
+    provenance = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else {}
+    named = (recipe.get("mode"), recipe.get("version"), config.get("version"), provenance.get("version"))
+    named += (config.get("speculators_model_type"),)
+    return next((v for v in named if isinstance(v, str) and v.startswith(kind) and v[len(kind) :].isdigit()), kind)
 
 
 def find_artifact(path) -> Artifact:
@@ -143,34 +140,25 @@ def find_artifact(path) -> Artifact:
     where = str(artifact_dir / "config.json")
     config = read_json(artifact_dir / "config.json", "artifact config")
     kind = artifact_kind(config, where)
-    expected = ARTIFACT_DIRS.get(artifact_dir.resolve().name) if run_dir is not None else None
-    if expected is not None and kind != expected:
-        raise HubError(f"{where!r} holds a {kind} config, but {artifact_dir.name}/ of a run holds {expected}")
+    folder = artifact_dir.resolve().name
+    if run_dir is not None and folder in ARTIFACT_DIRS and get_method(kind).run_folder != folder:
+        raise HubError(f"{where!r} holds a {kind} config, but {folder}/ of a run holds no {kind} artifact")
     recipe = read_json(run_dir / RECIPE, "recipe") if run_dir else {}
     info = read_json(run_dir / RUN_INFO, "run info") if run_dir else {}
     if not recipe and info.get("recipe"):
         recipe = dict(info["recipe"])
     summary = read_json(run_dir / SUMMARY, "training summary") if run_dir else {}
-    if kind == "medusa":
-        adapted = recipe.get("mode") == "medusa2" or (run_dir and (run_dir / "adapter").is_dir())
-        method = "medusa2" if adapted else "medusa1"
-    elif kind == "eagle":
-        method = config.get("version") or config.get("speculators_model_type") or "eagle3"
-        if method not in ("eagle1", "eagle3"):
-            raise HubError(f"{where!r}: EAGLE version {method!r}; expected eagle1 or eagle3")
-    else:
-        method = "draft"
-    return Artifact(artifact_dir, kind, method, config, run_dir, recipe, info, summary)
+    return Artifact(artifact_dir, kind, variant(kind, config, recipe), config, run_dir, recipe, info, summary)
 
 
 def resolve_format(artifact: Artifact, format: str | None) -> str:
     """The pushed layout: `format` (or its alias) when the method has it, else the method's default."""
-    allowed = FORMATS[artifact.method]
+    allowed = artifact.formats
     if format is None:
         return allowed[0]
     fmt = FORMAT_ALIASES.get(format, format)
     if fmt not in allowed:
-        raise HubError(f"format {format!r}: {METHOD_NAMES[artifact.method]} pushes as {', '.join(allowed)}")
+        raise HubError(f"format {format!r}: expected one of {', '.join(allowed)} for the {artifact.title}")
     return fmt
 
 
@@ -190,6 +178,8 @@ def check_repo_id(repo_id) -> str:
 
 def check_no_pickle(folder: Path) -> None:
     """Refuse a folder holding pickle files: only safetensors are pushed."""
+    from draftsmith.heads.draft import PICKLE_SUFFIXES
+
     found = [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES]
     if found:
         names = ", ".join(sorted(str(p.relative_to(folder)) for p in found))
@@ -233,27 +223,61 @@ def resolve_report(artifact: Artifact, eval_report) -> dict | None:
     if where is None:
         return None
     report = load_eval_report(where)
-    evaluated = report.get("drafts")  # {"medusa" | "eagle" | "draft": path} as `draftsmith eval` records it
-    if isinstance(evaluated, dict) and evaluated and artifact.kind not in evaluated:
-        flags = ", ".join(f"--{k} {v}" for k, v in evaluated.items())
+    evaluated = report.get("drafts")  # {row name: folder} as `draftsmith eval` records it
+    if isinstance(evaluated, dict) and evaluated and not evaluated_names(artifact, evaluated):
+        flags = ", ".join(f"{k}={v}" for k, v in evaluated.items())
         raise HubError(
-            f"eval report {str(where)!r} measured {flags}, not this {METHOD_NAMES[artifact.method]}: "
-            "pass the report of this drafter"
+            f"eval report {str(where)!r} measured {flags}, not this {artifact.title}: pass the report of this drafter"
         )
     return report
 
 
+def evaluated_names(artifact: Artifact, evaluated: dict) -> list[str]:
+    """The names a report's `drafts` ({name: folder}) gives this artifact: those of its folder,
+    else the method's own name (the row name of a bare `--drafter KIND=DIR`)."""
+    here = artifact.path.resolve()
+    same = [name for name, folder in evaluated.items() if isinstance(folder, str) and Path(folder).resolve() == here]
+    return same or [name for name in evaluated if name == artifact.kind]
+
+
+def draft_limit(kind: str, config: dict) -> int | None:
+    """The most tokens one call of a head proposes, when its config bounds it: one per Medusa head
+    (`num_heads`), a DFlash block's block_size - 1; None for a draft model (any K)."""
+    if not get_method(kind).model_types:
+        return None
+    heads = config.get("num_heads") or config.get("medusa_num_heads")
+    if heads:
+        return int(heads)
+    return int(config["block_size"]) - 1 if config.get("block_size") else None
+
+
+def default_tokens(kind: str, config: dict, recipe: dict | None = None) -> int:
+    """K when no evaluation or tuning says otherwise: the recipe's, the draft length the folder's
+    server config proposes, the depths a P-EAGLE head trained, else every token one call proposes,
+    else the method's default; never above `draft_limit`."""
+    own = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else {}
+    proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    limit = draft_limit(kind, config)
+    k = int(
+        (recipe or {}).get("num_draft_tokens")
+        or proposals[0].get("speculative_tokens")
+        or config.get("num_speculative_tokens")
+        or config.get("num_depths")
+        or own.get("num_depths")
+        or limit
+        or get_method(kind).default_k
+    )
+    return min(k, limit) if limit else k
+
+
 def serving_tokens(artifact: Artifact, report: dict | None = None) -> int:
-    """K in the serving commands (and EAGLE server configs): the evaluated K when there is an
-    evaluation, else the method's default; Medusa proposes at most one token per head."""
+    """K in the serving commands (and the server configs the export writes): the evaluated K when
+    there is an evaluation (within `draft_limit`), else `default_tokens`."""
     measured = int(report["settings"]["num_draft_tokens"]) if report else None
-    if artifact.kind == "medusa":
-        c = artifact.config
-        heads = int(artifact.provenance.get("num_heads") or c.get("num_heads") or c.get("medusa_num_heads") or 1)
-        return min(measured, heads) if measured else heads
-    if artifact.kind == "eagle":
-        return measured or EAGLE_SPECULATIVE_TOKENS
-    return measured or int(artifact.recipe.get("num_draft_tokens") or DRAFT_SPECULATIVE_TOKENS)
+    limit = draft_limit(artifact.kind, artifact.config)
+    if measured:
+        return min(measured, limit) if limit else measured
+    return default_tokens(artifact.kind, artifact.config, artifact.recipe)
 
 
 def local_eval_command(run_dir, prompts: str = "PROMPTS.jsonl") -> str:

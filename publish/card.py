@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 
 from draftsmith.publish.artifacts import (
-    METHOD_NAMES,
     Artifact,
     HubError,
     check_repo_id,
+    evaluated_names,
     find_artifact,
     read_json,
     resolve_format,
@@ -27,90 +27,62 @@ from draftsmith.publish.artifacts import (
 from draftsmith.publish.serve import sglang_command, vllm_command
 
 TEMPLATE = "card.md.j2"
-FORMAT_NAMES = {
-    ("medusa", "vllm"): "vLLM's Medusa layout (`model_type: medusa`)",
-    ("medusa", "medusa"): "the original Medusa layout (FasterDecoding, TGI: `medusa_lm_head.safetensors`)",
-    ("medusa", "hf"): "the draftsmith layout (`load_medusa`)",
-    ("eagle", "vllm"): "the speculators layout that vLLM loads (`speculators_model_type: eagle3`)",
-    ("eagle", "sglang"): "SGLang's layout (`LlamaForCausalLMEagle3`)",
-    ("eagle", "hf"): "the draftsmith layout (`load_eagle`)",
-    ("draft", "hf"): "a plain transformers causal LM with its tokenizer",
-}
-_HYPERPARAMETERS = {
-    "medusa": (
-        "mode",
-        "num_heads",
-        "num_layers",
-        "share_lm_head",
-        "loss",
-        "temperature",
-        "head_decay",
-        "lr",
-        "weight_decay",
-        "warmup_steps",
-        "max_steps",
-        "batch_size",
-        "grad_accum",
-        "max_length",
-        "grad_clip",
-        "heldout_fraction",
-        "seed",
-    ),
-    "eagle": (
-        "version",
-        "aux_layers",
-        "draft_vocab_size",
-        "vocab_map",
-        "ttt_steps",
-        "ttt_decay",
-        "lr",
-        "weight_decay",
-        "warmup_steps",
-        "max_steps",
-        "batch_size",
-        "grad_accum",
-        "max_length",
-        "grad_clip",
-        "heldout_fraction",
-        "seed",
-    ),
-    "draft": (
-        "draft_init",
-        "draft_path",
-        "draft_layers",
-        "draft_hidden",
-        "loss",
-        "beta",
-        "tv_weight",
-        "temperature",
-        "data_mode",
-        "on_policy_fraction",
-        "on_policy_new_tokens",
-        "lora",
-        "lr",
-        "weight_decay",
-        "warmup_steps",
-        "max_steps",
-        "batch_size",
-        "grad_accum",
-        "max_length",
-        "grad_clip",
-        "heldout_fraction",
-        "num_draft_tokens",
-        "seed",
-    ),
-}
-_METHOD_HYPERPARAMETERS = {  # on top of the kind's
-    "medusa2": (
-        "lora_r",
-        "lora_alpha",
-        "lora_dropout",
-        "lora_target_modules",
-        "medusa2_lambda",
-        "lambda_warmup_steps",
-        "head_lr_multiplier",
-    ),
-    "eagle1": ("feature_weight", "ce_weight", "feature_noise"),
+# The training keys every method's card lists after the method's own recipe fields.
+_TRAINING_KEYS = (
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "max_steps",
+    "batch_size",
+    "grad_accum",
+    "max_length",
+    "grad_clip",
+    "heldout_fraction",
+    "seed",
+)
+# Recipe keys that are the run's plumbing (what every recipe has: paths, logging, checkpoints, the
+# Hub), caches on the training machine, or speed and evaluation knobs: not hyperparameters.
+_NOT_HYPERPARAMETERS = (
+    "target",
+    "data",
+    "out",
+    "device",
+    "dtype",
+    "target_sharding",
+    "trust_remote_code",
+    "allow_target_mismatch",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "resume",
+    "init_from",
+    "log_every",
+    "serve_check_prompts",
+    "serve_check_new_tokens",
+    "report_to",
+    "tracker_project",
+    "push_to_hub",
+    "hub_repo_id",
+    "hub_private",
+    "hidden_cache",
+    "teacher_cache",
+    "fixed_data",
+    "chunk_size",
+    "eval_topk",
+    "eval_depth",
+)
+# The held-out metrics of training_summary.json ("eval"), whichever method wrote them.
+_HELDOUT = {
+    "top1": "top-1 accuracy per head",
+    "top5": "top-5 accuracy per head",
+    "top1_per_step": "top-1 accuracy per draft step",
+    "top1_per_depth": "top-1 accuracy per depth (one forward)",
+    "top1_per_slot": "top-1 accuracy per block slot",
+    "acceptance": "acceptance E[sum min(p, q)] at the training temperature",
+    "acceptance_greedy": "greedy acceptance (argmax agreement)",
+    "tau_simulated": "simulated tau (counts the target's own token)",
+    "kl_drift": "KL drift of the adapted target",
+    "positions": "held-out positions",
 }
 
 
@@ -232,9 +204,9 @@ def card_values(
     target.license = {"license": license} if license else _target_license(target)
     k = serving_tokens(artifact, report)
     kind, c, p, r = artifact.kind, artifact.config, artifact.provenance, artifact.recipe
+    model = not artifact.spec.model_types  # a draft: any transformers causal LM
     tags = ["draftsmith", "speculative-decoding"]
-    methods = {"medusa": ["medusa", artifact.method.replace("medusa", "medusa-")], "eagle": ["eagle", artifact.method]}
-    tags += methods.get(kind, ["draft-model"])
+    tags += ["draft-model"] if model else [kind] + ([artifact.method] if artifact.method != kind else [])
     tags += {"vllm": ["vllm"], "sglang": ["sglang"], "medusa": ["tgi"]}.get(fmt, [])
     results = _eval_results(artifact, report) if report is not None else []
     source = ((provenance.get("source") or {}).get("name")) or ""
@@ -242,8 +214,8 @@ def card_values(
         base_model=target.hub_id,
         **target.license,  # the target's terms bind a model trained on its outputs
         datasets=[source] if _looks_like_hub_id(source) else None,  # the prompts' Hub dataset
-        library_name="transformers" if kind == "draft" else "draftsmith",
-        pipeline_tag="text-generation" if kind == "draft" else None,
+        library_name="transformers" if model else "draftsmith",
+        pipeline_tag="text-generation" if model else None,
         tags=tags,
         model_name=repo_id.split("/")[-1] if results else None,  # model-index needs a name
         eval_results=results or None,
@@ -259,9 +231,8 @@ def card_values(
         "download": f"hf download {repo_id}{rev} --local-dir {local}",
         "kind": kind,
         "method": artifact.method,
-        "method_name": METHOD_NAMES[artifact.method],
+        "method_name": artifact.title,
         "fmt": fmt,
-        "layout": FORMAT_NAMES[(kind, fmt)],
         "k": k,
         "report": report is not None,
         "target_label": target.hub_id or target.name or "its target",
@@ -269,10 +240,17 @@ def card_values(
         "target_hub_id": target.hub_id,
         "target_revision": target.revision,
         "eval_flag": artifact.eval_flag,
+        "train_command": artifact.train_command,
+        "loader": artifact.spec.loader.split(":"),  # [module, function] of draftsmith's loader
         "medusa_heads": p.get("num_heads") or c.get("num_heads") or c.get("medusa_num_heads"),
         "share_lm_head": bool(p.get("share_lm_head")),
-        "eagle_aux_layers": _fmt(p.get("aux_layer_ids") or c.get("eagle_aux_hidden_state_layer_ids")),
-        "eagle_draft_vocab": _fmt(c.get("draft_vocab_size") or p.get("draft_vocab_size")),
+        "aux_layers": _fmt(
+            p.get("aux_layer_ids") or c.get("eagle_aux_hidden_state_layer_ids") or c.get("aux_hidden_state_layer_ids")
+        ),
+        "draft_vocab": _fmt(c.get("draft_vocab_size") or p.get("draft_vocab_size")),
+        "block_size": c.get("block_size"),
+        "num_depths": c.get("num_depths") or p.get("num_depths"),
+        "mask_token_id": c.get("mask_token_id"),
         "ttt_steps": r.get("ttt_steps"),
         "loss": r.get("loss"),
         "loss_temperature": _fmt(r.get("temperature"), 2),
@@ -312,7 +290,7 @@ def _data(artifact: Artifact) -> tuple[Path | None, dict, dict]:
 def _target(artifact: Artifact, provenance: dict, base_model: str | None) -> _Target:
     recorded = provenance.get("target") or {}
     build = ((artifact.summary.get("draft") or {}).get("build")) or {}
-    heads = artifact.provenance if artifact.kind != "draft" else {}  # a draft's config is the model's own
+    heads = artifact.provenance if artifact.spec.model_types else {}  # a draft's config is the model's own
     name = heads.get("target_name_or_path") or artifact.recipe.get("target") or recorded.get("name_or_path")
     name = name or build.get("target_name_or_path")
     revision = heads.get("target_revision") or recorded.get("revision")
@@ -363,15 +341,10 @@ def _target_license(target: _Target) -> dict:
 
 
 def _drafter_rows(artifact: Artifact, report: dict) -> list[dict]:
-    """The report's rows that decoded with this drafter (not target-only, prompt lookup or others)."""
-    if artifact.kind in ("medusa", "eagle"):
-        return [r for r in report["methods"] if r["method"].startswith(f"{artifact.kind}-")]
-    drafts = report.get("drafts") or {}
-    names = set(drafts) - {"medusa", "eagle"} if drafts else None
-    reserved = ("target-only", "prompt-lookup", "medusa-", "eagle-")
-    if names is not None:
-        return [r for r in report["methods"] if r["method"] in names]
-    return [r for r in report["methods"] if not r["method"].startswith(reserved)]
+    """The report's rows that decoded with this drafter (NAME, or NAME-chain / NAME-tree), not
+    target-only, prompt lookup or other drafters."""
+    names = evaluated_names(artifact, report.get("drafts") or {}) or [artifact.kind]
+    return [r for r in report["methods"] if any(r["method"] == n or r["method"].startswith(f"{n}-") for n in names)]
 
 
 def _eval_results(artifact: Artifact, report: dict) -> list:
@@ -433,9 +406,8 @@ def _data_rows(artifact: Artifact, folder: Path | None, provenance: dict, summar
 def _training(artifact: Artifact) -> dict:
     """The run's table, its hyperparameters and its held-out metrics (None when not recorded)."""
     r, s, info = artifact.recipe, artifact.summary, artifact.run_info
-    keys = _HYPERPARAMETERS[artifact.kind] + _METHOD_HYPERPARAMETERS.get(artifact.method, ())
-    if artifact.kind == "eagle" and s.get("aux_layers"):
-        r = {**r, "aux_layers": s["aux_layers"]}
+    if s.get("aux_layers"):
+        r = {**r, "aux_layers": s["aux_layers"]}  # the layers the run chose (the recipe may leave them to it)
     versions = info.get("versions") or {}
     git = str(info.get("git_revision") or "?")[:12]
     trainer = f"`{artifact.train_command}` (draftsmith {versions.get('draftsmith', '?')}, git {git})"
@@ -445,41 +417,34 @@ def _training(artifact: Artifact) -> dict:
             ("optimizer steps", _fmt(s.get("steps"))),
             ("device", f"{s.get('device')} x {s.get('processes')}" if s.get("device") else None),
         ],
-        "hyperparameters": [(f"`{k}`", _param(r[k])) for k in keys if r.get(k) is not None],
+        "hyperparameters": [(f"`{k}`", _param(r[k])) for k in _hyperparameters(artifact) if r.get(k) not in (None, "")],
         "heldout": _heldout_rows(artifact) if s.get("eval") else None,
     }
 
 
+def _hyperparameters(artifact: Artifact) -> list[str]:
+    """The method's own recipe keys as the run recorded them, then the training keys."""
+    skip = set(_TRAINING_KEYS) | set(_NOT_HYPERPARAMETERS)
+    return [k for k in artifact.recipe if k not in skip] + list(_TRAINING_KEYS)
+
+
 def _heldout_rows(artifact: Artifact) -> list[tuple[str, object]]:
+    """The held-out metrics the run recorded; a metric measured before training too (a draft
+    model's) reads before -> after."""
     s = artifact.summary
-    ev = s.get("eval") or {}
-    if artifact.kind == "medusa":
-        return [
-            ("top-1 accuracy per head", _fmt(ev.get("top1"))),
-            ("top-5 accuracy per head", _fmt(ev.get("top5"))),
-            ("simulated chain tau (counts the target's own token)", _fmt(ev.get("tau_simulated"))),
-            ("KL drift of the adapted target (Medusa-2)", _fmt(ev["kl_drift"], 4) if "kl_drift" in ev else None),
-            ("held-out positions", _fmt(ev.get("positions"), 0)),
-        ]
-    if artifact.kind == "eagle":
-        return [
-            ("top-1 accuracy per draft step", _fmt(ev.get("top1_per_step"))),
-            ("simulated chain tau (counts the target's own token)", _fmt(ev.get("tau_simulated"))),
-            ("draft vocabulary coverage of trained tokens", _fmt(s.get("vocab_coverage"))),
-            ("held-out positions", _fmt(ev.get("positions"), 0)),
-        ]
-    init = s.get("initial") or {}
+    ev, init = s.get("eval") or {}, s.get("initial") or {}
+    digits = {"kl_drift": 4, "positions": 0}
 
-    def before_after(key: str) -> str:  # the draft before distillation -> after it
-        return f"{_fmt(init.get(key))} -> {_fmt(ev.get(key))}" if init else _fmt(ev.get(key))
+    def value(key: str) -> str:
+        after = _fmt(ev[key], digits.get(key, 3))
+        return f"{_fmt(init[key], digits.get(key, 3))} -> {after}" if key in init and key != "positions" else after
 
+    rows = [(label, value(key)) for key, label in _HELDOUT.items() if key in ev]
     k = artifact.recipe.get("num_draft_tokens")
-    return [
-        ("acceptance E[sum min(p, q)] at the training temperature", before_after("acceptance")),
-        ("greedy acceptance (argmax agreement)", before_after("acceptance_greedy")),
-        (f"simulated tau at K = {k} (counts the bonus token)", before_after("tau_simulated")),
-        ("held-out positions", _fmt(ev.get("positions"), 0)),
-    ]
+    rows = [(f"{label} at K = {k}" if label.startswith("simulated tau") and k else label, v) for label, v in rows]
+    if s.get("vocab_coverage") is not None:
+        rows.insert(-1, ("draft vocabulary coverage of trained tokens", _fmt(s["vocab_coverage"])))
+    return rows
 
 
 def _evaluation(report: dict) -> dict:

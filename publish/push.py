@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from draftsmith.publish.artifacts import METHOD_NAMES, HubError, check_repo_id, find_artifact
+from draftsmith.publish.artifacts import HubError, check_repo_id, find_artifact
 from draftsmith.publish.scrub import scrub_text
 from draftsmith.publish.stage import stage_run
 
@@ -57,7 +57,7 @@ def push(
         if commit_message is None:
             artifact = find_artifact(run_dir)
             steps = artifact.summary.get("steps")
-            commit_message = f"draftsmith: {METHOD_NAMES[artifact.method]}" + (f", {steps} steps" if steps else "")
+            commit_message = f"draftsmith: {artifact.title}" + (f", {steps} steps" if steps else "")
         api = HfApi(endpoint=endpoint, token=token)
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

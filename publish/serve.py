@@ -7,11 +7,14 @@
 uses the same two command builders. What each server loads (flags checked against the vLLM and
 SGLang speculative-decoding docs):
 - vLLM: `vllm serve TARGET --speculative-config '{"method": M, "model": DRAFT, "num_speculative_tokens": K}'`
-  with M = "medusa" (vLLM's Medusa layout), "eagle3" (the speculators layout), "draft_model"
-  (a plain causal LM sharing the target's vocabulary);
+  with M = "medusa" (vLLM's Medusa layout), "eagle3" (the speculators layout; a P-EAGLE head adds
+  `"parallel_drafting": true`), "dflash" (the speculators `dflash` layout), "draft_model" (a plain
+  causal LM sharing the target's vocabulary);
 - SGLang: `python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3|STANDALONE
   --speculative-draft-model-path DRAFT --speculative-num-steps K --speculative-eagle-topk 1
-  --speculative-num-draft-tokens K+1` (a chain; SGLang has no Medusa drafter).
+  --speculative-num-draft-tokens K+1` (a chain). SGLang has no Medusa drafter, and no layout of a
+  P-EAGLE or DFlash head is written here: their notes say so.
+Each kind of the registry (draftsmith.heads.registry) has one builder below (`_SERVERS`).
 A layout no server loads (the draftsmith layout, FasterDecoding's Medusa layout) gets the
 `draftsmith export` command that converts it first, then the server's command on the result.
 """
@@ -23,13 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.publish.artifacts import (
-    DRAFT_SPECULATIVE_TOKENS,
-    EAGLE_SPECULATIVE_TOKENS,
-    HubError,
-    artifact_kind,
-    read_json,
-)
+from draftsmith.publish.artifacts import HubError, artifact_kind, default_tokens, draft_limit, read_json
 
 SGLANG_EAGLE3 = "LlamaForCausalLMEagle3"
 
@@ -108,21 +105,11 @@ def _speculation(config: dict) -> dict:
     return setting if isinstance(setting, dict) else {}
 
 
-def _eagle_k(config: dict, setting: dict, given) -> int:
-    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    return int(
-        given
-        or setting.get("num_speculative_tokens")
-        or methods[0].get("speculative_tokens")
-        or config.get("num_speculative_tokens")
-        or EAGLE_SPECULATIVE_TOKENS
-    )
-
-
 def serving_commands(folder, *, target=None, num_speculative_tokens: int | None = None) -> ServingCommands:
     """The commands that serve `folder` (any drafter layout draftsmith writes): with `target`
     (default: the target the folder records) and K (default: the setting `tune --write`
-    recorded, else the one the folder's server config holds, else the method's default)."""
+    recorded, else `default_tokens`: the one the folder's server config holds, else the method's),
+    never above what one call of the head proposes."""
     folder = Path(folder).expanduser().resolve()
     config = read_json(folder / "config.json", "drafter config")
     if not config:
@@ -130,26 +117,37 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
     kind = artifact_kind(config, str(folder / "config.json"))
     served, revision = _target_of(config, target)
     setting = _speculation(config)
-    q = shlex.quote(str(folder))
-    if kind == "draft":
-        k = int(num_speculative_tokens or setting.get("num_speculative_tokens") or DRAFT_SPECULATIVE_TOKENS)
-        out = ServingCommands(folder, "a draft model (a plain causal LM)", k)
-        out.vllm.append(vllm_command(served, revision, "draft_model", folder, k))
-        out.sglang.append(sglang_command(served, "STANDALONE", folder, k))
-        return out
-    if kind == "medusa":
-        return _medusa(folder, config, served, revision, setting, num_speculative_tokens)
+    k = int(num_speculative_tokens or setting.get("num_speculative_tokens") or default_tokens(kind, config))
+    limit = draft_limit(kind, config)
+    k = min(k, limit) if limit else k
+    return _SERVERS[kind](folder, config, served, revision, setting, k)
+
+
+def _export_command(folder: Path, fmt: str, k: int, target: str | None = None) -> tuple[Path, str]:
+    """(the folder written, the `draftsmith export` that converts `folder` to `fmt` there)."""
+    out = folder.with_name(f"{folder.name}-{fmt}")
+    target_flag = f" --target {shlex.quote(str(target))}" if target else ""
+    command = (
+        f"draftsmith export {shlex.quote(str(folder))} --format {fmt} --num-speculative-tokens {k} "
+        f"--out {shlex.quote(str(out))}{target_flag}"
+    )
+    return out, command
+
+
+def _draft(folder: Path, config: dict, served, revision, setting: dict, k: int) -> ServingCommands:
+    out = ServingCommands(folder, "a draft model (a plain causal LM)", k)
+    out.vllm.append(vllm_command(served, revision, "draft_model", folder, k))
+    out.sglang.append(sglang_command(served, "STANDALONE", folder, k))
+    return out
+
+
+def _eagle(folder: Path, config: dict, served, revision, setting: dict, k: int) -> ServingCommands:
     version = config.get("version") or config.get("speculators_model_type") or "eagle3"
-    k = _eagle_k(config, setting, num_speculative_tokens)
-    if config.get("speculators_model_type") == "peagle" or config.get("model_type") == "draftsmith_peagle":
-        exported = "speculators_model_type" in config  # its proposal holds K; a head folder its depths
-        k = int(num_speculative_tokens or (k if exported else config.get("num_depths") or k))
-        return _peagle(folder, config, served, revision, k)
     if version != "eagle3":
         out = ServingCommands(folder, f"an {version.upper()} head in the draftsmith layout", k)
         out.notes.append(
             "vLLM and SGLang load EAGLE-3 heads from draftsmith's exports; an EAGLE-1 head has no server layout here: "
-            f"decode with it through draftsmith (draftsmith eval --eagle {q})"
+            f"decode with it through draftsmith (draftsmith eval --drafter eagle={shlex.quote(str(folder))})"
         )
         return out
     depth, topk, total = setting.get("depth"), setting.get("top_k"), setting.get("total_tokens")
@@ -166,10 +164,8 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
     for fmt, commands in (("vllm", out.vllm), ("sglang", out.sglang)):
         if commands:
             continue
-        converted = folder.with_name(f"{folder.name}-{fmt}")
-        commands.append(
-            f"draftsmith export {q} --format {fmt} --num-speculative-tokens {k} --out {shlex.quote(str(converted))}"
-        )
+        converted, export = _export_command(folder, fmt, k)
+        commands.append(export)
         commands.append(
             vllm_command(served, revision, "eagle3", converted, k)
             if fmt == "vllm"
@@ -181,42 +177,55 @@ def serving_commands(folder, *, target=None, num_speculative_tokens: int | None 
     return out
 
 
-def _peagle(folder: Path, config: dict, served, revision, k: int) -> ServingCommands:
+def _dflash(folder: Path, config: dict, served, revision, setting: dict, k: int) -> ServingCommands:
+    """A DFlash head: vLLM serves the speculators `dflash` layout (method "dflash", one block of
+    block_size - 1 drafts per call); SGLang's DFlash drafter reads another layout, not written here."""
+    exported = "speculators_model_type" in config
+    out = ServingCommands(folder, f"a DFlash head in the {'speculators' if exported else 'draftsmith'} layout", k)
+    draft = folder
+    if not exported:
+        draft, export = _export_command(folder, "vllm", k)
+        out.vllm.append(export)
+    out.vllm.append(vllm_command(served, revision, "dflash", draft, k))
+    out.notes.append("SGLang: no DFlash layout is written here (draftsmith exports the speculators layout vLLM loads)")
+    out.notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
+    return out
+
+
+def _peagle(folder: Path, config: dict, served, revision, setting: dict, k: int) -> ServingCommands:
     """A P-EAGLE head: vLLM serves the speculators `peagle` layout as an EAGLE-3 head drafting every
     depth in one pass (`parallel_drafting`); SGLang has no P-EAGLE layout here."""
     exported = "speculators_model_type" in config
     out = ServingCommands(folder, f"a P-EAGLE head in the {'speculators' if exported else 'draftsmith'} layout", k)
     draft = folder
     if not exported:
-        draft = folder.with_name(f"{folder.name}-vllm")
-        out.vllm.append(
-            f"draftsmith export {shlex.quote(str(folder))} --format vllm --num-speculative-tokens {k} "
-            f"--out {shlex.quote(str(draft))}"
-        )
+        draft, export = _export_command(folder, "vllm", k)
+        out.vllm.append(export)
     out.vllm.append(vllm_command(served, revision, "eagle3", draft, k, parallel_drafting=True))
+    out.notes.append("SGLang has no P-EAGLE layout here")
     out.notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
     return out
 
 
-def _medusa(folder: Path, config: dict, served, revision, setting: dict, given) -> ServingCommands:
+def _medusa(folder: Path, config: dict, served, revision, setting: dict, k: int) -> ServingCommands:
     own = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else config
-    heads = int(own.get("num_heads") or config.get("num_heads") or config.get("medusa_num_heads") or 1)
-    k = min(int(given or setting.get("num_speculative_tokens") or heads), heads)  # one token per head at most
     if config.get("model_type") == "medusa":
         out = ServingCommands(folder, "Medusa heads in vLLM's layout", k)
         out.vllm.append(vllm_command(served, revision, "medusa", folder, k))
     else:
         layout = "FasterDecoding's layout" if "medusa_num_heads" in config else "the draftsmith layout"
         out = ServingCommands(folder, f"Medusa heads in {layout}", k)
-        converted = folder.with_name(f"{folder.name}-vllm")
-        shared = own.get("share_lm_head")
-        target_flag = f" --target {shlex.quote(str(served))}" if shared else ""
-        out.vllm.append(
-            f"draftsmith export {shlex.quote(str(folder))} --format vllm "
-            f"--out {shlex.quote(str(converted))}{target_flag}"
-        )
+        converted, export = _export_command(folder, "vllm", k, served if own.get("share_lm_head") else None)
+        out.vllm.append(export)
         out.vllm.append(vllm_command(served, revision, "medusa", converted, k))
     out.notes.append("SGLang has no Medusa drafter")
     if setting.get("tree"):
-        out.notes.append("vLLM drafts the heads' top-1 chain; the tuned tree is for `draftsmith eval --medusa-tree`")
+        out.notes.append(
+            "vLLM drafts the heads' top-1 chain; the tuned tree is for `draftsmith eval --drafter medusa=DIR "
+            "--medusa-tree`"
+        )
     return out
+
+
+# What each kind of drafter folder is served with (the kinds of draftsmith.heads.registry.METHODS).
+_SERVERS = {"draft": _draft, "medusa": _medusa, "eagle": _eagle, "peagle": _peagle, "dflash": _dflash}

@@ -1,8 +1,9 @@
 """What goes to the Hub, built in a temporary folder and renamed into place (`stage_run`).
 
 - the weights, as safetensors only (an artifact holding pickle weights is refused), and their
-  config.json. Heads go in the layout a server loads, through the heads' own exporters; a draft
-  model goes as the plain HF model it is, with its tokenizer; a Medusa-2 run adds `adapter/`.
+  config.json, in the layout asked for (by default the one a server loads), written by the
+  method's exporter (`Method.export` of draftsmith.heads.registry): a draft model goes as the
+  plain HF model it is, with its tokenizer; a run with an adapter (Medusa-2) adds `adapter/`.
 - recipe.yaml (the resolved recipe) and run_info.json, with anything token-like removed;
 - README.md, the model card (card.py).
 """
@@ -27,18 +28,6 @@ from draftsmith.publish.artifacts import (
 )
 from draftsmith.publish.card import render_card
 from draftsmith.publish.scrub import check_no_secret, scrub, scrub_text
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 def stage_run(
@@ -111,50 +100,22 @@ def _is_staging(folder: Path) -> bool:
 
 
 def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
-    """The weights and config.json in layout `fmt`; `k` is the draft length of EAGLE server configs."""
-    if artifact.kind == "draft":
-        _copy_draft(artifact, out)
-        return
-    if artifact.kind == "medusa":
-        from draftsmith.heads.medusa import MedusaError, export_medusa, load_medusa, save_medusa
+    """The weights and config.json in layout `fmt`, by the method's exporter (the registry's);
+    `k` is the draft length written into server configs. The target is loaded only when the
+    exporter asks for it (Medusa heads sharing its lm_head, in a server layout)."""
+    from draftsmith.heads.registry import RegistryError
 
-        try:
-            heads = load_medusa(artifact.path)
-            if fmt == "hf":
-                save_medusa(heads, out, overwrite=True)
-                return
-            if heads.config.share_lm_head:
-                heads = load_medusa(artifact.path, target=_load_target(artifact, heads.dtype))
-            export_medusa(heads, out, fmt, overwrite=True)
-        except MedusaError as err:
-            raise HubError(str(err)) from None
-        return
-    from draftsmith.heads.eagle import EagleError, export_eagle, load_eagle
-
+    method = artifact.spec
     try:
-        export_eagle(load_eagle(artifact.path), out, fmt, num_speculative_tokens=k, overwrite=True)
-    except EagleError as err:
+        method.export(artifact.path, out, fmt, num_speculative_tokens=k, target=lambda: _load_target(artifact))
+    except (RegistryError, method.part("error")) as err:
         hint = " (push with format 'hf' for the draftsmith layout)" if fmt != "hf" else ""
         raise HubError(f"{err}{hint}") from None
 
 
-def _copy_draft(artifact: Artifact, out: Path) -> None:
-    """A draft model's files as they are: safetensors weights, config and the target's tokenizer."""
-    files = [p for p in artifact.path.iterdir() if p.is_file() and not p.name.startswith(".")]
-    names = [p.name for p in files if p.name != "README.md"]
-    if not any(n.endswith(".safetensors") for n in names):
-        raise HubError(f"draft {str(artifact.path)!r} has no safetensors weights (save it with save_pretrained)")
-    if not any(n in TOKENIZER_FILES for n in names):
-        raise HubError(
-            f"draft {str(artifact.path)!r} has no tokenizer files: save the target's tokenizer beside it "
-            "(AutoTokenizer.from_pretrained(target).save_pretrained(draft_dir))"
-        )
-    for name in sorted(names):
-        shutil.copy2(artifact.path / name, out / name)
-
-
-def _load_target(artifact: Artifact, dtype):
-    """The target, for heads that share its lm_head: the server layouts hold a copy per head."""
+def _load_target(artifact: Artifact):
+    """The target the run recorded, on the CPU in its own dtype: a few layouts hold a copy of its
+    weights (the lm_head of Medusa heads that share it)."""
     import torch
 
     from draftsmith.heads.models import ModelLoadError, load_causal_lm
@@ -162,12 +123,12 @@ def _load_target(artifact: Artifact, dtype):
     name = artifact.recipe.get("target") or artifact.provenance.get("target_name_or_path")
     if not name:
         raise HubError(
-            f"{str(artifact.path)!r}: heads with share_lm_head need the target's lm_head, and no target is recorded; "
-            "push with format 'hf'"
+            f"{str(artifact.path)!r}: the {artifact.title} need the target's weights for this layout, and no target "
+            "is recorded; push with format 'hf'"
         )
     try:
-        return load_causal_lm(name, device=torch.device("cpu"), dtype=dtype, role="target")
+        return load_causal_lm(name, device=torch.device("cpu"), dtype="auto", role="target")  # as saved
     except ModelLoadError as err:
         raise HubError(
-            f"heads with share_lm_head need the target's lm_head for this layout: {err}; or push with format 'hf'"
+            f"the {artifact.title} need the target's weights for this layout: {err}; or push with format 'hf'"
         ) from None

@@ -89,3 +89,59 @@ def add_sampling_args(p: argparse.ArgumentParser, *, temperature: bool = True) -
         default=1.0,
         help="nucleus sampling mass (1 = off)",
     )
+
+
+def _flag_type(flag: str, kind: str, meta: dict):
+    """The argparse type of a settings field: its number kind, checked against its bounds."""
+    if meta["above"] is not None or meta["at_most"] is not None:
+        low = meta["above"] if meta["above"] is not None else meta["at_least"]
+        what = f"in ({low:g}, {meta['at_most']:g}]" if meta["at_most"] is not None else f"> {low:g}"
+        return float_in(flag, low, meta["at_most"], meta["above"] is not None, what)
+    if meta["at_least"] is not None:
+        if kind == "int":
+            return int_at_least(flag, meta["at_least"])
+        return float_in(flag, meta["at_least"], None, False, f">= {meta['at_least']:g}")
+    return {"int": int, "float": float}.get(kind, str)
+
+
+def add_settings_args(p, settings_class, *, only=None, defaults=None) -> None:
+    """One flag per field of a typed settings class (`eval.evaluator.setting` fields): --field-name
+    (or the field's own flag), its help, type and bounds from the field, its default from the
+    class (or `defaults`). `only`: these fields, in this order."""
+    from dataclasses import MISSING, fields
+
+    by_name = {f.name: f for f in fields(settings_class)}
+    for name in only or by_name:
+        f, meta = by_name[name], by_name[name].metadata
+        default = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
+        flag = meta.get("flag") or "--" + name.replace("_", "-")
+        names = [flag, meta["short"]] if meta.get("short") else [flag]
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+        if meta.get("choices"):  # an optional mode: the flag alone takes the first choice
+            p.add_argument(
+                *names,
+                dest=name,
+                nargs="?",
+                const=meta["choices"][0],
+                choices=meta["choices"],
+                default=default,
+                help=meta["help"],
+            )
+        elif kind == "bool":
+            action = "store_false" if default else "store_true"
+            p.add_argument(*names, dest=name, action=action, default=default, help=meta["help"])
+        else:
+            kind = kind.split("|")[0].strip()
+            p.add_argument(*names, dest=name, type=_flag_type(flag, kind, meta), default=default, help=meta["help"])
+
+
+def settings_from_args(settings_class, args, **values):
+    """`settings_class` from the parsed flags of its fields (those the command has) and `values`;
+    its own checks' ValueError becomes a UsageError."""
+    from dataclasses import fields
+
+    given = {f.name: getattr(args, f.name) for f in fields(settings_class) if hasattr(args, f.name)}
+    try:
+        return settings_class(**{**given, **values})
+    except ValueError as err:
+        raise UsageError(str(err)) from None

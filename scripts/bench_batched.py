@@ -29,6 +29,7 @@ from draftsmith.decoding import generate_batch
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, load_drafters
 from draftsmith.eval.evaluator import load_prompts
+from draftsmith.scripts.eval_cli import add_drafter_args, add_tree_args, drafter_values, tree_values
 
 PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile": True}}
 
@@ -36,14 +37,9 @@ PATHS = {"default": {}, "static": {"static_cache": True}, "compiled": {"compile"
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="the target model folder")
-    parser.add_argument(
-        "--draft", action="append", metavar="[NAME=]DIR", help="a draft model folder (same vocabulary); repeatable"
-    )
+    add_drafter_args(parser)
     parser.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup")
-    parser.add_argument("--medusa", help="a Medusa heads folder (its chain)")
-    parser.add_argument("--medusa-tree", help="also a Medusa tree: auto (from the heads' accuracies) or JSON paths")
-    parser.add_argument("--eagle", help="an EAGLE head folder (its chain)")
-    parser.add_argument("--eagle-tree", help="also an EAGLE-2 tree: DEPTH,TOP_K,TOTAL_TOKENS")
+    add_tree_args(parser)
     parser.add_argument("--prompt-file", required=True, help='prompts: JSON lines with "prompt" (text) or "input_ids"')
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -72,12 +68,10 @@ def main(argv=None) -> int:
         parser.error("give a drafter: --draft, --prompt-lookup, --medusa and/or --eagle")
     specs = DrafterSpecs(
         target=args.target,
-        drafts=tuple(args.draft or ()),
+        drafters=tuple(drafter_values(args)),
         prompt_lookup=args.prompt_lookup,
-        medusa=args.medusa,
-        medusa_tree=args.medusa_tree,
-        eagle=args.eagle,
-        eagle_tree=args.eagle_tree,
+        trees=tuple(tree_values(args)),
+        tree_nodes=args.tree_nodes,
         device=args.device or "auto",
         dtype=args.dtype,
     )

@@ -1,8 +1,11 @@
 """The measuring commands of `draftsmith`: what a drafter is worth against its target.
 
-    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR | --eagle [NAME=]DIR ... | --dflash [NAME=]DIR ... | --peagle [NAME=]DIR ... | --prompt-lookup) --prompts FILE --out DIR
-    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR | --dflash DIR | --peagle DIR) --prompts FILE [--k-max 8] [--write]
-    draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
+    draftsmith eval --target DIR (--drafter KIND[:NAME]=DIR ... | --prompt-lookup) [--tree KIND=SPEC] --prompts FILE --out DIR
+    draftsmith tune --target DIR --drafter KIND=DIR --prompts FILE [--k-max 8] [--write]
+    draftsmith check-lossless --target DIR (--drafter KIND=DIR | --prompt-lookup) [--temperature 1.0]
+
+KIND is a registered method (heads/registry.py); `--KIND [NAME=]DIR` and `--KIND-tree SPEC` are the
+same as `--drafter KIND[:NAME]=DIR` and `--tree KIND=SPEC`.
 
 The jobs themselves are `draftsmith.eval.jobs`; the drafters come from `draftsmith.eval.drafter_specs`.
 """
@@ -11,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from draftsmith.eval.evaluator import EvalSettings
+from draftsmith.heads.registry import METHODS
 from draftsmith.scripts._args import (
     UsageError,
     add_device_args,
     add_no_progress,
-    add_sampling_args,
+    add_settings_args,
     float_in,
     list_of,
     positive_int,
+    settings_from_args,
 )
 
 
@@ -72,16 +79,72 @@ ALLOW_MISMATCH_HELP = (
 )
 
 
+def add_drafter_args(p, *, one: bool = False) -> None:
+    """`--drafter KIND[:NAME]=DIR` (one, or repeatable) and its per-kind alias `--KIND [NAME=]DIR`."""
+    kinds = ", ".join(METHODS)
+    group = p.add_mutually_exclusive_group(required=True) if one else p
+    group.add_argument(
+        "--drafter",
+        action=None if one else "append",
+        metavar="KIND[:NAME]=DIR",
+        help=f"a trained drafter for this target: KIND one of {kinds}; its rows are named NAME, else after "
+        "the kind (several of a kind: after their folders)" + ("" if one else "; repeat for several"),
+    )
+    for m in METHODS.values():
+        group.add_argument(
+            f"--{m.kind}",
+            action=None if one else "append",
+            metavar="DIR" if one else "[NAME=]DIR",
+            help=f"the same as --drafter {m.kind}" + ("=DIR" if one else "[:NAME]=DIR"),
+        )
+
+
+def drafter_values(args) -> list[str]:
+    """The `--drafter` values, with each `--KIND [NAME=]DIR` alias written as one."""
+    values = [args.drafter] if isinstance(args.drafter, str) else list(args.drafter or ())
+    for kind in METHODS:
+        given = getattr(args, kind, None)
+        for value in [given] if isinstance(given, str) else given or ():
+            name, sep, folder = value.partition("=")
+            named = sep and name and folder and not Path(value).expanduser().exists()
+            values.append(f"{kind}:{name}={folder}" if named else f"{kind}={value}")
+    return values
+
+
+def tree_values(args) -> list[str]:
+    """The `--tree` values, with each `--KIND-tree SPEC` alias written as one."""
+    values = list(args.tree or ())
+    for m in METHODS.values():
+        spec = getattr(args, f"{m.kind}_tree", None) if m.tree_spec else None
+        if spec is not None:
+            values.append(f"{m.kind}={spec}")
+    return values
+
+
+def add_tree_args(p) -> None:
+    """`--tree KIND=SPEC` (repeatable), `--tree-nodes` and the per-kind alias `--KIND-tree SPEC`."""
+    from draftsmith.eval.drafter_specs import DrafterSpecs as D  # the defaults live there
+
+    p.add_argument(
+        "--tree",
+        action="append",
+        metavar="KIND=SPEC",
+        help="also decode KIND's drafters as a tree: "
+        + "; ".join(f"{m.kind}={m.tree_spec}" for m in METHODS.values() if m.tree_spec),
+    )
+    p.add_argument(
+        "--tree-nodes", type=positive_int("--tree-nodes"), default=D.tree_nodes, help="node budget of an auto tree"
+    )
+    for m in METHODS.values():
+        if m.tree_spec:
+            p.add_argument(f"--{m.kind}-tree", metavar="SPEC", help=f"the same as --tree {m.kind}=SPEC")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     from draftsmith.eval.drafter_specs import DrafterSpecs as D  # the defaults live there
 
     p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
-    p.add_argument(
-        "--draft",
-        action="append",
-        metavar="[NAME=]DIR",
-        help="folder of a draft model sharing the target's vocabulary; repeat for several (named NAME, else after the folder)",
-    )
+    add_drafter_args(p)
     p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
     p.add_argument(
         "--max-ngram",
@@ -89,40 +152,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default=D.max_ngram,
         help="prompt lookup: longest n-gram to match",
     )
-    p.add_argument(
-        "--medusa", help="folder of Medusa heads for this target (draftsmith, original Medusa or vLLM layout)"
-    )
-    p.add_argument(
-        "--medusa-tree",
-        help="also decode with a Medusa tree: auto (built from the heads' measured accuracies) or a JSON list of paths, e.g. [[0],[1],[0,0]]",
-    )
-    p.add_argument(
-        "--tree-nodes",
-        type=positive_int("--tree-nodes"),
-        default=D.tree_nodes,
-        help="node budget of --medusa-tree auto",
-    )
-    p.add_argument(
-        "--eagle",
-        action="append",
-        metavar="[NAME=]DIR",
-        help="folder of an EAGLE-1/EAGLE-3 head for this target (draftsmith, vLLM speculators or SGLang layout); repeat for several (rows NAME-chain, NAME-tree)",
-    )
-    p.add_argument(
-        "--eagle-tree", help="also decode with an EAGLE-2 dynamic tree: DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16"
-    )
-    p.add_argument(
-        "--dflash",
-        action="append",
-        metavar="[NAME=]DIR",
-        help="folder of a DFlash block drafter for this target; repeat for several (named NAME, else after the folder)",
-    )
-    p.add_argument(
-        "--peagle",
-        action="append",
-        metavar="[NAME=]DIR",
-        help="folder of a P-EAGLE head for this target (draftsmith or speculators peagle layout); repeat for several (named NAME, else after the folder)",
-    )
+    add_tree_args(p)
     p.add_argument(
         "--lossy",
         choices=["typical"],
@@ -138,16 +168,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--typical-delta", type=float, default=D.typical_delta, help="typical acceptance: entropy factor delta"
     )
     p.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
-    p.add_argument(
-        "--num-draft-tokens",
-        "-k",
-        type=positive_int("--num-draft-tokens (K)"),
-        default=4,
-        help="K: drafts per target call",
-    )
     add_device_args(p)
-    add_sampling_args(p, temperature=False)
-    p.add_argument("--seed", type=int, default=0)
     add_no_progress(p)
 
 
@@ -161,23 +182,7 @@ def add_commands(sub) -> None:
         help='field of a prompt row that names its task, for per-task tables (default "task", else "category")',
     )
     _add_prompt_args(ev)
-    ev.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
-    ev.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0)
-    ev.add_argument("--repeats", type=positive_int("--repeats"), default=3, help="timed passes (median reported)")
-    ev.add_argument(
-        "--static-cache",
-        action="store_true",
-        help="decode over preallocated KV caches (the target, draft models and EAGLE, DFlash and P-EAGLE heads; with --batch-sizes the batched decoder too)",
-    )
-    ev.add_argument(
-        "--compile",
-        nargs="?",
-        const="default",
-        choices=["default", "max-autotune"],
-        help="also torch.compile the decode and verify steps (implies --static-cache; compile time is reported apart)",
-    )
-    ev.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
-    ev.add_argument("--no-distances", action="store_true", help="skip the untimed KL/TV pass")
+    add_settings_args(ev.add_argument_group("decoding (eval.evaluator.EvalSettings)"), EvalSettings)
     ev.add_argument(
         "--out", required=True, help="folder for report.json and report.md (and serving.* with --batch-sizes)"
     )
@@ -252,12 +257,7 @@ def add_commands(sub) -> None:
         "tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it"
     )
     tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
-    which = tu.add_mutually_exclusive_group(required=True)
-    which.add_argument("--draft", help="folder of a draft model sharing the target's vocabulary")
-    which.add_argument("--medusa", help="folder of Medusa heads for this target")
-    which.add_argument("--eagle", help="folder of an EAGLE-1/EAGLE-3 head for this target")
-    which.add_argument("--dflash", help="folder of a DFlash block drafter for this target")
-    which.add_argument("--peagle", help="folder of a P-EAGLE head for this target")
+    add_drafter_args(tu, one=True)
     tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
     _add_prompt_args(tu)
@@ -268,16 +268,8 @@ def add_commands(sub) -> None:
         help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)",
     )
     tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
-    tu.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
-    add_sampling_args(tu)
-    tu.add_argument(
-        "--repeats",
-        type=positive_int("--repeats"),
-        default=3,
-        help="timed passes of the check at the chosen setting (median reported)",
-    )
-    tu.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
-    tu.add_argument("--seed", type=int, default=0)
+    tuned = ("max_new_tokens", "temperature", "top_k", "top_p", "repeats", "seed", "ignore_eos")
+    add_settings_args(tu.add_argument_group("decoding (eval.evaluator.EvalSettings)"), EvalSettings, only=tuned)
     tu.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
     tu.add_argument(
         "--write", action="store_true", help="record the chosen setting in the drafter folder's config.json"
@@ -289,6 +281,8 @@ def add_commands(sub) -> None:
 
     ck = sub.add_parser("check-lossless", help="chi-square test that speculative sampling matches the target")
     _add_model_args(ck)
+    checked = ("num_draft_tokens", "top_k", "top_p", "seed", "static_cache", "compile")
+    add_settings_args(ck.add_argument_group("decoding (eval.evaluator.EvalSettings)"), EvalSettings, only=checked)
     ck.add_argument(
         "--temperature", type=float_in("--temperature", 0.0, None, True, "> 0 (the check needs sampling)"), default=1.0
     )
@@ -303,14 +297,6 @@ def add_commands(sub) -> None:
         default=1,
         help="decode B copies of the prompt per call (the batched path; every row is one sample)",
     )
-    ck.add_argument("--static-cache", action="store_true", help="check the preallocated-cache path")
-    ck.add_argument(
-        "--compile",
-        nargs="?",
-        const="default",
-        choices=["default", "max-autotune"],
-        help="check the compiled path (implies --static-cache)",
-    )
     ck.set_defaults(func=cmd_check_lossless)
 
 
@@ -319,19 +305,14 @@ def _specs(args):
 
     return DrafterSpecs(
         target=args.target,
-        drafts=tuple(args.draft or ()),
+        drafters=tuple(drafter_values(args)),
         prompt_lookup=args.prompt_lookup,
         max_ngram=args.max_ngram,
-        medusa=args.medusa,
-        medusa_tree=args.medusa_tree,
+        trees=tuple(tree_values(args)),
         tree_nodes=args.tree_nodes,
-        eagle=tuple(args.eagle or ()),
-        eagle_tree=args.eagle_tree,
         lossy=args.lossy,
         typical_epsilon=args.typical_epsilon,
         typical_delta=args.typical_delta,
-        dflash=tuple(args.dflash or ()),
-        peagle=tuple(args.peagle or ()),
         allow_target_mismatch=args.allow_target_mismatch,
         device=args.device,
         dtype=args.dtype,
@@ -370,22 +351,7 @@ def _sweep_settings(args):
 
 
 def _eval_settings(args, num_draft_tokens: int, **options):
-    from draftsmith.eval.evaluator import EvalSettings
-
-    try:
-        return EvalSettings(
-            num_draft_tokens=num_draft_tokens,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            repeats=args.repeats,
-            seed=args.seed,
-            ignore_eos=args.ignore_eos,
-            **options,
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    return settings_from_args(EvalSettings, args, num_draft_tokens=num_draft_tokens, **options)
 
 
 ENGINE_FLAGS = (
@@ -408,7 +374,6 @@ def cmd_eval(args) -> int:
     settings = _eval_settings(
         args,
         args.num_draft_tokens,
-        measure_distances=not args.no_distances,
         static_cache=args.static_cache or bool(args.compile),
         compile=args.compile or False,
     )
@@ -440,11 +405,7 @@ def cmd_tune(args) -> int:
         target=args.target,
         prompts=args.prompts,
         settings=_eval_settings(args, args.k_max, measure_distances=False),
-        draft=args.draft,
-        medusa=args.medusa,
-        eagle=args.eagle,
-        dflash=args.dflash,
-        peagle=args.peagle,
+        drafter=drafter_values(args)[0],
         limit=args.limit,
         chat_template=args.chat_template,
         plain_prompts=args.plain_prompts,
@@ -548,8 +509,8 @@ def _cmd_engine(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     local = None
-    if args.draft or args.prompt_lookup or args.medusa or args.eagle or args.dflash:
-        settings = _eval_settings(args, args.num_draft_tokens, measure_distances=not args.no_distances)
+    if drafter_values(args) or args.prompt_lookup:
+        settings = _eval_settings(args, args.num_draft_tokens)
         local = EvalJob(
             _specs(args),
             settings,

@@ -1,6 +1,6 @@
 """The publishing commands of `draftsmith`: a trained drafter, out of the run folder.
 
-    draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
+    draftsmith export HEADS_DIR --format FORMAT --out DIR     # the formats of its method (heads.registry)
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
 
 The work is `draftsmith.publish.release`.
@@ -11,37 +11,40 @@ from __future__ import annotations
 from draftsmith.scripts._args import UsageError, positive_int
 
 
+def _layouts() -> str:
+    """Each method's layouts, from the registry (the default, what a server loads, first)."""
+    from draftsmith.heads.registry import METHODS
+
+    return "; ".join(f"{m.title}: {', '.join(m.export_formats)}" for m in METHODS.values())
+
+
 def add_commands(sub) -> None:
-    ex = sub.add_parser(
-        "export",
-        help="write trained heads in the layout a server loads (Medusa: medusa, vllm; EAGLE-3: vllm, sglang, hf; P-EAGLE: vllm, hf; DFlash: vllm)",
-    )
-    ex.add_argument("heads", help="folder of trained heads (train/medusa.py writes OUT/heads, train/eagle.py OUT/head)")
+    layouts = _layouts()
+    ex = sub.add_parser("export", help=f"write a trained drafter in the layout a server loads ({layouts})")
+    ex.add_argument("heads", help="a drafter folder (OUT/heads, OUT/head or OUT/draft of a run), in any of its layouts")
     ex.add_argument(
         "--format",
         required=True,
-        help="Medusa: medusa (FasterDecoding / TGI) or vllm; EAGLE: vllm (speculators), sglang or hf",
+        help=f"the layout: {layouts} (hf = the draftsmith layout; medusa = FasterDecoding / TGI)",
     )
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
     ex.add_argument(
         "--target",
-        help="the target: needed for Medusa heads that share its lm_head (the formats hold a copy) and for DFlash heads (they load with it)",
+        help="the target, loaded only when the layout needs its weights (Medusa heads that share its lm_head); "
+        "a DFlash head is checked against it",
     )
     ex.add_argument(
         "--num-speculative-tokens",
         type=positive_int("--num-speculative-tokens"),
-        default=3,
-        help="EAGLE: K written into the vLLM/SGLang config",
+        help="K written into the server config (default: the method's)",
     )
     ex.add_argument("--overwrite", action="store_true")
-    ex.add_argument("--device", default="cpu", help="device for loading (export runs fine on cpu)")
-    ex.add_argument("--dtype", default="auto", help="dtype of the written weights (auto: as trained)")
+    ex.add_argument("--device", default="cpu", help="device the target is loaded on (export runs fine on cpu)")
+    ex.add_argument("--dtype", default="auto", help="dtype the target is loaded in (auto: as saved)")
     ex.set_defaults(func=cmd_export)
 
     pu = sub.add_parser("push", help="upload a trained drafter to the Hugging Face Hub with a generated model card")
-    pu.add_argument(
-        "run", help="a run folder (the --out of train/medusa.py, train/eagle.py, train/draft.py) or an artifact folder"
-    )
+    pu.add_argument("run", help="a run folder (the out of `draftsmith train KIND`) or a drafter folder")
     pu.add_argument(
         "--repo-id", required=True, help="NAME or ORG/NAME of the Hub model repository (created when missing)"
     )
@@ -50,7 +53,7 @@ def add_commands(sub) -> None:
     )
     pu.add_argument(
         "--format",
-        help="pushed layout: Medusa vllm (default), medusa or hf; EAGLE-3 vllm (default), sglang or hf; EAGLE-1 hf; drafts as they are",
+        help=f"pushed layout, the first the default: {layouts}; EAGLE-1 heads hf",
     )
     pu.add_argument(
         "--eval-report",
@@ -72,9 +75,6 @@ def add_commands(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from draftsmith.heads.dflash import DFlashError
-    from draftsmith.heads.eagle import EagleError
-    from draftsmith.heads.medusa import MedusaError
     from draftsmith.publish import HubError
     from draftsmith.publish.release import ReleaseError, export_heads
 
@@ -89,7 +89,7 @@ def cmd_export(args) -> int:
             device=args.device,
             dtype=args.dtype,
         )
-    except (ReleaseError, HubError, EagleError, MedusaError, DFlashError) as err:
+    except (ReleaseError, HubError) as err:
         raise UsageError(str(err)) from None
     return 0
 

@@ -1,120 +1,92 @@
-"""`draftsmith train`: a trainer of train/ run from anywhere, with a shipped recipe or a file.
+"""`draftsmith train KIND [ARGS ...]`: a trainer of train/ run from anywhere, with a shipped recipe or a file.
 
     draftsmith train medusa --recipe smollm2/medusa max_steps=50 loss=forward_kl
     draftsmith train eagle --recipe my-eagle3.yaml --accelerate-config zero2 --num-processes 8
+    draftsmith train peagle --help          # the trainer's own flags
 
-Without --accelerate-config / --num-processes the loop runs in this process (as
-`python train/medusa.py` does); with them, `accelerate launch` starts the same module. The
-recipe and its key=value overrides are checked before anything starts.
+KIND is a method of heads/registry.py. ARGS go unchanged to its trainer's command line, the one
+`python -m draftsmith.train.KIND ARGS` reads, except the two launch flags taken here: without
+--accelerate-config / --num-processes the loop runs in this process; with them, `accelerate
+launch -m draftsmith.train.KIND ARGS` starts it. The trainer's parser reads ARGS (the recipe, its
+keys, the overrides) before anything starts.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import subprocess
 import sys
 
+from draftsmith.heads.registry import METHODS, get_method
 from draftsmith.scripts._args import UsageError, positive_int
 
-# method -> (module, its recipe class); the module's main() is the trainer's command line
-TRAINERS = {
-    "medusa": ("draftsmith.train.medusa", "MedusaRecipe"),
-    "eagle": ("draftsmith.train.eagle", "EagleRecipe"),
-    "draft": ("draftsmith.train.draft", "DraftRecipe"),
-    "dflash": ("draftsmith.train.dflash", "DFlashRecipe"),
-    "peagle": ("draftsmith.train.peagle", "PEagleRecipe"),
-}
+LAUNCH = (
+    "Launch flags, taken by `draftsmith train` before or after KIND: --accelerate-config NAME|FILE, --num-processes N."
+)
+
+
+def add_launch_flags(parser) -> None:
+    parser.add_argument(
+        "--accelerate-config",
+        metavar="NAME|FILE",
+        help="launch with `accelerate launch`: a shipped config NAME (ddp, fsdp2, zero2, zero3, zero3_offload) "
+        "or a file",
+    )
+    parser.add_argument(
+        "--num-processes",
+        type=positive_int("--num-processes"),
+        metavar="N",
+        help="processes for `accelerate launch` (default: the config's)",
+    )
 
 
 def add_commands(sub) -> None:
+    kinds = "\n".join(f"  {kind:<8} {m.title} (python -m {m.trainer})" for kind, m in METHODS.items())
     tr = sub.add_parser(
         "train",
         help="train a drafter with a recipe: a shipped NAME (smollm2/medusa, llama3/eagle3, ...) or a YAML file",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
+        epilog=f"kinds:\n{kinds}\n\n`draftsmith train KIND --help` lists the ARGS the trainer of KIND reads.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    methods = tr.add_subparsers(dest="method", required=True, metavar="{" + ",".join(TRAINERS) + "}")
-    for method in TRAINERS:  # one parser per trainer: the overrides are then its only positionals
-        m = methods.add_parser(method, help=f"train/{method}.py")
-        m.add_argument(
-            "--recipe",
-            required=True,
-            help="a shipped recipe NAME (<family>/<method>, e.g. smollm2/medusa) or a YAML file",
-        )
-        m.add_argument(
-            "--accelerate-config",
-            help="launch with `accelerate launch`: a shipped config NAME (ddp, fsdp2, zero2, zero3, zero3_offload) or a file",
-        )
-        m.add_argument(
-            "--num-processes",
-            type=positive_int("--num-processes"),
-            help="processes for `accelerate launch` (default: the config's)",
-        )
-        m.add_argument(
-            "--resume",
-            nargs="?",
-            const=True,
-            metavar="CHECKPOINT",
-            help="continue the run in `out` from its latest checkpoint, or from the checkpoint given",
-        )
-        m.add_argument("--init-from", metavar="PATH", help="warm start from the weights of a checkpoint or run folder")
-        m.add_argument("--no-progress", action="store_true")
-        m.add_argument(
-            "--estimate-memory",
-            action="store_true",
-            help="print the memory per process the recipe needs (nothing is loaded) and exit",
-        )
-        m.add_argument(
-            "--shards",
-            type=positive_int("--shards"),
-            help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map)",
-        )
-        m.add_argument(
-            "--device-memory",
-            type=float,
-            metavar="GIB",
-            help="with --estimate-memory: a device's memory, to say how many fit",
-        )
-        m.add_argument(
-            "overrides", nargs="*", metavar="key=value", help="recipe overrides, checked like the recipe's keys"
-        )
-        m.set_defaults(func=cmd_train)
+    add_launch_flags(tr)
+    tr.add_argument("method", choices=METHODS, metavar="KIND", help=f"the drafter method: {', '.join(METHODS)}")
+    tr.add_argument(
+        "trainer_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="the trainer's own: --recipe NAME|FILE [key=value ...] [--resume] [--estimate-memory] ...",
+    )
+    tr.set_defaults(func=cmd_train)
 
 
 def trainer_argv(args) -> list[str]:
-    """The trainer's own command line (train/run.py `command_line`): the recipe found, the rest as given."""
-    from draftsmith.train.recipe import RecipeError
-    from draftsmith.train.recipe_files import find_recipe
-
-    try:
-        recipe = find_recipe(args.recipe)
-    except RecipeError as err:
-        raise UsageError(f"--recipe: {err}") from None
-    extra = ["--no-progress"] if args.no_progress else []
-    extra += ["--estimate-memory"] if args.estimate_memory else []
-    extra += ["--shards", str(args.shards)] if args.shards is not None else []
-    extra += ["--device-memory", str(args.device_memory)] if args.device_memory is not None else []
-    if args.init_from is not None:
-        extra += ["--init-from", args.init_from]
-    if args.resume is True:
-        extra.append("--resume")
-    elif args.resume is not None:
-        extra += ["--resume", args.resume]
-    return ["--recipe", str(recipe), *extra, *args.overrides]
+    """ARGS less the launch flags, which land in `args` (they may also come after KIND)."""
+    launch = argparse.ArgumentParser(prog=f"draftsmith train {args.method}", add_help=False, allow_abbrev=False)
+    add_launch_flags(launch)
+    _, rest = launch.parse_known_args(args.trainer_args, namespace=args)
+    return rest
 
 
 def cmd_train(args) -> int:
-    import importlib
-
+    from draftsmith.train.command_line import command_line
     from draftsmith.train.recipe import RecipeError
-    from draftsmith.train.run import command_line
 
-    module_name, recipe_class = TRAINERS[args.method]
-    module = importlib.import_module(module_name)
+    method = get_method(args.method)
     argv = trainer_argv(args)
-    try:  # the recipe, its keys and the overrides, before a process starts
-        command_line(getattr(module, recipe_class), f"draftsmith train {args.method}", "a recipe", argv)
+    module = importlib.import_module(method.trainer)
+    about = f"{(module.__doc__ or method.title).strip().splitlines()[0]} {LAUNCH}"
+    hint = f"recipes/<family>/{method.trainer.rsplit('.', 1)[-1]}*.yaml"
+    try:  # the trainer's own parser (and its --help): the recipe, its keys and the overrides, before a process starts
+        _, _, estimate = command_line(method.part("recipe"), about, hint, argv, prog=f"draftsmith train {method.kind}")
     except RecipeError as err:
         raise UsageError(str(err)) from None
-    if args.estimate_memory or args.accelerate_config is None and args.num_processes is None:
+    if "--no-progress" in argv:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if estimate is not None or args.accelerate_config is None and args.num_processes is None:
         return module.main(argv)
     from draftsmith.train.recipe_files import accelerate_config
 
@@ -126,4 +98,4 @@ def cmd_train(args) -> int:
             raise UsageError(f"--accelerate-config: {err}") from None
     if args.num_processes is not None:
         launch += ["--num_processes", str(args.num_processes)]
-    return subprocess.call([*launch, "-m", module_name, *argv])
+    return subprocess.call([*launch, "-m", method.trainer, *argv])

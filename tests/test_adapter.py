@@ -1,10 +1,10 @@
-"""The decoding runtime's KV cache (`decoding/kv.py`, both stores) against the plain
+"""The decoding runtime's KV store (`decoding/kv.py`) against the plain
 reference: one full forward of the unmodified HF model.
 
 Every move the decoder makes on a target's cache (incremental feeding with explicit positions,
 dropping rejected drafts, tree verification with an ancestor mask and depth positions, keeping
 an accepted path between holes) must reproduce what a full recompute of the same tokens gives,
-on the growing store (`RaggedCache`) and on the preallocated one (`StaticRaggedCache`).
+on a store sized for the test and on one that starts too small and grows while fed.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 from fixtures import FAMILIES, VOCAB, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.kv import KVStore
 from draftsmith.decoding.masks import tree_attend
 
 ATOL = 1e-5  # fp32; observed differences between cached and full forwards are ~4e-6
 ATTN = ("sdpa", "eager")
-STORES = ("growing", "static")
+STORES = ("grown", "sized")
 
 
 def _model(family: str, attn: str):
@@ -29,10 +29,9 @@ def _model(family: str, attn: str):
     return model
 
 
-def _cache(model, store: str) -> RaggedCache:
-    if store == "growing":
-        return RaggedCache.for_model(model, 1, "the test model")
-    return StaticRaggedCache(model, 1, 64)
+def _cache(model, store: str) -> KVStore:
+    """ "grown": 8 columns, reallocated by the first feed (and later ones); "sized": 64."""
+    return KVStore.for_model(model, 1, 8 if store == "grown" else 64, owner="the test model")
 
 
 def _random_ids(length: int, seed: int) -> torch.Tensor:
@@ -129,9 +128,8 @@ def test_drop_everything_and_logits_to_keep(family, store):
     assert out.logits.shape == (1, 1, VOCAB)
     assert out.hidden_states == {}
     _close(out.logits, full.logits[:, -1:], "last logits after dropping everything")
-    if store == "static":  # reset() starts over as well
-        kv.reset()
-        _close(_feed(model, kv, ids).logits, full.logits, "logits after reset()")
+    kv.reset()  # starts over as well
+    _close(_feed(model, kv, ids).logits, full.logits, "logits after reset()")
 
 
 # A small tree: nodes 0 and 1 are siblings at depth 0, 2 and 3 are siblings under 0, 5 and 6
@@ -206,7 +204,7 @@ def test_tree_mask_matters(family, store):
 
 def test_errors_leave_the_cache_untouched():
     model = tiny_model("llama")
-    kv = _cache(model, "growing")
+    kv = _cache(model, "grown")
     _feed(model, kv, _random_ids(5, seed=6))
     kv.commit_spans(5)
     with pytest.raises(ValueError, match="retain"):
@@ -228,7 +226,7 @@ def test_errors_leave_the_cache_untouched():
 @pytest.mark.parametrize("store", STORES)
 def test_an_unsupported_layer_kind_is_refused(store):
     """Full and sliding-window layers are taken (tests/test_sliding_window.py); any other kind
-    (here Llama-4's chunked attention) is refused by both stores, naming it."""
+    (here Llama-4's chunked attention) is refused, naming it."""
     config = tiny_config("qwen2")
     config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
     model = AutoModelForCausalLM.from_config(config).eval()

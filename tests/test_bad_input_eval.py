@@ -119,7 +119,7 @@ def test_9_nan_in_a_drafts_weights(toy_dir, tmp_path, run_cli):
     before = listing(tmp_path)
     code, _, err = run_cli(eval_args(toy_dir, tmp_path / "eval", draft=draft))
     line = one_line(err)
-    assert code == 2 and f"draft '{draft}'" in line and "the checkpoint is corrupt" in line
+    assert code == 2 and f"draft model '{draft}'" in line and "the checkpoint is corrupt" in line
     assert "'model.layers.1.mlp.up_proj.weight' holds 3 NaN/inf" in line
     assert listing(tmp_path) == before
 

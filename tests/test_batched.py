@@ -21,14 +21,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from fixtures import FAMILIES, VOCAB, tiny_config
-from transformers import DynamicCache
 
 from draftsmith.decoding import DecodeStats, generate, generate_batch, row_seed
 from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
+from draftsmith.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
 from draftsmith.decoding.eagle import EagleDrafter
-from draftsmith.decoding.kv import RaggedCache
+from draftsmith.decoding.kv import KVStore
 from draftsmith.decoding.masks import chain_attend
+from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 from draftsmith.heads.eagle import EagleHead
@@ -229,16 +229,16 @@ def test_greedy_families(family, pairs):
 def test_compaction_keeps_rows_exact(name, setup, monkeypatch):
     """Compacting at every hole (target and drafter caches) changes no token."""
     moved = []
-    original = RaggedCache.compact_if_wasteful
+    original = KVStore.compact_if_wasteful
 
     def spy(self):
         did = original(self)
         if did:
-            moved.append(self.cache)
+            moved.append(self)
         return did
 
     monkeypatch.setattr(kv_module, "COMPACT_WHEN", 0.0)
-    monkeypatch.setattr(RaggedCache, "compact_if_wasteful", spy)
+    monkeypatch.setattr(KVStore, "compact_if_wasteful", spy)
     result = generate_batch(
         setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW
     )
@@ -531,20 +531,23 @@ def test_sampling_is_lossless_per_row(setup):
 # --------------------------------------------------------------------------- ragged cache
 
 
-def _forward(kv: RaggedCache, ids: list[list[int]]) -> None:
-    """What a model forward does to the cache: append one column per fed token (value = id)."""
-    x = torch.tensor(ids, dtype=torch.float32)[:, None, :, None]  # [B, 1, T, 1]
-    kv.cache.update(x, x + 0.5, 0)
+def _forward(kv: KVStore, ids: list[list[int]]) -> None:
+    """What a model forward does to the store: write one column per fed token (value = id; 0 on
+    padding rows)."""
+    x = kv._physical(torch.tensor(ids, dtype=torch.float32)[:, None, :, None], torch.zeros)  # [B, 1, T, 1]
+    blank = torch.zeros(len(ids), x.shape[2], dtype=torch.long)
+    kv.run(lambda ids, positions, mask, cache: cache.update(x, x + 0.5, 0), blank, blank)
 
 
-def _rows(kv: RaggedCache) -> list[list[int]]:
-    keys, values = kv.cache.layers[0].keys[:, 0, :, 0], kv.cache.layers[0].values[:, 0, :, 0]
+def _rows(kv: KVStore) -> list[list[int]]:
+    layer, live = kv.cache.layers[0], kv.length
+    keys, values = layer.keys[:, 0, :live, 0], layer.values[:, 0, :live, 0]
     assert torch.equal(values, keys + 0.5)
     return [keys[b][kv.valid[b]].long().tolist() for b in range(keys.shape[0])]
 
 
 def test_ragged_cache_moves(monkeypatch):
-    kv = RaggedCache(DynamicCache(), 3, torch.device("cpu"))
+    kv = KVStore((1, 1, 1), 3, 4)  # one layer of one head of width 1; grown as it fills
     # A right-aligned prompt block: rows of 3, 1 and 2 real tokens.
     mask = kv.mask(chain_attend(3, [0, 2, 1], None, 3, kv.device), torch.float32)
     assert mask.shape == (3, 1, 3, 3)
@@ -589,7 +592,7 @@ def test_ragged_cache_moves(monkeypatch):
     kv.commit(torch.tensor([[1, 0], [1, 0]], dtype=torch.bool))
     assert kv.length == 10 and _rows(kv) == [[20, 21, 22, 23, 80, 81, 82, 84], [30, 31, 32, 33, 35, 70, 73, 74]]
     with pytest.raises(RuntimeError, match="out of step"):
-        kv.commit_spans(2)  # the bookkeeping must follow the model's cache
+        kv.commit_spans(2)  # the bookkeeping must follow the forwards
 
 
 def test_default_compaction_bounds_the_holes(setup, monkeypatch):
@@ -597,14 +600,14 @@ def test_default_compaction_bounds_the_holes(setup, monkeypatch):
     longest row's real tokens) are less than COMPACT_WHEN of it; and compaction did happen."""
     target, draft, *_ = setup
     checks = []
-    original = RaggedCache.compact_if_wasteful
+    original = KVStore.compact_if_wasteful
 
     def spy(self):
         did = original(self)
         checks.append((did, self.length - max(self.counts), self.length))
         return did
 
-    monkeypatch.setattr(RaggedCache, "compact_if_wasteful", spy)
+    monkeypatch.setattr(KVStore, "compact_if_wasteful", spy)
     prompts = _prompts((2, 9, 5, 7), seed=4)
     result = generate_batch(target, prompts, DraftModelDrafter(draft), num_draft_tokens=4, max_new_tokens=40)
     assert all(waste < kv_module.COMPACT_WHEN * length for _, waste, length in checks if waste), checks

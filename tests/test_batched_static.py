@@ -2,11 +2,11 @@
 """The static-cache (and compiled) path of batched decoding against its default path.
 
 - greedy: `generate_batch(..., static_cache=True)` gives the default path's tokens and per-row
-  counters, and HF greedy, for every drafter kind, with a row stopped early by eos (it stays in
-  the target's batch as a padding row), for a llama and a gpt_neox target;
-- the static cache's moves: its mask equals the dynamic one on the live columns; compactions
-  and tail cuts happen (pointer moves) and change no token; the capacity never overflows
-  (forced compaction), and a write past it raises `StaticCacheOverflow` and writes nothing;
+  counters, and HF greedy, for every drafter kind, with a row stopped early by eos (it leaves
+  the batch; with compiled steps it stays as a padding row), for a llama and a gpt_neox target;
+- the KV store's moves: the compiled step's mask equals the live one on the live columns;
+  compactions and tail cuts happen (pointer moves) and change no token; a sized store never
+  overflows (forced compaction), and a write past the capacity reallocates it;
 - sampling: row b draws what the default path draws; chi-square of the first two tokens;
 - compiled (slow: inductor compiles C++): same tokens, compile time apart; the fallback when
   compilation is unavailable.
@@ -22,17 +22,16 @@ import pytest
 import test_batched
 import torch
 from test_batched import N_NEW, PROMPTS, T1, K, _batch1, _drafters, _first_two_fits, _prompts, setup  # noqa: F401
-from transformers import DynamicCache
 
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate_batch
 from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.compiler import StaticCacheOverflow
-from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
-from draftsmith.decoding.masks import chain_attend, spans
+from draftsmith.decoding.drafters import DraftModelDrafter
+from draftsmith.decoding.kv import KVStore
+from draftsmith.decoding.masks import chain_attend, spans, static_mask
+from draftsmith.decoding.medusa import MedusaDrafter
 
-_forward = test_batched._forward  # what a model forward does to a dynamic ragged cache
+_forward = test_batched._forward  # what a model forward does to a KV store
 OWN_CACHE = ("draft", "eagle3", "eagle-tree")  # drafters with a static KV cache of their own
 
 
@@ -48,21 +47,14 @@ def _cut(tokens: list[int], eos: int) -> list[int]:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records the static caches' forwards (rows in use, width, pointer, rows the step got),
-    commits (pointer before, fed, pointer after) and compactions (pointer before, after)."""
+    """Records the KV stores' forwards (rows in use, width, pointer, physical rows), commits
+    (pointer before, fed, pointer after) and compactions (pointer before, after)."""
     calls = {"forward": [], "append": [], "compact": []}
-    forward, commit, compact = StaticRaggedCache.forward, StaticRaggedCache.commit, StaticRaggedCache._compact
-    inputs = StaticRaggedCache._inputs
+    forward, commit, compact = KVStore.forward, KVStore.commit, KVStore._compact
 
     def on_forward(self, model, ids, *args, **kwargs):
-        calls["forward"].append([self, ids.shape[0], ids.shape[1], self.length, None])
+        calls["forward"].append([self, ids.shape[0], ids.shape[1], self.length, self._valid.shape[0]])
         return forward(self, model, ids, *args, **kwargs)
-
-    def on_inputs(self, *args):
-        out = inputs(self, *args)
-        if calls["forward"]:
-            calls["forward"][-1][4] = out[0].shape[0]
-        return out
 
     def on_commit(self, keep):
         before = self.length
@@ -74,10 +66,9 @@ def spy(monkeypatch):
         compact(self)
         calls["compact"].append((self, before, self.length))
 
-    monkeypatch.setattr(StaticRaggedCache, "forward", on_forward)
-    monkeypatch.setattr(StaticRaggedCache, "_inputs", on_inputs)
-    monkeypatch.setattr(StaticRaggedCache, "commit", on_commit)
-    monkeypatch.setattr(StaticRaggedCache, "_compact", on_compact)
+    monkeypatch.setattr(KVStore, "forward", on_forward)
+    monkeypatch.setattr(KVStore, "commit", on_commit)
+    monkeypatch.setattr(KVStore, "_compact", on_compact)
     return calls
 
 
@@ -86,12 +77,14 @@ def spy(monkeypatch):
 
 @pytest.mark.parametrize("name", list(K))
 def test_static_greedy_equals_default_and_hf(name, setup, spy):
-    """Row 1 stops at an eos: it stays in the target's batch as a padding row, and no other row,
-    and no counter, changes."""
+    """Row 1 stops at an eos: it leaves the batch (no compiled step holds its shape), and no other
+    row, and no counter, changes."""
     target, references = setup[0], setup[4]
     eos = _eos_stopping_row_1(references)
     kwargs = {"num_draft_tokens": K[name], "max_new_tokens": N_NEW, "eos_token_id": eos}
     default = generate_batch(target, PROMPTS, _drafters(name, setup)[0], **kwargs)
+    for calls in spy.values():  # the static path's only
+        calls.clear()
     static = generate_batch(target, PROMPTS, _drafters(name, setup)[0], static_cache=True, **kwargs)
     assert static.tokens == default.tokens == [_cut(r, eos) for r in references]
     assert static.stopped == default.stopped and static.stopped[1] == "eos"
@@ -100,14 +93,12 @@ def test_static_greedy_equals_default_and_hf(name, setup, spy):
         assert (row.reached, row.accepted_at) == (ref.reached, ref.accepted_at)
     assert static.call_rows == default.call_rows and static.call_rows[-1] < len(PROMPTS)
     assert static.compile_seconds == static.stats.compile_seconds == 0.0
-    # Every step ran the whole batch, although rows had finished (the target's and the draft
-    # model's: its cache is static too).
+    # Finished rows left the buffers: no step computes them.
     target_kv = spy["forward"][0][0]
     assert sum(kv is target_kv for kv, *_ in spy["forward"]) == 1 + static.target_calls
-    assert {physical for *_, physical in spy["forward"]} == {len(PROMPTS)}
+    assert all(physical == rows for _, rows, *_, physical in spy["forward"])
     assert min(rows for _, rows, *_ in spy["forward"]) < len(PROMPTS)
-    # The draft model's greedy proposals are chain calls (`StaticRaggedCache.chain`) that commit to its own
-    # cache; an EAGLE head drafts on a static cache of its own too.
+    # The draft model and an EAGLE head commit to stores of their own.
     assert len({kv for kv, *_ in spy["append"]}) == (2 if name in OWN_CACHE else 1)
 
 
@@ -128,21 +119,30 @@ def test_static_greedy_families(family, pairs):
 # ------------------------------------------------------------------------ the static cache
 
 
-def test_static_mask_equals_the_dynamic_one(setup):
-    """Same bookkeeping on both caches: on the live columns and the fed ones the static mask is
-    the dynamic one; every later slot is blocked."""
-    static = StaticRaggedCache(setup[0], 3, 16)
-    dynamic = RaggedCache(DynamicCache(), 3, torch.device("cpu"))
+def _step_mask(kv: KVStore, attend: torch.Tensor) -> torch.Tensor:
+    """The mask a compiled step builds (`static_mask`) for the rows in use: [rows, 1, W, capacity]."""
+    kv._write_valid()  # the host's bookkeeping into the buffer the step reads
+    positions = torch.zeros(kv._valid.shape[0], attend.shape[1], dtype=torch.long)
+    return kv._in_use(static_mask(kv._valid, kv._slots, kv._start(), kv._attend(attend), positions, torch.float32))
+
+
+def test_step_mask_equals_the_live_one(setup):
+    """Same moves on two stores, one holding a compiled step (never run: a finished row then
+    stays as a padding row): on the live columns and the fed ones the step's mask is the live
+    one; every later column is blocked."""
+    static, dynamic = KVStore.for_model(setup[0], 3, 16), KVStore.for_model(setup[0], 3, 16)
+    static._compiled[("never run", 16)] = (0, None)
 
     def both(fed, lo=None, hi=None, keep=None):
         live = static.length + fed
         rows = len(static.rows)
         attend = chain_attend(fed, lo, hi, rows, static.device)
-        a, b = static.mask(attend, torch.float32), dynamic.mask(attend, torch.float32)
+        a, b = _step_mask(static, attend), dynamic.mask(attend, torch.float32)
         assert a.shape == (rows, 1, fed, 16)
         assert torch.equal(a[..., :live], b), (fed, lo, hi)
         assert bool((a[..., live:] == torch.finfo(torch.float32).min).all())
-        _forward(dynamic, [[0] * fed] * len(dynamic.counts))
+        for kv in (static, dynamic):
+            _forward(kv, [[0] * fed] * len(kv.counts))
         for kv in (static, dynamic):
             kv.commit(spans(fed, lo, hi if keep is None else keep, rows, kv.device))
         assert holes_from_the_pointer(static)
@@ -153,9 +153,10 @@ def test_static_mask_equals_the_dynamic_one(setup):
     both(4, [0, 3, 1])  # a right-aligned prompt block
     both(3, None, [3, 1, 0], keep=[2, 1, 0])  # row 2 a padding row; the third column is cut
     assert static.length == dynamic.length == 6 and static.counts == dynamic.counts == [6, 2, 3]
-    for kv in (static, dynamic):  # row 1 leaves: a padding row of the static cache
+    for kv in (static, dynamic):  # row 1 leaves: a padding row of the store with a compiled step
         kv.select(torch.tensor([0, 2]), [0, 2])
-    assert static.rows == [0, 2] and static.counts == dynamic.counts == [6, 3]
+    assert static.rows == [0, 2] and dynamic.rows == [0, 1] and static.counts == dynamic.counts == [6, 3]
+    assert static._valid.shape[0] == 3 and dynamic._valid.shape[0] == 2
     both(2, None, [2, 1], keep=[1, 2])
     assert torch.equal(static.valid, dynamic.valid) and static.counts == dynamic.counts == [7, 5]
     # A tree block (ancestor masks; row 0 keeps `last` and its second node, row 1 `last` only).
@@ -163,8 +164,9 @@ def test_static_mask_equals_the_dynamic_one(setup):
 
     attend, _ = tree_attend([[-1, -1], [-1]], 3, static.device)
     live = static.length + 3
-    assert torch.equal(static.mask(attend, torch.float32)[..., :live], dynamic.mask(attend, torch.float32))
-    _forward(dynamic, [[0] * 3] * 2)
+    assert torch.equal(_step_mask(static, attend)[..., :live], dynamic.mask(attend, torch.float32))
+    for kv in (static, dynamic):
+        _forward(kv, [[0] * 3] * 2)
     keep = torch.tensor([[True, False, True], [True, False, False]])
     for kv in (static, dynamic):
         kv.commit(keep)
@@ -200,7 +202,7 @@ def test_capacity_never_overflows(name, setup, spy, monkeypatch):
     + K + 1), the pointer reaches the end; `reserve` compacts and decoding goes on exactly."""
     monkeypatch.setattr(kv_module, "COMPACT_WHEN", 1.0)  # holes never reach 100%: never compacts by itself
     monkeypatch.setattr(kv_module, "CAPACITY_STEP", 1)
-    monkeypatch.setattr(kv_module, "_STATIC_CACHES", weakref.WeakKeyDictionary())  # no larger cache to reuse
+    monkeypatch.setattr(kv_module, "_STORES", weakref.WeakKeyDictionary())  # no larger cache to reuse
     result = generate_batch(
         setup[0], PROMPTS, _drafters(name, setup)[0], num_draft_tokens=K[name], max_new_tokens=N_NEW, static_cache=True
     )
@@ -212,21 +214,23 @@ def test_capacity_never_overflows(name, setup, spy, monkeypatch):
     assert all(pointer + width <= capacity for _, _, width, pointer, _ in spy["forward"])
 
 
-def test_overflow_raises_and_writes_nothing(setup):
+def test_a_write_past_the_capacity_grows_the_store(setup):
+    """Ragged rows: the columns (holes included) move to the larger buffers as they were, and
+    the logits are those of a store sized for them."""
     target = setup[0]
-    kv = StaticRaggedCache(target, 2, 8)
+    small, sized = KVStore.for_model(target, 2, 8), KVStore.for_model(target, 2, 64)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 0, 11, 12, 13]])
     positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]])
-    kv.forward(target, ids, positions, chain_attend(6, [0, 3], None, 2, kv.device))
-    kv.commit_spans(6, [0, 3], None)
-    keys = [layer.keys.clone() for layer in kv.cache.layers]
-    with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8.*nothing was written"):
-        kv.forward(target, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
-    with pytest.raises(StaticCacheOverflow, match="overflow.*preallocated for 8. Nothing was written"):
-        kv.reserve(3)  # row 0 holds 6 real tokens: compaction frees nothing
-    assert kv.length == 6 and kv.counts == [6, 3]
-    assert all(torch.equal(layer.keys, k) for layer, k in zip(kv.cache.layers, keys))
-    assert isinstance(StaticCacheOverflow("x"), ValueError)
+    more, at = torch.tensor([[14, 15, 16], [17, 18, 19]]), torch.tensor([[6, 7, 8], [3, 4, 5]])
+    logits = []
+    for kv in (small, sized):
+        kv.forward(target, ids, positions, chain_attend(6, [0, 3], None, 2, kv.device))
+        kv.commit_spans(6, [0, 3], None)
+        logits.append(kv.forward(target, more, at).logits)
+        kv.commit_spans(3)
+    assert small.capacity > 8 and small.length == 9 and small.counts == sized.counts == [9, 6]
+    assert torch.equal(small.valid, sized.valid)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
 
 
 def test_bad_compile_mode_and_chunked_attention_raise(setup):
@@ -299,57 +303,36 @@ def test_compiled_greedy_is_identical(setup, spy, monkeypatch):
         assert result.tokens == [_cut(r, eos) for r in references]
         assert result.compile_seconds > 0 and result.stats.compile_seconds == result.compile_seconds
         assert result.compile_seconds > result.total_seconds  # compilation is not in the decoding time
-        caches = [kv_module._STATIC_CACHES[target]["target", "default", len(PROMPTS)]]
+        caches = [kv_module._STORES[target]["target", "default", len(PROMPTS)]]
         layers = drafter.target_layers if drafter is not None else ()
         assert (layers, k + 1) in caches[0]._compiled
         if isinstance(drafter, DraftModelDrafter):
-            caches.append(kv_module._STATIC_CACHES[draft]["draft", "default", len(PROMPTS)])
+            caches.append(kv_module._STORES[draft]["draft", "default", len(PROMPTS)])
             assert {(1, k, False), (2, k, False)} <= set(caches[1]._chains)  # greedy: chains
         # Warm: nothing compiles, and every verification and draft step runs compiled (a call
         # narrower than a compiled width padded to it); only prefills and first catch-ups, wider
-        # than every compiled width, run uncompiled (a first catch-up's chain with its drafts).
+        # than every compiled width, run live (the draft model's first catch-up with its drafts).
         for kv in caches:
             assert kv.compiler.enabled and kv.compiler.error is None
-        steps, chains = [], []
+        live = []
         with monkeypatch.context() as patch:
-            _count_uncompiled(patch, steps, chains)
+            _count_live(patch, live)
             again = generate_batch(target, PROMPTS, drafter, compile=True, **kwargs)
         assert again.tokens == result.tokens and again.compile_seconds == 0.0
-        assert steps and min(steps) > k + 1, steps
-        assert min(chains, default=3) > 2, chains
+        target_widths = [width for owner, width in live if owner == "the target"]
+        assert target_widths and min(target_widths) > k + 1, live
+        assert len(live) - len(target_widths) <= k, live  # one catch-up and its k - 1 drafts, once
 
 
-def _count_uncompiled(patch, steps: list[int], chains: list[int]) -> None:
-    """Record the width of every uncompiled call: of a step outside a chain (`steps`), and of a
-    chain's catch-up (`chains`). A compiled step or chain was built before and never calls back
-    into Python, so only uncompiled ones are counted."""
-    make_step, make_chain, inside = kv_module.make_step, kv_module.make_chain, []
+def _count_live(patch, live: list) -> None:
+    """Record (store owner, width) of every live (uncompiled) forward."""
+    original = KVStore._run_live
 
-    def counted_step(call, cache):
-        step = make_step(call, cache)
+    def counted(self, call, ids, *args):
+        live.append((self.owner, ids.shape[1]))
+        return original(self, call, ids, *args)
 
-        def run(ids, *inputs):
-            if not inside:
-                steps.append(ids.shape[1])
-            return step(ids, *inputs)
-
-        return run
-
-    def counted_chain(step, width, *args):
-        chain = make_chain(step, width, *args)
-
-        def run(*inputs):
-            chains.append(width)
-            inside.append(True)
-            try:
-                return chain(*inputs)
-            finally:
-                inside.pop()
-
-        return run
-
-    patch.setattr(kv_module, "make_step", counted_step)
-    patch.setattr(kv_module, "make_chain", counted_chain)
+    patch.setattr(KVStore, "_run_live", counted)
 
 
 def test_the_batched_benchmark_script(toy_dir, capsys):

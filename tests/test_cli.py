@@ -74,7 +74,7 @@ def test_eval_end_to_end(toy, tmp_path, run_cli, temperature):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["-k", "0"], "--num-draft-tokens (K) must be >= 1"),
+        (["-k", "0"], "--num-draft-tokens must be >= 1"),
         (["--temperature", "-0.5"], "--temperature must be >= 0"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
@@ -92,7 +92,7 @@ def test_eval_rejects_bad_settings(toy, tmp_path, run_cli, extra, message):
 def test_eval_needs_a_drafter(toy, tmp_path, run_cli):
     args = ["eval", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--out", tmp_path / "o"]
     code, _, err = run_cli(args)
-    assert code == 2 and "--draft DIR, --medusa DIR, --eagle DIR and/or --prompt-lookup" in err
+    assert code == 2 and "give a drafter: --drafter KIND[:NAME]=DIR (kinds: draft, medusa, eagle" in err
 
 
 @pytest.mark.parametrize(

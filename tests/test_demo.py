@@ -132,13 +132,13 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     names = [
         "target-only",
         "prompt-lookup",
-        "distilled-draft",
+        "draft",
         "medusa-chain",
         "medusa-tree",
         "eagle3-chain",
         "eagle3-tree",
-        "dflash",
         "peagle",
+        "dflash",
     ]
     assert [r["method"] for r in report["methods"]] == names
     for row in report["methods"][1:]:
@@ -166,7 +166,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     heads = tmp_path / "cache" / "demo-heads-micro-default"
     assert (heads / "data" / "summary.json").is_file() and (heads / "hidden" / "manifest.json").is_file()
     assert report["drafts"] == {
-        "distilled-draft": str(heads / "distilled-draft" / "draft"),
+        "draft": str(heads / "draft" / "draft"),
         "medusa": str(heads / "medusa" / "heads"),
         "eagle3": str(heads / "eagle3" / "head"),
         "dflash": str(heads / "dflash" / "head"),
@@ -174,9 +174,9 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     }
     assert report["methods"][4]["tree"] and report["methods"][4]["predicted_speedup"] is None
     speeds = report["demo"]["training_tokens_per_second"]
-    assert set(speeds) == {"medusa", "distilled-draft", "eagle3", "dflash", "peagle", "target-forward"}
+    assert set(speeds) == {"medusa", "draft", "eagle3", "dflash", "peagle", "target-forward"}
     assert all(rate > 0 for rate in speeds.values())
     assert all(report["demo"]["learning_curves"][name] for name in ("eagle3", "dflash", "peagle"))
     # a second run reuses everything: no training, no data
     code, stdout, _ = run_cli(["demo", "--quick", "--cache-dir", tmp_path / "cache", "--out", out, "--no-progress"])
-    assert code == 0 and "self-distillation data" not in stdout and "EAGLE-3:" not in stdout
+    assert code == 0 and "self-distillation data" not in stdout and "recipes/smollm2/" not in stdout

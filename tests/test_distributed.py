@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -32,7 +33,7 @@ from lifecycle_helpers import (
     write_recipe,
 )
 
-from draftsmith.train.run import checkpoints
+from draftsmith.train.run_folder import checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +75,9 @@ def test_two_processes_train_what_one_process_trains(method, engine, one_process
         tmp_path / "r.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, device=device)
     )
     args = [
-        "accelerate",
-        "launch",
+        sys.executable,  # `accelerate launch` of this interpreter, whether or not its bin/ is on PATH
+        "-m",
+        "accelerate.commands.launch",
         *config,
         "--num_processes",
         "2",

@@ -1,7 +1,7 @@
 """`draftsmith generate` under `accelerate launch`: two processes split the shards and make the
 data (the data hash) one process makes, greedy and sampled, fresh and resumed.
 
-Launched like the README's command, on CPU: `accelerate launch --multi_gpu --num_processes 2`
+Launched like the command in docs/data.md, on CPU: `accelerate launch --multi_gpu --num_processes 2`
 of the `draftsmith generate` command line (gloo; the venv's interpreter runs the launcher, so the
 children import this checkout).
 """

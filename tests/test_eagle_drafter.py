@@ -156,6 +156,9 @@ class TableHead(nn.Module):
         super().__init__()
         vocab = table.shape[0]
         self.config = SimpleNamespace(version="eagle1", aux_layer_ids=[2], draft_vocab_size=vocab, vocab_size=vocab)
+        # layer_config: its KV store's shape, one layer of one head of width 1 (written with zeros)
+        layer = LlamaConfig(hidden_size=1, num_attention_heads=1, head_dim=1, num_hidden_layers=1)
+        self.config.layer_config = lambda: layer
         self.register_buffer("table", table)
         self.dummy = nn.Parameter(torch.zeros(1))
 
@@ -170,7 +173,7 @@ class TableHead(nn.Module):
 
     def forward(self, input_ids, hidden, *, position_ids, attention_mask=None, cache=None):
         past = cache.get_seq_length()
-        empty = hidden.new_zeros(*input_ids.shape, 1)
+        empty = hidden.new_zeros(input_ids.shape[0], 1, input_ids.shape[1], 1)  # [B, heads, T, head_dim]
         cache.update(empty, empty, 0)
         if attention_mask is not None:
             assert attention_mask.shape == (input_ids.shape[0], 1, input_ids.shape[1], past + input_ids.shape[1])

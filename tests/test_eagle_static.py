@@ -1,11 +1,12 @@
 """EAGLE heads on the decoder's preallocated KV store (`static_cache=True` / `compile=`).
 
-The head's cache is the runtime's one KV abstraction (`decoding/kv.py`) with both stores:
-- the growing store and the static one agree token for token (the emitted tokens, every
+The head's cache is the runtime's one KV store (`decoding/kv.py`), grown as it fills on the
+default path ("growing" below) and sized up front on the static one:
+- the two paths agree token for token (the emitted tokens, every
   proposal and every accepted count) for the EAGLE chain and the EAGLE-2 tree at B = 1 and
   B = 4, and both equal target-only greedy decoding;
-- a real `EagleHead` (its attention writes the HF `StaticCache` the store hands it) proposes the
-  same on both stores in a batch of rows of different lengths;
+- a real `EagleHead` (its attention writes the buffers the store hands it) proposes the
+  same on both paths in a batch of rows of different lengths;
 - with `compile`, the head's warmed steps (catch-up widths, the tree's frontier with its
   lookback) are what runs, padded to the warmed width, and decode the same (the compiler
   stood in by the identity here: inductor is `tests/test_static.py`'s slow test);
@@ -27,7 +28,6 @@ from test_eagle_drafter import _ids, _oracle_head
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate_batch
 from draftsmith.decoding.eagle import EagleDrafter
-from draftsmith.decoding.kv import StaticRaggedCache
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.stats import chi_square_gof
 
@@ -42,7 +42,7 @@ class Proposals(EagleDrafter):
 
     def start(self, prompts, prefill, vocab_size):
         super().start(prompts, prefill, vocab_size)
-        self.seen, self.static = [], isinstance(self.kv, StaticRaggedCache)
+        self.seen, self.static = [], self._capacity is not None  # a store sized up front
 
     def propose(self, contexts, num_tokens, sampling, generators):
         proposal = super().propose(contexts, num_tokens, sampling, generators)

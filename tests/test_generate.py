@@ -9,7 +9,8 @@ from transformers import GenerationConfig
 from draftsmith.distill import data as store
 from draftsmith.distill import generate as gen
 from draftsmith.distill.data import DataError, DistillData
-from draftsmith.distill.generate import GenerateSettings, generate_dataset
+from draftsmith.distill.generate import GenerateSettings
+from draftsmith.distill.generate_run import generate_dataset
 from draftsmith.distill.sources import load_source
 from draftsmith.heads.models import load_causal_lm, load_tokenizer
 from draftsmith.heads.toy import CHAT_TEMPLATE

@@ -13,8 +13,10 @@ import pytest
 import torch
 from lifecycle_helpers import METHODS, losses, main_of, recipe_values, weights, write_recipe
 
+from draftsmith.train.checkpoints import recipe_differences
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, checkpoints, recipe_differences
+from draftsmith.train.run import TrainingRun
+from draftsmith.train.run_folder import checkpoints
 
 REQUIRED = {"target": "t", "data": "d", "out": "o"}  # the keys RunRecipe has no default for
 

@@ -86,7 +86,7 @@ def test_bad_medusa_input(toy_dir, heads_dir, tmp_path, run_cli):
     args = eval_args(toy_dir, heads_dir, tmp_path / "e")
     args[args.index("--medusa") : args.index("--medusa") + 2] = ["--prompt-lookup", "--medusa-tree", "auto"]
     code, _, err = run_cli(args)
-    assert code == 2 and "give --medusa DIR" in err
+    assert code == 2 and "give --drafter medusa=DIR" in err
     # heads trained on another target: a hidden-size mismatch is an error naming both sizes
     other = tmp_path / "other"
     tiny_model("llama", hidden=64).save_pretrained(other)
@@ -109,4 +109,4 @@ def test_export_round_trip(heads_dir, tmp_path, run_cli, fmt):
     code, _, err = run_cli(["export", heads_dir, "--format", fmt, "--out", out])
     assert code == 2 and str(out) in err  # refuses to overwrite
     code, _, err = run_cli(["export", heads_dir, "--format", "sglang", "--out", tmp_path / "x"])
-    assert code == 2 and "medusa, vllm" in err
+    assert code == 2 and "expected one of vllm, medusa, hf" in err

@@ -1,4 +1,4 @@
-"""DFlash and P-EAGLE (the one-pass drafters) on the static store and the compiled path.
+"""DFlash and P-EAGLE (the one-pass drafters) on the sized store (static path) and the compiled path.
 
 - greedy on the preallocated store: the target-only tokens at B = 1 and B = 4, and the same
   proposals as on the growing store, call for call;
@@ -19,8 +19,10 @@ import pytest
 import torch
 from test_dflash import BLOCK  # noqa: F401 (a fixture)
 from test_dflash import Checked as CheckedDFlash
+from test_dflash import fitted as dflash_fitted  # noqa: F401 (a fixture)
 from test_peagle import DEPTHS  # noqa: F401 (a fixture)
 from test_peagle import Checked as CheckedPEagle
+from test_peagle import fitted as peagle_fitted  # noqa: F401 (a fixture)
 from test_static import COMPILED
 from test_tune_cli import flat_verify, tune_args  # noqa: F401 (a fixture)
 
@@ -82,7 +84,7 @@ def _check_greedy(kind, target, head, prompts, k, **fast):
 def test_static_greedy_equals_target_only_and_the_growing_store(setup):
     kind, target, head, prompts = setup
     drafter = _check_greedy(kind, target, head, prompts, KINDS[kind][2], static_cache=True)
-    assert isinstance(drafter.kv, kv_module.StaticRaggedCache) and drafter.kv.owner == f"the {drafter.role}"
+    assert drafter.kv in kv_module._STORES[drafter.head].values() and drafter.kv.owner == f"the {drafter.role}"
 
 
 def test_static_proposals_equal_the_heads_from_scratch(setup):
@@ -125,7 +127,7 @@ def test_compiled_greedy_equals_target_only_and_the_growing_store(setup):
     kv = drafter.kv
     assert kv.compiler.enabled and kv.compiler.error is None and kv.compiler.seconds > 0
     # one width: K + 1 new context columns, then the block (DFlash) or the K - 1 placeholders (P-EAGLE)
-    assert kv.compiled_widths(drafter.role) == [k + 1 + drafter._tail]
+    assert kv.compiled_widths(drafter.role) == [k + 1 + drafter._suffix]
     # Warm: the same request again compiles nothing.
     out = generate(target, KINDS[kind][0](head), prompts[0], max_new_tokens=24, num_draft_tokens=k, compile=True)
     assert out.stats.compile_seconds < 0.5

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from draftsmith.heads.registry import get_method
 from draftsmith.publish import HubError, check_repo_id, is_secret_key, model_card, push, scrub, stage_run
 
 FAKE_TOKEN = "hf_" + "Zq7" * 12  # token-shaped, never a real one
@@ -292,7 +293,7 @@ def test_medusa_run_arrives_complete_and_loads(runs, hub, tmp_path):
     card = _card(files)
     data_hash = json.loads((runs / "medusa" / "heads" / "config.json").read_text())["data_hash"]
     fingerprint = json.loads((runs / "medusa" / "heads" / "config.json").read_text())["target_fingerprint"]
-    assert card.data.base_model == TARGET_ID and {"speculative-decoding", "medusa", "medusa-1"} <= set(card.data.tags)
+    assert card.data.base_model == TARGET_ID and {"speculative-decoding", "medusa", "medusa1"} <= set(card.data.tags)
     text = card.text
     assert data_hash in text and fingerprint in text and "Medusa-1" in text
     assert (
@@ -328,7 +329,7 @@ def test_eagle3_run_arrives_in_the_vllm_layout(runs, hub, tmp_path):
     assert "--speculative-algorithm EAGLE3" in text and "draftsmith export eagle3 --format sglang" in text
     assert (
         "Not evaluated with `draftsmith eval` yet" in text
-        and f"draftsmith eval --target {runs / 'target4'} --eagle eagle3" in text
+        and f"draftsmith eval --target {runs / 'target4'} --drafter eagle=eagle3" in text
     )
     assert json.loads((runs / "data4" / "summary.json").read_text())["data_hash"] in text
 
@@ -493,9 +494,9 @@ def test_bad_input_is_a_clear_error_before_any_network_call(runs, hub, tmp_path,
             push(runs / "medusa", bad, endpoint=hub.url)
     with pytest.raises(HubError, match="base model '/local/target': expected the target's Hub id as ORG/NAME"):
         push(runs / "medusa", "toy-org/x", endpoint=hub.url, base_model="/local/target")
-    with pytest.raises(HubError, match="format 'sglang': Medusa-1 pushes as vllm, medusa, hf"):
+    with pytest.raises(HubError, match="format 'sglang': expected one of vllm, medusa, hf for the Medusa-1 heads"):
         push(runs / "medusa", "toy-org/x", endpoint=hub.url, format="sglang")
-    with pytest.raises(HubError, match="format 'vllm': EAGLE-1 pushes as hf"):
+    with pytest.raises(HubError, match="format 'vllm': expected one of hf for the EAGLE-1 head"):
         push(runs / "eagle1", "toy-org/x", endpoint=hub.url, format="vllm")
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"methods": []}))
@@ -678,9 +679,9 @@ def test_cli_dry_run_push_and_errors(runs, hub, tmp_path, run_cli):
         (["--repo-id", "toy-org/x", "--out", tmp_path / "o"], "--out applies to --dry-run"),
         (
             ["--repo-id", "toy-org/x", "--format", "onnx", "--dry-run", "--out", tmp_path / "o"],
-            "format 'onnx': EAGLE-3 pushes as vllm, sglang, hf",
+            "format 'onnx': expected one of vllm, sglang, hf for the EAGLE-3 head",
         ),
-        (["--repo-id", "toy-org/x", "--eval-report", tmp_path / "report.json"], "measured --medusa"),
+        (["--repo-id", "toy-org/x", "--eval-report", tmp_path / "report.json"], "measured medusa="),
     ):
         code, out, err = run_cli(["push", runs / "eagle3", *args])
         assert code == 2 and err.startswith("draftsmith push: error: ") and message in err and err.count("\n") == 1, err
@@ -718,3 +719,77 @@ def test_a_recipe_with_push_to_hub_pushes_when_training_ends(toy_dir, toy_data, 
     assert "README.md" in files and "config.json" in files and any(name.endswith(".safetensors") for name in files)
     assert hub.repos["toy-org/pushed"]["private"] is True
     assert yaml.safe_load(files["recipe.yaml"])["hub_repo_id"] == "toy-org/pushed"
+
+
+# ---------------------------------------------------------------------- the one-pass heads: P-EAGLE, DFlash
+@pytest.fixture(scope="module")
+def onepass(runs):
+    """P-EAGLE and DFlash runs on the 4-layer target of `runs` (their aux layers below its last, as
+    servers capture them): a few steps each."""
+    from draftsmith.train.dflash import DFlashRecipe
+    from draftsmith.train.dflash import train as train_dflash
+    from draftsmith.train.peagle import PEagleRecipe
+    from draftsmith.train.peagle import train as train_peagle
+
+    shared = dict(target=str(runs / "target4"), data=str(runs / "data4"), draft_vocab_size=64, max_anchors=8)
+    train_peagle(PEagleRecipe(out=str(runs / "peagle"), num_depths=3, **shared, **_common()), progress=False)
+    train_dflash(DFlashRecipe(out=str(runs / "dflash"), block_size=4, **shared, **_common()), progress=False)
+    return runs
+
+
+def test_dflash_run_arrives_in_the_vllm_layout_and_loads(onepass, hub, tmp_path):
+    from draftsmith.heads.dflash_formats import load_dflash
+    from draftsmith.heads.models import load_causal_lm
+
+    push(onepass / "dflash", "toy-org/dflash", endpoint=hub.url)
+    files = hub.files("toy-org/dflash")
+    assert set(files) == RUN_FILES
+    config = json.loads(files["config.json"])
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    target = load_causal_lm(onepass / "target4", device=torch.device("cpu"), dtype=torch.float32, role="target")
+    pushed = load_dflash(hub.unpack("toy-org/dflash", tmp_path), target=target).state_dict()
+    trained = load_dflash(onepass / "dflash" / "head", target=target).state_dict()
+    assert set(pushed) == set(trained) and all(torch.equal(pushed[k], trained[k]) for k in trained)
+    card = _card(files)
+    assert {"dflash", "vllm", "speculative-decoding"} <= set(card.data.tags) and card.data.library_name == "draftsmith"
+    text = card.text
+    assert f"{get_method('dflash').title} for speculative decoding with" in text and "block of 4 slots" in text
+    # one block drafts block_size - 1 = 3 tokens: K in the command
+    assert '"method": "dflash", "model": "toy-org/dflash", "num_speculative_tokens": 3' in text
+    assert "draftsmith writes no SGLang layout of a DFlash head" in text
+    assert f"--drafter dflash={'dflash'}" in text and "from draftsmith.heads.dflash_formats import load_dflash" in text
+    assert "| `block_size` | 4 |" in text and "top-1 accuracy per block slot" in text
+    assert "draftsmith train dflash" in text and "Retrain: draftsmith train dflash" in files["recipe.yaml"].decode()
+
+
+def test_peagle_run_arrives_in_the_vllm_layout_and_loads(onepass, hub, tmp_path):
+    from draftsmith.heads.eagle import PEagleHead, load_eagle
+
+    push(onepass / "peagle", "toy-org/peagle", endpoint=hub.url)
+    files = hub.files("toy-org/peagle")
+    assert set(files) == RUN_FILES
+    config = json.loads(files["config.json"])
+    assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleDraftModel"]
+    pushed = load_eagle(hub.unpack("toy-org/peagle", tmp_path))
+    trained = load_eagle(onepass / "peagle" / "head")
+    assert isinstance(pushed, PEagleHead)
+    assert all(torch.equal(pushed.state_dict()[k], v) for k, v in trained.state_dict().items())
+    card = _card(files)
+    assert {"peagle", "vllm"} <= set(card.data.tags) and "eagle" not in card.data.tags  # its own kind
+    text = card.text
+    assert f"{get_method('peagle').title} for speculative decoding" in text and "3 trained depths" in text
+    assert '"method": "eagle3", "model": "toy-org/peagle", "num_speculative_tokens": 3' in text
+    assert '"parallel_drafting": true' in text and "draftsmith writes no SGLang layout of a P-EAGLE head" in text
+    assert "--drafter peagle=peagle" in text and "top-1 accuracy per depth" in text
+
+
+def test_onepass_heads_push_their_draftsmith_layout_and_refuse_sglang(onepass, tmp_path):
+    for kind in ("dflash", "peagle"):
+        title = get_method(kind).title
+        staged = stage_run(onepass / kind, tmp_path / kind, repo_id=f"toy-org/{kind}", format="hf")
+        assert json.loads((staged / "config.json").read_text())["model_type"] == f"draftsmith_{kind}"
+        text = (staged / "README.md").read_text()
+        assert f"draftsmith export {kind} --format vllm --num-speculative-tokens 3 --out {kind}-vllm" in text
+        with pytest.raises(HubError, match=f"format 'sglang': expected one of vllm, hf for the {title}"):
+            stage_run(onepass / kind, tmp_path / f"{kind}-sglang", repo_id="toy-org/x", format="sglang")
+        assert not (tmp_path / f"{kind}-sglang").exists()

@@ -22,7 +22,8 @@ def write_copy_target(folder: Path, *, prompts: int = 24, new_tokens: int = 40) 
     """(target folder, data folder): the copying target and its greedy answers to `prompts` prompts."""
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.distill.generate import GenerateSettings, generate_dataset
+    from draftsmith.distill.generate import GenerateSettings
+    from draftsmith.distill.generate_run import generate_dataset
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.toy import CORPUS, tiny_config, tiny_tokenizer
 

@@ -1,9 +1,9 @@
 """The static-cache (and compiled) decoding path against the default one.
 
-- the preallocated store (`StaticRaggedCache`): incremental feeding, tree verification, keeping
-  a path and padded calls give the logits of the growing store (`RaggedCache`); a forward past
-  the preallocated length raises and writes nothing; a request larger than a model's cache
-  gets a larger one;
+- the KV store (`KVStore`): incremental feeding, tree verification, keeping a path and padded
+  calls through its compiled-step code (run uncompiled) give the logits of its live forwards; a
+  forward past the capacity reallocates the store and gives the same logits; a request larger
+  than a model's store gets a larger one;
 - greedy: token-identical to HF greedy and to the eager decoder (same accepted counts) for every
   drafter kind: target only, draft model, Medusa chain and tree, EAGLE chain and tree;
 - sampling: chi-square of the first two tokens against the target's exact law, for every
@@ -30,11 +30,12 @@ from test_tree import TREE as MEDUSA_TREE
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate
 from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.compiler import CAPACITY_STEP, StaticCacheOverflow
-from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, MedusaDrafter, PromptLookupDrafter, Proposal
+from draftsmith.decoding.compiler import CAPACITY_STEP
+from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.decoding.eagle import EagleDrafter
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache, capacity_for, model_cache
-from draftsmith.decoding.masks import chain_attend, tree_attend
+from draftsmith.decoding.kv import KVStore, capacity_for, model_cache
+from draftsmith.decoding.masks import chain_attend, static_mask, tree_attend
+from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.decoding.target import right_aligned
 from draftsmith.eval.stats import chi_square_gof
@@ -60,7 +61,17 @@ def _hf_greedy(model, prompt, max_new_tokens):
     return out[0, ids.shape[1] :].tolist()
 
 
-# ------------------------------------------------------------------------ the static store
+# ------------------------------------------------------------------------ the KV store
+
+
+def _stepped(model, batch: int, capacity: int, widths: dict) -> KVStore:
+    """A store whose calls of `widths` ({hidden layers: [width, ...]}) run its compiled-step code
+    (`make_step`: the whole buffers, the mask built from tensors), uncompiled."""
+    kv = KVStore.for_model(model, batch, capacity)
+    for layers, ws in widths.items():
+        for w in ws:
+            kv._compiled[(layers, w)] = (0, kv_module.make_step(kv_module.hf_call(model, layers, False), kv))
+    return kv
 
 
 def _feed(model, kv, ids, **kwargs):
@@ -78,13 +89,15 @@ def _tree(model, kv, fed, parents, **kwargs):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt_neox"])
-def test_the_two_stores_agree(family, pairs):
+def test_live_and_step_forwards_agree(family, pairs):
     """Prefill, a chain, rejected drafts, a tree with a kept path (kept columns between holes),
-    then more tokens: every output of the preallocated store equals the growing store's."""
+    then more tokens: every output of the compiled-step code (whole buffers) equals the live
+    forwards' (the live store starts at 8 columns: it is reallocated on the way)."""
     model, _ = pairs(family)
-    growing, static = RaggedCache.for_model(model, 1, "the test"), StaticRaggedCache(model, 1, 64)
-    ids = _ids(30, seed=1)
     layers = (0, model.config.num_hidden_layers)
+    growing = KVStore.for_model(model, 1, 8)
+    static = _stepped(model, 1, 64, {layers: [12, 5], (): [8, 5]})
+    ids = _ids(30, seed=1)
     a, b = (_feed(model, kv, ids[:12], logits_to_keep=1, hidden_layers=layers) for kv in (growing, static))
     _close(b.logits, a.logits, "prefill, last logits")
     for i in layers:
@@ -103,6 +116,7 @@ def test_the_two_stores_agree(family, pairs):
     assert static.counts == growing.counts == [18] and torch.equal(static.valid, growing.valid)
     a, b = (_feed(model, kv, ids[25:30]) for kv in (growing, static))
     _close(b.logits, a.logits, "after keeping the path")
+    assert growing.capacity > 8 and static.capacity == 64 and len(static.compiled_widths(())) == 2
 
 
 def test_padded_calls_match_exact_calls(pairs):
@@ -110,9 +124,7 @@ def test_padded_calls_match_exact_calls(pairs):
     only themselves, never read. Checked without a compiler by registering the uncompiled step
     as a width-8 graph."""
     model, _ = pairs("llama")
-    exact, padded = StaticRaggedCache(model, 1, 64), StaticRaggedCache(model, 1, 64)
-    for layers in ((), (2,)):
-        padded._compiled[(layers, 8)] = (0, kv_module.make_step(kv_module.hf_call(model, layers, False), padded))
+    exact, padded = KVStore.for_model(model, 1, 64), _stepped(model, 1, 64, {(): [8], (2,): [8]})
     ids = _ids(20, seed=2)
     for kv in (exact, padded):
         _feed(model, kv, ids[:9])
@@ -129,30 +141,29 @@ def test_padded_calls_match_exact_calls(pairs):
     _close(b.logits, a.logits, "after the padded calls")
 
 
-def test_overflow_raises_and_writes_nothing(pairs):
+def test_a_full_store_grows(pairs):
+    """A forward past the capacity reallocates the store (the columns kept, no compaction), and so
+    does `reserve` when compaction frees too little: the logits are those of a store sized for it."""
     model, _ = pairs("llama")
     capacity = capacity_for(100)
     assert capacity >= 100 and capacity % CAPACITY_STEP == 0
-    kv = StaticRaggedCache(model, 1, capacity)
-    ids = _ids(capacity, seed=3)
-    _feed(model, kv, ids[: capacity - 4])
-    reference = _feed(model, kv, ids[capacity - 4 : capacity - 2]).logits
-    kv.retain(capacity - 4, [0])
-    keys = [layer.keys.clone() for layer in kv.cache.layers]
-    refused = rf"{capacity - 4} columns in use and 5 more.*preallocated for {capacity}"
-    with pytest.raises(StaticCacheOverflow, match=refused):
-        _feed(model, kv, _ids(5, seed=4))
-    with pytest.raises(StaticCacheOverflow, match=rf"holds {capacity - 4} real tokens and 5 more.*for {capacity}"):
-        kv.reserve(5)  # no holes: compaction frees nothing
-    assert kv.length == capacity - 4 and kv.counts == [capacity - 4]
-    assert all(torch.equal(layer.keys, k) for layer, k in zip(kv.cache.layers, keys))
-    _close(_feed(model, kv, ids[capacity - 4 : capacity - 2]).logits, reference, "after the refused call")
-    assert isinstance(StaticCacheOverflow("x"), ValueError)
+    kv, sized = KVStore.for_model(model, 1, capacity), KVStore.for_model(model, 1, 2 * capacity)
+    ids = _ids(capacity + 8, seed=3)
+    for store in (kv, sized):
+        _feed(model, store, ids[: capacity - 4])
+        _feed(model, store, ids[capacity - 4 : capacity - 2])
+        store.retain(capacity - 4, [0])
+    a, b = (_feed(model, store, ids[capacity - 4 : capacity + 1]).logits for store in (kv, sized))
+    assert kv.capacity == 2 * capacity and kv.length == sized.length == capacity + 1
+    _close(a, b, "the call that grew the store")
+    kv.reserve(2 * capacity)  # no holes: compaction frees nothing
+    assert kv.capacity == capacity_for(3 * capacity + 1) and kv.counts == [capacity + 1]
+    _close(_feed(model, kv, ids[capacity + 1 :]).logits, _feed(model, sized, ids[capacity + 1 :]).logits, "after")
 
 
-def test_a_proposal_larger_than_promised_cannot_overflow(pairs):
-    """A drafter that proposes more than its `proposal_sizes` allow gets a clear error near the end of
-    the preallocated cache, not a write past it."""
+def test_a_proposal_larger_than_promised_grows_the_store(pairs):
+    """A drafter that proposes more than its `proposal_sizes` allow near the end of the sized
+    store: the store grows and decoding goes on exactly."""
     target, _ = pairs("llama")
 
     class Liar(Drafter):
@@ -163,8 +174,9 @@ def test_a_proposal_larger_than_promised_cannot_overflow(pairs):
             return Proposal(tokens=torch.arange(3, 43)[None], counts=[40], parents=[[-1] * 40])
 
     prompt = _ids(capacity_for(100) - 30, seed=5)
-    with pytest.raises(StaticCacheOverflow, match="static KV cache overflow"):
-        generate(target, Liar(), prompt, max_new_tokens=10, num_draft_tokens=2, static_cache=True)
+    out = generate(target, Liar(), prompt, max_new_tokens=10, num_draft_tokens=2, static_cache=True)
+    assert out.tokens == _hf_greedy(target, prompt, 10)
+    assert kv_module._STORES[target]["target", None, 1].capacity > capacity_for(100)
 
 
 def test_a_larger_request_gets_a_larger_cache(pairs):
@@ -177,26 +189,29 @@ def test_a_larger_request_gets_a_larger_cache(pairs):
     assert model_cache(target, "target", 2, CAPACITY_STEP) is not small
     prompt = _ids(CAPACITY_STEP + 12, seed=7)
     out = generate(target, None, prompt, max_new_tokens=20, static_cache=True)
-    grown = kv_module._STATIC_CACHES[target]["target", None, 1]
+    grown = kv_module._STORES[target]["target", None, 1]
     assert grown is not small and grown.capacity >= prompt.numel() + 20
     assert out.tokens == generate(target, None, prompt, max_new_tokens=20).tokens
 
 
-def test_a_windowed_static_mask_equals_the_growing_one():
-    """Full and sliding layers (window 3): per kind, the static mask on the live columns is the
-    growing store's, through a right-aligned prompt block and a chain call."""
+def test_a_windowed_step_mask_equals_the_live_one():
+    """Full and sliding layers (window 3): per kind, the compiled step's mask (`static_mask`) on
+    the live and fed columns is the live forward's, through a right-aligned prompt block and a
+    chain call; every later column is blocked."""
     model = windowed_model("qwen2", window=3)
-    stores = StaticRaggedCache(model, 2, 16), RaggedCache.for_model(model, 2, "the test model")
+    kv = KVStore.for_model(model, 2, 16)
     ids, positions, lo = right_aligned([[5, 6, 7, 8, 9], [5, 6]], [0, 0], "cpu")
-    for kv in stores:
-        kv.forward(model, ids, positions, chain_attend(5, lo, None, 2, "cpu"))
-        kv.commit_spans(5, lo)
+    kv.forward(model, ids, positions, chain_attend(5, lo, None, 2, "cpu"))
+    kv.commit_spans(5, lo)
     attend, fed = chain_attend(3, None, None, 2, "cpu"), torch.tensor([[5, 6, 7], [2, 3, 4]])
-    static, growing = (kv.mask(attend, torch.float32, fed) for kv in stores)
-    assert set(static) == set(growing) == {"full_attention", "sliding_attention"}
-    for kind in static:
-        assert torch.equal(static[kind][..., :8], growing[kind]), kind
-    assert not torch.equal(growing["full_attention"], growing["sliding_attention"])  # the window blocks some keys
+    live = kv.mask(attend, torch.float32, fed)  # also writes the fed positions into the slots
+    kv._write_valid()  # the host's bookkeeping into the buffer the step reads
+    step = static_mask(kv._valid, kv._slots, torch.tensor(kv.length), attend, fed, torch.float32, kv.window, kv.mixed)
+    assert set(step) == set(live) == {"full_attention", "sliding_attention"}
+    for kind in step:
+        assert torch.equal(step[kind][..., :8], live[kind]), kind
+        assert (step[kind][..., 8:] < 0).all(), kind
+    assert not torch.equal(live["full_attention"], live["sliding_attention"])  # the window blocks some keys
 
 
 def test_settings_are_checked(pairs):
@@ -291,15 +306,13 @@ def test_heads_use_the_verification_states(kind, pairs, monkeypatch):
     target, draft = pairs("llama")
     prompt = _ids(11, seed=14)
     make, k = _drafters(target, draft, prompt, 18, seed=3)[kind]
-    forwards = []
-    for store in (RaggedCache, StaticRaggedCache):
-        original = store.forward
+    forwards, original = [], KVStore.forward
 
-        def counted(self, model, *args, original=original, **kwargs):
-            forwards.append((type(self), model))
-            return original(self, model, *args, **kwargs)
+    def counted(self, model, *args, **kwargs):
+        forwards.append((static, model))
+        return original(self, model, *args, **kwargs)
 
-        monkeypatch.setattr(store, "forward", counted)
+    monkeypatch.setattr(KVStore, "forward", counted)
     runs = []
     for static in (False, True):
         recorder = _Observed(make())
@@ -311,7 +324,7 @@ def test_heads_use_the_verification_states(kind, pairs, monkeypatch):
         )
     (eager, seen_eager), (static, seen_static) = runs
     assert static.tokens == eager.tokens
-    calls = sum(cls is StaticRaggedCache and model is target for cls, model in forwards)
+    calls = sum(sized and model is target for sized, model in forwards)
     assert calls == 1 + static.stats.target_calls  # the prefill, then one per call
     assert len(seen_static.states) == len(seen_eager.states) == static.stats.target_calls  # prefill + all but the last
     for a, b in zip(seen_eager.states, seen_static.states):
@@ -398,7 +411,7 @@ def test_unavailable_compiler_falls_back_with_a_message(pairs, monkeypatch):
     prompt = _ids(6, seed=15)
     with pytest.warns(UserWarning, match="torch.compile is off.*no C\\+\\+ compiler here"):
         out = generate(target, None, prompt, max_new_tokens=8, compile=True)
-    kv = kv_module._STATIC_CACHES[target]["target", "default", 1]
+    kv = kv_module._STORES[target]["target", "default", 1]
     assert not kv.compiler.enabled and kv.compiler.error == "no C++ compiler here (test)"
     assert out.tokens == _hf_greedy(target, prompt, 8) and out.stats.compile_seconds == 0.0
 
@@ -429,7 +442,7 @@ def test_failing_compile_falls_back_with_a_message(pairs, monkeypatch):
     # its own cache; a greedy draft compiles its whole chain (catch-up of width 1, then 2 draft steps)
     assert any("off for the draft: compiling a 2-token chain after width 1 failed" in m for m in messages), messages
     for model, role in ((target, "target"), (draft, "draft")):
-        assert not kv_module._STATIC_CACHES[model][role, "default", 1].compiler.enabled
+        assert not kv_module._STORES[model][role, "default", 1].compiler.enabled
     assert out.tokens == _hf_greedy(target, prompt, 10)
 
 
@@ -507,7 +520,7 @@ def test_compiled_greedy_is_identical_for_every_drafter(pairs):
     target, draft = pairs("llama")
     prompts = [_ids(9, seed=11)]  # one prompt: every head kind compiles per prompt (oracle heads)
     _check_greedy(target, draft, prompts, num_new=21, compile=True)
-    kv = kv_module._STATIC_CACHES[target]["target", "default", 1]
+    kv = kv_module._STORES[target]["target", "default", 1]
     assert kv.compiler.enabled and kv.compiler.error is None
     # target-only, K + 1 of the chains, every proposal size of prompt lookup, the trees' sizes + 1
     assert {1, 2, 3, 4, 5, 11}.issubset({width for _, width in kv._compiled})
@@ -556,7 +569,7 @@ def test_cuda_graphs_greedy_is_identical(pairs):
     for drafter in (None, DraftModelDrafter(draft)):
         out = generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=3, compile=True)
         assert out.tokens == reference
-    assert kv_module._STATIC_CACHES[target]["target", "default", 1].compiler.error is None
+    assert kv_module._STORES[target]["target", "default", 1].compiler.error is None
 
 
 @pytest.mark.parametrize("flag", ["--static-cache", pytest.param("--compile", marks=[pytest.mark.slow, COMPILED])])

@@ -21,8 +21,9 @@ import pytest
 import torch
 from fixtures import VOCAB
 
-from draftsmith.decoding.drafters import DraftModelDrafter, MedusaDrafter
+from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompt_file
 from draftsmith.eval.sweep import (
     SweepSettings,
@@ -420,16 +421,27 @@ def test_bad_task_field(toy_dir, tmp_path, run_cli):
     assert load_prompt_file(kinds)[1] == [None, None]
 
 
-def test_several_drafts_are_named_apart(tmp_path):
-    from draftsmith.eval.drafter_specs import SpecError, draft_names
+def test_several_drafters_are_named_apart(tmp_path):
+    from draftsmith.eval.drafter_specs import SpecError, parse_drafters
+
+    def names(*values):
+        return {d.name: d.folder for d in parse_drafters(values)}
 
     (tmp_path / "a" / "draft").mkdir(parents=True)
     (tmp_path / "b" / "draft").mkdir(parents=True)
     a, b = str(tmp_path / "a" / "draft"), str(tmp_path / "b" / "draft")
-    assert draft_names([a]) == {"draft": a}
-    assert draft_names([a, b]) == {"a/draft": a, "b/draft": b}
-    assert draft_names([f"small={a}", b]) == {"small": a, "draft": b}
-    with pytest.raises(SpecError, match="both named 'x'"):
-        draft_names([f"x={a}", f"x={b}"])
-    with pytest.raises(SpecError, match="both named 'target-only'"):
-        draft_names([f"target-only={a}"])
+    assert names(f"draft={a}") == {"draft": a}
+    assert names(f"draft={a}", f"draft={b}") == {"a/draft": a, "b/draft": b}
+    assert names(f"draft:small={a}", f"draft={b}") == {"small": a, "draft": b}
+    assert names(f"eagle={a}", f"eagle:mine={b}") == {"draft": a, "mine": b}  # one of several: its folder
+    assert names(f"eagle:mine={b}") == {"mine": b}
+    with pytest.raises(SpecError, match="the row 'x' is draft"):
+        names(f"draft:x={a}", f"draft:x={b}")
+    with pytest.raises(SpecError, match="the row 'x-chain' is"):
+        names(f"medusa:x={a}", f"eagle:x={b}")
+    with pytest.raises(SpecError, match="the row 'target-only' is another method's"):
+        names(f"draft:target-only={a}")
+    with pytest.raises(SpecError, match="unknown drafter kind 'hydra': expected one of draft, medusa"):
+        names(f"hydra={a}")
+    with pytest.raises(SpecError, match="expected KIND"):
+        names(a)

@@ -31,6 +31,8 @@ from lifecycle_helpers import (
     write_recipe,
 )
 
+from draftsmith.heads.registry import METHODS as REGISTRY
+from draftsmith.heads.registry import get_method
 from draftsmith.train import sharding
 from draftsmith.train.medusa import MedusaRecipe
 from draftsmith.train.recipe import RecipeError, load_recipe
@@ -74,47 +76,89 @@ def test_the_estimate_matches_a_hand_count(toy_dir, toy_data, tmp_path):
     assert zero3.target_share == estimate.target_share and zero3.gathered_layer == 4 * LAYER
 
 
-@pytest.mark.parametrize(
-    "method, extra",
-    [
-        ("medusa", {}),
-        ("medusa", {"share_lm_head": True, "num_layers": 2}),
-        ("eagle", {}),
-        ("eagle", {"version": "eagle1", "draft_vocab_size": None}),
-        ("draft", {}),
-    ],
-)
-def test_the_head_count_is_what_the_trainer_trains(method, extra, toy_dir, toy_data, tmp_path):
-    """The estimator counts the trained model from the recipe's shape keys before the target
-    loads; the trainers' own modules, built on the real toy target, hold that many parameters."""
-    from draftsmith.distill.data import DistillData
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer
+def build_head(kind, recipe, target, data):
+    """What `train/<kind>.py` builds for `target` (its `train` builds it inline; these calls mirror it),
+    with the trainers' own vocabulary map and mask token."""
+    from draftsmith.train.common import draft_vocab_map, mask_token, target_sizes
 
-    module = __import__(f"draftsmith.train.{method}", fromlist=["x"])
-    recipe = getattr(module, {"medusa": "MedusaRecipe", "eagle": "EagleRecipe", "draft": "DraftRecipe"}[method])(
-        **recipe_values(method, toy_dir, toy_data, tmp_path / "run", **extra)
-    )
-    target = load_causal_lm(recipe.target, device=torch.device("cpu"), dtype=torch.float32, role="target")
-    if method == "medusa":
+    _, V, _ = target_sizes(target)
+    if kind == "medusa":
         from draftsmith.heads.medusa import MedusaHeads
 
-        built = MedusaHeads.for_target(target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head)
-    elif method == "eagle":
-        from draftsmith.distill.vocab import build_vocab_map
+        return MedusaHeads.for_target(target, recipe.num_heads, recipe.num_layers, recipe.share_lm_head)
+    if kind == "draft":
+        from draftsmith.heads.models import load_tokenizer
+        from draftsmith.train.draft import build_draft
+
+        return build_draft(recipe, target, load_tokenizer(recipe.target), torch.device("cpu"))
+    vocab_map = draft_vocab_map(recipe, data, V) if getattr(recipe, "version", "eagle3") == "eagle3" else None
+    shape = dict(aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map)
+    if kind == "eagle":
         from draftsmith.heads.eagle import EagleHead
 
-        data = DistillData(recipe.data)
-        vocab_map = (
-            build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
-            if recipe.draft_vocab_size
-            else None
+        variant = dict(fc_norm=recipe.fc_norm, norm_output=recipe.norm_output)
+        return EagleHead.for_target(target, recipe.version, **shape, **variant)
+    mask_id, _ = mask_token(recipe, data, V)
+    if kind == "peagle":
+        from draftsmith.heads.eagle import PEagleHead
+
+        variant = dict(fc_norm=recipe.fc_norm, norm_output=recipe.norm_output)
+        return PEagleHead.for_target(target, mask_token_id=mask_id, num_depths=recipe.num_depths, **shape, **variant)
+    if kind == "dflash":
+        from draftsmith.heads.dflash import DFlashHead
+
+        return DFlashHead.for_target(
+            target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id, **shape
         )
-        built = EagleHead.for_target(target, recipe.version, aux_layer_ids=recipe.aux_layers, vocab_map=vocab_map)
-    else:
-        built = module.build_draft(recipe, target, load_tokenizer(recipe.target), torch.device("cpu"))
+    raise AssertionError(f"no builder for {kind!r}: add the head its trainer builds to build_head")
+
+
+def head_recipe(kind, toy_dir, toy_data, out, **extra):
+    """`kind`'s recipe on the toy target: the lifecycle tests' keys where they have them, else the run keys."""
+    values = recipe_values(kind if kind in METHODS else "medusa", toy_dir, toy_data, out)
+    if kind not in METHODS:
+        values.pop("num_heads")
+    return get_method(kind).part("recipe")(**{**values, **extra})
+
+
+# Every method with its lifecycle recipe, then the variants that change the count's formula.
+VARIANTS = [
+    ("medusa", {"share_lm_head": True, "num_layers": 2}),
+    ("eagle", {"version": "eagle1", "draft_vocab_size": None}),
+    ("eagle", {"fc_norm": True, "norm_output": True, "draft_vocab_size": None, "aux_layers": [0, 2]}),
+    ("eagle", {"draft_vocab_size": None, "vocab_map": "VOCAB_MAP"}),
+    ("peagle", {"fc_norm": True, "draft_vocab_size": 64, "num_depths": 3}),
+    ("dflash", {"draft_vocab_size": 64, "num_layers": 2}),
+    ("dflash", {"aux_layers": [0, 1, 2]}),
+    ("draft", {"draft_init": "truncate", "draft_layers": 1}),
+    ("draft", {"draft_init": "config", "draft_layers": 1, "draft_hidden": 32}),
+]
+
+
+CASES = [(kind, {}) for kind in REGISTRY] + VARIANTS
+
+
+@pytest.mark.parametrize("kind, extra", CASES, ids=[f"{kind}-{'-'.join(extra) or 'recipe'}" for kind, extra in CASES])
+def test_the_head_count_is_what_the_trainer_trains(kind, extra, toy_dir, toy_data, tmp_path):
+    """The estimator counts the trained model from the recipe's shape keys before the target
+    loads (each trainer's `head_parameters`, through the registry); the trainers' own modules,
+    built on the real toy target, hold that many parameters."""
+    from draftsmith.distill.data import DistillData
+    from draftsmith.distill.vocab import build_vocab_map, save_vocab_map
+    from draftsmith.heads.models import load_causal_lm
+
+    data = DistillData(str(toy_data))
+    if extra.get("vocab_map") == "VOCAB_MAP":  # a `draftsmith vocab-map` file: its size is read from the file
+        vmap = build_vocab_map(data.token_counts(), 48, data.data_hash)
+        extra = {**extra, "vocab_map": str(save_vocab_map(vmap, tmp_path / "vocab.safetensors"))}
+    recipe = head_recipe(kind, toy_dir, toy_data, tmp_path / "run", **extra)
+    target = load_causal_lm(recipe.target, device=torch.device("cpu"), dtype=torch.float32, role="target")
+    built = build_head(kind, recipe, target, data)
     trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in built.parameters() if not p.requires_grad)
-    assert sharding.head_parameters(method, recipe, target) == (trainable, frozen)
+    assert get_method(kind).head_parameters(recipe, target) == (trainable, frozen)
+    estimate = sharding.estimate_memory(recipe, kind)  # on the meta target, as a run prints it
+    assert (estimate.trainable_params, estimate.frozen_head_params) == (trainable, frozen)
 
 
 def test_a_target_that_cannot_fit_is_refused_with_the_numbers(toy_dir, toy_data, tmp_path, monkeypatch, capsys):

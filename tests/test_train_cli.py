@@ -1,9 +1,12 @@
-"""`draftsmith train <method> --recipe NAME|FILE [key=value ...]`: shipped recipes found by name
-(package data), overrides checked like recipe keys, and the same from a non-editable install run
-outside the checkout."""
+"""`draftsmith train KIND --recipe NAME|FILE [key=value ...]`: every method of the registry, its
+arguments passed unchanged to the trainer's own command line (which finds shipped recipes by name,
+package data, and checks the overrides like recipe keys) except the launch flags, and the same from
+a non-editable install run outside the checkout."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -14,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from draftsmith.heads.registry import METHODS
+from draftsmith.scripts import train_cli
 from draftsmith.train.recipe import RecipeError
 from draftsmith.train.recipe_files import accelerate_config, find_recipe, recipes_root, shipped_recipes
 
@@ -86,6 +91,89 @@ def test_bad_train_input_is_one_line_and_exit_2(args, message, run_cli, tmp_path
     code, _, err = run_cli(["train", "medusa", *args, f"out={tmp_path / 'o'}"])
     assert code == 2 and message in err and err.startswith("draftsmith train: error:"), err
     assert not (tmp_path / "o").exists()
+
+
+def shipped_name(kind: str) -> str:
+    """A shipped recipe of `kind` (smollm2/eagle3 for eagle)."""
+    return next(name for name in shipped_recipes() if name.startswith(f"smollm2/{kind}"))
+
+
+def estimate_overrides(kind, toy_dir, toy_data, out) -> list[str]:
+    """A shipped recipe pointed at the toy target (the estimate reads only its config)."""
+    fields = {f.name for f in dataclasses.fields(METHODS[kind].part("recipe"))}
+    keys = [f"target={toy_dir / 'target'}", f"data={toy_data}", f"out={out}", "device=cpu"]
+    keys += [f"{key}=null" for key in ("hidden_cache", "teacher_cache") if key in fields]
+    return keys
+
+
+@pytest.mark.parametrize("kind", list(METHODS))
+def test_every_trainer_takes_a_recipe_name_itself(kind, toy_dir, toy_data, tmp_path, capsys):
+    """`python -m draftsmith.train.KIND --recipe <family>/<recipe>`: the trainer's own command line
+    finds the shipped recipe (here its memory estimate, which loads nothing)."""
+    main = importlib.import_module(METHODS[kind].trainer).main
+    argv = ["--recipe", shipped_name(kind), "--estimate-memory", *estimate_overrides(kind, toy_dir, toy_data, tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("memory per process (estimate, target_sharding=none): target ")
+    assert main(["--recipe", "smollm2/nothing"]) == 2
+    assert "--recipe: recipe 'smollm2/nothing' is neither a file nor a shipped recipe" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh interpreter: ~15 s on 2 busy cores
+def test_python_dash_m_takes_a_recipe_name(toy_dir, toy_data, tmp_path):
+    args = [
+        "--recipe",
+        "smollm2/medusa",
+        "--estimate-memory",
+        *estimate_overrides("medusa", toy_dir, toy_data, tmp_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "draftsmith.train.medusa", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("memory per process (estimate"), run.stdout
+
+
+def test_the_arguments_go_to_the_trainer_unchanged_and_the_launch_flags_to_accelerate(
+    toy_dir, toy_data, tmp_path, run_cli, monkeypatch
+):
+    launched = []
+    monkeypatch.setattr(train_cli.subprocess, "call", lambda command: launched.append(command) or 0)
+    trainer = ["--recipe", "smollm2/medusa", "--no-progress", *toy_overrides(toy_dir, toy_data, tmp_path / "o")]
+    code, _, err = run_cli(
+        ["train", "--num-processes", "3", "medusa", *trainer[:2], "--accelerate-config", "ddp", *trainer[2:]]
+    )
+    assert code == 0, err
+    (command,) = launched
+    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert command[3:7] == ["--config_file", str(accelerate_config("ddp")), "--num_processes", "3"]
+    assert command[7:] == ["-m", "draftsmith.train.medusa", *trainer]  # the recipe NAME too: each process finds it
+    # checked before anything starts: a bad override, or a flag the trainer does not have, launches nothing
+    code, _, err = run_cli(["train", "medusa", "--num-processes", "2", *trainer, "max_step=2"])
+    assert code == 2 and "unknown key(s) max_step" in err and len(launched) == 1
+    code, _, err = run_cli(["train", "medusa", "--num-processes", "2", *trainer, "--max-steps", "2"])
+    assert code == 2 and "unrecognized arguments: --max-steps 2" in err and len(launched) == 1
+    # the estimate runs here, never under accelerate
+    estimate = [
+        "--recipe",
+        "smollm2/medusa",
+        "--estimate-memory",
+        *estimate_overrides("medusa", toy_dir, toy_data, tmp_path),
+    ]
+    code, out, err = run_cli(["train", "medusa", "--num-processes", "2", *estimate])
+    assert code == 0 and out.startswith("memory per process") and len(launched) == 1, err
+
+
+def test_train_help_lists_every_kind_and_each_kind_shows_its_trainer_flags(run_cli):
+    code, out, _ = run_cli(["train", "--help"])
+    assert code == 0 and "--accelerate-config NAME|FILE" in out and "--num-processes N" in out
+    assert all(f"python -m {method.trainer}" in out for method in METHODS.values())
+    for kind in METHODS:
+        code, out, _ = run_cli(["train", kind, "--help"])
+        assert code == 0 and out.startswith(f"usage: draftsmith train {kind} "), out
+        assert "--recipe NAME|FILE" in out and "--estimate-memory" in out and "--accelerate-config" in out
+    code, _, err = run_cli(["train", "medusas", "--recipe", "smollm2/medusa"])
+    assert code == 2 and "argument KIND: invalid choice: 'medusas'" in err
 
 
 @pytest.mark.slow  # builds the package and trains from it in a fresh interpreter: ~1.5 minutes on 2 busy cores

@@ -247,7 +247,7 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
             tmp_path / "x",
         ]
     )
-    assert code == 2 and "give --eagle DIR" in err
+    assert code == 2 and "give --drafter eagle=DIR" in err
     code, _, err = run_cli(
         [
             "eval",
@@ -307,7 +307,8 @@ def test_training_time_test_helps_deeper_drafts(tmp_path):
     teaches that. Same budget for n = 1 and n = 3; depth >= 2 accuracy must be clearly higher."""
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.distill.generate import GenerateSettings, generate_dataset
+    from draftsmith.distill.generate import GenerateSettings
+    from draftsmith.distill.generate_run import generate_dataset
     from draftsmith.distill.sources import load_source
     from draftsmith.heads.toy import tiny_config, tiny_tokenizer
 

@@ -20,9 +20,11 @@ import torch
 from fixtures import FAMILIES, VOCAB, windowed_model
 
 from draftsmith.decoding import generate
-from draftsmith.decoding.drafters import Drafter, MedusaDrafter, Proposal
-from draftsmith.decoding.kv import RaggedCache, StaticRaggedCache
+from draftsmith.decoding.drafters import Drafter, Proposal
+from draftsmith.decoding.kv import KVStore
 from draftsmith.decoding.masks import tree_attend
+from draftsmith.decoding.medusa import MedusaDrafter
+from draftsmith.decoding.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.decoding.tree import (
     children_of,
     typical_threshold,
@@ -32,7 +34,6 @@ from draftsmith.decoding.tree import (
 )
 from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.lossless import check_lossless
-from draftsmith.eval.medusa_tree import build_medusa_tree, expected_accept_length
 from draftsmith.eval.report import compact_table, header, position_table, render_markdown, summary_table, theory_table
 from draftsmith.eval.stats import chi_square_gof
 
@@ -338,13 +339,12 @@ def test_tree_greedy_with_a_sliding_window_matches_target_only():
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4]  # node tree of tests/test_adapter.py
 TREE_TOKENS = [17, 250, 99, 123, 123, 40, 17, 301]
-STORES = ("growing", "static")
+STORES = ("grown", "sized")
 
 
 def _cache(model, store):
-    if store == "growing":
-        return RaggedCache.for_model(model, 1, "the test model")
-    return StaticRaggedCache(model, 1, 64)
+    """ "grown": 8 columns, reallocated while fed; "sized": 64."""
+    return KVStore.for_model(model, 1, 8 if store == "grown" else 64, owner="the test model")
 
 
 def _verify_then_keep(model, store, past, last, path):

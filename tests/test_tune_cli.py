@@ -130,7 +130,7 @@ def test_medusa_chain_or_tree_is_recorded_and_loads(toy_dir, tmp_path, run_cli, 
         tune_args(toy_dir, "--medusa", folder, tmp_path / "tune", "--tree-budgets", "2,4", "--write")
     )
     assert code == 0, err
-    assert "has 3 Medusa heads: K is searched up to 3, not 8" in out
+    assert "drafts at most 3 tokens per call: K is searched up to 3, not 8" in out
     assert flat_verify == [[1, 2, 3, 4, 5]]  # the chain's 1..4 and the trees' 2 + 1, 4 + 1
     record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
     chain, tree = record["tunings"]["chain"], record["tunings"]["medusa-tree"]
@@ -198,11 +198,14 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "one of the arguments --draft --medusa --eagle --dflash --peagle is required"),
+        ([], "one of the arguments --drafter --draft --medusa --eagle --peagle --dflash is required"),
         (["--draft", "D", "--eagle", "E"], "argument --eagle: not allowed with argument --draft"),
         (["--draft", "D", "--k-max", "0"], "--k-max must be >= 1, got 0"),
         (["--draft", "D", "--tree-budgets", "4,0"], "--tree-budgets '4,0': '0' is not a number of tree nodes"),
-        (["--draft", "{draft}", "--tree-budgets", "4"], "--tree-budgets applies to Medusa heads: give --medusa DIR"),
+        (
+            ["--draft", "{draft}", "--tree-budgets", "4"],
+            "--tree-budgets applies to heads whose trees are built from measured accuracies, not draft",
+        ),
         (["--medusa", "{missing}"], "does not exist or is not a directory"),
     ],
 )

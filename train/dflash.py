@@ -32,6 +32,7 @@ import torch
 
 from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     aux_states_and_teacher,
     collate_rows,
@@ -52,8 +53,9 @@ from draftsmith.train.common import (
 )
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
+from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 
 
 @dataclass(kw_only=True)
@@ -91,6 +93,22 @@ class DFlashRecipe(RunRecipe):
             raise ValueError("give draft_vocab_size or vocab_map, not both")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
+
+
+def head_parameters(recipe: DFlashRecipe, target) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the head `train` builds for `target` (meta is fine; the
+    memory estimate, train/sharding.py): `num_layers` decoder layers (with q/k norms), fc over the n
+    aux states (n H x H), hidden_norm and the final norm; the embeddings are a frozen copy (V x H),
+    and lm_head trains over a reduced draft vocabulary (Vd x H) or is the target's, frozen."""
+    from draftsmith.heads.dflash import default_aux_layer_ids
+
+    tc, H, V = target_dims(target)
+    aux = len(recipe.aux_layers or default_aux_layer_ids(tc.num_hidden_layers, recipe.num_layers))
+    hd = getattr(tc, "head_dim", None) or H // tc.num_attention_heads
+    layers = recipe.num_layers * (layer_params(tc, H) + 2 * hd)
+    Vd = draft_vocab(recipe, V)
+    trained, frozen = layers + aux * H * H + 2 * H, V * H
+    return (trained + Vd * H, frozen) if Vd < V else (trained, frozen + V * H)
 
 
 # ---------------------------------------------------------------------- anchored blocks

@@ -48,6 +48,7 @@ import torch
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.data import DistillData, write_json_atomic
 from draftsmith.distill.losses import cross_entropy, divergence, topk_divergence, topk_teacher
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     answer_starts,
     check_trains_tokens,
@@ -60,8 +61,9 @@ from draftsmith.train.common import (
 )
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
+from draftsmith.train.sharding import decoder_layers
 
 LOSSES = ("ce", "forward_kl", "reverse_kl", "jsd", "tv", "kl_tv")
 DATA_MODES = ("generated", "fixed")
@@ -357,6 +359,43 @@ def open_teacher_cache(recipe: DraftRecipe, target, data: DistillData):
 
 
 # --------------------------------------------------------------------------- the loop
+
+
+def head_parameters(recipe: DraftRecipe, target) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the model `build_draft` makes for `target` (meta is fine;
+    the memory estimate, train/sharding.py), built on the meta device the same three ways: every
+    parameter trains, a tied lm_head counted once."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if recipe.draft_init == "checkpoint":
+        from draftsmith.heads.models import _check_folder
+
+        config = AutoConfig.from_pretrained(_check_folder(recipe.draft_path, "draft"))
+        with init_empty_weights():
+            draft = AutoModelForCausalLM.from_config(config)
+        draft.tie_weights()
+        return sum(p.numel() for p in draft.parameters()), 0
+    if recipe.draft_init == "truncate":  # the target less its dropped decoder layers
+        per_layer = sum(p.numel() for p in decoder_layers(target)[0].parameters())
+        dropped = (target.config.get_text_config().num_hidden_layers - recipe.draft_layers) * per_layer
+        return sum(p.numel() for p in target.parameters()) - dropped, 0
+    from draftsmith.heads.draft import draft_from_config
+
+    # draft_from_config records the target's fingerprint, which the estimate's meta target has no
+    # values for: a placeholder while the draft is counted, taken off again
+    placeholder = "draftsmith_fingerprint" not in vars(target)
+    if placeholder:
+        target.draftsmith_fingerprint = "meta"
+    try:
+        with init_empty_weights():
+            draft = draft_from_config(
+                target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, copy_embeddings=False
+            )
+    finally:
+        if placeholder:
+            del target.draftsmith_fingerprint
+    return sum(p.numel() for p in draft.parameters()), 0
 
 
 def build_draft(recipe: DraftRecipe, target, tokenizer, device):

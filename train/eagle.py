@@ -36,6 +36,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     aux_states_and_teacher,
     collate_rows,
@@ -56,8 +57,9 @@ from draftsmith.train.common import (
 )
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
+from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 
 
 @dataclass(kw_only=True)
@@ -102,6 +104,33 @@ class EagleRecipe(RunRecipe):
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if not 0 < self.ttt_decay <= 1 or self.feature_noise < 0:
             raise ValueError("need 0 < ttt_decay <= 1, feature_noise >= 0")
+
+
+def head_parameters(recipe: EagleRecipe, target) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the head `train` builds for `target` (meta is fine; the
+    memory estimate, train/sharding.py). The embeddings are a frozen copy (V x H); EAGLE-1's
+    lm_head too, and its layer has no input norm but fc(2H -> H) with a bias."""
+    tc, H, V = target_dims(target)
+    if recipe.version == "eagle1":
+        return layer_params(tc, H) - H + 2 * H * H + H, 2 * V * H
+    return eagle3_parameters(recipe, target), V * H
+
+
+def eagle3_parameters(recipe, target) -> int:
+    """The trained part of an EAGLE-3 head (also P-EAGLE's, train/peagle.py): the layer (q/k/v read
+    2H) and its hidden_norm, fc over the n aux states (n H x H; `fc_norm`: one RMSNorm per aux state),
+    the final norm, and lm_head over the draft vocabulary (Vd x H)."""
+    tc, H, V = target_dims(target)
+    aux = aux_layer_count(recipe, tc)
+    fc = aux * H * H + (aux * H if recipe.fc_norm else 0)
+    return layer_params(tc, 2 * H) + H + fc + H + draft_vocab(recipe, V) * H
+
+
+def aux_layer_count(recipe, text_config) -> int:
+    """How many target hidden states fc reads: the recipe's `aux_layers`, else EAGLE-3's default."""
+    from draftsmith.heads.eagle.model import default_aux_layer_ids
+
+    return len(recipe.aux_layers or default_aux_layer_ids(text_config.num_hidden_layers))
 
 
 def shifted(x: torch.Tensor, j: int, fill=0) -> torch.Tensor:

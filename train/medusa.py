@@ -38,6 +38,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, divergence
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     batch_rows,
     cached_states,
@@ -53,8 +54,9 @@ from draftsmith.train.common import (
 )
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
+from draftsmith.train.sharding import target_dims
 
 LOSSES = ("ce",) + DIVERGENCES
 
@@ -100,6 +102,17 @@ class MedusaRecipe(RunRecipe):
             raise ValueError(f"max_length = {self.max_length} leaves no position for {self.num_heads} heads")
         if not 0 < self.head_decay <= 1 or self.temperature <= 0:
             raise ValueError("need 0 < head_decay <= 1, temperature > 0")
+
+
+def head_parameters(recipe: MedusaRecipe, target) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the heads `train` builds for `target` (meta is fine; the
+    memory estimate, train/sharding.py): K heads of `num_layers` residual blocks (H x H + bias),
+    each with its own lm_head copy (V x H) unless `share_lm_head` reuses the target's. Medusa-2's
+    LoRA on the target is not counted."""
+    _, H, V = target_dims(target)
+    K = recipe.num_heads
+    blocks = K * recipe.num_layers * (H * H + H)
+    return blocks + (0 if recipe.share_lm_head else K * V * H), 0
 
 
 # --------------------------------------------------------------------------- losses

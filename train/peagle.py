@@ -31,6 +31,7 @@ import torch
 
 from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     aux_states_and_teacher,
     collate_rows,
@@ -49,10 +50,12 @@ from draftsmith.train.common import (
     to_device,
     training_rows,
 )
+from draftsmith.train.eagle import aux_layer_count, eagle3_parameters
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
-from draftsmith.train.run import TrainingRun, trainer_main
+from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
+from draftsmith.train.sharding import target_dims
 
 
 @dataclass(kw_only=True)
@@ -95,6 +98,15 @@ class PEagleRecipe(RunRecipe):
             raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
         if self.draft_vocab_size is not None and self.vocab_map:
             raise ValueError("give draft_vocab_size or vocab_map, not both")
+
+
+def head_parameters(recipe: PEagleRecipe, target) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the head `train` builds for `target` (meta is fine; the
+    memory estimate, train/sharding.py): EAGLE-3's trained part (`eagle3_parameters`), plus the
+    embeddings, which train here (V x H, nothing frozen), plus `mask_hidden`, the placeholders'
+    feature in the concatenated aux states' space (n x H)."""
+    tc, H, V = target_dims(target)
+    return eagle3_parameters(recipe, target) + V * H + aux_layer_count(recipe, tc) * H, 0
 
 
 # ---------------------------------------------------------------------- the packed chains

@@ -53,6 +53,8 @@ def find_recipe(spec) -> Path:
     path = Path(str(spec)).expanduser()
     if path.is_file():
         return path
+    if path.is_absolute() or str(spec).startswith((".", "~")):  # a file path, not a NAME
+        raise RecipeError(f"recipe {str(spec)!r} does not exist")
     name = _named(str(spec), shipped_recipes(), "recipe", "recipe NAME (<family>/<method>)")
     return recipes_root() / f"{name}.yaml"
 

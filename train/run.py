@@ -1,6 +1,6 @@
 """A training run's lifecycle, the same for every method: the accelerator and its engine
-(one process, DDP, DeepSpeed, FSDP2), checkpoints and exact resume, warm start, metrics and
-trackers, the NaN stop and the Hub push.
+(one process, DDP, DeepSpeed, FSDP2), the start (resume or warm start, the run recorded),
+each step's reductions and metrics, trackers, the NaN stop, and the end (summary, Hub push).
 
 Each trainer in train/ stays readable top to bottom: it builds its model and optimizer, then
 
@@ -11,11 +11,9 @@ Each trainer in train/ stays readable top to bottom: it builds its model and opt
     ...  save the result (inside `run.gathered(model)`, on the main process)
     return run.finish(summary)                     # summary written, trackers closed, pushed if asked
 
-A checkpoint is a folder `OUT/checkpoints/step-NNNNNNN` with accelerate's full state (model,
-optimizer, registered scheduler, every process's RNG) and `trainer_state.json` (the step and
-the resolved recipe), written to a temporary name and renamed: a folder with
-`trainer_state.json` is complete. Batches are a pure function of (seed, step), so a run
-resumed from step s reads what the uninterrupted run read and ends with the same weights.
+Checkpoints (their format, exact resume, warm start) are train/checkpoints.py; what a run may do
+to its output folder is train/run_folder.py; the command line around a trainer is
+train/command_line.py.
 """
 
 from __future__ import annotations
@@ -25,124 +23,25 @@ import dataclasses
 import json
 import math
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import torch
 
 from draftsmith.distill.data import write_json_atomic
+from draftsmith.train.checkpoints import resume, save_checkpoint, warm_start
 from draftsmith.train.common import batch_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
 from draftsmith.train.run_folder import (
     check_out_writable,
-    checkpoints,
     drop_metrics_after,
     latest_checkpoint,
     refuse_earlier_run,
-)
-
-# Keys that steer the run, not what it computes: they may change when a run is resumed.
-# Every other key must match the checkpoint's recipe (a resumed run that silently trained on
-# other data or with another schedule would be neither run).
-RUN_CONTROL_KEYS = frozenset(
-    {
-        "out",
-        "resume",
-        "init_from",
-        "save_every",
-        "keep_checkpoints",
-        "log_every",
-        "eval_every",
-        "report_to",
-        "tracker_project",
-        "push_to_hub",
-        "hub_repo_id",
-        "hub_private",
-        "device",
-        "allow_target_mismatch",
-        "target_sharding",
-        "serve_check_prompts",
-        "serve_check_new_tokens",
-    }
 )
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (a non-finite loss, a checkpoint that does not fit); the message says
     what happened and what on disk is still good."""
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(accelerator, out: Path, step: int, recipe: dict, keep: int = 0) -> Path:
-    """accelerate's full state + the step, written to a temporary folder and renamed; then all
-    but the newest `keep` checkpoints are removed (0 keeps all)."""
-    final = Path(out) / "checkpoints" / f"step-{step:07d}"
-    tmp = Path(out) / "checkpoints" / f".step-{step:07d}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_json_atomic(tmp / "trainer_state.json", {"step": step, "recipe": recipe})
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        if keep:
-            for old in checkpoints(out)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def read_checkpoint(path: Path) -> dict:
-    state_file = Path(path) / "trainer_state.json"
-    if not state_file.is_file():
-        raise RecipeError(
-            f"resume: {str(path)!r} is not a complete checkpoint (no trainer_state.json); complete ones: step-* folders under OUT/checkpoints"
-        )
-    try:
-        return json.loads(state_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RecipeError(f"resume: {str(state_file)!r} is truncated or not JSON ({err})") from None
-
-
-def unreadable_file(folder: Path) -> str | None:
-    """'FILE (why)' for the first file of a checkpoint folder that cannot be read back whole (a
-    run killed while the disk filled, a copy cut short), or None when every one reads."""
-    from safetensors.torch import load_file
-
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        try:
-            if path.suffix == ".safetensors":
-                load_file(str(path))
-            elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
-                # this run's own files, which accelerate's load_state would unpickle just the same
-                torch.load(path, map_location="cpu", weights_only=False)
-            elif path.suffix == ".json":
-                json.loads(path.read_text(encoding="utf-8"))
-        except Exception as err:  # noqa: BLE001 - safetensors, zip and pickle readers each raise their own
-            return f"{path} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'unreadable'})"
-    return None
-
-
-def recipe_differences(saved: dict, current: dict) -> list[str]:
-    """'key: saved -> current' for every key that shapes the result and differs."""
-    keys = sorted((set(saved) | set(current)) - RUN_CONTROL_KEYS)
-    return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
-
-
-def _model_weights(folder: Path) -> Path:
-    """The model's weights in an accelerate checkpoint folder (the first prepared model)."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).is_file():
-            return folder / name
-    raise RecipeError(
-        f"init_from {str(folder)!r}: no model.safetensors in it (a DeepSpeed checkpoint keeps sharded states; "
-        "warm-start from a checkpoint written without DeepSpeed, or resume the DeepSpeed run instead)"
-    )
 
 
 # --------------------------------------------------------------------------- the run
@@ -370,13 +269,13 @@ class TrainingRun:
         current = recipe_dict(r)
         step = 0
         if r.resume:
-            step = self._resume(current)
+            step = resume(acc, self.out, r.resume, current, say=self.print)
         elif latest_checkpoint(self.out) is not None:
             raise RecipeError(
                 f"{self.out} already holds checkpoints: pass resume=true (or --resume) to continue, or choose another out"
             )
         elif r.init_from:
-            self._warm_start(Path(r.init_from).expanduser())
+            warm_start(acc, Path(r.init_from).expanduser(), say=self.print)
         if step == 0:
             refuse_earlier_run(self.out)
         # every process has checked `out` as it found it (so all pass or all raise) before the
@@ -399,84 +298,6 @@ class TrainingRun:
             )
         acc.wait_for_everyone()
         return step
-
-    def _resume(self, current: dict) -> int:
-        """The step resumed from: the given checkpoint, or the newest of `out` that reads back
-        whole (a truncated one is named and the one before it taken)."""
-        r, acc = self.recipe, self.accelerator
-        given = r.resume is not True
-        candidates = [Path(r.resume).expanduser()] if given else checkpoints(self.out)[::-1]
-        if not candidates:
-            self.print(f"resume: no checkpoint in {self.out}/checkpoints; starting at step 0")
-            return 0
-        skipped = []
-        for ckpt in candidates:
-            state = read_checkpoint(ckpt) if given else self._readable_state(ckpt, skipped)
-            if state is None:
-                continue
-            differ = recipe_differences(state["recipe"], current)
-            if differ:
-                raise RecipeError(
-                    f"resume from {ckpt}: the recipe differs from the checkpoint's in {'; '.join(differ)} (start a new run, or init_from for weights only)"
-                )
-            try:
-                acc.load_state(str(ckpt))
-            except Exception:
-                bad = unreadable_file(ckpt)
-                if bad is None:
-                    raise
-                if given:
-                    older = [c for c in checkpoints(ckpt.parent.parent) if c.name < ckpt.name]  # OUT/checkpoints/step-N
-                    hint = f"resume from {older[-1]}, the one before it" if older else "start a new run"
-                    raise RecipeError(
-                        f"resume: checkpoint {ckpt} cannot be read: {bad} is truncated or corrupt; {hint}"
-                    ) from None
-                skipped.append(bad)
-                continue
-            if skipped:
-                self.print(
-                    f"resume: skipped {len(skipped)} unreadable checkpoint(s) ({'; '.join(skipped)}); took {ckpt}, the newest good one"
-                )
-            self.print(f"resumed from {ckpt} (step {int(state['step'])})")
-            return int(state["step"])
-        raise RecipeError(
-            f"resume: no checkpoint of {self.out} reads back whole ({'; '.join(skipped)}); start a new run in another out"
-        )
-
-    @staticmethod
-    def _readable_state(ckpt: Path, skipped: list) -> dict | None:
-        try:
-            return read_checkpoint(ckpt)
-        except RecipeError as err:
-            skipped.append(str(err).removeprefix("resume: "))
-            return None
-
-    def _warm_start(self, source: Path) -> None:
-        """Weights only: optimizer, schedule and step start fresh."""
-        if (source / "checkpoints").is_dir():
-            latest = latest_checkpoint(source)
-            if latest is None:
-                raise RecipeError(f"init_from {str(source)!r}: the run holds no complete checkpoint")
-            source = latest
-        if not source.is_dir():
-            raise RecipeError(
-                f"init_from {str(source)!r} is not a folder (expected a checkpoint folder or a run folder)"
-            )
-        weights = _model_weights(source)
-        if weights.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(weights))
-        else:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        model = self.accelerator.unwrap_model(self.accelerator._models[0])
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise RecipeError(
-                f"init_from {str(source)!r}: its weights do not fit this model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
-                "warm start needs a checkpoint of the same method and shape"
-            )
-        self.print(f"warm start from {weights} (weights only; optimizer and schedule start fresh)")
 
     # ---------------------------------------------------------------- each step
 
@@ -572,104 +393,3 @@ class TrainingRun:
             url = push(self.out, self.recipe.hub_repo_id, private=self.recipe.hub_private)
             self.print(f"pushed to {url}")
         return summary
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def command_line(recipe_cls, description: str, recipe_hint: str, argv=None):
-    """(recipe, show_progress, estimate) from `--recipe FILE [--resume [PATH]] [--init-from PATH]
-    [--estimate-memory [--shards N] [--device-memory GIB]] key=value ...`; `estimate` is None
-    or (shards, device GiB) when only the memory estimate is asked for."""
-    import argparse
-
-    from draftsmith.train.recipe import load_recipe, parse_overrides
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--recipe", help=f"recipe YAML ({recipe_hint})")
-    parser.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        metavar="CHECKPOINT",
-        help="continue the run in `out` from its latest checkpoint, or from the checkpoint folder given",
-    )
-    parser.add_argument(
-        "--init-from",
-        metavar="PATH",
-        help="warm start a new run from the weights of a checkpoint or run folder (optimizer and schedule start fresh)",
-    )
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument(
-        "--estimate-memory",
-        action="store_true",
-        help="print the memory per process the recipe needs (from the target's config, nothing loaded) and exit",
-    )
-    parser.add_argument(
-        "--shards",
-        type=int,
-        help="with --estimate-memory: processes (fsdp2, zero3) or GPUs (device_map) the target is spread over",
-    )
-    parser.add_argument(
-        "--device-memory",
-        type=float,
-        metavar="GIB",
-        help="with --estimate-memory: a device's memory, to say how many of them fit",
-    )
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe")
-    args = parser.parse_args(argv)
-    if (args.shards is not None or args.device_memory is not None) and not args.estimate_memory:
-        parser.error("--shards and --device-memory go with --estimate-memory")
-    if args.shards is not None and args.shards < 1 or args.device_memory is not None and args.device_memory <= 0:
-        parser.error("--shards must be >= 1 and --device-memory > 0")
-    overrides = parse_overrides(args.overrides)
-    if args.resume is not None:
-        overrides["resume"] = args.resume
-    if args.init_from is not None:
-        overrides["init_from"] = args.init_from
-    estimate = (args.shards, args.device_memory) if args.estimate_memory else None
-    return load_recipe(recipe_cls, args.recipe, overrides), not args.no_progress, estimate
-
-
-def trainer_main(script: str, doc: str, recipe_cls, train, argv, *, result: str, shown: tuple = ()) -> int:
-    """The command line of the trainer `script` (train/<method>.py; `doc`: its module docstring,
-    whose first line describes it): the recipe read, `train(recipe, progress=...)` run, then the
-    summary's `shown` keys as one JSON line and where the `result` folder was written, printed by
-    the main process only (one summary, not one per process). A user error (recipe, data,
-    checkpoint, a non-finite loss) is one line on stderr, `SCRIPT: error: ...`, exit status 2."""
-    try:
-        hint = f"recipes/<family>/{Path(script).stem}*.yaml"
-        recipe, progress, estimate = command_line(recipe_cls, doc.strip().splitlines()[0], hint, argv)
-        if estimate is not None:
-            from draftsmith.train.sharding import estimate_report
-
-            print(estimate_report(recipe, Path(script).stem, *estimate))
-            return 0
-        summary = train(recipe, progress=progress)
-    except user_errors() as err:
-        print(f"{script}: error: {err}", file=sys.stderr)
-        return 2
-    if is_main_process():
-        if shown:
-            print(json.dumps({k: summary[k] for k in shown}))
-        print(f"{result} written to {Path(recipe.out) / result}")
-    return 0
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors a trainer's command line reports as one clean line (exit status 2)."""
-    from draftsmith.distill.data import DataError
-    from draftsmith.distill.hidden_cache import CacheError
-    from draftsmith.distill.sources import SourceError
-    from draftsmith.heads.models import ModelLoadError
-    from draftsmith.publish import HubError
-    from draftsmith.train.sharding import ShardingError
-
-    return (RecipeError, TrainingError, DataError, CacheError, SourceError, ModelLoadError, HubError, ShardingError)
-
-
-def is_main_process() -> bool:
-    """After training: whether this process prints the command line's summary (one, not P)."""
-    from accelerate import PartialState
-
-    return PartialState().is_main_process

@@ -23,10 +23,11 @@
   embeddings and lm_head too), so there is no prefetch of the next layer and no parameter offload.
 
 The estimate (`estimate_memory`): the target's parameter bytes at the recipe's dtype, counted on the
-meta device from the real config, divided over the shards, plus the trained head (trainable
-parameters x 16 bytes: fp32 weight, gradient and AdamW's two moments; frozen copies x 4) and an
-activation allowance (see `activation_bytes`). fsdp2 and zero3 count alike: layers divided over the
-processes, plus one gathered layer.
+meta device from the real config, divided over the shards, plus the trained head (its trainer's
+`head_parameters`, train/<method>.py, from the recipe's shape keys: trainable parameters x 16 bytes,
+fp32 weight, gradient and AdamW's two moments; frozen copies x 4) and an activation allowance (see
+`activation_bytes`). fsdp2 and zero3 count alike: layers divided over the processes, plus one
+gathered layer.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from draftsmith.heads.registry import get_method
 
 TARGET_SHARDINGS = ("none", "device_map", "fsdp2", "zero3")
 PARTITIONED = ("fsdp2", "zero3")  # every decoder layer split over the processes, gathered for its forward
@@ -64,7 +67,7 @@ class MemoryEstimate:
     replicated_bytes: int  # what is not a decoder layer (embeddings, final norm, lm_head): never split
     layer_bytes: int  # one decoder layer
     num_layers: int
-    trainable_params: int | None  # None: a method the estimator does not know (its head is not counted)
+    trainable_params: int  # the head's, counted by its trainer (train/<method>.py `head_parameters`)
     frozen_head_params: int
     activations: int
 
@@ -83,7 +86,7 @@ class MemoryEstimate:
 
     @property
     def head_bytes(self) -> int:
-        return 16 * (self.trainable_params or 0) + 4 * self.frozen_head_params
+        return 16 * self.trainable_params + 4 * self.frozen_head_params
 
     @property
     def total(self) -> int:
@@ -97,12 +100,10 @@ class MemoryEstimate:
         if self.shards > 1:
             share = f"{gib(self.target_bytes)} over {self.shards} -> {share}"
         gathered = f" + one gathered layer {gib(self.gathered_layer)}" if self.gathered_layer else ""
-        head = "head not counted"
-        if self.trainable_params is not None:
-            head = (
-                f"head {gib(self.head_bytes)} ({self.trainable_params / 1e6:.1f}M trained x 16 B, "
-                f"{self.frozen_head_params / 1e6:.1f}M frozen x 4 B)"
-            )
+        head = (
+            f"head {gib(self.head_bytes)} ({self.trainable_params / 1e6:.1f}M trained x 16 B, "
+            f"{self.frozen_head_params / 1e6:.1f}M frozen x 4 B)"
+        )
         return (
             f"memory per process (estimate, target_sharding={self.sharding}): target {share} ({self.dtype}){gathered}"
             f" + {head} + activations {gib(self.activations)} = {gib(self.total)}"
@@ -170,7 +171,13 @@ def activation_bytes(recipe, text_config, dtype_bytes: int) -> int:
     return recipe.batch_size * recipe.max_length * ((L + 1) * H * dtype_bytes + 3 * V * 4)
 
 
-def _layer_params(text_config, in_features: int) -> int:
+def target_dims(target) -> tuple:
+    """(text config, hidden size H, output vocabulary V) of `target` (meta is fine): what a head count reads."""
+    tc = target.config.get_text_config()
+    return tc, tc.hidden_size, target.get_output_embeddings().weight.shape[0]
+
+
+def layer_params(text_config, in_features: int) -> int:
     """A Llama-shaped decoder layer (attention reading `in_features`, gated MLP, two norms)."""
     H, I = text_config.hidden_size, text_config.intermediate_size
     heads = text_config.num_attention_heads
@@ -179,65 +186,25 @@ def _layer_params(text_config, in_features: int) -> int:
     return in_features * (heads + 2 * kv) * hd + heads * hd * H + 3 * H * I + 2 * H
 
 
-def head_parameters(method: str, recipe, target) -> tuple[int | None, int]:
-    """(trainable, frozen) parameters of what `method` trains for `target` (meta is fine), from
-    the recipe's shape keys; biases aside, the counts of the heads the trainers build
-    (tests/test_target_sharding.py holds them to it). (None, 0) for a method it does not know."""
-    tc = target.config.get_text_config()
-    H, V = tc.hidden_size, target.get_output_embeddings().weight.shape[0]
-    if method == "medusa":
-        K = recipe.num_heads
-        blocks = K * recipe.num_layers * (H * H + H)
-        return blocks + (0 if recipe.share_lm_head else K * V * H), 0
-    if method == "eagle":
-        if recipe.version == "eagle1":
-            # no input norm; fc(2H -> H) with a bias; the embeddings and lm_head are frozen copies
-            return _layer_params(tc, H) - H + 2 * H * H + H, 2 * V * H
-        from draftsmith.heads.eagle.model import default_aux_layer_ids
+def draft_vocab(recipe, vocab_size: int) -> int:
+    """The draft vocabulary a head is built with: the recipe's `draft_vocab_size`, else the size of its
+    `vocab_map` file (read from the file's header, nothing loaded), else the target's `vocab_size`."""
+    if recipe.draft_vocab_size:
+        return recipe.draft_vocab_size
+    if recipe.vocab_map:
+        from safetensors import safe_open
 
-        aux = len(recipe.aux_layers or default_aux_layer_ids(tc.num_hidden_layers))
-        Vd = recipe.draft_vocab_size or V
-        return _layer_params(tc, 2 * H) + H + aux * H * H + H + Vd * H, V * H  # + hidden_norm, fc, norm, lm_head
-    if method == "dflash":
-        aux = len(recipe.aux_layers) if recipe.aux_layers else recipe.num_layers  # default: one per draft layer
-        heads = tc.num_attention_heads
-        hd = getattr(tc, "head_dim", None) or H // heads
-        layers = recipe.num_layers * (_layer_params(tc, H) + 2 * hd)
-        reduced = recipe.draft_vocab_size is not None and recipe.draft_vocab_size < V
-        lm_head = (recipe.draft_vocab_size if reduced else V) * H
-        return layers + aux * H * H + 2 * H + (lm_head if reduced else 0), V * H + (0 if reduced else lm_head)
-    if method == "draft":
-        return _draft_parameters(recipe, target), 0
-    return None, 0
-
-
-def _draft_parameters(recipe, target) -> int:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if recipe.draft_init == "checkpoint":
-        from draftsmith.heads.models import _check_folder
-
-        config = AutoConfig.from_pretrained(_check_folder(recipe.draft_path, "draft"))
-        with init_empty_weights():
-            draft = AutoModelForCausalLM.from_config(config)
-        draft.tie_weights()
-        return sum(p.numel() for p in draft.parameters())
-    tc = target.config.get_text_config()
-    if recipe.draft_init == "truncate":
-        per_layer = sum(p.numel() for p in decoder_layers(target)[0].parameters())
-        return sum(p.numel() for p in target.parameters()) - (tc.num_hidden_layers - recipe.draft_layers) * per_layer
-    from draftsmith.heads.draft import draft_from_config
-
-    with init_empty_weights():
-        draft = draft_from_config(
-            target, num_layers=recipe.draft_layers, hidden_size=recipe.draft_hidden, copy_embeddings=False
-        )
-    return sum(p.numel() for p in draft.parameters())
+        try:
+            with safe_open(str(Path(recipe.vocab_map).expanduser()), framework="pt") as f:
+                return f.get_slice("d2t").get_shape()[0]
+        except Exception:  # noqa: BLE001 - a missing or bad file is the trainer's error to report; count it full
+            return vocab_size
+    return vocab_size
 
 
 def estimate_memory(recipe, method: str, shards: int | None = None, target=None) -> MemoryEstimate:
-    """The per-process estimate for `recipe` (see the module docstring). `shards`: the processes
+    """The per-process estimate for `recipe` of `method` (a kind of heads/registry.py; its trainer
+    counts the head: `head_parameters`), see the module docstring. `shards`: the processes
     (fsdp2, zero3; default: this launch's WORLD_SIZE) or the GPUs (device_map; default: the visible ones)."""
     target = meta_target(recipe) if target is None else target
     tc = target.config.get_text_config()
@@ -248,7 +215,7 @@ def estimate_memory(recipe, method: str, shards: int | None = None, target=None)
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         launched = {"fsdp2": processes, "zero3": processes, "device_map": max(1, torch.cuda.device_count())}
         shards = launched.get(recipe.target_sharding, 1)
-    trainable, frozen = head_parameters(method, recipe, target)
+    trainable, frozen = get_method(method).head_parameters(recipe, target)  # train/<method>.py's count
     return MemoryEstimate(
         recipe.target_sharding,
         shards,

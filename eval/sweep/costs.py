@@ -9,8 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from draftsmith.decoding import Drafter, MedusaDrafter
-from draftsmith.decoding.drafters import OnePassDrafter
+from draftsmith.decoding import Drafter
 
 
 def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimum: int) -> torch.Tensor:
@@ -25,10 +24,9 @@ def typical_context(prompts: Sequence[torch.Tensor], max_new_tokens: int, minimu
 
 
 def draft_cost_per_step(drafter: Drafter) -> bool:
-    """True when the drafter's cost is per step whatever K (Medusa: every head in one forward;
-    DFlash, P-EAGLE: every position in one forward), False when it grows with every drafted
-    token (a draft model, an EAGLE chain)."""
-    return isinstance(drafter, (MedusaDrafter, OnePassDrafter))
+    """True when the drafter's cost is per step whatever K (one forward drafts every position),
+    False when it grows with every drafted token (`Drafter.cost_per_step`)."""
+    return drafter.cost_per_step
 
 
 def chain_draft_seconds(drafter: Drafter, drafter_seconds: float, target_calls: int, drafts: int):

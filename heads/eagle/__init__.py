@@ -15,6 +15,7 @@ from draftsmith.heads.eagle.formats import (
     VOCAB_MAP_KEYS,
     WEIGHTS,
     export_eagle,
+    export_folder,
     load_eagle,
     save_eagle,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "WEIGHTS",
     "default_aux_layer_ids",
     "export_eagle",
+    "export_folder",
     "load_eagle",
     "save_eagle",
 ]

@@ -1,5 +1,6 @@
 """EAGLE heads on disk: the draftsmith layout (`save_eagle`), the vLLM speculators and SGLang
-layouts (`export_eagle`), and `load_eagle` for any of the three (told apart by config.json). The
+layouts (`export_eagle`; `export_folder` from a folder, the registry's exporter of EAGLE and
+P-EAGLE), and `load_eagle` for any of the three (told apart by config.json). The
 layouts and the index conventions are described in `draftsmith.heads.eagle.model`.
 """
 
@@ -267,6 +268,14 @@ def export_eagle(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     return _write_atomic(out_dir, write, overwrite=overwrite)
+
+
+def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+    """The registry's exporter for EAGLE and P-EAGLE heads: the head of `folder` (any of the three
+    layouts) written to `out` as `fmt` ("vllm", "sglang", or "hf" = the draftsmith layout, saved as
+    it is), proposing `num_speculative_tokens`. The head holds everything it writes: `target` (a
+    zero-argument loader, the registry's one signature) is never called."""
+    return export_eagle(load_eagle(folder), out, fmt, num_speculative_tokens=num_speculative_tokens)
 
 
 # ---------------------------------------------------------------------- loading

@@ -66,6 +66,7 @@ from draftsmith.heads.layers import (
     qkvo_projections,
     record_target,
     rope_of,
+    spread_layer_ids,
     target_shape,
     target_weights,
 )
@@ -82,13 +83,7 @@ class EagleError(ValueError):
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's (2, L//2, L-3), or first/middle/last of range(1, L) for tiny targets (module docstring)."""
-    L = num_layers
-    paper = [2, L // 2, L - 3]
-    if L >= 7:  # three distinct ids, increasing, none the embedding output
-        return paper
-    pool = list(range(1, L)) if L >= 4 else list(range(max(L, 1)))
-    picks = [pool[0], pool[len(pool) // 2], pool[-1]]
-    return sorted(set(picks))
+    return spread_layer_ids(num_layers)
 
 
 class EagleConfig(PretrainedConfig):

@@ -1,7 +1,7 @@
 """Medusa trees from measured head accuracies: the node set with the largest expected accepted
 length (`build_medusa_tree`) and that expectation for any tree (`expected_accept_length`).
 A tree is the Medusa format: a list of paths of ranks, (0, 2) = head 0's top-1 token, then head
-1's third-best below it (`decoding.drafters.MedusaDrafter(tree=...)` decodes it).
+1's third-best below it (`decoding.medusa.MedusaDrafter(tree=...)` decodes it).
 """
 
 from __future__ import annotations
