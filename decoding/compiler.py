@@ -102,10 +102,7 @@ class Compiler:
     def disable(self, reason: str) -> None:
         self.mode = None
         self.error = reason
-        warnings.warn(
-            f"torch.compile is off for {self.owner}: {reason}. Decoding continues uncompiled.",
-            stacklevel=3,
-        )
+        warnings.warn(f"torch.compile is off for {self.owner}: {reason}. Decoding continues uncompiled.", stacklevel=3)
 
     def wrap(self, fn):
         """`fn` compiled for this device and mode (compilation happens on its first call)."""

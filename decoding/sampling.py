@@ -95,10 +95,7 @@ def draw_rows(q: torch.Tensor, generators, live: list[bool]) -> torch.Tensor:
 
 
 def verify_chain(
-    p: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    q: torch.Tensor | None,
-    generator: torch.Generator | None = None,
+    p: torch.Tensor, draft_tokens: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling over a chain of K draft tokens, for B rows at once.
 

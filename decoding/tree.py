@@ -63,10 +63,7 @@ def verify_tree_greedy(target_argmax: list[int], parents: list[int], tokens: lis
 
 
 def verify_tree(
-    p: torch.Tensor,
-    parents: list[int],
-    tokens: list[int] | torch.Tensor,
-    generator: torch.Generator | None = None,
+    p: torch.Tensor, parents: list[int], tokens: list[int] | torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[list[int], int]:
     """Lossless speculative sampling over a tree of deterministic candidates.
 

@@ -177,12 +177,7 @@ def _source(spec: TargetSpec) -> dict:
 
 
 def ensure_demo_target(
-    name: str = "smollm2",
-    *,
-    cache_dir: str | Path | None = None,
-    force: bool = False,
-    progress: bool = True,
-    log=print,
+    name: str = "smollm2", *, cache_dir: str | Path | None = None, force: bool = False, progress: bool = True, log=print
 ) -> DemoTarget:
     """The cached build of target `name`, built first when missing, stale or corrupt (or `force`)."""
     spec = get_target(name)

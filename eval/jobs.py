@@ -292,11 +292,7 @@ def run_tune(job: TuneJob) -> dict:
 
     out = _out_folder(job.out)
     target, tokenizer, drafter, folder, kind = load_chain_drafter(
-        job.target,
-        job.drafter,
-        device=job.device,
-        dtype=job.dtype,
-        allow_target_mismatch=job.allow_target_mismatch,
+        job.target, job.drafter, device=job.device, dtype=job.dtype, allow_target_mismatch=job.allow_target_mismatch
     )
     asked = _ask_prompts(
         job.prompts,

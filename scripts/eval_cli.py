@@ -372,10 +372,7 @@ def cmd_eval(args) -> int:
     if given:
         raise UsageError(f"{', '.join(given)} apply to a served model: give --endpoint URL")
     settings = _eval_settings(
-        args,
-        args.num_draft_tokens,
-        static_cache=args.static_cache or bool(args.compile),
-        compile=args.compile or False,
+        args, args.num_draft_tokens, static_cache=args.static_cache or bool(args.compile), compile=args.compile or False
     )
     job = EvalJob(
         _specs(args),

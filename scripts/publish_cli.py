@@ -51,10 +51,7 @@ def add_commands(sub) -> None:
     pu.add_argument(
         "--private", action="store_true", help="create the repository private (refused for an existing public one)"
     )
-    pu.add_argument(
-        "--format",
-        help=f"pushed layout, the first the default: {layouts}; EAGLE-1 heads hf",
-    )
+    pu.add_argument("--format", help=f"pushed layout, the first the default: {layouts}; EAGLE-1 heads hf")
     pu.add_argument(
         "--eval-report",
         help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)",

@@ -10,14 +10,7 @@ import torch
 from fixtures import tiny_model
 from safetensors.torch import load_file, save_file
 
-from draftsmith.heads.medusa import (
-    MedusaConfig,
-    MedusaError,
-    MedusaHeads,
-    export_medusa,
-    load_medusa,
-    save_medusa,
-)
+from draftsmith.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, export_medusa, load_medusa, save_medusa
 from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
 
 H, V = 48, 320

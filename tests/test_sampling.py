@@ -21,11 +21,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers.generation.logits_process import (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from draftsmith.decoding.sampling import (
     SamplingConfig,
@@ -210,14 +206,7 @@ def _edge_case(name: str, k: int, vocab: int, g: torch.Generator):
     return p, q, drafts
 
 
-EDGE_CASES = [
-    "p_equals_q",
-    "identical_deterministic",
-    "disjoint",
-    "one_hot_p",
-    "one_hot_q",
-    "zero_prob_tokens",
-]
+EDGE_CASES = ["p_equals_q", "identical_deterministic", "disjoint", "one_hot_p", "one_hot_q", "zero_prob_tokens"]
 
 
 @pytest.mark.parametrize("name", EDGE_CASES)

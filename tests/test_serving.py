@@ -271,11 +271,7 @@ def test_bad_input_names_the_value(call, message):
 
 # ---------------------------------------------------------------------- figures and the report
 def _figures(tmp_path):
-    from draftsmith.eval.plots import (
-        plot_acceptance,
-        plot_latency_cdf,
-        plot_throughput_vs_batch,
-    )
+    from draftsmith.eval.plots import plot_acceptance, plot_latency_cdf, plot_throughput_vs_batch
 
     eagle = StepProfile("eagle3", {1: 0.02, 8: 0.03}, {1: 0.3, 2: 0.2, 3: 0.5})
     base = StepProfile.target_only({1: 0.015, 8: 0.02})
@@ -351,12 +347,7 @@ def test_report_is_written_atomically(tmp_path, monkeypatch):
 
 
 def test_plot_bad_input(tmp_path):
-    from draftsmith.eval.plots import (
-        Section,
-        plot_acceptance,
-        plot_latency_cdf,
-        plot_throughput_vs_batch,
-    )
+    from draftsmith.eval.plots import Section, plot_acceptance, plot_latency_cdf, plot_throughput_vs_batch
 
     with pytest.raises(ValueError, match="expected probabilities"):
         plot_acceptance({"x": [1.5]}, tmp_path / "a.png")

@@ -259,12 +259,7 @@ def test_device_map_in_one_process_trains_what_the_whole_target_trains(toy_dir, 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "method, how, launch",
-    [
-        ("medusa", "fsdp2", "ddp"),
-        ("eagle", "fsdp2", "ddp"),
-        ("medusa", "zero3", "ddp"),
-        ("medusa", "zero3", "zero2"),
-    ],
+    [("medusa", "fsdp2", "ddp"), ("eagle", "fsdp2", "ddp"), ("medusa", "zero3", "ddp"), ("medusa", "zero3", "zero2")],
 )
 def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_trains(
     method, how, launch, toy_dir, toy_data, tmp_path

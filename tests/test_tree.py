@@ -681,16 +681,7 @@ ACCURACY = [[0.6, 0.3, 0.1], [0.5, 0.4], [0.9]]
 def test_build_medusa_tree_takes_the_most_likely_nodes():
     # Path probabilities: (0) .6, (1) .3 = (0,0) .3 (tie: shallower first), (0,0,0) .27,
     # (0,1) .24, (0,1,0) .216, (1,0) .15, (1,0,0) .135, (1,1) .12, ...
-    assert build_medusa_tree(ACCURACY, 8) == [
-        (0,),
-        (1,),
-        (0, 0),
-        (0, 0, 0),
-        (0, 1),
-        (0, 1, 0),
-        (1, 0),
-        (1, 0, 0),
-    ]
+    assert build_medusa_tree(ACCURACY, 8) == [(0,), (1,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0), (1, 0), (1, 0, 0)]
     assert build_medusa_tree(ACCURACY, 1) == [(0,)]
     assert len(build_medusa_tree(ACCURACY, 100)) == 3 + 6 + 6  # every node there is
 

@@ -11,13 +11,7 @@ import re
 
 import pytest
 
-from draftsmith.eval.tune import (
-    compare_prediction,
-    tune_chain,
-    tune_eagle_tree,
-    tune_medusa_tree,
-    write_setting,
-)
+from draftsmith.eval.tune import compare_prediction, tune_chain, tune_eagle_tree, tune_medusa_tree, write_setting
 
 ALPHAS = [0.8] * 7
 FLAT = {1: 1.0, 8: 1.0}  # verifying up to 8 tokens costs one target step

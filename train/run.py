@@ -31,12 +31,7 @@ from draftsmith.distill.data import write_json_atomic
 from draftsmith.train.checkpoints import resume, save_checkpoint, warm_start
 from draftsmith.train.common import batch_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
-from draftsmith.train.run_folder import (
-    check_out_writable,
-    drop_metrics_after,
-    latest_checkpoint,
-    refuse_earlier_run,
-)
+from draftsmith.train.run_folder import check_out_writable, drop_metrics_after, latest_checkpoint, refuse_earlier_run
 
 
 class TrainingError(RuntimeError):
