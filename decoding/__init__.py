@@ -2,12 +2,13 @@
 verification, and every drafter written once.
 
     from draftsmith.decoding import DraftModelDrafter, generate, generate_batch
+
+A method's drafter lives in its own module, named by its registry entry (`Method.rows_of`):
+`get_method(KIND).rows(head, target, name)` builds its rows.
 """
 
 from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
-from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.loop import decode, eos_set, generate, generate_batch, row_seed
-from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.decoding.stats import BatchResult, DecodeStats, Generation
 from draftsmith.decoding.target import synchronize
@@ -17,9 +18,7 @@ __all__ = [
     "DecodeStats",
     "DraftModelDrafter",
     "Drafter",
-    "EagleDrafter",
     "Generation",
-    "MedusaDrafter",
     "PromptLookupDrafter",
     "Proposal",
     "SamplingConfig",

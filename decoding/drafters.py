@@ -63,7 +63,8 @@ class Drafter:
     name = "drafter"
     #: Target hidden-state ids (HF numbering, 0..L) this drafter reads.
     target_layers: tuple[int, ...] = ()
-    #: (epsilon, delta): verify with Medusa's typical acceptance instead of the lossless rule.
+    #: (epsilon, delta): verify with typical acceptance (`tree.verify_tree_typical`) instead of
+    #: the lossless rule.
     #: LOSSY at T > 0 (the output is no longer the target's distribution); None = lossless.
     typical: tuple[float, float] | None = None
     #: The deepest proposal a tree drafter makes (None: as deep as asked).
@@ -101,9 +102,9 @@ class Drafter:
 
 
 class HeadDrafter(Drafter):
-    """A drafter whose head reads the target's hidden states `head.config.aux_layer_ids` (EAGLE,
-    DFlash, P-EAGLE): it keeps the head, checks that it names its layers, projects them, and
-    keeps the head's KV store (`kv`, role `kind.lower()`): sized on the static path, where its
+    """A drafter whose head reads the target's hidden states at `head.config.aux_layer_ids` (one
+    or several target layers): it keeps the head, checks that it names its layers, projects them,
+    and keeps the head's KV store (`kv`, role `kind.lower()`): sized on the static path, where its
     step (`_step`, a cache call of `kv.py`) `compile` compiles per width, else grown as it fills."""
 
     def __init__(self, head: torch.nn.Module, name: str, kind: str):
@@ -130,7 +131,7 @@ class HeadDrafter(Drafter):
         return self.head.project(aux)
 
     def _step(self, ids, positions, mask, cache, features):
-        """The head's forward as a cache call (`kv.py`), EAGLE's and P-EAGLE's: (out_hidden g, logits)."""
+        """The forward of a head taking (ids, features) as a cache call (`kv.py`): (out_hidden g, logits)."""
         return self.head(ids, features, position_ids=positions, attention_mask=mask, cache=cache)
 
     def _prepare_store(
@@ -156,17 +157,17 @@ class HeadDrafter(Drafter):
 
 
 class OnePassDrafter(HeadDrafter):
-    """A head that drafts every position of a call in ONE forward (DFlash, P-EAGLE), over a
+    """A head that drafts every position of a call in ONE forward (a one-pass head), over a
     KV store (`kv.py`) of its rows' context columns: row b has `_real[b]` columns in the cache and
     `_pending[b]`, what the verifications returned since, fed with the next call's forward (each
     column once). Every forward feeds [the new context columns | a fixed suffix of `_suffix` columns
-    (DFlash's block, P-EAGLE's placeholders)] and keeps the real context columns only. On the
+    (the head's block of placeholder inputs)] and keeps the real context columns only. On the
     compiled path the context is widened (holes on the left, as in right-aligned rows) to the
     compiled width, so a compiled step runs exactly as it was traced, never recompiled:
     `prepare` compiles ONE width, K + 1 new columns (the fed last token and up to K accepted
     drafts) + the suffix, which every call after the prompt's fits (the prompt's first catch-up
-    is wider and runs uncompiled). One width rather than EAGLE's 1..K + 1: the suffix is there
-    anyway and a compiled step's attention reads the whole buffer whatever the width, so the
+    is wider and runs uncompiled). One width rather than a chained head's 1..K + 1: the suffix is
+    there anyway and a compiled step's attention reads the whole buffer whatever the width, so the
     <= K padding columns cost a little per-column arithmetic, while each width more costs a
     compile. A subclass builds the forward (`propose`) and what it keeps (`accepted`)."""
 
@@ -240,7 +241,7 @@ class OnePassDrafter(HeadDrafter):
     def _one_pass_proposal(
         self, raw: torch.Tensor, counts: list[int], sampling: SamplingConfig, generators
     ) -> Proposal:
-        """The proposal of a head that drafts every position in one forward (DFlash, P-EAGLE):
+        """The proposal of a head that drafts every position in one forward (a one-pass head):
         raw [B, K, V] target-vocabulary logits, position k drawn from its own q_k (which depends on
         the context only, so speculative sampling with q_k stays exact); greedy takes the argmax.
         Positions past a row's count take the argmax (never verified) and leave its generator alone."""

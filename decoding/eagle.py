@@ -69,7 +69,7 @@ class EagleDrafter(HeadDrafter):
     """EAGLE-1/EAGLE-3 drafting over the target's hidden states `head.config.aux_layer_ids`.
 
     `tree`: None for a chain of argmax tokens, or the EAGLE-2 dict `{"depth", "top_k",
-    "total_tokens"}`. `typical=(epsilon, delta)`: Medusa's LOSSY typical acceptance; None =
+    "total_tokens"}`. `typical=(epsilon, delta)`: LOSSY typical acceptance; None =
     lossless. After a tree proposal `last_scores [B, n]` holds each kept node's cumulative log q.
     """
 

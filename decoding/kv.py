@@ -39,7 +39,7 @@ tokens. The store keeps each column's position (`slots`) instead, and a sliding 
 blocks the keys `window` or more positions behind the query (HF takes {"full_attention": mask,
 "sliding_attention": mask} for a model with both kinds); attention takes a 4-D float mask.
 A store serves any model with a HF cache: a HF causal LM (`forward`), or a draft head through a
-cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; EAGLE, DFlash, P-EAGLE).
+cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; a drafter's head).
 """
 
 from __future__ import annotations
@@ -560,8 +560,8 @@ class KVStore:
         return out[0], (out[1] if logits else None)
 
 
-#: Per model, role ("target", "draft", "eagle"), compile mode and batch size, its store: the
-#: next request of that batch size reuses it (its compiled steps are the expensive part) when it
+#: Per model, role ("target", "draft", a head drafter's kind), compile mode and batch size, its
+#: store: the next request of that batch size reuses it (its compiled steps are the expensive part) when it
 #: holds enough columns, and replaces it with a larger one when not. A model used as its own
 #: draft keeps the two roles apart. So a model decodes one sized request at a time.
 _STORES: weakref.WeakKeyDictionary[PreTrainedModel, dict] = weakref.WeakKeyDictionary()

@@ -12,8 +12,8 @@ Verification per row, with the row's own generator:
 - greedy: the longest matching prefix/path of the target's argmax, then the argmax;
 - lossless sampling (`sampling.verify_chain`, `tree.verify_tree`): the emitted tokens are
   distributed exactly as the target's own sampling;
-- Medusa's typical acceptance (`typical=(epsilon, delta)`): LOSSY at T > 0, and said so
-  (`stats.lossy`); at T = 0 it is exact argmax matching, so greedy stays lossless.
+- typical acceptance (`typical=(epsilon, delta)`, `tree.verify_tree_typical`): LOSSY at T > 0,
+  and said so (`stats.lossy`); at T = 0 it is exact argmax matching, so greedy stays lossless.
 Randomness: row b draws from a generator seeded with `seeds[b]` and makes the same calls in the
 same order whatever the other rows do, so `generate_batch(seed=s)` row b equals
 `generate(seed=row_seed(s, b))` (up to the float round-off of batched forwards).
@@ -458,7 +458,7 @@ def _verify(logits, call: _Call, sampling: SamplingConfig, typical, generators):
             path, nxt = list(range(int(n))), int(nxt)
         elif typical is None:  # recursive rejection over the siblings at each depth (lossless)
             path, nxt = verify_tree(p[b, : k + 1], call.parents[b], tokens.tolist(), g)
-        else:  # Medusa's typical acceptance: LOSSY at T > 0
+        else:  # typical acceptance: LOSSY at T > 0
             path, nxt, kl[b] = verify_tree_typical(
                 logits[b, : k + 1], p[b, : k + 1], call.parents[b], tokens.tolist(), sampling.temperature, *typical, g
             )

@@ -172,7 +172,7 @@ def split_kl(p: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, tor
     """(m, KL(p_V || q)) over the last axis, V = the draft's vocabulary (finite q logits):
     m = sum_{x not in V} p(x), the target mass the draft cannot propose, and the KL of p restricted
     to V and renormalised, p_V = p 1[V] / (1 - m). A full-vocabulary draft has m = 0 and the full
-    KL; a reduced one (EAGLE-3's draft vocabulary) gets a finite KL where KL(p || q) is inf."""
+    KL; a reduced draft vocabulary gets a finite KL where KL(p || q) is inf."""
     p = p.float()
     vocab = torch.isfinite(q_logits)
     m = torch.where(vocab, torch.zeros_like(p), p).sum(-1)

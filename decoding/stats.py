@@ -26,7 +26,7 @@ class DecodeStats:
     Distances of a tree: only the expected acceptance at depth 1 (the target mass of the root's
     candidates, or the argmax test at T = 0); no KL/TV. None at all under typical acceptance.
 
-    `lossy`: some call used Medusa's typical acceptance at T > 0 (the output is then NOT the
+    `lossy`: some call used typical acceptance at T > 0 (the output is then NOT the
     target's distribution). `lossy_kl_sum` adds -log p(x) = KL(delta_x || p) for every token
     the typical rule accepted (0 for tokens sampled from p): an estimate of the divergence.
     """

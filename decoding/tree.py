@@ -1,5 +1,6 @@
-"""Token trees: the verification rules (greedy, lossless sampling, Medusa's lossy typical
-acceptance). Medusa trees are designed from measured head accuracies in `decoding/medusa_tree.py`.
+"""Token trees: the verification rules (greedy, lossless sampling, lossy typical
+acceptance; docs/decoder.md). Trees sized from measured head accuracies are designed by the
+method's own module (`Method.sized_trees`).
 
 A tree of n draft nodes is given by `tokens[i]` and `parents[i]` (the parent's index, or -1
 for a child of the last committed token), in topological order (parents first). The target
@@ -70,8 +71,8 @@ def verify_tree(
     p: [n + 1, V] the target's final sampling distributions (after temperature/top-k/top-p),
     row 0 at the root and row i + 1 at node i. Returns (path, next_token).
 
-    The rule (recursive rejection sampling, EAGLE-2/3 `evaluate_posterior`), at the current
-    node with distribution p and children x_1, x_2, ... tried in order:
+    The rule (recursive rejection sampling, as the reference tree decoders' `evaluate_posterior`),
+    at the current node with distribution p and children x_1, x_2, ... tried in order:
         accept x_j        with probability  r(x_j),   r = p with x_1..x_{j-1} set to 0, renormalised
         on acceptance     move to x_j and start over with x_j's own p
         all rejected      sample the next token from r (p restricted to the untried tokens)
@@ -132,7 +133,7 @@ def _sample_residual(p_row: torch.Tensor, tried: list[int], generator) -> int:
 
 
 def typical_threshold(p_raw: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
-    """Medusa's acceptance threshold per row: min(epsilon, delta * exp(-H(p_raw)))."""
+    """The typical acceptance threshold per row: min(epsilon, delta * exp(-H(p_raw)))."""
     entropy = -torch.where(p_raw > 0, p_raw * torch.log(p_raw), torch.zeros_like(p_raw)).sum(-1)
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
@@ -147,7 +148,7 @@ def verify_tree_typical(
     delta: float,
     generator: torch.Generator | None = None,
 ) -> tuple[list[int], int, float]:
-    """Medusa's typical acceptance (LOSSY: the output is NOT distributed as the target's).
+    """Typical acceptance (Cai et al., 2024; LOSSY: the output is NOT distributed as the target's).
 
     At the current node, with p_raw = softmax(logits / T) (no top-k/top-p) and H its entropy,
     child x passes if p_raw(x) > min(epsilon, delta * exp(-H)); move to the first child (in

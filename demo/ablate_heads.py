@@ -1,19 +1,23 @@
 """Which divergence trains the best parallel head? A loss ablation on the demo target.
 
-    python scripts/ablate_heads.py                              # DFlash, 6 losses x 2 seeds
-    python scripts/ablate_heads.py --method eagle3 --losses soft_ce,lk_hybrid --steps 50
+    python scripts/ablate_heads.py                              # the default head, 6 losses x 2 seeds
+    python scripts/ablate_heads.py --method NAME --losses soft_ce,lk_hybrid --steps 50
 
-    from draftsmith.demo.ablate_heads import HeadAblationSettings, run_head_ablation
-    run_head_ablation(HeadAblationSettings(method="dflash", steps=100))
+    from draftsmith.demo.ablate_heads import HeadAblationSettings, head_recipes, run_head_ablation
+    head_recipes("smollm2")                                     # the NAMEs it takes
+    run_head_ablation(HeadAblationSettings(steps=100))
 
-Every head is the demo's recipe for its method (`demo/heads.py`: same data, reduced
-vocabulary, lr, batch of 8 rows), with only `loss` and `seed` changed and the same budget
-(`steps`); the seed moves the head's initialisation, the batch order and the sampled anchors.
-Then every head is evaluated by the evaluator on the demo's held-out prompts, greedy, at the
-head's natural K (DFlash: block_size - 1, P-EAGLE: num_depths, EAGLE-3: ttt_steps), all heads
-interleaved with target-only in one run. Per loss, the table gives the mean over the seeds and
-the spread (min-max) of alpha, tau (counting the bonus token), speedup vs target-only and the
-trainer's held-out simulated tau. Writes heads_ablation.md and heads_ablation.json to `out`.
+`method` names one of the demo family's shipped recipes whose trainer takes any divergence of
+`distill.losses.DIVERGENCES` as its `loss` (`head_recipes`; by default the first of them). Every
+head is the demo's recipe for its method (`demo/heads.py`: same data, reduced vocabulary, lr,
+batch of 8 rows), with only `loss` and `seed` changed and the same budget (`steps`); the seed
+moves the head's initialisation, the batch order and the sampled positions. Then every head is
+evaluated by the evaluator on the demo's held-out prompts, greedy, at the head's natural K (what
+its simulated tau assumes: the most the trained drafter proposes per target call when it bounds
+that, else the recipe's `eval_depth`), all heads interleaved with target-only in one run. Per
+loss, the table gives the mean over the seeds and the spread (min-max) of alpha, tau (counting
+the bonus token), speedup vs target-only and the trainer's held-out simulated tau. Writes
+heads_ablation.md and heads_ablation.json to `out`.
 """
 
 from __future__ import annotations
@@ -21,22 +25,47 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
 from pathlib import Path
 
 from draftsmith.distill.losses import DIVERGENCES
 
-METHODS = ("dflash", "eagle3", "peagle")
 DEFAULT_LOSSES = "soft_ce,forward_kl,tv,kl_tv,nla,lk_hybrid"
 METRICS = ("alpha", "tau", "speedup", "tau_simulated")  # the first three from the evaluator, the last from training
+PROBE_K = 64  # a K no one-pass head drafts: a drafter proposing fewer at it bounds its proposals
+
+
+@cache
+def head_recipes(target: str) -> tuple[str, ...]:
+    """The shipped recipes of the demo `target`'s family (`demo.heads.demo_recipes`) this ablation
+    takes, sorted: those whose trainer's `loss` defaults to a divergence of DIVERGENCES and accepts
+    every one of them."""
+    from draftsmith.demo.heads import demo_recipes, get_budget
+    from draftsmith.train.recipe import load_recipe
+
+    found = []
+    for name, (method, path) in demo_recipes(get_budget(target, "default")).items():
+        recipe_class = method.part("recipe")
+        default = {f.name: f.default for f in fields(recipe_class)}.get("loss")
+        if default not in DIVERGENCES:
+            continue
+        base = load_recipe(recipe_class, path)
+        try:
+            for loss in DIVERGENCES:
+                replace(base, loss=loss)  # the recipe's own checks
+        except ValueError:
+            continue
+        found.append(name)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
 class HeadAblationSettings:
-    method: str = "dflash"  # dflash | eagle3 | peagle
+    method: str | None = None  # a recipe name of `head_recipes` (the demo family's); None: the first of them
     losses: str = DEFAULT_LOSSES  # comma-separated DIVERGENCES; soft_ce is every trainer's default
     seeds: str = "0,1"  # comma-separated; two give the spread of each loss
-    steps: int = 100  # per head (x 8 rows), the budget every head shares: ~2.5 min per DFlash head on 2 busy cores
+    steps: int = 100  # per head (x 8 rows), the budget every head shares: ~2.5 min per default head on 2 busy cores
     prompts: int = 12  # held-out prompts for the evaluation
     max_new_tokens: int = 48
     target: str = "smollm2"  # demo target (smollm2, micro)
@@ -46,8 +75,16 @@ class HeadAblationSettings:
     dtype: str = "auto"
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method = {self.method!r}: expected one of {', '.join(METHODS)}")
+        from draftsmith.demo.heads import BUDGETS
+
+        targets = sorted({target for target, _ in BUDGETS})
+        if self.target not in targets:
+            raise ValueError(f"target = {self.target!r}: expected one of {', '.join(targets)}")
+        methods = head_recipes(self.target)
+        if self.method is None and methods:
+            object.__setattr__(self, "method", methods[0])  # frozen: the default resolved once, recorded as a name
+        if self.method not in methods:
+            raise ValueError(f"method = {self.method!r}: expected one of {', '.join(methods)}")
         bad = [name for name in self.loss_names if name not in DIVERGENCES]
         if bad or not self.loss_names:
             raise ValueError(f"losses = {self.losses!r}: expected comma-separated names from {', '.join(DIVERGENCES)}")
@@ -92,7 +129,7 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [(loss, seed) for loss in settings.loss_names for seed in settings.seed_values]
-    training, folders, k = {}, {}, None
+    training, folders = {}, {}
     t0 = time.perf_counter()
     for loss, seed in runs:
         name = f"{loss}/seed{seed}"
@@ -101,10 +138,11 @@ def ablate_heads(ctx, budget, data: Path, cache: Path, settings: HeadAblationSet
         )
         recipe = replace(base, loss=loss, seed=seed, serve_check_prompts=0)  # no serve check: the evaluation follows
         training[name] = _train_run(method, recipe, name, log)
-        folders[name] = Path(recipe.out) / "head"
-        k = _natural_k(settings.method, recipe)
+        folders[name] = Path(recipe.out) / method.run_folder
     train_seconds = time.perf_counter() - t0
-    reports, num_prompts = _evaluate(settings, ctx, folders, k, log)
+    drafters = {name: _drafter(method, folder, ctx, name) for name, folder in folders.items()}
+    k = _natural_k(next(iter(drafters.values())), recipe)  # the same for every head: one recipe, loss and seed apart
+    reports, num_prompts = _evaluate(settings, ctx, drafters, k, log)
     rows = _rows(settings, training, reports)
     text = "\n".join(_table_lines(settings, k, num_prompts, rows))
     record = {
@@ -130,11 +168,12 @@ def _recipe(name: str, ctx, budget, data: Path, cache: Path, out: Path, steps: i
     return method, replace(recipe, max_steps=steps, eval_every=steps, save_every=steps + 1)
 
 
-def _natural_k(method: str, recipe) -> int:
-    """Drafts per target call the head was trained for (what its simulated tau assumes)."""
-    return {"dflash": lambda r: r.block_size - 1, "eagle3": lambda r: r.ttt_steps, "peagle": lambda r: r.num_depths}[
-        method
-    ](recipe)
+def _natural_k(drafter, recipe) -> int:
+    """Drafts per target call the head was trained for (the K its simulated tau assumes, its trainer's
+    serve check's): the most the drafter proposes when it bounds its proposals (a one-pass head's
+    block or depths), else the recipe's held-out depth `eval_depth` (a head that drafts a chain)."""
+    bound = max(drafter.proposal_sizes(PROBE_K))
+    return bound if bound < PROBE_K else recipe.eval_depth
 
 
 def _train_run(method, recipe, name: str, log) -> dict:
@@ -152,24 +191,21 @@ def _train_run(method, recipe, name: str, log) -> dict:
     return json.loads(summary_path.read_text())
 
 
-def _drafter(recipe_name: str, folder: Path, ctx, name: str):
+def _drafter(method, folder: Path, ctx, name: str):
     """The head as `draftsmith eval` loads it (`chain_drafter`, with its checks), named `name`."""
-    from draftsmith.demo.heads import demo_recipes, get_budget
     from draftsmith.eval.drafter_specs import chain_drafter
 
-    method, _ = demo_recipes(get_budget(ctx.settings.target, ctx.settings.budget))[recipe_name]
     drafter = chain_drafter(method.kind, folder, ctx.target, ctx.device, ctx.dtype)
     drafter.name = name
     return drafter
 
 
-def _evaluate(settings, ctx, folders: dict, k: int, log) -> tuple[dict, int]:
-    """({method: evaluator row}, prompts): every head and target-only, greedy, one timed pass."""
+def _evaluate(settings, ctx, drafters: dict, k: int, log) -> tuple[dict, int]:
+    """({method: evaluator row}, prompts): every head (`drafters`) and target-only, greedy, one timed pass."""
     from draftsmith.demo.card import cpu_decode_threads
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
 
-    drafters = {name: _drafter(settings.method, folder, ctx, name) for name, folder in folders.items()}
     template = resolve_chat_template("auto", ctx.tokenizer)  # the instructions through the target's chat template
     prompts = load_prompts(ctx.built.heldout_prompts, ctx.tokenizer, limit=settings.prompts, template=template)
     eval_settings = EvalSettings(

@@ -3,7 +3,7 @@
   1. self-distillation data: the target's own answers to its training prompts under its chat
      template (`draftsmith.distill.generate`, resumable shards, loss masks on the answers);
   2. one hidden-state cache of that data (`draftsmith.distill.hidden_cache`): the layers every
-     head reads (EAGLE-3's (2, L//2, L-3) and the last) and the target's top-k logits, paid once
+     head reads ((2, L//2, L-3) for heads that read several, and the last) and the target's top-k logits, paid once
      and shared by every trainer below;
   3. every registered method (heads/registry.py) that has a shipped recipe for the target's family
      (`recipes/<family>/<name>.yaml`), trained from that recipe with the demo's data, cache, steps

@@ -3,7 +3,7 @@
     DIR/provenance.json        what made the data (target, tokenizer, template, source, sampling)
     DIR/shards/shard-00000/    `datasets` Arrow shards, each renamed into place when complete
     DIR/summary.json           written last: statistics and the data hash; its presence = done
-    DIR/token_counts.safetensors   frequencies of trained tokens (for EAGLE-3's draft vocabulary)
+    DIR/token_counts.safetensors   frequencies of trained tokens (for a reduced draft vocabulary)
 
 Every row holds `input_ids`, `loss_mask` (1 = a token the drafter learns to predict: the
 target's own answer), `length`, `num_trained`, `prompt_length`, `finish_reason` ("stop": the

@@ -12,10 +12,10 @@ anything runs and a run that would exceed --max-disk (or the free space) is refu
 
 Layer ids follow HF's `output_hidden_states` numbering, with names for the usual choices:
   i >= 0   hidden_states[i]: 0 = embeddings, i = output of layer i (the input of layer i+1)
-  -k       L - k, counted like EAGLE-3's (2, L//2, L-3) in a target of L layers
+  -k       L - k, counted from the top, as in the usual (2, L//2, L-3) of a target of L layers
   mid      L // 2
-  last     L: the last layer's output after the final norm (what lm_head reads; Medusa's and
-           EAGLE-1's feature)
+  last     L: the last layer's output after the final norm (what lm_head reads; the
+           feature of a head reading one layer)
   none     no states: with --topk-logits, a cache of the top-k teacher alone (a draft model's)
 
 Layout: `manifest.json` (target fingerprint, layers, dtype, data hash, shard ranges) and
@@ -351,7 +351,8 @@ class HiddenStateCache:
         hidden_size: int | None = None,
     ) -> None:
         """Raise CacheError when the cache was made from another target or data, or lacks one of `layers`
-        (it may hold more: one cache of (2, L//2, L-3, last) serves EAGLE-3, P-EAGLE, DFlash and Medusa)."""
+        (it may hold more: one cache of (2, L//2, L-3, last) serves the heads that read several
+        target layers and those that read the last)."""
         m = self.manifest
         if target_fingerprint is not None and m["target"]["fingerprint"] != target_fingerprint:
             raise CacheError(

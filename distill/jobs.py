@@ -212,7 +212,7 @@ def inspect_sample(data_dir, index: int = 0, color: bool = False) -> str:
 
 
 def make_vocab_map(data_dir, draft_vocab_size: int, out=None) -> Path:
-    """EAGLE-3's reduced draft vocabulary from the data's token frequencies; returns the file."""
+    """A reduced draft vocabulary (distill/vocab.py) from the data's token frequencies; returns the file."""
     from draftsmith.distill.data import DistillData
     from draftsmith.distill.vocab import build_vocab_map, save_vocab_map
 

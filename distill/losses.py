@@ -1,5 +1,5 @@
 """Divergences that train a drafter (student, distribution q) to match a frozen target
-(teacher, distribution p). Every drafter trainer (Medusa heads, EAGLE heads, small draft
+(teacher, distribution p). Every drafter trainer (heads on the target, small draft
 models) calls `divergence`; what each kind is for in speculative decoding:
 
 - forward_kl  KL(p || q): mass-covering; the default distillation loss, q must cover every
@@ -10,7 +10,7 @@ models) calls `divergence`; what each kind is for in speculative decoding:
 - tv          total variation 0.5 sum |p - q|: exactly the rejection rate of one draft token,
               since acceptance alpha = sum min(p, q) = 1 - TV (DistillSpec's target).
 - soft_ce     -sum p log q = KL(p || q) + H(p): same gradient as forward KL; the value that
-              Medusa/EAGLE code logs.
+              reference head trainers log.
 - kl_tv       (1 - w) KL(p || q) + w TV: TV alone has small gradients far from the optimum
               and trains poorly from scratch; the KL term supplies them.
 - nla         -log alpha, alpha = sum min(p, q) (LK losses, Samarin et al. 2026): its gradient
@@ -60,7 +60,7 @@ class Projected:
     """Logits hidden @ weight.T (+ bias), [..., V], left uncomputed until a chunk needs them."""
 
     hidden: torch.Tensor  # [..., H]
-    weight: torch.Tensor  # [V, H], e.g. the target's lm_head, shared by EAGLE/Medusa heads
+    weight: torch.Tensor  # [V, H], e.g. the target's lm_head, shared by heads that reuse it
     bias: torch.Tensor | None = None  # [V]
 
     def __post_init__(self):
@@ -235,8 +235,9 @@ def topk_divergence(kind: str, student, values, ids, tail, mask=None, **kwargs) 
 
 
 def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tensor:
-    """EAGLE-1 feature regression: per token, the mean over the feature axis of
-    F.smooth_l1_loss(pred, target, beta); then reduced over kept tokens like `divergence`.
+    """Feature regression (a head predicting the target's next hidden state): per token, the mean
+    over the feature axis of F.smooth_l1_loss(pred, target, beta); then reduced over kept tokens
+    like `divergence`.
     The target features come from the frozen model and are detached."""
     if tuple(pred.shape) != tuple(target.shape):
         raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")

@@ -1,8 +1,9 @@
-"""EAGLE-3's reduced draft vocabulary, built from what the target actually says.
+"""A head's reduced draft vocabulary (recipe key `draft_vocab_size` or `vocab_map`), built from
+what the target actually says.
 
 A drafter head over a 128k vocabulary spends most of its cost in the output projection, yet
-the target's answers use a small part of it. EAGLE-3 keeps the `draft_vocab_size` tokens
-most frequent in the target's own generations (under the loss mask) and maps them back:
+the target's answers use a small part of it. A reduced vocabulary keeps the `draft_vocab_size`
+tokens most frequent in the target's own generations (under the loss mask) and maps them back:
 
     d2t: int64[draft_vocab]   target_id = draft_id + d2t[draft_id]   (draft ids in target-id order)
     t2d: bool[target_vocab]   t2d[target_id] = the token is in the draft vocabulary

@@ -24,19 +24,12 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from draftsmith.decoding import (
-    DecodeStats,
-    DraftModelDrafter,
-    EagleDrafter,
-    MedusaDrafter,
-    PromptLookupDrafter,
-    generate,
-    synchronize,
-)
+from draftsmith.decoding import DecodeStats, DraftModelDrafter, PromptLookupDrafter, generate, synchronize
 from draftsmith.decoding.compiler import COMPILE_MODES
-from draftsmith.decoding.eagle import parse_eagle_tree
+from draftsmith.decoding.eagle import EagleDrafter, parse_eagle_tree
 from draftsmith.decoding.kv import capacity_for, model_cache
 from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
+from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.medusa_tree import build_medusa_tree
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.bench_report import ROW_NAMES, report

@@ -50,9 +50,9 @@ class DrafterSpecs:
     max_ngram: int = 3  # prompt lookup: longest n-gram to match
     trees: tuple[str, ...] = ()  # `KIND=SPEC`: also decode that kind's drafters as a tree
     tree_nodes: int = 16  # node budget of an "auto" tree: 17 tokens per verify stays cheap
-    lossy: str | None = None  # "typical": Medusa's typical acceptance (output differs from the target's)
-    typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Medusa's default)
-    typical_delta: float = 0.3  # typical acceptance: entropy factor (Medusa's default)
+    lossy: str | None = None  # "typical": typical acceptance (output differs from the target's)
+    typical_epsilon: float = 0.09  # typical acceptance: posterior threshold (Cai et al. 2024's default)
+    typical_delta: float = 0.3  # typical acceptance: entropy factor (Cai et al. 2024's default)
     allow_target_mismatch: bool = False  # heads trained on another target: only for a fine-tune of it
     device: str = "auto"
     dtype: str = "auto"
@@ -72,7 +72,8 @@ class DrafterSpecs:
             kind, sep, spec = str(value).partition("=")
             method = _method(kind, f"--tree {value}")
             if not sep or not spec:
-                raise SpecError(f"--tree {value!r}: expected KIND=SPEC, e.g. medusa=auto or eagle=4,4,16")
+                forms = "; ".join(f"{m.kind}: {m.tree_spec}" for m in METHODS.values() if m.tree_spec)
+                raise SpecError(f"--tree {value!r}: expected KIND=SPEC, SPEC per kind: {forms}")
             if method.tree_spec is None:
                 trees = ", ".join(m.kind for m in METHODS.values() if m.tree_spec)
                 raise SpecError(f"--tree {value!r}: {method.title} decode chains only (trees: {trees})")
@@ -115,7 +116,9 @@ def parse_drafters(values) -> list[Drafter]:
         head, sep, folder = str(value).partition("=")
         kind, _, name = head.partition(":")
         if not sep or not folder:
-            raise SpecError(f"--drafter {value!r}: expected {SPEC_FORM}, e.g. medusa=runs/medusa/heads")
+            first = next(iter(METHODS.values()))
+            example = f"{first.kind}=runs/{first.kind}/{first.run_folder}"
+            raise SpecError(f"--drafter {value!r}: expected {SPEC_FORM}, e.g. {example}")
         given.append(
             (_method(kind.strip(), f"--drafter {value}"), name.strip() or None, str(Path(folder).expanduser()))
         )

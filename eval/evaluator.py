@@ -279,7 +279,7 @@ def evaluate(
             "new_tokens": stats.new_tokens,
             "target_calls": stats.target_calls,
             "tau": stats.tau,
-            "lossy": stats.lossy,  # Medusa's typical acceptance: NOT the target's distribution
+            "lossy": stats.lossy,  # typical acceptance: NOT the target's distribution
             "lossy_kl_per_token": stats.lossy_kl_per_token,
             "compile_seconds": compile_seconds[name]
             + stats.compile_seconds,  # warm-up compilation, never in the timings

@@ -5,8 +5,8 @@
     passed = run_check_lossless(LosslessJob(specs, prompt="def main():\\n    "))
 
 `draftsmith eval` (acceptance, speedup and KL against target-only decoding, and with a
-SweepSettings the serving-scale sweep), `draftsmith tune` (K, and for Medusa the tree size, from
-measured acceptance and costs) and `draftsmith check-lossless` (a chi-square test that
+SweepSettings the serving-scale sweep), `draftsmith tune` (K, and for a kind with sized trees
+the tree size, from measured acceptance and costs) and `draftsmith check-lossless` (a chi-square test that
 speculative sampling matches the target). Bad input raises SpecError (or the loaders' errors).
 """
 
@@ -269,7 +269,9 @@ class TuneJob:
     limit: int | None = None
     chat_template: str = "auto"  # renders conversations: auto (the tokenizer's), none, or a Jinja file
     plain_prompts: str = "raw"  # plain "prompt" rows: raw text, or "chat" (one templated user turn)
-    tree_budgets: tuple[int, ...] | None = None  # Medusa tree sizes to try; None = 4, 8, 16, 32
+    tree_budgets: tuple[int, ...] | None = (
+        None  # tree node budgets to try (kinds with sized trees); None = 4, 8, 16, 32
+    )
     write: bool = False  # record the chosen setting in the drafter folder's config.json
     out: str | None = None  # folder for tuning.json and the speedup-vs-setting figures
     device: str = "auto"

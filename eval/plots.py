@@ -3,7 +3,7 @@ display), `serving.md` (tables + links to the PNGs) and a self-contained `servin
 PNGs embedded as base64: one file to mail or attach to a pull request).
 
     from draftsmith.eval.plots import Section, plot_latency_cdf, plot_throughput_vs_batch, write_serving_report
-    png = plot_throughput_vs_batch({"eagle3": {1: 95.0, 8: 610.0, 32: 1500.0}},
+    png = plot_throughput_vs_batch({"KIND": {1: 95.0, 8: 610.0, 32: 1500.0}},
                                    {1: 60.0, 8: 450.0, 32: 1600.0}, "runs/serving/throughput.png")
     write_serving_report("runs/serving",
                          Section("Throughput", "tokens/s per batch size", rows=[...], images=[png]))
@@ -90,17 +90,12 @@ def plot_acceptance(
     return _save(fig, path)
 
 
-_TUNING_AXIS = {
-    "chain": ("num_speculative_tokens", "K (drafts per step)"),
-    "medusa-tree": ("num_nodes", "N (tree nodes)"),
-    "eagle-tree": ("total_tokens", "total_tokens (draft nodes)"),
-}
-
-
 def plot_speedup_vs_k(tunings: Mapping, path, *, measured: Mapping[str, Mapping[int, float]] | None = None) -> Path:
     """Predicted speedup per setting (eval/tune.py Tunings of one kind), the chosen one starred,
     with measured speedups as crosses where given ({name: {K: speedup}}); the line at 1.0x is
     target-only decoding."""
+    from draftsmith.eval.tune import TUNING_AXIS as _TUNING_AXIS
+
     _non_empty(tunings, "plot_speedup_vs_k")
     kinds = {t.kind for t in tunings.values()}
     if len(kinds) != 1 or not kinds <= set(_TUNING_AXIS):

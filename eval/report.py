@@ -30,7 +30,7 @@ LOSSY_LABEL = " (LOSSY typical)"
 
 
 def method_name(row: dict) -> str:
-    """The method's name, marked when its acceptance rule is lossy (Medusa's typical
+    """The method's name, marked when its acceptance rule is lossy (typical
     acceptance): such a row must never read as lossless speculative decoding."""
     return row["method"] + (LOSSY_LABEL if row.get("lossy") else "")
 
@@ -224,7 +224,7 @@ def render_markdown(report: dict) -> str:
         "",
         KL_NOTE + " OOV / KL / TV: target vs draft, "
         "raw (T=1) distributions on the decoded trajectories (- for drafters without a "
-        "distribution, such as prompt lookup). Rows marked LOSSY use Medusa's typical acceptance: "
+        "distribution, such as prompt lookup). Rows marked LOSSY use typical acceptance: "
         "their KL is the estimated KL(emitted || target) per token, sum of -log p(x) over the "
         "tokens the typical rule accepted.",
         "",

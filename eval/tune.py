@@ -17,8 +17,8 @@ The models (tau counts the bonus token everywhere: target-only decoding = 1):
       speedup(K) = (tau(K) / time(K)) / (1 / v(1))
   alpha_j does not depend on the drafts after position j, so alphas measured at K_max predict
   every K <= K_max exactly (in expectation); nothing is known past K_max.
-- Medusa tree of N nodes from the rank-wise head accuracies (eval/tree.py): the best tree of N
-  nodes, tau(N) = 1 + its expected accepted length, time(N) = draft(N) + v(N + 1); draft is the
+- Medusa tree of N nodes from the rank-wise head accuracies (decoding/medusa_tree.py): the best
+  tree of N nodes, tau(N) = 1 + its expected accepted length, time(N) = draft(N) + v(N + 1); draft is the
   heads' cost per step (one forward of all heads, whatever the tree).
 - EAGLE dynamic tree (depth, top_k, total_tokens, as `EagleDrafter(tree=...)` takes them:
   total_tokens counts draft nodes only, the tree reaches depth + 1): its acceptance depends on
@@ -26,7 +26,7 @@ The models (tau counts the bonus token everywhere: target-only decoding = 1):
   MEASURED per setting (the decoder's tau at that setting) and only the verify cost is modelled:
       time = draft_seconds (measured, the whole tree's drafting) + v(total_tokens + 1)
   (the verify forward holds the last committed token and the total_tokens nodes; SafeAILab's
-  `total_token` counts differently, see eval/eagle.py).
+  `total_token` counts differently, see decoding/eagle.py).
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ class Candidate:
     @property
     def tokens_per_s(self) -> float:
         return self.tau / self.seconds
+
+
+#: Per Tuning kind, the setting key its candidates vary and the axis label of its figure (eval/plots.py).
+TUNING_AXIS = {
+    "chain": ("num_speculative_tokens", "K (drafts per step)"),
+    "medusa-tree": ("num_nodes", "N (tree nodes)"),
+    "eagle-tree": ("total_tokens", "total_tokens (draft nodes)"),
+}
 
 
 @dataclass

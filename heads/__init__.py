@@ -1,23 +1,24 @@
-"""What is trained: Medusa heads, EAGLE heads, draft-model builders, and their formats.
+"""What is trained: the drafters' heads, draft-model builders, and their formats, one module per
+method (the methods: `heads.registry.METHODS`).
 
-Importing the package registers the heads with transformers' auto classes, so a folder that
-`save_medusa` / `save_eagle` (the draftsmith layout, P-EAGLE heads too) wrote loads without draftsmith's loaders:
+Importing the package registers the heads that save whole (`Method.auto_model`) with transformers'
+auto classes, so a folder in the draftsmith layout (their `save_*`) loads without draftsmith's loaders:
 
     import draftsmith.heads
     from transformers import AutoConfig, AutoModel
-    heads = AutoModel.from_pretrained("runs/demo-medusa/heads")   # a MedusaHeads
+    heads = AutoModel.from_pretrained("runs/demo/heads")   # a MedusaHeads, an EagleHead, ...
 
-A DFlash head is not registered: its embeddings (and full-vocabulary lm_head) are the target's and
-are not saved, so it loads only with its target (`heads.dflash_formats.load_dflash`).
+A head whose embeddings (and full-vocabulary lm_head) are the target's is not registered: they are
+not saved, so it loads only with its target (its method's loader, `Method.load`).
 """
 
 from transformers import AutoConfig, AutoModel
 
-from draftsmith.heads.eagle.model import EagleConfig, EagleHead
-from draftsmith.heads.eagle.peagle import PEagleConfig, PEagleHead
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.registry import METHODS
 
 # exist_ok: a second registration of the same classes (a reloaded module) is not an error.
-for _config, _model in ((MedusaConfig, MedusaHeads), (EagleConfig, EagleHead), (PEagleConfig, PEagleHead)):
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
+for _method in METHODS.values():
+    if _method.auto_model is not None:
+        _model = _method.part("auto_model")
+        AutoConfig.register(_model.config_class.model_type, _model.config_class, exist_ok=True)
+        AutoModel.register(_model.config_class, _model, exist_ok=True)

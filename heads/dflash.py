@@ -41,7 +41,9 @@ from torch import nn
 from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
+from draftsmith.heads import layers
 from draftsmith.heads.layers import (
+    MASK_SOURCES,
     attend,
     check_target_weights,
     check_vocab_map,
@@ -57,8 +59,6 @@ from draftsmith.heads.layers import (
     target_shape,
     target_weights,
 )
-
-MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 
 
 class DFlashError(ValueError):
@@ -78,23 +78,8 @@ def default_aux_layer_ids(num_target_layers: int, count: int) -> list[int]:
 
 
 def choose_mask_token(vocab_size: int, *, explicit: int | None = None, tokenizer=None, used=None) -> tuple[int, str]:
-    """(mask token id, where it came from): the explicit id, else the tokenizer's mask token, else
-    the highest id below `vocab_size` that nothing uses: not a token the tokenizer knows (padding
-    rows of the embedding matrix) or, failing that, not in `used` (ids of the training data)."""
-    if explicit is not None:
-        return int(explicit), "recipe"
-    mask = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
-    if mask is not None and 0 <= mask < vocab_size:
-        return int(mask), "tokenizer"
-    known = len(tokenizer) if tokenizer is not None else vocab_size
-    if known < vocab_size:  # rows past the tokenizer's vocabulary: never produced, never fed
-        return vocab_size - 1, "reserved"
-    used = set(int(t) for t in (used if used is not None else ()))
-    specials = set(getattr(tokenizer, "all_special_ids", None) or [])
-    for token in range(vocab_size - 1, -1, -1):
-        if token not in used and token not in specials:
-            return token, "reserved"
-    raise DFlashError(f"no unused token id below vocab_size={vocab_size} for the mask token: give mask_token_id")
+    """`heads.layers.choose_mask_token`, raising DFlashError."""
+    return layers.choose_mask_token(vocab_size, explicit=explicit, tokenizer=tokenizer, used=used, error=DFlashError)
 
 
 class DFlashConfig(PretrainedConfig):
@@ -120,15 +105,10 @@ class DFlashConfig(PretrainedConfig):
         mask_token_source: str | None = None,  # recipe | tokenizer | reserved
         aux_layer_ids: list[int] | None = None,  # HF hidden_states ids of the target
         initializer_range: float = 0.02,
-        target_name_or_path: str | None = None,
-        target_revision: str | None = None,
-        target_fingerprint: str | None = None,
-        target_num_layers: int | None = None,
-        target_architectures: list[str] | None = None,
-        data_hash: str | None = None,
-        vocab_map_data_hash: str | None = None,
-        **kwargs,
+        **kwargs,  # the provenance (layers.PROVENANCE: target, data hashes), then PretrainedConfig's
     ):
+        record_target(self, kwargs)
+        target_num_layers = self.target_num_layers
         kwargs.setdefault("tie_word_embeddings", False)
         draft_vocab_size = vocab_size if draft_vocab_size is None else int(draft_vocab_size)
         if not isinstance(block_size, int) or block_size < 2:
@@ -171,16 +151,6 @@ class DFlashConfig(PretrainedConfig):
         self.mask_token_source = mask_token_source
         self.aux_layer_ids = aux_layer_ids
         self.initializer_range = initializer_range
-        record_target(
-            self,
-            target_name_or_path,
-            target_revision,
-            target_fingerprint,
-            target_num_layers,
-            target_architectures,
-            data_hash,
-            vocab_map_data_hash,
-        )
         super().__init__(**kwargs)
 
     @property

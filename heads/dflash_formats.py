@@ -20,6 +20,9 @@ Layer ids: vLLM hands the runner `aux_hidden_state_layer_ids` as its capture ids
 entering decoder layer i = HF `hidden_states[i]` (its DFlash model reads them shifted by one, vLLM PR
 #40727), so draftsmith's HF ids are written as they are; an id equal to L (after the final norm) cannot
 be captured by a server and is refused.
+
+The head is not registered with transformers' auto classes (`draftsmith.heads`): its embeddings and
+a full-vocabulary lm_head are the target's and are not saved, so it loads only with its target.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
-from draftsmith.heads.layers import target_weights
+from draftsmith.heads.layers import PROVENANCE, target_weights
 from draftsmith.heads.speculators import speculators_block, speculators_header
 
 WEIGHTS = "model.safetensors"
@@ -56,16 +59,7 @@ LAYER_KEYS = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
-_PROVENANCE_FIELDS = (
-    "target_name_or_path",
-    "target_revision",
-    "target_fingerprint",
-    "target_num_layers",
-    "target_architectures",
-    "data_hash",
-    "vocab_map_data_hash",
-    "mask_token_source",
-)
+_PROVENANCE_FIELDS = (*PROVENANCE, "mask_token_source")  # the config's provenance, and its mask token's
 
 
 def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:

@@ -1,9 +1,9 @@
-"""What the EAGLE and DFlash heads share: both are Llama-style decoder layers built from the
+"""What the heads over the target's states share: Llama-style decoder layers built from the
 target's shapes, with the target's embeddings (and lm_head rows) copied in.
 
     rope = rope_of(target.config.get_text_config())       # the target's RoPE, transformers-5 spelling
     lm_weight, embed_weight = target_weights(target, EagleError)
-    config = EagleConfig(**target_shape(target, lm_weight.shape[0], vocab_map, name, data_hash), version="eagle3")
+    config = EagleConfig(**target_shape(target, lm_weight.shape[0], vocab_map, name, data_hash))
     copy_target_weights(head, embed_weight, lm_weight, vocab_map)
 
 Each function takes the caller's error class, so a user sees EagleError or DFlashError as before.
@@ -61,25 +61,25 @@ def keep_rope_fp32(head: PreTrainedModel) -> None:
         head.rotary_emb = LlamaRotaryEmbedding(head.config.layer_config()).to(inv.device)
 
 
-def record_target(
-    config,
-    target_name_or_path,
-    target_revision,
-    target_fingerprint,
-    target_num_layers,
-    target_architectures,
-    data_hash,
-    vocab_map_data_hash,
-) -> None:
-    """A head config's provenance: the target it was built for (name, revision, fingerprint, depth,
-    architectures), the training data's hash and the one the draft vocabulary was counted on."""
-    config.target_name_or_path = target_name_or_path
-    config.target_revision = target_revision
-    config.target_fingerprint = target_fingerprint
-    config.target_num_layers = target_num_layers
-    config.target_architectures = list(target_architectures) if target_architectures else None
-    config.data_hash = data_hash
-    config.vocab_map_data_hash = vocab_map_data_hash
+# A head config's provenance: the target it was built for (name, revision, fingerprint
+# (draftsmith.heads.models.target_fingerprint), depth, architectures), the training data's hash and
+# the data hash the draft vocabulary was counted on.
+PROVENANCE = (
+    "target_name_or_path",
+    "target_revision",
+    "target_fingerprint",
+    "target_num_layers",
+    "target_architectures",
+    "data_hash",
+    "vocab_map_data_hash",
+)
+
+
+def record_target(config, kwargs: dict) -> None:
+    """Set a head config's `PROVENANCE` fields, taken out of its __init__'s `kwargs` (None when not given)."""
+    for name in PROVENANCE:
+        setattr(config, name, kwargs.pop(name, None))
+    config.target_architectures = list(config.target_architectures) if config.target_architectures else None
 
 
 # ---------------------------------------------------------------------- attention
@@ -198,7 +198,7 @@ def draft_to_target_logits(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: 
 
 
 def describe_mask_head(head, what: str) -> str:
-    """The console line of a head that drafts with a mask token (DFlash, P-EAGLE): `what` (its
+    """The console line of a head that drafts with a mask token (a one-pass head): `what` (its
     shape), then the target layers it reads, its mask token, its vocabulary, its trained size."""
     c = head.config
     trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
@@ -208,9 +208,34 @@ def describe_mask_head(head, what: str) -> str:
     )
 
 
+MASK_SOURCES = ("recipe", "tokenizer", "reserved")  # where a head's mask token came from (its config records it)
+
+
+def choose_mask_token(
+    vocab_size: int, *, explicit: int | None = None, tokenizer=None, used=None, error: type[Exception] = ValueError
+) -> tuple[int, str]:
+    """(mask token id, where it came from): the explicit id, else the tokenizer's mask token, else
+    the highest id below `vocab_size` that nothing uses: not a token the tokenizer knows (padding
+    rows of the embedding matrix) or, failing that, not in `used` (ids of the training data)."""
+    if explicit is not None:
+        return int(explicit), "recipe"
+    mask = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
+    if mask is not None and 0 <= mask < vocab_size:
+        return int(mask), "tokenizer"
+    known = len(tokenizer) if tokenizer is not None else vocab_size
+    if known < vocab_size:  # rows past the tokenizer's vocabulary: never produced, never fed
+        return vocab_size - 1, "reserved"
+    used = set(int(t) for t in (used if used is not None else ()))
+    specials = set(getattr(tokenizer, "all_special_ids", None) or [])
+    for token in range(vocab_size - 1, -1, -1):
+        if token not in used and token not in specials:
+            return token, "reserved"
+    raise error(f"no unused token id below vocab_size={vocab_size} for the mask token: give mask_token_id")
+
+
 def spread_layer_ids(num_layers: int) -> list[int]:
     """Three hidden states spread over a target of `num_layers` layers, as heads that read several
-    (EAGLE-3 and its successors) take them: (2, L//2, L-3), or first/middle/last of range(1, L)
+    target layers take them: (2, L//2, L-3), or first/middle/last of range(1, L)
     for tiny targets; HF hidden_states indices, increasing, none the embedding output when L >= 4."""
     L = num_layers
     if L >= 7:

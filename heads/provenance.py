@@ -1,12 +1,12 @@
 """Which target an artifact was made from, checked against the target it is about to serve.
 
     recorded = TargetRecord.of_description(data.provenance["target"])     # generated data
-    recorded = TargetRecord.of_head_config(heads.config)                   # Medusa or EAGLE heads
+    recorded = TargetRecord.of_head_config(heads.config)                   # a head trained on it
     note = check_target_provenance(f"data {data.dir}", recorded, target, allow_mismatch=False,
                                    flag="set allow_target_mismatch=true")
 
 Every artifact draftsmith makes from a target records that target: generated data in
-provenance.json ("target": `models.describe_model`), Medusa and EAGLE heads in their config
+provenance.json ("target": `models.describe_model`), heads trained on it in their config
 (`target_fingerprint`, `target_name_or_path`, `target_num_layers`, the sizes), hidden-state
 caches in their manifest (checked by `HiddenStateCache.check`, always strictly: states of
 another model are not this model's). The fingerprint (`models.target_fingerprint`) covers the
@@ -71,7 +71,7 @@ class TargetRecord:
 
     @classmethod
     def of_head_config(cls, config) -> TargetRecord:
-        """From a Medusa or EAGLE head config (their hidden and vocabulary sizes are the target's)."""
+        """From the config of a head trained on the target (its hidden and vocabulary sizes are the target's)."""
         architectures = getattr(config, "target_architectures", None)
         return cls(
             fingerprint=getattr(config, "target_fingerprint", None),
@@ -95,7 +95,7 @@ _SHAPES = (
 def check_target_provenance(
     artifact: str, recorded: TargetRecord, target, *, allow_mismatch: bool, flag: str
 ) -> str | None:
-    """None when `artifact` (named as the user knows it: "data DIR", "Medusa heads DIR") was made
+    """None when `artifact` (named as the user knows it: "data DIR", "<Method.title> DIR") was made
     from `target`; else the one line to show (a warning for an allowed fine-tune, a note for an
     artifact without draftsmith provenance). Raises ProvenanceError for a shape that differs, and
     for another fingerprint unless `allow_mismatch`; `flag` says how the user allows it

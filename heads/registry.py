@@ -55,6 +55,8 @@ class Method:
     recipe_names: tuple[str, ...] = ()  # its recipes in a family folder (recipes/<family>/<name>.yaml); () = (kind,)
     default_tree: str | None = None  # the tree spec a report uses when it decodes this kind as a tree
     smoke_recipe: tuple[tuple[str, object], ...] = ()  # its own recipe keys of a seconds-long run on a toy target
+    auto_model: str | None = None  # "module:Class" of a head saved whole: `import draftsmith.heads` registers it
+    # (and its config_class) with transformers' AutoModel / AutoConfig
 
     # ------------------------------------------------------------------ the named parts
     @property
@@ -135,6 +137,7 @@ METHODS: dict[str, Method] = {
             config_keys=("medusa_num_heads",),
             export_formats=("vllm", "medusa", "hf"),
             exporter="draftsmith.heads.medusa:export_folder",
+            auto_model="draftsmith.heads.medusa:MedusaHeads",
             row_suffix="-chain",
             tree_spec='"auto" (from the heads\' measured accuracies) or JSON paths, e.g. [[0],[1],[0,0]]',
             typical=True,
@@ -161,6 +164,7 @@ METHODS: dict[str, Method] = {
             run_folder="head",
             model_types=("draftsmith_eagle",),
             speculators_types=("eagle", "eagle3"),
+            auto_model="draftsmith.heads.eagle:EagleHead",
             architectures=("LlamaForCausalLMEagle3",),
             export_formats=("vllm", "sglang", "hf"),
             exporter="draftsmith.heads.eagle:export_folder",
@@ -182,6 +186,7 @@ METHODS: dict[str, Method] = {
             run_folder="head",
             model_types=("draftsmith_peagle",),
             speculators_types=("peagle",),
+            auto_model="draftsmith.heads.eagle:PEagleHead",
             export_formats=("vllm", "hf"),
             exporter="draftsmith.heads.eagle:export_folder",
         ),

@@ -1,4 +1,4 @@
-"""The parts of a vLLM speculators config.json that the EAGLE-3 and DFlash exports write alike:
+"""The parts of a vLLM speculators config.json that every head's speculators export writes alike:
 the header naming the format, and the `speculators_config` block (proposals, verifier)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reduced draft vocabulary of an EAGLE-3 head, as the head stores it:
+"""A reduced draft vocabulary (of a head that drafts over fewer tokens than the target), as the head stores it:
 
     d2t: int64[draft_vocab]   target_id = draft_id + d2t[draft_id]   (draft ids in target-id order)
     t2d: bool[target_vocab]   t2d[target_id] = the token is in the draft vocabulary

@@ -21,7 +21,7 @@ EVAL_REPORTS = ("eval/report.json", "report.json")  # where `draftsmith eval --o
 # Pushed layouts per method, from the registry; the first is the default (the one a server loads).
 FORMATS = {kind: m.export_formats for kind, m in METHODS.items()}
 # A variant a run records (recipe `mode` / `version`) whose heads have fewer layouts than its method.
-VARIANT_FORMATS = {"eagle1": ("hf",)}  # no server layout for EAGLE-1 heads is implemented
+VARIANT_FORMATS = {"eagle1": ("hf",)}  # a variant with no server layout implemented (docs/publishing.md)
 FORMAT_ALIASES = {"draftsmith": "hf", "speculators": "vllm"}
 METHOD_NAMES = {kind: m.title for kind, m in METHODS.items()}
 # `owner/name` or `name`: letters, digits, '-', '_', '.'; no '--' or '..'; no leading/trailing '-' or '.'.
@@ -51,7 +51,7 @@ class Artifact:
 
     @property
     def title(self) -> str:
-        """The method's title, its first word numbered by the variant (Medusa-2 heads, EAGLE-1 head)."""
+        """The method's title, its first word numbered by the variant (KIND2 -> "Title-2 heads")."""
         number = self.method.removeprefix(self.kind)
         brand, _, rest = self.spec.title.partition(" ")
         return f"{brand}-{number} {rest}".strip() if number.isdigit() else self.spec.title
@@ -106,7 +106,7 @@ def artifact_kind(config: dict, where: str = "config.json") -> str:
 
 def variant(kind: str, config: dict, recipe: dict) -> str:
     """The variant a run's recipe (`mode`, `version`) or its config (`version`, the speculators
-    type) names for this kind (medusa1, eagle3, ...), else the kind itself."""
+    type) names for this kind (KIND followed by digits, e.g. KIND3), else the kind itself."""
     provenance = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else {}
     named = (recipe.get("mode"), recipe.get("version"), config.get("version"), provenance.get("version"))
     named += (config.get("speculators_model_type"),)
@@ -241,8 +241,9 @@ def evaluated_names(artifact: Artifact, evaluated: dict) -> list[str]:
 
 
 def draft_limit(kind: str, config: dict) -> int | None:
-    """The most tokens one call of a head proposes, when its config bounds it: one per Medusa head
-    (`num_heads`), a DFlash block's block_size - 1; None for a draft model (any K)."""
+    """The most tokens one call of a head proposes, when its config bounds it: one per head
+    of a multi-head drafter (`num_heads`), a block head's block_size - 1; None for a draft model
+    (any K)."""
     if not get_method(kind).model_types:
         return None
     heads = config.get("num_heads") or config.get("medusa_num_heads")
@@ -253,8 +254,8 @@ def draft_limit(kind: str, config: dict) -> int | None:
 
 def default_tokens(kind: str, config: dict, recipe: dict | None = None) -> int:
     """K when no evaluation or tuning says otherwise: the recipe's, the draft length the folder's
-    server config proposes, the depths a P-EAGLE head trained, else every token one call proposes,
-    else the method's default; never above `draft_limit`."""
+    server config proposes, the depths a head trained (`num_depths`), else every token one call
+    proposes, else the method's default; never above `draft_limit`."""
     own = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else {}
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     limit = draft_limit(kind, config)

@@ -24,7 +24,7 @@ from draftsmith.publish.artifacts import (
     resolve_report,
     serving_tokens,
 )
-from draftsmith.publish.serve import sglang_command, vllm_command
+from draftsmith.publish.serve import FORMAT_TAGS, sglang_command, vllm_command
 
 TEMPLATE = "card.md.j2"
 # The training keys every method's card lists after the method's own recipe fields.
@@ -207,7 +207,7 @@ def card_values(
     model = not artifact.spec.model_types  # a draft: any transformers causal LM
     tags = ["draftsmith", "speculative-decoding"]
     tags += ["draft-model"] if model else [kind] + ([artifact.method] if artifact.method != kind else [])
-    tags += {"vllm": ["vllm"], "sglang": ["sglang"], "medusa": ["tgi"]}.get(fmt, [])
+    tags += list(FORMAT_TAGS.get(fmt, ()))
     results = _eval_results(artifact, report) if report is not None else []
     source = ((provenance.get("source") or {}).get("name")) or ""
     metadata = ModelCardData(
@@ -455,7 +455,7 @@ def _evaluation(report: dict) -> dict:
     lossless = (
         "lossless: the output is distributed exactly as the target's"
         if report.get("lossless", True)
-        else "rows marked LOSSY use Medusa's typical acceptance, which changes the output; the others are lossless"
+        else "rows marked LOSSY use typical acceptance, which changes the output; the others are lossless"
     )
     prompts = _fmt(report.get("num_prompts"))
     if report.get("prompts_file"):

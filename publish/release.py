@@ -31,8 +31,8 @@ def export_heads(
     """Write the drafter folder `heads` (any layout of any method) to `out` in `format`, by its
     method's exporter (draftsmith.heads.registry: the formats are its `export_formats`; "hf" is
     the draftsmith layout). `target` (a folder or Hub id) is loaded, on `device` in `dtype`
-    ("auto": as saved), only when the exporter asks for it: Medusa heads sharing its lm_head
-    write a copy per head; a DFlash head is checked against it. K defaults to the folder's
+    ("auto": as saved), only when the exporter asks for it: heads sharing its lm_head
+    write a copy per head; others are checked against it. K defaults to the folder's
     (`default_tokens`)."""
     from draftsmith.heads.artifacts import write_folder_atomic
     from draftsmith.heads.models import ModelLoadError
@@ -56,7 +56,7 @@ def export_heads(
             role="target",
         )
 
-    # K: the one asked for, else what the folder says (a P-EAGLE head's depths, a DFlash block) or the method's
+    # K: the one asked for, else what the folder says (a head's trained depths or block) or the method's
     k = num_speculative_tokens or default_tokens(method.kind, read_json(Path(heads) / "config.json", "drafter config"))
 
     def write(tmp: Path) -> None:

@@ -29,6 +29,8 @@ from pathlib import Path
 from draftsmith.publish.artifacts import HubError, artifact_kind, default_tokens, draft_limit, read_json
 
 SGLANG_EAGLE3 = "LlamaForCausalLMEagle3"
+#: The Hub tags of an export format: the servers that load it (the model card's metadata).
+FORMAT_TAGS = {"vllm": ("vllm",), "sglang": ("sglang",), "medusa": ("tgi",)}
 
 
 def vllm_command(

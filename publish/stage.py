@@ -3,7 +3,8 @@
 - the weights, as safetensors only (an artifact holding pickle weights is refused), and their
   config.json, in the layout asked for (by default the one a server loads), written by the
   method's exporter (`Method.export` of draftsmith.heads.registry): a draft model goes as the
-  plain HF model it is, with its tokenizer; a run with an adapter (Medusa-2) adds `adapter/`.
+  plain HF model it is, with its tokenizer; a run that trained LoRA adapters on the target with
+  its heads adds `adapter/`.
 - recipe.yaml (the resolved recipe) and run_info.json, with anything token-like removed;
 - README.md, the model card (card.py).
 """
@@ -102,7 +103,7 @@ def _is_staging(folder: Path) -> bool:
 def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
     """The weights and config.json in layout `fmt`, by the method's exporter (the registry's);
     `k` is the draft length written into server configs. The target is loaded only when the
-    exporter asks for it (Medusa heads sharing its lm_head, in a server layout)."""
+    exporter asks for it (heads sharing its lm_head, in a server layout)."""
     from draftsmith.heads.registry import RegistryError
 
     method = artifact.spec
@@ -115,7 +116,7 @@ def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
 
 def _load_target(artifact: Artifact):
     """The target the run recorded, on the CPU in its own dtype: a few layouts hold a copy of its
-    weights (the lm_head of Medusa heads that share it)."""
+    weights (the lm_head of heads that share it)."""
     import torch
 
     from draftsmith.heads.models import ModelLoadError, load_causal_lm

@@ -60,6 +60,16 @@ def list_of(name: str, parse_one, what: str, example: str):
     return parse
 
 
+def add_count(p, flag: str, default: int | None = None, help: str | None = None) -> None:
+    """A whole-number flag >= 1 whose error names it (`positive_int`)."""
+    p.add_argument(flag, type=positive_int(flag), default=default, help=help)
+
+
+def add_seconds(p, flag: str, default: float | None = None, help: str | None = None) -> None:
+    """A duration flag, seconds > 0, whose error names it (`float_in`)."""
+    p.add_argument(flag, type=float_in(flag, 0.0, None, True, "> 0 seconds"), default=default, help=help)
+
+
 def add_device_args(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
     """--device (CUDA when available) and --dtype (auto: bf16 on CUDA, fp32 on CPU)."""
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")

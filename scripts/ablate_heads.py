@@ -1,7 +1,8 @@
 """Which divergence trains the best parallel head? A loss ablation on the demo target.
 
-    python scripts/ablate_heads.py                              # DFlash, 6 losses x 2 seeds
-    python scripts/ablate_heads.py --method eagle3 --losses soft_ce,lk_hybrid --steps 50
+    python scripts/ablate_heads.py                              # the default head, 6 losses x 2 seeds
+    python scripts/ablate_heads.py --method NAME --losses soft_ce,lk_hybrid --steps 50
+    python scripts/ablate_heads.py --help                       # the NAMEs (--method) it takes
 
 The runs, the evaluation and the table are `draftsmith.demo.ablate_heads`; this parses the flags.
 """
@@ -12,10 +13,9 @@ import argparse
 import sys
 from dataclasses import fields
 
-from draftsmith.demo.ablate_heads import HeadAblationSettings, run_head_ablation
+from draftsmith.demo.ablate_heads import HeadAblationSettings, head_recipes, run_head_ablation
 
 HELP = {
-    "method": "which head: dflash, eagle3 or peagle",
     "losses": "comma-separated divergences, one head per loss and seed",
     "seeds": "comma-separated seeds (the spread of each loss)",
     "steps": "training steps per head (the shared budget)",
@@ -27,9 +27,13 @@ HELP = {
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    methods = ", ".join(head_recipes(HeadAblationSettings.target))
+    helps = HELP | {
+        "method": f"which head: a shipped recipe of the demo target's family, one of {methods} (default: the first)"
+    }
     for f in fields(HeadAblationSettings):
         kind = type(f.default) if isinstance(f.default, (int, float)) else None
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=HELP.get(f.name))
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=helps.get(f.name))
     args = parser.parse_args(argv)
     try:
         settings = HeadAblationSettings(**vars(args))

@@ -1,14 +1,14 @@
 """Batched decoding on its three paths, side by side: the default dynamic ragged cache, the
 static ragged cache, and the static cache with compiled steps (`generate_batch(...,
 static_cache=, compile=)`), for target-only decoding and each drafter given, at one batch size:
-draft models, prompt lookup, Medusa chain and tree, EAGLE chain and EAGLE-2 tree (built by
-`eval.drafter_specs`, as `draftsmith eval` builds them).
+every `--drafter KIND[:NAME]=DIR` (its chain, and its tree with `--tree KIND=SPEC` where the
+method decodes trees) and prompt lookup (built by `eval.drafter_specs`, as `draftsmith eval`
+builds them; the kinds and tree specs: --help).
 
     D=~/.cache/draftsmith
     python scripts/bench_batched.py --target $D/demo-target-cpu/target \
-        --draft $D/demo-heads-cpu/distilled-draft/draft --eagle $D/demo-heads-cpu/eagle3/head \
-        --eagle-tree 3,4,12 --medusa $D/demo-heads-cpu/medusa/heads --medusa-tree auto --prompt-lookup \
-        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --batch-size 4
+        --drafter draft=$D/demo-heads-cpu/distilled-draft/draft --drafter KIND=$D/demo-heads-cpu/RECIPE/head \
+        --tree KIND=SPEC --prompt-lookup --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --batch-size 4
 
 Greedy, no eos (every row emits exactly --max-new-tokens), one warm-up per configuration
 (compilation happens there and is reported apart), then --repeats rounds in which every
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
         parser.error("--batch-size, --max-new-tokens, -k and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
 
-    if not (args.draft or args.prompt_lookup or args.medusa or args.eagle):
-        parser.error("give a drafter: --draft, --prompt-lookup, --medusa and/or --eagle")
+    if not (drafter_values(args) or args.prompt_lookup):
+        parser.error("give a drafter: --drafter KIND[:NAME]=DIR (repeatable) and/or --prompt-lookup")
     specs = DrafterSpecs(
         target=args.target,
         drafters=tuple(drafter_values(args)),

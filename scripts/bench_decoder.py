@@ -6,9 +6,8 @@ against Hugging Face `generate`, greedy, batch 1.
     python scripts/bench_decoder.py --hidden 512 --layers 8 --draft-layers 2 --max-new-tokens 64
     python scripts/bench_decoder.py --target path/to/target --draft path/to/draft --device cuda
     D=~/.cache/draftsmith; python scripts/bench_decoder.py --target $D/demo-target-cpu/target \\
-        --draft $D/demo-target-cpu/draft --medusa $D/demo-heads-cpu/medusa/heads \\
-        --eagle $D/demo-heads-cpu/eagle3/head --prompt-lookup --num-draft-tokens 3 \\
-        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --no-self-draft   # every drafter kind
+        --draft $D/demo-target-cpu/draft --prompt-lookup --num-draft-tokens 3 \\
+        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --no-self-draft   # + trained heads' flags (--help)
 
 One process, one target, the same prompts and the same K for every method:
 
@@ -21,9 +20,9 @@ One process, one target, the same prompts and the same K for every method:
 Every draftsmith path runs target-only and each drafter available: the draft model (the
 target truncated to --draft-layers layers, or --draft; on the static and compiled paths the
 draft runs on that path too), a self-draft (a copy of the target, alpha = 1 up to round-off:
-what differs is decoder overhead), prompt lookup (--prompt-lookup), Medusa heads (--medusa: a chain, and a tree of
---medusa-tree nodes built from the heads' recorded accuracies) and an EAGLE head (--eagle: a
-chain, and the EAGLE-2 tree --eagle-tree). The HF rows run on the draft model (--no-hf skips).
+what differs is decoder overhead), prompt lookup (--prompt-lookup), and the trained heads whose
+folders `eval.bench.BenchConfig` takes (each a chain, and a tree where its flags ask for one:
+--help). The HF rows run on the draft model (--no-hf skips).
 
 Methods are interleaved within every repeat (the order rotates per prompt) so that load from
 other work on the machine hits all of them alike; each row reports the median over repeats of

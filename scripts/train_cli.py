@@ -1,8 +1,8 @@
 """`draftsmith train KIND [ARGS ...]`: a trainer of train/ run from anywhere, with a shipped recipe or a file.
 
-    draftsmith train medusa --recipe smollm2/medusa max_steps=50 loss=forward_kl
-    draftsmith train eagle --recipe my-eagle3.yaml --accelerate-config zero2 --num-processes 8
-    draftsmith train peagle --help          # the trainer's own flags
+    draftsmith train draft --recipe smollm2/draft max_steps=50 loss=tv
+    draftsmith train KIND --recipe my-recipe.yaml --accelerate-config zero2 --num-processes 8
+    draftsmith train KIND --help          # the trainer's own flags
 
 KIND is a method of heads/registry.py. ARGS go unchanged to its trainer's command line, the one
 `python -m draftsmith.train.KIND ARGS` reads, except the two launch flags taken here: without
@@ -45,7 +45,7 @@ def add_commands(sub) -> None:
     kinds = "\n".join(f"  {kind:<8} {m.title} (python -m {m.trainer})" for kind, m in METHODS.items())
     tr = sub.add_parser(
         "train",
-        help="train a drafter with a recipe: a shipped NAME (smollm2/medusa, llama3/eagle3, ...) or a YAML file",
+        help="train a drafter with a recipe: a shipped NAME (FAMILY/RECIPE of recipes/, e.g. smollm2/draft) or a YAML file",
         description=__doc__,
         epilog=f"kinds:\n{kinds}\n\n`draftsmith train KIND --help` lists the ARGS the trainer of KIND reads.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

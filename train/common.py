@@ -216,10 +216,10 @@ def training_rows(recipe, data, first: int) -> tuple[list[int], list[int]]:
 
 
 def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
-    """The mask token of a DFlash or P-EAGLE head (`choose_mask_token`): the recipe's
+    """The mask token of a head that drafts with one (a one-pass head; `choose_mask_token`): the recipe's
     `mask_token_id`, else the target tokenizer's mask token, else an id the data never trains on;
     with where it came from. RecipeError for an id outside the vocabulary."""
-    from draftsmith.heads.dflash import DFlashError, choose_mask_token
+    from draftsmith.heads.layers import choose_mask_token
     from draftsmith.heads.models import load_tokenizer
     from draftsmith.train.recipe import RecipeError
 
@@ -230,10 +230,9 @@ def mask_token(recipe, data, vocab_size: int) -> tuple[int, str]:
     # None when the target has no tokenizer: the data's counts decide
     tokenizer = load_tokenizer(recipe.target, role="target", trust_remote_code=recipe.trust_remote_code)
     used = (data.token_counts() > 0).nonzero().flatten().tolist()  # tokens the data trains on
-    try:
-        return choose_mask_token(vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used)
-    except DFlashError as err:
-        raise RecipeError(str(err)) from None
+    return choose_mask_token(
+        vocab_size, explicit=recipe.mask_token_id, tokenizer=tokenizer, used=used, error=RecipeError
+    )
 
 
 def on_draft_vocab(logits: torch.Tensor, vocab, t2d) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -333,15 +332,34 @@ def draft_vocab_ids(head, vocab_map, device) -> torch.Tensor | None:
     return head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device))
 
 
+def head_origin(recipe, data, vocab_map) -> dict:
+    """The `for_target` keywords a head over the target's states takes from its recipe and data:
+    the target states it reads, its draft vocabulary and its provenance (target, data hash)."""
+    aux, source = recipe.aux_layers, recipe.target
+    return {"aux_layer_ids": aux, "vocab_map": vocab_map, "target_name_or_path": source, "data_hash": data.data_hash}
+
+
+def head_target_states(run, target, data, head, vocab_map):
+    """batch -> (features, teacher, in_vocab) of `head` (`aux_states_and_teacher` over the target
+    states it reads, `aux_layer_ids`, and its draft vocabulary), the vocabulary map described first."""
+    vocab = draft_vocab_ids(head, vocab_map, run.device)
+    if vocab_map is not None:
+        run.print(vocab_map.describe())
+    t2d = head.t2d if vocab is not None else None
+    aux, last = tuple(head.config.aux_layer_ids), target_sizes(target)[0]
+    return aux_states_and_teacher(run.recipe, target, data, aux, last, run.device, vocab, t2d)
+
+
 def prepare_head(run, objective):
-    """(model, optimizer, scheduler, head) of a head trainer (EAGLE, P-EAGLE, DFlash): AdamW over the
-    trainable parameters of `objective.head` (betas 0.9, 0.95 as EAGLE-3's and DFlash's recipes), the
-    objective and optimizer prepared by `run`, and the head unwrapped (what evaluation and saving use)."""
+    """(model, head) of a trainer of a head over the target's states: AdamW over the trainable
+    parameters of `objective.head` (betas 0.9, 0.95, as the methods' published recipes), the
+    objective and optimizer prepared by `run` (which keeps the optimizer), and the head unwrapped
+    (what evaluation and saving use)."""
     params = [p for p in objective.head.parameters() if p.requires_grad]
     r = run.recipe
     optimizer = torch.optim.AdamW(params, lr=r.lr, weight_decay=r.weight_decay, betas=(0.9, 0.95))
-    model, optimizer, scheduler = run.prepare(objective, optimizer)
-    return model, optimizer, scheduler, run.accelerator.unwrap_model(model).head
+    model = run.prepare(objective, optimizer)
+    return model, run.accelerator.unwrap_model(model).head
 
 
 def describe_top1(per: str):
@@ -374,6 +392,17 @@ def save_head(run, model, head, save) -> None:
     with run.gathered(model):
         if run.is_main:
             save(head, run.out / "head", overwrite=True)
+
+
+def finish_head(run, done, model, head, save, target, k: int, data, heldout_rows, vocab_map, **method) -> dict:
+    """The end of a head trainer: its summary (`head_summary`, with the `method` fields), the head
+    saved (`save_head`), the serve check of OUT/head (kind `run.method`, K = `k` as the held-out
+    tau's, over the prompts of the first held-out rows: `heldout_prompts`), the run finished."""
+    summary = head_summary(done, head, vocab_map, **method)
+    save_head(run, model, head, save)
+    prompts = heldout_prompts(data, heldout_rows, run.recipe.serve_check_prompts)
+    summary["serve_check"] = serve_check(run, target, run.method, run.out / "head", prompts, k, done.last_eval)
+    return run.finish(summary)
 
 
 # ---------------------------------------------------------------------- the serve check
@@ -427,7 +456,7 @@ def walk_taus(walks: torch.Tensor, key: str = "tau_simulated") -> dict:
 
 
 def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: str, unit: str) -> dict:
-    """Held-out evaluation of a one-pass head (DFlash blocks, P-EAGLE chains) over `batches`
+    """Held-out evaluation of a one-pass head (its blocks or chains) over `batches`
     (`heldout_batches`): `every(batch, feats, teacher, in_vocab)` (what `target_states(batch)` gives)
     gives the chains at every position the decoder could call at ((chains [B, T, width] hits, starts
     [B, T], hits and trained counts per slot)). Returns the per-slot top-1 (`top1_per_{per}`), the
@@ -491,7 +520,8 @@ def serve_check(
         skipped = f"the target is partitioned over the processes (target_sharding = {r.target_sharding})"
     if skipped is None:
         try:
-            # the trainer's own target: the heads' provenance is known to match (Medusa-2 adapts it)
+            # the trainer's own target: the heads were made from it (a trainer that fine-tunes the target
+            # changes its fingerprint, hence the mismatch allowed)
             drafter = chain_drafter(kind, folder, target, run.device, target.dtype, allow_target_mismatch=True)
             tau, calls = decoded_tau(target, drafter, prompts, k, r.serve_check_new_tokens)
         except (SpecError, ValueError) as err:

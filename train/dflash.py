@@ -31,47 +31,37 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.masks import additive
-from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
-    aux_states_and_teacher,
-    collate_rows,
     describe_top1,
-    draft_vocab_ids,
     draft_vocab_map,
-    head_summary,
+    finish_head,
+    head_origin,
+    head_target_states,
     heldout_batches,
-    heldout_prompts,
     mask_token,
     one_pass_evaluation,
     prepare_head,
-    save_head,
-    serve_check,
     target_sizes,
-    to_device,
-    training_rows,
 )
 from draftsmith.train.loop import train_loop
-from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 
 
 @dataclass(kw_only=True)
-class DFlashRecipe(RunRecipe):
-    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and DFlash's."""
+class DFlashRecipe(MaskedHeadRecipe):
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...), the masked heads'
+    (mask token, aux layers, vocabulary, loss: soft CE as DFlash's) and DFlash's. aux_layers'
+    default: one per draft layer, spread over 1..L-3."""
 
     num_layers: int = 1  # draft decoder layers (DFlash's released drafters use a few, e.g. 5 on Qwen3-8B)
     block_size: int = 8  # slots per block: one forward drafts block_size - 1 tokens (speculators' default)
-    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a reserved unused id
-    aux_layers: list | None = None  # HF hidden_states ids; default: one per draft layer, spread over 1..L-3
-    draft_vocab_size: int | None = None  # reduced vocabulary from the data (None = the target's)
-    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
     max_anchors: int = 64  # blocks trained per row and step (more: more signal per target forward)
     decay_gamma: float = 4.0  # slot k's weight exp(-(k-1)/gamma) (DFlash: gamma ~4 for 8-16 slots)
-    loss: str = "soft_ce"  # divergence to the target per slot: any of DIVERGENCES (DFlash: soft CE)
-    hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
     lr: float = 6e-4  # the DFlash recipes' peak lr at 8B; tiny heads take ~1e-3
     grad_clip: float = 1.0
 
@@ -87,12 +77,6 @@ class DFlashRecipe(RunRecipe):
             raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1")
         if not self.decay_gamma > 0:
             raise ValueError(f"decay_gamma = {self.decay_gamma} must be > 0")
-        if self.loss not in DIVERGENCES:
-            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
-        if self.draft_vocab_size is not None and self.vocab_map:
-            raise ValueError("give draft_vocab_size or vocab_map, not both")
-        if self.mask_token_id is not None and self.mask_token_id < 0:
-            raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
 
 
 def head_parameters(recipe: DFlashRecipe, target) -> tuple[int, int]:
@@ -244,37 +228,25 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
     from draftsmith.heads.dflash_formats import save_dflash
 
-    run = TrainingRun(recipe, "dflash")
+    run = TrainingRun(recipe, "dflash", progress)
     device = run.device
-    target, data = run.load_target_and_data()
-    L, V, pad_id = target_sizes(target)
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
-    train_rows, heldout_rows = training_rows(recipe, data, first=1)
+    target, data, train_rows, heldout_rows = run.load_training(first=1)
+    _, V, pad_id = target_sizes(target)
 
     vocab_map = draft_vocab_map(recipe, data, V)
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
-        head = DFlashHead.for_target(
-            target,
-            num_layers=recipe.num_layers,
-            block_size=recipe.block_size,
-            mask_token_id=mask_id,
-            mask_token_source=mask_source,
-            aux_layer_ids=recipe.aux_layers,
-            vocab_map=vocab_map,
-            target_name_or_path=recipe.target,
-            data_hash=data.data_hash,
-        ).to(device)
+        mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
+        block = {"block_size": recipe.block_size, "num_layers": recipe.num_layers}
+        head = DFlashHead.for_target(target, **block, **mask, **head_origin(recipe, data, vocab_map)).to(device)
     except DFlashError as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
-    aux = tuple(head.config.aux_layer_ids)
-    vocab = draft_vocab_ids(head, vocab_map, device)
-    t2d = head.t2d if vocab is not None else None
-    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)  # offline: hidden_cache
+    target_states = head_target_states(run, target, data, head, vocab_map)  # offline: hidden_cache
 
-    model, optimizer, scheduler, head = prepare_head(run, DFlashObjective(head, recipe))
-    step = run.start()
+    model, head = prepare_head(run, DFlashObjective(head, recipe))
+    run.start()
     rank = run.accelerator.process_index
 
     def anchors_for(batch, seed: int):
@@ -285,8 +257,7 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         return anchors.to(device), valid.to(device)
 
     def micro_step(step, micro):
-        rows = run.batch_rows(train_rows, step, micro)
-        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        batch = run.batch(data, train_rows, step, micro, pad_id)
         feats, teacher, in_vocab = target_states(batch)
         anchors, valid = anchors_for(batch, hash((recipe.seed, step, micro, rank)) % 2**31)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -307,30 +278,10 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         return one_pass_evaluation(batches, target_states, every, recipe.block_size - 1, recipe, "slot", "blocks")
 
     done = train_loop(
-        run,
-        model,
-        optimizer,
-        scheduler,
-        step,
-        micro_step,
-        desc="dflash",
-        progress=progress,
-        evaluate=evaluate if heldout_rows else None,
-        describe=describe_top1("slot"),
+        run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot")
     )
-    summary = head_summary(
-        done,
-        head,
-        vocab_map,
-        block_size=recipe.block_size,
-        num_layers=recipe.num_layers,
-        mask_token_id=mask_id,
-        mask_token_source=mask_source,
-    )
-    save_head(run, model, head, save_dflash)
-    K, prompts = recipe.block_size - 1, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
-    summary["serve_check"] = serve_check(run, target, "dflash", run.out / "head", prompts, K, done.last_eval)
-    return run.finish(summary)
+    K = recipe.block_size - 1  # the held-out tau's
+    return finish_head(run, done, model, head, save_dflash, target, K, data, heldout_rows, vocab_map, **block, **mask)
 
 
 def main(argv=None) -> int:

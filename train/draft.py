@@ -418,7 +418,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.draft import describe_draft
     from draftsmith.heads.models import load_tokenizer
 
-    run = TrainingRun(recipe, "draft")
+    run = TrainingRun(recipe, "draft", progress)
     device = run.device
     out = Path(recipe.out)
     tokenizer = load_tokenizer(recipe.target, trust_remote_code=recipe.trust_remote_code)
@@ -466,7 +466,7 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     optimizer = torch.optim.AdamW(
         [p for p in draft.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay
     )
-    model, optimizer, scheduler = run.prepare(draft, optimizer)
+    model = run.prepare(draft, optimizer)
     draft = run.accelerator.unwrap_model(model)
     step = run.start()
 
@@ -519,12 +519,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     done = train_loop(
         run,
         model,
-        optimizer,
-        scheduler,
-        step,
         micro_step,
         desc=f"draft ({recipe.loss})",
-        progress=progress,
         evaluate=evaluate if heldout_index else None,
         describe=describe,
         last_eval=initial,

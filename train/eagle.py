@@ -22,7 +22,7 @@ predicts token t+2 (its output g_t is the next step's feature when drafting furt
   same data (a map of other data is refused). EAGLE-3.1: `fc_norm=true norm_output=true`.
 - online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
   folder holding the aux layers and `last`); held-out per-step top-1 accuracy and simulated
-  chain tau every `eval_every` steps; checkpoints and `resume=true` as for Medusa.
+  chain tau every `eval_every` steps; checkpoints and `resume=true` as for every trainer.
 The result is `OUT/head/` (`EagleHead.save_pretrained`), for `draftsmith eval --eagle` and
 `draftsmith export --format vllm|sglang|hf`.
 """
@@ -38,21 +38,15 @@ from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
-    aux_states_and_teacher,
-    collate_rows,
     describe_top1,
-    draft_vocab_ids,
     draft_vocab_map,
-    head_summary,
+    finish_head,
+    head_origin,
+    head_target_states,
     heldout_batches,
-    heldout_prompts,
     heldout_walks,
     prepare_head,
-    save_head,
-    serve_check,
     target_sizes,
-    to_device,
-    training_rows,
     walk_taus,
 )
 from draftsmith.train.loop import train_loop
@@ -117,7 +111,7 @@ def head_parameters(recipe: EagleRecipe, target) -> tuple[int, int]:
 
 
 def eagle3_parameters(recipe, target) -> int:
-    """The trained part of an EAGLE-3 head (also P-EAGLE's, train/peagle.py): the layer (q/k/v read
+    """The trained part of an EAGLE-3 head (also of the heads built on it): the layer (q/k/v read
     2H) and its hidden_norm, fc over the n aux states (n H x H; `fc_norm`: one RMSNorm per aux state),
     the final norm, and lm_head over the draft vocabulary (Vd x H)."""
     tc, H, V = target_dims(target)
@@ -234,44 +228,30 @@ class EagleObjective(torch.nn.Module):
 def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, EagleHead, save_eagle
 
-    run = TrainingRun(recipe, "eagle")
+    run = TrainingRun(recipe, "eagle", progress)
     device = run.device
-    target, data = run.load_target_and_data()
-    L, V, pad_id = target_sizes(target)
     # step 0 at position t drafts token t+2: position 2 is the first the head is trained on
-    train_rows, heldout_rows = training_rows(recipe, data, first=2)
+    target, data, train_rows, heldout_rows = run.load_training(first=2)
+    _, V, pad_id = target_sizes(target)
 
     vocab_map = draft_vocab_map(recipe, data, V) if recipe.version == "eagle3" else None
     try:
-        head = EagleHead.for_target(
-            target,
-            recipe.version,
-            aux_layer_ids=recipe.aux_layers,
-            vocab_map=vocab_map,
-            target_name_or_path=recipe.target,
-            data_hash=data.data_hash,
-            fc_norm=recipe.fc_norm,
-            norm_output=recipe.norm_output,
-        ).to(device)
+        eagle31 = {"fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output}
+        head = EagleHead.for_target(target, recipe.version, **eagle31, **head_origin(recipe, data, vocab_map))
+        head = head.to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
-    aux = tuple(head.config.aux_layer_ids)
-    vocab = draft_vocab_ids(head, vocab_map, device)
-    if vocab_map is not None:
-        run.print(vocab_map.describe())
 
     # (features, teacher on the draft vocabulary, in_vocab): eagle1's feature is the post-norm last
     # state (aux = [L]), eagle3's the aux states concatenated; offline the cache holds them and `last`.
-    t2d = head.t2d if vocab is not None else None
-    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)
+    target_states = head_target_states(run, target, data, head, vocab_map)
 
-    model, optimizer, scheduler, head = prepare_head(run, EagleObjective(head, recipe))
-    step = run.start()
+    model, head = prepare_head(run, EagleObjective(head, recipe))
+    run.start()
 
     def micro_step(step, micro):
         """One micro-batch: the TTT-weighted loss (this process's token share), per-step losses."""
-        rows = run.batch_rows(train_rows, step, micro)
-        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        batch = run.batch(data, train_rows, step, micro, pad_id)
         feats, teacher, in_vocab = target_states(batch)
         steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -308,23 +288,10 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
             "positions": tau_n,
         }
 
-    done = train_loop(
-        run,
-        model,
-        optimizer,
-        scheduler,
-        step,
-        micro_step,
-        desc=recipe.version,
-        progress=progress,
-        evaluate=evaluate if heldout_rows else None,
-        describe=describe_top1("step"),
-    )
-    summary = head_summary(done, head, vocab_map, version=recipe.version)
-    save_head(run, model, head, save_eagle)
-    K, prompts = recipe.eval_depth, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
-    summary["serve_check"] = serve_check(run, target, "eagle", run.out / "head", prompts, K, done.last_eval)
-    return run.finish(summary)
+    evaluate = evaluate if heldout_rows else None
+    done = train_loop(run, model, micro_step, desc=recipe.version, evaluate=evaluate, describe=describe_top1("step"))
+    K, version = recipe.eval_depth, recipe.version
+    return finish_head(run, done, model, head, save_eagle, target, K, data, heldout_rows, vocab_map, version=version)
 
 
 def main(argv=None) -> int:

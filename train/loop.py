@@ -9,7 +9,7 @@ train/<method>.py as plain functions it passes in:
         loss, per_head = model(...)
         return loss, batch, {"head_losses": per_head}   # extras: averaged over processes, logged
 
-    done = train_loop(run, model, optimizer, scheduler, step, micro_step, desc="medusa",
+    done = train_loop(run, model, micro_step, desc="draft",
                       evaluate=evaluate, describe=lambda ev: f"tau {ev['tau_simulated']:.3f}")
 
 A metrics line reads {"step", **fields(step), "lr", "tokens_per_second", "loss", "grad_norm",
@@ -50,21 +50,10 @@ def _mean(run, value):
 
 
 def train_loop(
-    run,
-    model,
-    optimizer,
-    scheduler,
-    step: int,
-    micro_step,
-    *,
-    desc: str,
-    progress: bool = True,
-    evaluate=None,
-    describe=None,
-    last_eval: dict | None = None,
-    fields=None,
+    run, model, micro_step, *, desc: str | None = None, evaluate=None, describe=None, last_eval=None, fields=None
 ) -> Trained:
-    """Optimizer steps from `step` to recipe.max_steps.
+    """Optimizer steps of `run.optimizer` and `run.scheduler` (`run.prepare`) from `run.start_step`
+    (`run.start`) to recipe.max_steps, under a progress bar named `desc` (default: `run.method`).
 
     micro_step(step, micro) -> (loss, batch, extras): the forward of one micro-batch (called
       inside `accelerate.accumulate(model)`); `loss` is this process's share of the step's loss
@@ -74,8 +63,8 @@ def train_loop(
       describe(result) -> str: what the console shows of it.
     fields(step) -> dict: plain values logged first on each metrics line of `step`.
     """
-    r, acc = run.recipe, run.accelerator
-    bar = run.progress(step, desc, progress)
+    r, acc, step = run.recipe, run.accelerator, run.start_step
+    bar = run.progress(step, desc or run.method)
     tokens, seconds = 0, 0.0
     window_tokens, window_seconds = 0, 0.0
     model.train()
@@ -88,7 +77,7 @@ def train_loop(
             with acc.accumulate(model):
                 loss, batch, extras = micro_step(step, micro)
                 logged["loss"] = run.mean(loss)  # every process stops together on nan/inf
-                norm = run.backward_and_step(model, optimizer, scheduler, loss, r.grad_clip)
+                norm = run.backward_and_step(model, loss, r.grad_clip)
                 if norm is not None:
                     logged["grad_norm"] = norm
             logged.update({name: _mean(run, value) for name, value in extras.items()})
@@ -104,7 +93,7 @@ def train_loop(
             bar.set_postfix(loss=f"{logged['loss']:.4f}")
         if step % r.log_every == 0 or step == r.max_steps:
             rate = window_tokens / max(window_seconds, 1e-9)
-            run.log(step, {**first, "lr": scheduler.get_last_lr()[0], "tokens_per_second": rate, **logged})
+            run.log(step, {**first, "lr": run.scheduler.get_last_lr()[0], "tokens_per_second": rate, **logged})
             window_tokens, window_seconds = 0, 0.0
         if evaluate is not None and (step % r.eval_every == 0 or step == r.max_steps):
             last_eval = evaluate_now(run, model, evaluate)

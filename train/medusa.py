@@ -10,7 +10,7 @@ predicts token t+2+k: the target itself supplies token t+1, the heads the tokens
 - Medusa-1 (`mode: medusa1`): the target is frozen. Its hidden states come from a forward
   under no_grad inside the loop (online, the default), or from a `draftsmith cache-hidden`
   cache holding the `last` layer (offline: `hidden_cache: DIR`; it may hold others, so one
-  cache of (2, L//2, L-3, last) serves EAGLE-3, P-EAGLE, DFlash and Medusa alike).
+  cache of (2, L//2, L-3, last) serves every trainer that reads one alike).
 - Medusa-2 (`mode: medusa2`): LoRA adapters on the backbone train jointly with the heads,
   L = L_base + lambda * sum_k w_k L_k, where L_base = KL(original target || adapted target)
   on the next token keeps the backbone's own predictions (the adapters are disabled for the
@@ -49,7 +49,6 @@ from draftsmith.train.common import (
     serve_check,
     sync,
     to_device,
-    training_rows,
     walk_taus,
 )
 from draftsmith.train.loop import train_loop
@@ -259,11 +258,10 @@ def evaluate_heads(heads, states_fn, data, rows, recipe: MedusaRecipe, pad_id: i
 def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.medusa import MedusaHeads, save_medusa
 
-    run = TrainingRun(recipe, "medusa")
+    run = TrainingRun(recipe, "medusa", progress)
     device, out = run.device, Path(recipe.out)
-    target, data = run.load_target_and_data()
     # head 0 at position t predicts token t+2: position 2 is the first a head is trained on
-    train_rows, heldout_rows = training_rows(recipe, data, first=2)
+    target, data, train_rows, heldout_rows = run.load_training(first=2)
     text_config = target.config.get_text_config()
     # Offline Medusa-1 reads the post-norm last state (HF hidden_states id = number of layers).
     last = (text_config.num_hidden_layers,)
@@ -300,7 +298,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     # Everything trainable sits behind one forward, so DDP syncs the gradients of all of it.
     model = MedusaObjective(heads, backbone, recipe)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    model, optimizer, scheduler = run.prepare(model, optimizer)
+    model = run.prepare(model, optimizer)
     objective = run.accelerator.unwrap_model(model)
     heads_module = objective.heads
 
@@ -326,7 +324,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         drift = next_token_kl(out.logits.float(), original, batch)
         return out.hidden_states[-1].float(), {"drift": float(drift), "drift_n": float(mask.sum())}
 
-    step = run.start()
+    run.start()
 
     # Forward-only throughput of the target on a few training batches: the yardstick for the
     # training throughput below (Medusa-1 training costs a target forward plus the heads).
@@ -349,8 +347,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
 
     def micro_step(step, micro):
         """One micro-batch: the loss (this process's token share), the batch, per-head losses."""
-        rows = run.batch_rows(train_rows, step, micro)
-        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        batch = run.batch(data, train_rows, step, micro, pad_id)
         hidden = teacher = None
         if backbone is None:
             hidden, teacher = target_states(batch)
@@ -368,18 +365,8 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         drift = f", KL drift {ev['kl_drift']:.4f}" if "kl_drift" in ev else ""
         return f"top-1 per head {[round(a, 3) for a in ev['top1']]}, simulated tau {ev['tau_simulated']:.3f}{drift}"
 
-    done = train_loop(
-        run,
-        model,
-        optimizer,
-        scheduler,
-        step,
-        micro_step,
-        desc=f"medusa ({recipe.mode})",
-        progress=progress,
-        evaluate=evaluate if heldout_rows else None,
-        describe=describe,
-    )
+    evaluate = evaluate if heldout_rows else None
+    done = train_loop(run, model, micro_step, desc=f"medusa ({recipe.mode})", evaluate=evaluate, describe=describe)
 
     summary = {
         "steps": done.step,

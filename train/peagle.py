@@ -30,51 +30,40 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.masks import additive
-from draftsmith.distill.losses import DIVERGENCES, divergence
+from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
-    aux_states_and_teacher,
-    collate_rows,
     describe_top1,
-    draft_vocab_ids,
     draft_vocab_map,
-    head_summary,
+    finish_head,
+    head_origin,
+    head_target_states,
     heldout_batches,
-    heldout_prompts,
     mask_token,
     one_pass_evaluation,
     prepare_head,
-    save_head,
-    serve_check,
     target_sizes,
-    to_device,
-    training_rows,
 )
 from draftsmith.train.eagle import aux_layer_count, eagle3_parameters
 from draftsmith.train.loop import train_loop
-from draftsmith.train.recipe import RecipeError, RunRecipe
+from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
 
 
 @dataclass(kw_only=True)
-class PEagleRecipe(RunRecipe):
-    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...) and P-EAGLE's
+class PEagleRecipe(MaskedHeadRecipe):
+    """RunRecipe's keys (target, data, out, lr, batch, schedule, cadence, ...), the masked heads'
+    (mask token, aux layers (default 2, L//2, L-3), vocabulary, loss, hidden cache) and P-EAGLE's
     (named and defaulted as speculators' trainer names them)."""
 
     num_depths: int = 8  # tokens one forward drafts (speculators: 8)
     down_sample_ratio: float = 0.7  # COD: depth d keeps ratio^d of the chains (speculators: 0.7)
     down_sample_ratio_min: float = 0.2  # COD: ... but never less than this fraction (speculators: 0.2)
     max_anchors: int | None = 512  # chains seeded per row (speculators: 512); null = every trained position
-    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a reserved unused id
-    aux_layers: list | None = None  # HF hidden_states ids; default (2, L//2, L-3)
-    draft_vocab_size: int | None = None  # reduced vocabulary from the data (None = full)
-    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux layer before fc
     norm_output: bool = False  # EAGLE-3.1: the head's output is post-norm
-    loss: str = "soft_ce"  # divergence to the target per element: any of DIVERGENCES (LK: nla, lk_hybrid)
-    hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
     lr: float = 1e-4  # as EAGLE-3 at 7B; small heads on small targets take 1e-3
     grad_clip: float = 0.5
 
@@ -92,12 +81,6 @@ class PEagleRecipe(RunRecipe):
             )
         if self.max_anchors is not None and self.max_anchors < 1:
             raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1 (or null for every trained position)")
-        if self.mask_token_id is not None and self.mask_token_id < 0:
-            raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
-        if self.loss not in DIVERGENCES:
-            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
-        if self.draft_vocab_size is not None and self.vocab_map:
-            raise ValueError("give draft_vocab_size or vocab_map, not both")
 
 
 def head_parameters(recipe: PEagleRecipe, target) -> tuple[int, int]:
@@ -269,43 +252,28 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, PEagleHead, save_eagle
     from draftsmith.heads.eagle.peagle import describe
 
-    run = TrainingRun(recipe, "peagle")
+    run = TrainingRun(recipe, "peagle", progress)
     device = run.device
-    target, data = run.load_target_and_data()
-    L, V, pad_id = target_sizes(target)
-    train_rows, heldout_rows = training_rows(recipe, data, first=2)  # pair 0 drafts token 2
+    target, data, train_rows, heldout_rows = run.load_training(first=2)  # pair 0 drafts token 2
+    _, V, pad_id = target_sizes(target)
     vocab_map = draft_vocab_map(recipe, data, V)
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
-        head = PEagleHead.for_target(
-            target,
-            mask_token_id=mask_id,
-            mask_token_source=mask_source,
-            num_depths=recipe.num_depths,
-            aux_layer_ids=recipe.aux_layers,
-            vocab_map=vocab_map,
-            target_name_or_path=recipe.target,
-            data_hash=data.data_hash,
-            fc_norm=recipe.fc_norm,
-            norm_output=recipe.norm_output,
-        ).to(device)
+        mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
+        eagle31 = {"fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output}
+        origin = head_origin(recipe, data, vocab_map)
+        head = PEagleHead.for_target(target, num_depths=recipe.num_depths, **mask, **eagle31, **origin).to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
-    aux = tuple(head.config.aux_layer_ids)
-    vocab = draft_vocab_ids(head, vocab_map, device)
-    if vocab_map is not None:
-        run.print(vocab_map.describe())
-    t2d = head.t2d if vocab is not None else None
-    target_states = aux_states_and_teacher(recipe, target, data, aux, L, device, vocab, t2d)  # offline: hidden_cache
+    target_states = head_target_states(run, target, data, head, vocab_map)  # offline: hidden_cache
 
-    model, optimizer, scheduler, head = prepare_head(run, PEagleObjective(head, recipe))
-    step = run.start()
+    model, head = prepare_head(run, PEagleObjective(head, recipe))
+    run.start()
     rank = run.accelerator.process_index
 
     def micro_step(step, micro):
-        rows = run.batch_rows(train_rows, step, micro)
-        batch = to_device(collate_rows(data, rows, recipe.max_length, pad_id), device)
+        batch = run.batch(data, train_rows, step, micro, pad_id)
         feats, teacher, in_vocab = target_states(batch)
         generator = torch.Generator().manual_seed(hash((recipe.seed, step, micro, rank)) % 2**31)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
@@ -326,24 +294,12 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         return one_pass_evaluation(batches, target_states, every, recipe.num_depths, recipe, "depth", "chains")
 
     done = train_loop(
-        run,
-        model,
-        optimizer,
-        scheduler,
-        step,
-        micro_step,
-        desc="peagle",
-        progress=progress,
-        evaluate=evaluate if heldout_rows else None,
-        describe=describe_top1("depth"),
+        run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=describe_top1("depth")
     )
-    summary = head_summary(
-        done, head, vocab_map, num_depths=recipe.num_depths, mask_token_id=mask_id, mask_token_source=mask_source
+    K = recipe.num_depths
+    return finish_head(
+        run, done, model, head, save_eagle, target, K, data, heldout_rows, vocab_map, num_depths=K, **mask
     )
-    save_head(run, model, head, save_eagle)
-    K, prompts = recipe.num_depths, heldout_prompts(data, heldout_rows, recipe.serve_check_prompts)  # K of the tau
-    summary["serve_check"] = serve_check(run, target, "peagle", run.out / "head", prompts, K, done.last_eval)
-    return run.finish(summary)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Recipes: one YAML per model family and method, read into the method's typed config.
 
-    accelerate launch train/medusa.py --recipe recipes/smollm2/medusa.yaml max_steps=50 lr=3e-4
+    accelerate launch train/draft.py --recipe recipes/smollm2/draft.yaml max_steps=50 lr=3e-4
 
 The YAML names components and hyperparameters only; defaults live in the method's config
 dataclass, nowhere else: `RunRecipe` holds the keys every method has (target, data, output
@@ -128,6 +128,30 @@ class RunRecipe:
             raise ValueError(
                 f"target_sharding = {self.target_sharding} partitions the layers draft_init = truncate copies: use device_map, or draft_init checkpoint/config"
             )
+
+
+@dataclass(kw_only=True)
+class MaskedHeadRecipe(RunRecipe):
+    """RunRecipe's keys and those of a head that drafts several tokens in one forward from mask-token
+    placeholders over the target's hidden states (a one-pass head); each method adds its own."""
+
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a reserved unused id
+    aux_layers: list | None = None  # HF hidden_states ids the head reads; None: the method's default
+    draft_vocab_size: int | None = None  # reduced vocabulary from the data (None = the target's)
+    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
+    loss: str = "soft_ce"  # divergence to the target per drafted token: any of DIVERGENCES (LK: nla, lk_hybrid)
+    hidden_cache: str | None = None  # offline: a cache-hidden folder with the aux layers + last
+
+    def __post_init__(self):
+        super().__post_init__()
+        from draftsmith.distill.losses import DIVERGENCES
+
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id = {self.mask_token_id} must be a token id >= 0")
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
+        if self.draft_vocab_size is not None and self.vocab_map:
+            raise ValueError("give draft_vocab_size or vocab_map, not both")
 
 
 def _expected_type(cls, name):

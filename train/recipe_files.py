@@ -1,6 +1,6 @@
 """The recipes and accelerate configs that ship inside the package, found by name.
 
-    find_recipe("smollm2/medusa")            # -> .../draftsmith/recipes/smollm2/medusa.yaml
+    find_recipe("smollm2/draft")          # -> .../draftsmith/recipes/smollm2/draft.yaml
     find_recipe("my/recipe.yaml")         # a file is taken as it is
     accelerate_config("zero2")            # -> a config whose DeepSpeed JSON path resolves anywhere
 

@@ -4,10 +4,10 @@ each step's reductions and metrics, trackers, the NaN stop, and the end (summary
 
 Each trainer in train/ stays readable top to bottom: it builds its model and optimizer, then
 
-    run = TrainingRun(recipe, "medusa")            # accelerator, output folder checked
-    model, optimizer, scheduler = run.prepare(model, optimizer)
+    run = TrainingRun(recipe, "draft", progress)   # accelerator, output folder checked
+    model = run.prepare(model, optimizer)          # the run keeps the optimizer and its schedule
     step = run.start()                             # resume / warm start; recipe + run_info written
-    done = train_loop(run, model, optimizer, scheduler, step, micro_step, ...)   # train/loop.py
+    done = train_loop(run, model, micro_step, ...)  # from `step` to max_steps: train/loop.py
     ...  save the result (inside `run.gathered(model)`, on the main process)
     return run.finish(summary)                     # summary written, trackers closed, pushed if asked
 
@@ -29,7 +29,7 @@ import torch
 
 from draftsmith.distill.data import write_json_atomic
 from draftsmith.train.checkpoints import resume, save_checkpoint, warm_start
-from draftsmith.train.common import batch_rows, warmup_cosine
+from draftsmith.train.common import batch_rows, collate_rows, to_device, training_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
 from draftsmith.train.run_folder import check_out_writable, drop_metrics_after, latest_checkpoint, refuse_earlier_run
 
@@ -78,10 +78,12 @@ def _scalars(record: dict, prefix: str = "") -> dict:
 
 
 class TrainingRun:
-    def __init__(self, recipe, method: str):
-        self.recipe, self.method = recipe, method
+    def __init__(self, recipe, method: str, progress: bool = True):
+        self.recipe, self.method, self.show_progress = recipe, method, progress
         self.out = Path(recipe.out)
         self.step = 0  # the optimizer step being computed (train_loop keeps it), for messages
+        self.start_step = 0  # where training continues from (`start`: a resumed run's step)
+        self.optimizer = self.scheduler = None  # `prepare`'s, stepped by `backward_and_step`
         self.accelerator = make_accelerator(recipe, recipe.grad_accum)
         from accelerate.utils import set_seed
 
@@ -146,15 +148,17 @@ class TrainingRun:
             )
         return target.requires_grad_(False)
 
-    def load_target_and_data(self):
-        """(target, data): the frozen target and the recipe's `draftsmith generate` folder,
-        checked to be this target's answers (`check_data_target`)."""
+    def load_training(self, first: int):
+        """(target, data, training rows, held-out rows): the frozen target and the recipe's
+        `draftsmith generate` folder, checked to be this target's answers (`check_data_target`),
+        its rows split and checked to train a token at position >= `first`, the first a draft of
+        this method is trained on (`training_rows`)."""
         from draftsmith.distill.data import DistillData
 
         data = DistillData(self.recipe.data)
         target = self.load_target()
         self.check_data_target(data, target)
-        return target, data
+        return target, data, *training_rows(self.recipe, data, first)
 
     def check_data_target(self, data, target) -> None:
         """Data another target generated teaches another model's answers: an error naming both
@@ -194,6 +198,12 @@ class TrainingRun:
         rank, world = acc.process_index, acc.num_processes
         return batch_rows(train_rows, step, micro, r.batch_size, r.grad_accum, r.seed, rank=rank, world=world)
 
+    def batch(self, data, train_rows: list[int], step: int, micro: int, pad_id: int) -> dict:
+        """Micro-batch `micro` of step `step`: this process's rows (`batch_rows`) of a `DistillData`,
+        collated (`collate_rows`, with their row ids) and on the device."""
+        rows = self.batch_rows(train_rows, step, micro)
+        return to_device(collate_rows(data, rows, self.recipe.max_length, pad_id), self.device)
+
     # ---------------------------------------------------------------- engine
 
     def _fit_deepspeed_config(self) -> None:
@@ -228,10 +238,11 @@ class TrainingRun:
             config[key] = value
 
     def prepare(self, model, optimizer):
-        """(model, optimizer, scheduler): the trainable model and its optimizer wrapped for the
-        engine, and the recipe's schedule (linear warm-up, cosine decay to 10% of the peak). The
-        scheduler is stepped by hand once per optimizer step (so the schedule reads in optimizer
-        steps whatever the number of processes) and saved with every checkpoint."""
+        """The trainable model wrapped for the engine. The run keeps its optimizer (wrapped too)
+        and the recipe's schedule (linear warm-up, cosine decay to 10% of the peak) as
+        `self.optimizer` and `self.scheduler`. The scheduler is stepped by hand once per optimizer
+        step (so the schedule reads in optimizer steps whatever the number of processes) and saved
+        with every checkpoint."""
         r = self.recipe
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(r.warmup_steps, r.max_steps))
         self._fit_deepspeed_config()
@@ -239,7 +250,8 @@ class TrainingRun:
         placement = [False, False] if self._head_device is not None else None
         model, optimizer = self.accelerator.prepare(model, optimizer, device_placement=placement)
         self.accelerator.register_for_checkpointing(scheduler)
-        return model, optimizer, scheduler
+        self.optimizer, self.scheduler = optimizer, scheduler
+        return model
 
     def gathered(self, model):
         """A context in which the trainable model's parameters are whole on every process (they
@@ -292,6 +304,7 @@ class TrainingRun:
                 init_kwargs={"wandb": {"dir": str(self.out), "name": f"{self.method}-{self.out.name}"}},
             )
         acc.wait_for_everyone()
+        self.start_step = step
         return step
 
     # ---------------------------------------------------------------- each step
@@ -326,7 +339,7 @@ class TrainingRun:
         total = self.accelerator.reduce(local.clone(), reduction="sum")
         return [float(n * P / t) if t > 0 else 0.0 for n, t in zip(local.tolist(), total.tolist())]
 
-    def backward_and_step(self, model, optimizer, scheduler, loss, grad_clip: float) -> float | None:
+    def backward_and_step(self, model, loss, grad_clip: float) -> float | None:
         """Backward; on the micro-step that completes an optimizer step, clip, step the optimizer
         and the schedule. Returns the gradient norm before clipping when the engine reports it."""
         acc = self.accelerator
@@ -334,10 +347,10 @@ class TrainingRun:
         norm = None
         if acc.sync_gradients and grad_clip:
             norm = acc.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+        self.optimizer.step()
         if acc.sync_gradients:
-            scheduler.step()
-        optimizer.zero_grad()
+            self.scheduler.step()
+        self.optimizer.zero_grad()
         return None if norm is None else float(norm)
 
     def log(self, step: int, record: dict) -> None:
@@ -354,9 +367,9 @@ class TrainingRun:
                 self.accelerator, self.out, step, recipe_dict(self.recipe), keep=self.recipe.keep_checkpoints
             )
 
-    def progress(self, step: int, desc: str, enabled: bool = True):
-        """A progress bar on the main process only (None elsewhere)."""
-        if not (enabled and self.is_main):
+    def progress(self, step: int, desc: str):
+        """A progress bar on the main process only, when the run shows progress (None elsewhere)."""
+        if not (self.show_progress and self.is_main):
             return None
         from tqdm.auto import tqdm
 

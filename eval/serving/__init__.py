@@ -4,12 +4,12 @@ of an answer.
 
     from draftsmith.eval.serving import StepProfile, poisson_requests, simulate, sustainable_load
     # step_seconds: one engine step (draft + verify for every active row), measured per batch size
-    eagle = StepProfile("eagle3", step_seconds={1: 0.021, 8: 0.026, 32: 0.048},
-                        tokens_per_step={1: 0.3, 2: 0.2, 3: 0.5}, prefill_seconds_per_token=2e-5)
+    spec = StepProfile("KIND", step_seconds={1: 0.021, 8: 0.026, 32: 0.048},
+                       tokens_per_step={1: 0.3, 2: 0.2, 3: 0.5}, prefill_seconds_per_token=2e-5)
     base = StepProfile.target_only(step_seconds={1: 0.015, 8: 0.017, 32: 0.030}, prefill_seconds_per_token=2e-5)
-    run = simulate(eagle, poisson_requests(4.0, 500, prompt_lengths=512, output_lengths=256, seed=0), max_batch=32)
+    run = simulate(spec, poisson_requests(4.0, 500, prompt_lengths=512, output_lengths=256, seed=0), max_batch=32)
     print(run.summary())
-    print(sustainable_load(eagle, 10.0, 90, max_batch=32, prompt_lengths=512, output_lengths=256).describe())
+    print(sustainable_load(spec, 10.0, 90, max_batch=32, prompt_lengths=512, output_lengths=256).describe())
 
 One module per part:
 - profile.py: `StepProfile` (a method's measured step cost, tokens per step and prefill cost),

@@ -3,7 +3,7 @@ TGI, `transformers serve`), reported in the columns of the simulated serving swe
 
     draftsmith eval --endpoint http://localhost:8000 --target T --prompts P.jsonl --out runs/engine \\
         --concurrency 1,2,4,8 --requests 32 --level-seconds 120 --latency-target 5 \\
-        [--eagle E]                          # also draftsmith's own acceptance of the served head
+        [--drafter KIND=DIR]                 # also draftsmith's own acceptance of the served head
         [--compare-serving runs/serving/serving.json]   # the simulated sweep beside it
 
 How it measures (closed loop): at each concurrency level c, c clients each send one streamed
@@ -19,7 +19,7 @@ percentile is within the target (levels are measured points, not a search).
 Speculative decoding on the server: its Prometheus `/metrics` is read before and after the
 load (`prometheus.py`); vLLM's counters give the served mean acceptance length and acceptance
 per position, set beside draftsmith's batch-1 measurement of a head on the same prompts when a
-drafter flag (`--eagle` ...) is given. The counters count all the server's traffic in that
+drafter (`--drafter KIND=DIR`) is given. The counters count all the server's traffic in that
 window. A server without them is said so in one line; the load part is reported alone.
 
 Simulated beside it (`--compare-serving`): each method of a sweep's serving.json, rebuilt as a

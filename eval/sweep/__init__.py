@@ -1,16 +1,15 @@
 """Serving-scale evaluation: the "three A" of a drafter at the batch sizes a server runs.
 
-    draftsmith eval --target T --draft D --eagle E --prompts P.jsonl --out runs/eval \\
+    draftsmith eval --target T --draft D --drafter KIND=DIR --prompts P.jsonl --out runs/eval \\
         --batch-sizes 1,2,4,8 --qps 1,2,4 --latency-target 5 --price-per-hour 2.5
 
 - Acceptance: alpha per draft position and tau (counting the bonus token), per drafter and,
   when the prompt rows carry a "task" field, per task (from the batch-1 evaluation,
   `eval/evaluator.py`, which this module extends and never replaces).
-- Acceleration: tokens/s of target-only decoding and of every drafter that has a batched form
-  (`eval/batched.py`: draft models, Medusa and EAGLE chains) at each batch size, on the same
-  prompts cycled to fill the batches; the speedup over target-only at the same batch size,
-  and the batch size where speculation stops paying. Trees, prompt lookup and Medusa's typical
-  acceptance exist at batch 1 only: they keep their batch-1 numbers and the report says so.
+- Acceleration: tokens/s of target-only decoding and of every drafter (the decoding loop is
+  batch-aware: chains, trees, prompt lookup and typical acceptance alike) at each batch size,
+  on the same prompts cycled to fill the batches; the speedup over target-only at the same
+  batch size, and the batch size where speculation stops paying.
 - Attendance: how much load one engine serves. Each batched method's measured step cost per
   number of active rows, its tokens-per-step histogram and its prefill cost make a
   `StepProfile`; `eval/serving/` runs it as a continuous-batching server under Poisson

@@ -138,7 +138,7 @@ def _analyse(cells, batch1_only, prompts, plans, settings: EvalSettings, sweep: 
 def admission_cost(admissions, step_seconds: Mapping[int, float]) -> tuple[float, float]:
     """(seconds per request, seconds per prompt token) of admitting a request, fitted by least
     squares over batches of one size. A batch's admission cost is its prefill plus what its first
-    step cost beyond a usual step at that many rows: a draft model or an EAGLE head reads the
+    step cost beyond a usual step at that many rows: a draft model or a drafter head reads the
     prompt in its first proposal, which the median step cost leaves out. Batches of B requests
     share the fitted per-batch intercept (per request = intercept / B). Both are floored at 0;
     with one distinct prompt length the cost is all per token."""

@@ -58,7 +58,7 @@ class ChainMeasurement:
     target_calls: int
     drafts: int
     drafter_seconds: float
-    per_step: bool  # the draft cost is per step (Medusa), not per drafted token
+    per_step: bool  # the draft cost is per step (`Drafter.cost_per_step`), not per drafted token
     verify_seconds: dict[int, float]
 
     @property

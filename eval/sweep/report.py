@@ -233,7 +233,7 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
             "One engine step (drafting + verification) in ms per number of active rows, medians of every step measured at "
             "that many rows; tokens per step: the share of steps in which a row gained n tokens. Admission: what a new "
             "request adds to the step that admits it (the target's prefill, and what the first step costs beyond a usual "
-            "one: a draft model or EAGLE head reading the prompt), fitted per request + per prompt token on the smallest "
+            "one: a draft model or a head reading the prompt), fitted per request + per prompt token on the smallest "
             "batch size.",
             rows=rows,
         )

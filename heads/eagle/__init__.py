@@ -1,11 +1,9 @@
 """EAGLE heads (EAGLE-1, EAGLE-3 and its variants, EAGLE-3.1 among them): the model (`model.py`),
-P-EAGLE's parallel-depth head (`peagle.py`) and their layouts on disk (`formats.py`)."""
+the heads built on EAGLE-3's (their own modules) and their layouts on disk (`formats.py`)."""
 
 from draftsmith.heads.eagle.formats import (
     EXPORT_FORMATS,
     LAYER_KEYS,
-    PEAGLE_ARCHITECTURE,
-    PEAGLE_KEYS,
     PROVENANCE_KEY,
     SGLANG_ARCHITECTURE,
     SGLANG_KEYS,
@@ -29,7 +27,7 @@ from draftsmith.heads.eagle.model import (
     EagleHead,
     default_aux_layer_ids,
 )
-from draftsmith.heads.eagle.peagle import PEagleConfig, PEagleHead
+from draftsmith.heads.eagle.peagle import PEAGLE_ARCHITECTURE, PEAGLE_KEYS, PEagleConfig, PEagleHead
 
 __all__ = [
     "EXPORT_FORMATS",

@@ -1,7 +1,8 @@
 """EAGLE heads on disk: the draftsmith layout (`save_eagle`), the vLLM speculators and SGLang
-layouts (`export_eagle`; `export_folder` from a folder, the registry's exporter of EAGLE and
-P-EAGLE), and `load_eagle` for any of the three (told apart by config.json). The
-layouts and the index conventions are described in `draftsmith.heads.eagle.model`.
+layouts (`export_eagle`; `export_folder` from a folder, the registry's exporter of every head of
+this package), and `load_eagle` for any of the three (told apart by config.json). The
+layouts and the index conventions are described in `draftsmith.heads.eagle.model`; a head built
+on EAGLE-3's whose speculators layout adds a few keys to it registers them (`SpeculatorsExtension`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,7 +22,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
-from draftsmith.heads.eagle.peagle import PEAGLE_FIELDS, PEagleConfig, PEagleHead
+from draftsmith.heads.layers import PROVENANCE
 from draftsmith.heads.speculators import speculators_block, speculators_header
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
@@ -29,25 +32,13 @@ WEIGHTS = "model.safetensors"
 # top-level `architectures` of a speculators config: it picks Eagle3LlamaForCausalLM from
 # `speculators_model_type` and `transformer_layer_config.model_type`.
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
+SPECULATORS_TYPE = "eagle3"  # speculators_model_type
 SPECULATORS_VERSION = "0.9.0"
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
-# speculators `peagle` (P-EAGLE): the eagle3 layout plus `mask_token_id` in the config and the trained
-# placeholder feature `mask_hidden` [1, 1, n_aux * H] in the weights (`draftsmith.heads.eagle.peagle`).
-PEAGLE_ARCHITECTURE = "PEagleDraftModel"
-PEAGLE_KEYS = ("mask_hidden",)
 # Provenance travels as one nested dict in the exported configs (vLLM builds its draft config from
 # `transformer_layer_config` only; SGLang keeps unknown keys as unused attributes).
 PROVENANCE_KEY = "draftsmith"
-_PROVENANCE_FIELDS = (
-    "target_name_or_path",
-    "target_revision",
-    "target_fingerprint",
-    "target_num_layers",
-    "target_architectures",
-    "data_hash",
-    "vocab_map_data_hash",
-    "aux_layer_ids",
-)
+_PROVENANCE_FIELDS = (*PROVENANCE, "aux_layer_ids")  # the config's provenance, and the layers it reads
 
 # ---------------------------------------------------------------------- required key sets
 # The EAGLE-3 decoder layer's tensors, relative to the layer (no biases: attention_bias adds the
@@ -78,6 +69,38 @@ SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weigh
 VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both formats
 
 
+@dataclass(frozen=True)
+class SpeculatorsExtension:
+    """A head built on EAGLE-3's whose speculators layout is EAGLE-3's plus a few keys. Its own
+    module registers it (`register_extension`); the package imports that module, so every function
+    here knows it."""
+
+    head: type  # the EagleHead subclass; its config_class is the config's
+    model_type: str  # its speculators_model_type
+    architecture: str  # the speculators class that reads it
+    title: str  # how messages name it
+    weight_keys: tuple[str, ...]  # its weights beyond EAGLE-3's
+    fields: tuple[str, ...]  # its config fields beyond EAGLE-3's (kept in the provenance block)
+    write_keys: Callable[[EagleConfig], dict]  # its top-level keys of the speculators config.json
+    read_fields: Callable[[Path, dict], dict]  # (folder, config.json) -> its config's own fields (EagleError)
+
+
+EXTENSIONS: dict[str, SpeculatorsExtension] = {}  # by speculators_model_type
+
+
+def register_extension(extension: SpeculatorsExtension) -> None:
+    EXTENSIONS[extension.model_type] = extension
+
+
+def _extension_of(config: EagleConfig) -> SpeculatorsExtension | None:
+    return next((e for e in EXTENSIONS.values() if isinstance(config, e.head.config_class)), None)
+
+
+def _draftsmith_heads() -> dict[str, type]:
+    """{draftsmith model_type: head class} of every head this file loads."""
+    return {EagleConfig.model_type: EagleHead} | {e.head.config_class.model_type: e.head for e in EXTENSIONS.values()}
+
+
 # ---------------------------------------------------------------------- export layouts
 def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
     base = VLLM_KEYS if fmt == "vllm" else SGLANG_KEYS
@@ -91,8 +114,9 @@ def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
         keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
     if config.draft_vocab_size != config.vocab_size:
         keys |= set(VOCAB_MAP_KEYS)
-    if isinstance(config, PEagleConfig):
-        keys |= set(PEAGLE_KEYS)
+    extension = _extension_of(config)
+    if extension is not None:
+        keys |= set(extension.weight_keys)
     return keys
 
 
@@ -119,7 +143,8 @@ def _check_keys(state: dict, required: set[str], fmt: str) -> None:
 
 
 def _provenance(config: EagleConfig) -> dict:
-    fields = _PROVENANCE_FIELDS + (PEAGLE_FIELDS if isinstance(config, PEagleConfig) else ())
+    extension = _extension_of(config)
+    fields = _PROVENANCE_FIELDS + (extension.fields if extension is not None else ())
     return {field: getattr(config, field) for field in fields}
 
 
@@ -142,11 +167,15 @@ def _layer_config_dict(config: EagleConfig) -> dict:
 def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
     c = head.config
     proposal = {"speculative_tokens": num_speculative_tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-    kind, architecture = ("peagle", PEAGLE_ARCHITECTURE) if _is_peagle(head) else ("eagle3", SPECULATORS_ARCHITECTURE)
-    peagle = {"mask_token_id": c.mask_token_id} if kind == "peagle" else {}
+    extension = _extension_of(c)
+    kind, architecture = (
+        (extension.model_type, extension.architecture)
+        if extension is not None
+        else (SPECULATORS_TYPE, SPECULATORS_ARCHITECTURE)
+    )
     return {
         **speculators_header(architecture, kind, SPECULATORS_VERSION),
-        **peagle,
+        **(extension.write_keys(c) if extension is not None else {}),
         "draft_vocab_size": c.draft_vocab_size,
         "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),  # HF indices = vLLM's capture indices
         # Written explicitly: vLLM defaults a missing norm_before_residual to True, speculators to False.
@@ -158,10 +187,6 @@ def _vllm_config(head: EagleHead, num_speculative_tokens: int) -> dict:
         "torch_dtype": _dtype_name(head),
         PROVENANCE_KEY: _provenance(c),
     }
-
-
-def _is_peagle(head: EagleHead) -> bool:
-    return isinstance(head.config, PEagleConfig)
 
 
 def _sglang_config(head: EagleHead, num_speculative_tokens: int) -> dict:
@@ -196,8 +221,11 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
         )
     if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
         raise EagleError(f"num_speculative_tokens={num_speculative_tokens!r}: expected an int >= 1")
-    if fmt == "sglang" and _is_peagle(head):
-        raise EagleError("export to 'sglang': SGLang has no P-EAGLE layout here; export this head with --format vllm")
+    extension = _extension_of(c)
+    if fmt == "sglang" and extension is not None:
+        raise EagleError(
+            f"export to 'sglang': SGLang has no {extension.title} layout here; export this head with --format vllm"
+        )
     L = c.target_num_layers
     if c.num_aux != 3:
         raise EagleError(
@@ -224,7 +252,7 @@ def _write_atomic(out_dir, write, *, overwrite: bool, may_replace=None) -> Path:
 
 
 def _is_draftsmith_eagle(folder: Path) -> bool:
-    return has_model_type(folder, EagleConfig.model_type) or has_model_type(folder, PEagleConfig.model_type)
+    return any(has_model_type(folder, model_type) for model_type in _draftsmith_heads())
 
 
 def save_eagle(head: EagleHead, out_dir, *, overwrite: bool = False) -> Path:
@@ -271,7 +299,7 @@ def export_eagle(
 
 
 def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
-    """The registry's exporter for EAGLE and P-EAGLE heads: the head of `folder` (any of the three
+    """The registry's exporter for the heads of this package: the head of `folder` (any of the three
     layouts) written to `out` as `fmt` ("vllm", "sglang", or "hf" = the draftsmith layout, saved as
     it is), proposing `num_speculative_tokens`. The head holds everything it writes: `target` (a
     zero-argument loader, the registry's one signature) is never called."""
@@ -292,9 +320,10 @@ def load_eagle(
     With `target`: `check_target`. With `expected_data_hash`: the draft vocabulary must have been
     counted on that data (a stale vocabulary map trains and serves a head at alpha ~ 0)."""
     path, raw = read_config(path, "EAGLE head", EagleError)
-    if raw.get("model_type") in (EagleConfig.model_type, PEagleConfig.model_type):
+    heads = _draftsmith_heads()
+    if raw.get("model_type") in heads:
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        cls = PEagleHead if raw["model_type"] == PEagleConfig.model_type else EagleHead
+        cls = heads[raw["model_type"]]
         try:
             head = cls.from_pretrained(path, **kwargs)
         except (OSError, ValueError) as err:
@@ -337,10 +366,12 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_vllm(path: Path, raw: dict) -> EagleHead:
-    if raw.get("speculators_model_type") not in ("eagle3", "peagle"):
+    kinds = (SPECULATORS_TYPE, *EXTENSIONS)
+    if raw.get("speculators_model_type") not in kinds:
         raise EagleError(
             f"{str(path)!r}: speculators_model_type={raw.get('speculators_model_type')!r}; "
-            "expected 'eagle3' or 'peagle' ('dflash' folders load with --dflash)"
+            f"expected {' or '.join(map(repr, kinds))} "
+            "(another method's folder loads as its own kind, --drafter KIND=DIR)"
         )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
@@ -353,26 +384,20 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
         if not isinstance(value, bool):
             raise EagleError(f"{str(path / 'config.json')!r}: {flag}={value!r}; expected true or false")
     variant["target_hidden_size"] = raw.get("target_hidden_size")
-    if raw["speculators_model_type"] == "peagle":  # speculators' peagle default: trained embeddings
-        variant["embed_requires_grad"] = raw.get("embed_requires_grad", True)
-        variant.update(_peagle_fields(path, raw))
+    extension = EXTENSIONS.get(raw["speculators_model_type"])
+    if extension is not None:
+        variant.update(extension.read_fields(path, raw))
     state = _read_weights(path / WEIGHTS)
     return _from_state(
-        path, raw, layer, state, raw.get("eagle_aux_hidden_state_layer_ids"), variant, raw.get("draft_vocab_size")
+        path,
+        raw,
+        layer,
+        state,
+        raw.get("eagle_aux_hidden_state_layer_ids"),
+        variant,
+        raw.get("draft_vocab_size"),
+        extension,
     )
-
-
-def _peagle_fields(path: Path, raw: dict) -> dict:
-    """PEagleConfig's own fields of a speculators `peagle` config.json."""
-    provenance = raw.get(PROVENANCE_KEY) or {}
-    if raw.get("mask_token_id") is None:
-        raise EagleError(f"{str(path / 'config.json')!r}: a peagle head needs mask_token_id (none is set)")
-    methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    return {
-        "mask_token_id": raw["mask_token_id"],
-        "mask_token_source": provenance.get("mask_token_source"),
-        "num_depths": provenance.get("num_depths") or methods[0].get("speculative_tokens") or 8,
-    }
 
 
 def _load_sglang(path: Path, raw: dict) -> EagleHead:
@@ -390,7 +415,7 @@ def _load_sglang(path: Path, raw: dict) -> EagleHead:
     return _from_state(path, raw, raw, state, ids, variant, raw.get("draft_vocab_size"))
 
 
-def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_vocab) -> EagleHead:
+def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_vocab, extension=None) -> EagleHead:
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     fc = state.get("fc.weight")
     if fc is None or "embed_tokens.weight" not in state:
@@ -408,11 +433,12 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
             "tokens; draftsmith's head attends to the whole context (the same up to that length; decoding stays lossless)",
             stacklevel=3,
         )
-    peagle = "mask_token_id" in variant
-    if peagle and "mask_hidden" not in state:
+    missing = [key for key in extension.weight_keys if key not in state] if extension is not None else []
+    if missing:
         raise EagleError(
-            f"{str(path / WEIGHTS)!r} has no mask_hidden: a peagle checkpoint holds its placeholder feature"
+            f"{str(path / WEIGHTS)!r} has no {', '.join(missing)}: a {extension.model_type} checkpoint holds it"
         )
+    head_class = extension.head if extension is not None else EagleHead
     H = layer.get("hidden_size", fc.shape[0])
     if aux_ids is None:
         aux_ids = provenance.get("aux_layer_ids")
@@ -428,7 +454,7 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     if layer.get("vocab_size") not in (None, V):
         raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
     try:
-        config = (PEagleConfig if peagle else EagleConfig)(
+        config = head_class.config_class(
             version="eagle3",
             hidden_size=H,
             intermediate_size=layer["intermediate_size"],
@@ -458,7 +484,7 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
         state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         state.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
     with torch.device("meta"):  # no random init of tensors that are overwritten at once
-        head = (PEagleHead if peagle else EagleHead)(config)
+        head = head_class(config)
     expected = set(head.state_dict())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:

@@ -112,16 +112,10 @@ class EagleConfig(PretrainedConfig):
         embed_requires_grad: bool = False,  # the embeddings train too (default: the target's, frozen)
         target_hidden_size: int | None = None,  # eagle3: width of the target's aux states; None = hidden_size
         initializer_range: float = 0.02,
-        target_name_or_path: str | None = None,
-        target_revision: str | None = None,
-        target_fingerprint: str | None = None,  # draftsmith.heads.models.target_fingerprint of the target
-        target_num_layers: int | None = None,
-        target_architectures: list[str] | None = None,
-        data_hash: str | None = None,  # hash of the training data
-        vocab_map_data_hash: str | None = None,  # data hash the draft vocabulary was counted on
         rope_theta: float | None = None,  # legacy spelling, folded into rope_parameters
-        **kwargs,
+        **kwargs,  # the provenance (layers.PROVENANCE: target, data hashes), then PretrainedConfig's
     ):
+        record_target(self, kwargs)
         if version not in VERSIONS:
             raise EagleError(f"EagleConfig: version={version!r}; expected one of {', '.join(map(repr, VERSIONS))}")
         kwargs.setdefault("tie_word_embeddings", False)  # embed_tokens and lm_head are distinct tensors
@@ -157,7 +151,7 @@ class EagleConfig(PretrainedConfig):
         if target_hidden_size is not None and not (isinstance(target_hidden_size, int) and target_hidden_size > 0):
             raise EagleError(f"EagleConfig: target_hidden_size={target_hidden_size!r}; expected a positive int or null")
         if aux_layer_ids is None:
-            L = target_num_layers
+            L = self.target_num_layers
             aux_layer_ids = ([L] if version == "eagle1" else default_aux_layer_ids(L)) if L is not None else []
         self.version = version
         self.hidden_size = hidden_size
@@ -177,16 +171,6 @@ class EagleConfig(PretrainedConfig):
         self.norm_before_fc, self.fc_norm, self.norm_output = norm_before_fc, fc_norm, norm_output
         self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
         self.initializer_range = initializer_range
-        record_target(
-            self,
-            target_name_or_path,
-            target_revision,
-            target_fingerprint,
-            target_num_layers,
-            target_architectures,
-            data_hash,
-            vocab_map_data_hash,
-        )
         super().__init__(**kwargs)
 
     @property

@@ -19,7 +19,7 @@ eagle3 config plus `mask_token_id`):
   each depth's distribution depends on the context only, never on the tokens drafted before it;
 - `num_depths` (K) is what the head was trained to draft (speculators' default 8), recorded in
   the config and in the export's proposal (`speculative_tokens`).
-The mask token is chosen as DFlash's is (`draftsmith.heads.dflash.choose_mask_token`): the
+The mask token is chosen as every one-pass head's is (`draftsmith.heads.layers.choose_mask_token`): the
 recipe's id, else the tokenizer's mask token, else a reserved unused id; `mask_token_source` says
 which. The layouts on disk are EAGLE-3's (`draftsmith.heads.eagle.formats`): `save_eagle`,
 `export_eagle(.., "vllm")` (speculators `peagle`, key `mask_hidden` beside EAGLE-3's) and
@@ -33,12 +33,17 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from draftsmith.heads.eagle.formats import PROVENANCE_KEY, SpeculatorsExtension, register_extension
 from draftsmith.heads.eagle.model import EagleConfig, EagleError, EagleHead
-from draftsmith.heads.layers import describe_mask_head
+from draftsmith.heads.layers import MASK_SOURCES, describe_mask_head
 
-MASK_SOURCES = ("recipe", "tokenizer", "reserved")
 # The config fields of a P-EAGLE head beyond EAGLE-3's (the export writes them, the import reads them).
 PEAGLE_FIELDS = ("mask_token_id", "mask_token_source", "num_depths")
+# speculators `peagle`: the eagle3 layout plus `mask_token_id` in the config and the trained
+# placeholder feature `mask_hidden` [1, 1, n_aux * H] in the weights.
+SPECULATORS_TYPE = "peagle"
+PEAGLE_ARCHITECTURE = "PEagleDraftModel"
+PEAGLE_KEYS = ("mask_hidden",)
 
 
 class PEagleConfig(EagleConfig):
@@ -132,3 +137,37 @@ class PEagleHead(EagleHead):
 
 def describe(head: PEagleHead) -> str:
     return describe_mask_head(head, f"P-EAGLE head: {head.config.num_depths} depths per forward")
+
+
+def _speculators_keys(config: PEagleConfig) -> dict:
+    """Its keys of a speculators config.json beside EAGLE-3's."""
+    return {"mask_token_id": config.mask_token_id}
+
+
+def _speculators_fields(path, raw: dict) -> dict:
+    """PEagleConfig's own fields of a speculators `peagle` config.json (speculators' default: trained
+    embeddings)."""
+    provenance = raw.get(PROVENANCE_KEY) or {}
+    if raw.get("mask_token_id") is None:
+        raise EagleError(f"{str(path / 'config.json')!r}: a peagle head needs mask_token_id (none is set)")
+    methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    return {
+        "embed_requires_grad": raw.get("embed_requires_grad", True),
+        "mask_token_id": raw["mask_token_id"],
+        "mask_token_source": provenance.get("mask_token_source"),
+        "num_depths": provenance.get("num_depths") or methods[0].get("speculative_tokens") or 8,
+    }
+
+
+register_extension(
+    SpeculatorsExtension(
+        head=PEagleHead,
+        model_type=SPECULATORS_TYPE,
+        architecture=PEAGLE_ARCHITECTURE,
+        title="P-EAGLE",
+        weight_keys=PEAGLE_KEYS,
+        fields=PEAGLE_FIELDS,
+        write_keys=_speculators_keys,
+        read_fields=_speculators_fields,
+    )
+)
