@@ -26,18 +26,16 @@ import transformers
 
 from draftsmith.decoding import DecodeStats, DraftModelDrafter, PromptLookupDrafter, generate, synchronize
 from draftsmith.decoding.compiler import COMPILE_MODES
-from draftsmith.decoding.eagle import EagleDrafter, parse_eagle_tree
 from draftsmith.decoding.kv import capacity_for, model_cache
 from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
-from draftsmith.decoding.medusa import MedusaDrafter
-from draftsmith.decoding.medusa_tree import build_medusa_tree
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.bench_report import ROW_NAMES, report
-from draftsmith.eval.drafter_specs import Drafter, load_checked
+from draftsmith.eval.drafter_specs import load_checked, parse_drafters
 from draftsmith.eval.evaluator import load_prompts
 from draftsmith.eval.sweep import measure_verify_curve, typical_context
 from draftsmith.heads.draft import DraftBuildError, draft_by_truncation, load_draft
 from draftsmith.heads.models import DTYPE_ALIASES, DTYPES, load_causal_lm, load_tokenizer
+from draftsmith.heads.registry import RegistryError, RowOptions, get_method
 from draftsmith.heads.toy import tiny_model
 
 PATHS = ("eager", "static", "compiled")
@@ -63,10 +61,9 @@ class BenchConfig:
     target: str | None = None  # HF folder; None = a random Llama built in-process
     draft: str | None = None  # HF folder; None = the target truncated to `draft_layers`
     draft_layers: int = 1  # 1 of 4 layers: c ~ 0.3-0.4 on CPU, where per-forward overhead dominates
-    medusa: str | None = None  # Medusa heads folder (needs --target): medusa-chain/-tree rows
-    medusa_tree: int = 16  # nodes of the Medusa tree built from the heads' recorded accuracies; 0 = chain only
-    eagle: str | None = None  # EAGLE head folder (needs --target): eagle-chain/-tree rows
-    eagle_tree: str = "3,4,12"  # EAGLE-2 tree depth,top_k,total_tokens; "" = chain only
+    drafter: tuple[str, ...] = ()  # KIND[:NAME]=DIR of a trained drafter (repeat it; needs --target): its rows
+    tree: tuple[str, ...] = ()  # KIND=SPEC: that kind's tree rows (default: the method's default_tree); KIND= : chains
+    tree_nodes: int = 16  # nodes of an "auto" tree (built from the heads' recorded accuracies)
     prompt_lookup: bool = False  # add prompt-lookup rows (n-gram copy from the context, no model)
     prompt_file: str | None = None  # JSONL prompts ("prompt" text or "input_ids"); None = the built-in prompts
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # K, the same for every chain (trees: their own depth)
@@ -107,17 +104,24 @@ class BenchConfig:
         for name in ("num_draft_tokens", "max_new_tokens", "prompts", "prompt_len", "draft_layers", "curve_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.medusa_tree < 0:
-            raise ValueError(f"--medusa-tree must be >= 0 (0 = chain only), got {self.medusa_tree}")
+        if self.tree_nodes < 1:
+            raise ValueError(f"--tree-nodes must be >= 1, got {self.tree_nodes}")
         if self.repeats < 3:
             raise ValueError(f"--repeats must be >= 3 (a median of fewer runs is noise), got {self.repeats}")
-        for name in ("draft", "medusa", "eagle"):
-            if getattr(self, name) is not None and self.target is None:
-                raise ValueError(f"--{name} needs --target (the random target has no matching {name})")
-        for name in ("target", "draft", "medusa", "eagle"):
-            path = getattr(self, name)
+        self.drafter, self.tree = tuple(self.drafter or ()), tuple(self.tree or ())
+        drafters = parse_drafters(self.drafter)  # a SpecError (a ValueError) names the flag and the value
+        if self.draft is not None and self.target is None:
+            raise ValueError("--draft needs --target (the random target has no matching draft)")
+        if drafters and self.target is None:
+            raise ValueError(f"--drafter {self.drafter[0]} needs --target (the random target has no matching head)")
+        for flag, path in [("--target", self.target), ("--draft", self.draft)] + [
+            (f"--drafter {d.kind}", d.folder) for d in drafters
+        ]:
             if path is not None and not os.path.isdir(path):
-                raise ValueError(f"--{name} {path!r} is not a folder")
+                raise ValueError(f"{flag} {path!r} is not a folder")
+        for kind in self.tree_specs():  # a KIND that decodes no trees is refused there
+            if kind not in {d.kind for d in drafters}:
+                raise ValueError(f"--tree {kind}=...: give a drafter of that kind (--drafter {kind}=DIR)")
         if self.prompt_file is not None and not os.path.isfile(self.prompt_file):
             raise ValueError(f"--prompt-file {self.prompt_file!r} is not a file (expected JSONL prompts)")
         unknown = [p for p in self.path_list if p not in PATHS]
@@ -131,8 +135,6 @@ class BenchConfig:
             widths = []
         if not widths or widths[0] != 1 or widths[-1] > 256:
             raise ValueError(f"--curve must be comma-separated widths in 1..256 starting at 1, got {self.curve!r}")
-        if self.eagle_tree:
-            parse_eagle_tree(self.eagle_tree)  # a SpecError (a ValueError) names the flag and the value
 
     @property
     def path_list(self) -> list[str]:
@@ -141,6 +143,22 @@ class BenchConfig:
     @property
     def curve_widths(self) -> list[int]:
         return sorted({int(n) for n in self.curve.split(",") if n.strip()})
+
+    def tree_specs(self) -> dict[str, str | None]:
+        """{kind: tree spec} of the `--tree`s; None (`--tree KIND=`) = chains only."""
+        specs = {}
+        for value in self.tree:
+            kind, sep, spec = value.partition("=")
+            if not sep:
+                raise ValueError(f"--tree {value!r}: expected KIND=SPEC (KIND= : no tree rows)")
+            try:
+                method = get_method(kind.strip())
+            except RegistryError as err:
+                raise ValueError(f"--tree {value}: {err}") from None
+            if method.tree_spec is None:
+                raise ValueError(f"--tree {value!r}: {method.title} decode chains only")
+            specs[method.kind] = spec.strip() or None
+        return specs
 
     @property
     def draft_label(self) -> str:
@@ -212,29 +230,34 @@ def load_models(cfg: BenchConfig):
 
 def load_heads(cfg: BenchConfig, target) -> dict:
     """name -> (drafter factory, K) for the drafters without a model of their own: prompt
-    lookup and the Medusa / EAGLE heads given on the command line."""
+    lookup and the trained drafters of --drafter (their method's rows: a chain, and a tree unless
+    `--tree KIND=` says none). A chain row drafts min(K, what it can); a tree row its own depth."""
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
-    layers = target.config.get_text_config().num_hidden_layers
     heads = {}
     if cfg.prompt_lookup:
         heads["prompt-lookup"] = (PromptLookupDrafter, cfg.num_draft_tokens)  # no model: no fast path
-    if cfg.medusa:
-        medusa = load_checked(Drafter("medusa", "medusa", cfg.medusa), target, device, dtype)
-        k = min(cfg.num_draft_tokens, medusa.config.num_heads)
-        heads["medusa-chain"] = (lambda: MedusaDrafter(medusa, layers, name="medusa-chain"), k)
-        accuracies = medusa.config.head_accuracies
-        if cfg.medusa_tree and accuracies:
-            tree = build_medusa_tree(accuracies, cfg.medusa_tree)
-            depth = max(len(path) for path in tree)
-            heads["medusa-tree"] = (lambda: MedusaDrafter(medusa, layers, tree=tree, name="medusa-tree"), depth)
-        elif cfg.medusa_tree:
-            print(f"bench: {cfg.medusa} records no head accuracies: no medusa-tree row", file=sys.stderr)
-    if cfg.eagle:
-        eagle = load_checked(Drafter("eagle", "eagle", cfg.eagle), target, device, dtype)
-        heads["eagle-chain"] = (lambda: EagleDrafter(eagle, name="eagle-chain"), cfg.num_draft_tokens)
-        if cfg.eagle_tree:
-            settings = parse_eagle_tree(cfg.eagle_tree)
-            heads["eagle-tree"] = (lambda: EagleDrafter(eagle, tree=settings, name="eagle-tree"), settings["depth"] + 1)
+    trees = cfg.tree_specs()
+    for drafter in parse_drafters(cfg.drafter):
+        method = drafter.method
+        loaded = load_checked(drafter, target, device, dtype)
+        tree = trees.get(method.kind, method.default_tree) if method.tree_spec else None
+        options = RowOptions(tree=tree, tree_nodes=cfg.tree_nodes)
+        try:
+            rows = method.rows(loaded, target, drafter.name, options)
+        except ValueError as err:
+            if method.kind in trees:  # a tree asked for: its error is the user's
+                raise ValueError(f"--tree {method.kind}={tree}: {err}") from None
+            print(f"bench: {drafter.folder}: {err}: no tree row", file=sys.stderr)
+            options = RowOptions(tree_nodes=cfg.tree_nodes)
+            rows = method.rows(loaded, target, drafter.name, options)
+        for row, made in rows.items():
+            depth, k = made.max_depth, cfg.num_draft_tokens
+            k = depth if getattr(made, "tree", None) is not None else min(k, depth) if depth else k
+            # a fresh drafter per run, as the other rows get
+            make = lambda loaded=loaded, name=drafter.name, options=options, row=row, method=method: (  # noqa: E731
+                method.rows(loaded, target, name, options)[row]
+            )
+            heads[row] = (make, k)
     return heads
 
 
@@ -265,7 +288,7 @@ def mean_top1(model, prompts, device) -> float:
 @dataclass
 class Method:
     name: str  # hf-generate, hf-assisted, draftsmith, draftsmith-static, draftsmith-compiled
-    draft: str  # "-" (target only), "trunc-<layers>" / "draft", "self", "medusa-chain", ...
+    draft: str  # "-" (target only), "trunc-<layers>" / "draft", "self", a --drafter's rows (NAME-chain, ...)
     run: object  # ids [T] -> (new tokens, DecodeStats | None)
     path: str | None = None  # draftsmith's path (eager / static / compiled); None for HF
     counterpart: str | None = None  # the HF row this one is compared with

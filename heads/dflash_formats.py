@@ -304,3 +304,18 @@ def config_from_speculators(path: Path, raw: dict):
         )
     except KeyError as err:
         raise DFlashError(f"{where} lacks {err.args[0]!r}") from None
+
+
+def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
+    """How servers load a DFlash head (`publish.serve` writes the commands): vLLM serves the
+    speculators `dflash` layout (one block of block_size - 1 drafts per call); SGLang's DFlash
+    drafter reads another layout, not written here."""
+    exported = "speculators_model_type" in config
+    return {
+        "layout": f"a DFlash head in the {'speculators' if exported else 'draftsmith'} layout",
+        "vllm": {"method": "dflash", "export": not exported},
+        "notes": [
+            "SGLang: no DFlash layout is written here (draftsmith exports the speculators layout vLLM loads)",
+            "the head reads the target's hidden states at fixed layers: serve it with exactly this target",
+        ],
+    }

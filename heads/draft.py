@@ -422,3 +422,13 @@ def export_draft(folder, out, fmt: str, *, num_speculative_tokens: int, target=N
             shutil.copy2(file, tmp / file.name)
 
     return write_folder_atomic(out, write, overwrite=False, error=DraftBuildError)
+
+
+def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
+    """How servers load a draft model folder (`publish.serve` writes the commands): vLLM's
+    `draft_model` and SGLang's STANDALONE drafter read it as it is."""
+    return {
+        "layout": "a draft model (a plain causal LM)",
+        "vllm": {"method": "draft_model"},
+        "sglang": {"algorithm": "STANDALONE", "steps": k},
+    }

@@ -542,3 +542,23 @@ def _from_state(path, file, raw, state, fmt, num_heads, num_layers, vocab, hidde
     except RuntimeError as err:  # shape mismatches
         raise MedusaError(f"cannot load {str(file)!r}: {err}") from None
     return heads
+
+
+def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
+    """How servers load Medusa heads (`publish.serve` writes the commands): vLLM reads its own
+    layout (method "medusa"), the others are exported to it first (with the target when the heads
+    share its lm_head); SGLang has no Medusa drafter."""
+    own = config.get("draftsmith") if isinstance(config.get("draftsmith"), dict) else config
+    if config.get("model_type") == "medusa":
+        layout, vllm = "Medusa heads in vLLM's layout", {"method": "medusa"}
+    else:
+        layout = "FasterDecoding's layout" if "medusa_num_heads" in config else "the draftsmith layout"
+        layout = f"Medusa heads in {layout}"
+        vllm = {"method": "medusa", "export": True, "export_target": bool(own.get("share_lm_head"))}
+    notes = ["SGLang has no Medusa drafter"]
+    if setting.get("tree"):
+        notes.append(
+            "vLLM drafts the heads' top-1 chain; the tuned tree is for `draftsmith eval --drafter medusa=DIR "
+            "--medusa-tree`"
+        )
+    return {"layout": layout, "vllm": vllm, "notes": notes}

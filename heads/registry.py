@@ -13,7 +13,8 @@ every layer can read it; a reference is imported only by the layer that calls it
 
 Adding a method: its own files (head, drafter, trainer, recipe) and one `Method(...)` below. The
 CLI (`--drafter KIND[:NAME]=DIR`, `draftsmith train KIND`), tune, the sweep's costs, the memory
-estimate, export, push and the contract test (tests/test_method_contract.py) then take it.
+estimate, export, the serving commands (`server`), push and the contract test
+(tests/test_method_contract.py) then take it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Method:
     recipe_names: tuple[str, ...] = ()  # its recipes in a family folder (recipes/<family>/<name>.yaml); () = (kind,)
     default_tree: str | None = None  # the tree spec a report uses when it decodes this kind as a tree
     smoke_recipe: tuple[tuple[str, object], ...] = ()  # its own recipe keys of a seconds-long run on a toy target
+    server: str | None = None  # "module:function": (folder, config, setting, k) -> how servers load it (publish.serve)
+    format_tags: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (export format, its Hub tags) beyond vllm/sglang
     auto_model: str | None = None  # "module:Class" of a head saved whole: `import draftsmith.heads` registers it
     # (and its config_class) with transformers' AutoModel / AutoConfig
 
@@ -76,6 +79,10 @@ class Method:
 
     def rows(self, drafter, target, name: str, options=None) -> dict:
         return self.part("rows_of")(drafter, target, name, options)
+
+    def serving(self, folder, config: dict, setting: dict, k: int) -> dict:
+        """What serves a folder of this method, as plain data (`publish.serve` writes the commands)."""
+        return self.part("server")(folder, config, setting, k)
 
     def head_parameters(self, recipe, target) -> tuple[int, int]:
         return self.part("parameters")(recipe, target)
@@ -119,6 +126,7 @@ METHODS: dict[str, Method] = {
             trained_on_target=False,
             precheck="draftsmith.heads.models:check_vocab_compatible",
             exporter="draftsmith.heads.draft:export_draft",
+            server="draftsmith.heads.draft:serving_facts",
         ),
         Method(
             kind="medusa",
@@ -137,6 +145,8 @@ METHODS: dict[str, Method] = {
             config_keys=("medusa_num_heads",),
             export_formats=("vllm", "medusa", "hf"),
             exporter="draftsmith.heads.medusa:export_folder",
+            server="draftsmith.heads.medusa:serving_facts",
+            format_tags=(("medusa", ("tgi",)),),
             auto_model="draftsmith.heads.medusa:MedusaHeads",
             row_suffix="-chain",
             tree_spec='"auto" (from the heads\' measured accuracies) or JSON paths, e.g. [[0],[1],[0,0]]',
@@ -168,6 +178,7 @@ METHODS: dict[str, Method] = {
             architectures=("LlamaForCausalLMEagle3",),
             export_formats=("vllm", "sglang", "hf"),
             exporter="draftsmith.heads.eagle:export_folder",
+            server="draftsmith.heads.eagle.formats:serving_facts",
             row_suffix="-chain",
             tree_spec="DEPTH,TOP_K,TOTAL_TOKENS of an EAGLE-2 dynamic tree, e.g. 4,4,16",
             typical=True,
@@ -189,6 +200,7 @@ METHODS: dict[str, Method] = {
             auto_model="draftsmith.heads.eagle:PEagleHead",
             export_formats=("vllm", "hf"),
             exporter="draftsmith.heads.eagle:export_folder",
+            server="draftsmith.heads.eagle.peagle:serving_facts",
         ),
         Method(
             kind="dflash",
@@ -205,6 +217,7 @@ METHODS: dict[str, Method] = {
             speculators_types=("dflash",),
             export_formats=("vllm", "hf"),
             exporter="draftsmith.heads.dflash_formats:export_folder",
+            server="draftsmith.heads.dflash_formats:serving_facts",
         ),
     )
 }

@@ -7,7 +7,8 @@ against Hugging Face `generate`, greedy, batch 1.
     python scripts/bench_decoder.py --target path/to/target --draft path/to/draft --device cuda
     D=~/.cache/draftsmith; python scripts/bench_decoder.py --target $D/demo-target-cpu/target \\
         --draft $D/demo-target-cpu/draft --prompt-lookup --num-draft-tokens 3 \\
-        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --no-self-draft   # + trained heads' flags (--help)
+        --prompt-file $D/demo-target-cpu/prompts/heldout.jsonl --no-self-draft \\
+        --drafter KIND=DIR --tree KIND=SPEC   # a trained drafter's rows: its chain, its tree (KIND= : none)
 
 One process, one target, the same prompts and the same K for every method:
 
@@ -20,9 +21,9 @@ One process, one target, the same prompts and the same K for every method:
 Every draftsmith path runs target-only and each drafter available: the draft model (the
 target truncated to --draft-layers layers, or --draft; on the static and compiled paths the
 draft runs on that path too), a self-draft (a copy of the target, alpha = 1 up to round-off:
-what differs is decoder overhead), prompt lookup (--prompt-lookup), and the trained heads whose
-folders `eval.bench.BenchConfig` takes (each a chain, and a tree where its flags ask for one:
---help). The HF rows run on the draft model (--no-hf skips).
+what differs is decoder overhead), prompt lookup (--prompt-lookup), and every trained drafter
+of --drafter KIND[:NAME]=DIR (or --KIND DIR), each decoding its method's rows: a chain, and for a
+method with trees the tree of --tree KIND=SPEC (default: the method's default tree; KIND= : none). The HF rows run on the draft model (--no-hf skips).
 
 Methods are interleaved within every repeat (the order rotates per prompt) so that load from
 other work on the machine hits all of them alike; each row reports the median over repeats of
@@ -61,6 +62,7 @@ import inspect
 import re
 
 from draftsmith.eval.bench import BenchConfig, run_bench
+from draftsmith.heads.registry import METHODS
 
 
 def parse_args(argv=None) -> BenchConfig:
@@ -73,9 +75,17 @@ def parse_args(argv=None) -> BenchConfig:
         kwargs = dict(dest=f.name, help=helps.get(f.name))
         if isinstance(f.default, bool):
             parser.add_argument(*flags, action="store_true", **kwargs)
+        elif isinstance(f.default, tuple):  # a repeated flag
+            parser.add_argument(*flags, action="append", default=None, **kwargs)
         else:
             kind = str if f.default is None else type(f.default)
             parser.add_argument(*flags, type=kind, default=f.default, **kwargs)
+    taken = {f.name for f in dataclasses.fields(BenchConfig)}
+    for kind in (k for k in METHODS if k not in taken):  # `--KIND DIR`: short for `--drafter KIND=DIR`
+        to_spec = lambda folder, kind=kind: f"{kind}={folder}"  # noqa: E731
+        parser.add_argument(
+            f"--{kind}", dest="drafter", action="append", type=to_spec, metavar="DIR", help=f"--drafter {kind}=DIR"
+        )
     try:
         return BenchConfig(**vars(parser.parse_args(argv)))
     except ValueError as err:

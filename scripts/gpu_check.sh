@@ -143,8 +143,8 @@ stage tune "${DS[@]}" tune --target "$TD/target" --eagle "$GPU_CHECK_WORK/eagle3
 
 stage fastpath bash -c '
     set -e
-    python3 scripts/bench_decoder.py --target "$1/target" --draft "$2/draft/draft" --eagle "$2/eagle3/head" \
-        --eagle-tree "" --prompt-file "$1/prompts/heldout.jsonl" --prompts "$3" --max-new-tokens "$4" -k "$5" \
+    python3 scripts/bench_decoder.py --target "$1/target" --draft "$2/draft/draft" --drafter eagle="$2/eagle3/head" \
+        --tree eagle= --prompt-file "$1/prompts/heldout.jsonl" --prompts "$3" --max-new-tokens "$4" -k "$5" \
         --repeats 3 --curve-repeats 1 --no-hf --no-self-draft --device "$6" --dtype "$7" --out "$8/bench.json"
     "${@:10}" eval --target "$1/target" --draft distilled-draft="$2/draft/draft" --eagle "$2/eagle3/head" \
         --prompts "$1/prompts/heldout.jsonl" --limit "$3" --max-new-tokens "$4" -k "$5" --repeats 1 --no-distances \

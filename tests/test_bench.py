@@ -90,11 +90,24 @@ def test_flags_keep_their_names_and_bad_values_are_refused(capsys):
         (["--repeats", "2"], "--repeats must be >= 3"),
         (["--paths", "fast"], "--paths must"),
         (["--curve", "2,4"], "--curve must"),
-        (["--eagle-tree", "3,4"], "--eagle-tree"),
+        (["--tree", "draft=3"], "--tree"),
+        (["--tree", "nope=3"], "unknown drafter kind"),
+        (["--tree", "medusa=auto"], "give a drafter of that kind"),
+        (["--drafter", "eagle"], "--drafter"),
+        (["--drafter", "eagle=/nowhere"], "needs --target"),
     ):
         with pytest.raises(SystemExit):
             parse_args([*argv, "--device", "cpu"])
         assert message in capsys.readouterr().err
+
+
+def test_drafter_flags_and_their_kind_aliases(tmp_path):
+    target, heads = tmp_path / "target", tmp_path / "heads"
+    target.mkdir(), heads.mkdir()
+    argv = ["--target", str(target), "--medusa", str(heads), "--drafter", f"eagle={heads}", "--device", "cpu"]
+    cfg = parse_args([*argv, "--tree", "eagle=", "--tree", "medusa=auto"])
+    assert cfg.drafter == (f"medusa={heads}", f"eagle={heads}")
+    assert cfg.tree_specs() == {"eagle": None, "medusa": "auto"}
 
 
 def test_cost_curves_and_methods_on_a_tiny_random_pair():

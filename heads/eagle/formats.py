@@ -500,3 +500,38 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     )  # real buffers, not meta
     head._freeze()
     return head
+
+
+def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
+    """How servers load an EAGLE head (`publish.serve` writes the commands): vLLM the speculators
+    layout (method "eagle3"), SGLang its own layout (EAGLE3: a chain, or the tree `tune --write`
+    recorded); the other layout is exported first. An EAGLE-1 head has no server layout here."""
+    import shlex
+
+    version = config.get("version") or config.get("speculators_model_type") or "eagle3"
+    if version != "eagle3":
+        return {
+            "layout": f"an {version.upper()} head in the draftsmith layout",
+            "notes": [
+                "vLLM and SGLang load EAGLE-3 heads from draftsmith's exports; an EAGLE-1 head has no server layout "
+                f"here: decode with it through draftsmith (draftsmith eval --drafter eagle={shlex.quote(str(folder))})"
+            ],
+        }
+    depth, topk, total = setting.get("depth"), setting.get("top_k"), setting.get("total_tokens")
+    tree = {"topk": topk, "draft_tokens": total + 1} if depth and topk and total else {}  # SGLang counts the root
+    speculators = "speculators_model_type" in config
+    sglang = not speculators and SGLANG_ARCHITECTURE in (config.get("architectures") or [])
+    if speculators:
+        layout = "an EAGLE-3 head in the speculators layout (vLLM)"
+    elif sglang:
+        layout = "an EAGLE-3 head in SGLang's layout"
+    else:
+        layout = "an EAGLE-3 head in the draftsmith layout"
+    notes = [f"vLLM drafts a chain of K = {k}; SGLang the tuned tree (depth {depth}, top-k {topk})"] if tree else []
+    notes.append("the head reads the target's hidden states at fixed layers: serve it with exactly this target")
+    return {
+        "layout": layout,
+        "vllm": {"method": "eagle3", "export": not speculators},
+        "sglang": {"algorithm": "EAGLE3", "steps": depth or k, "options": tree, "export": not sglang},
+        "notes": notes,
+    }

@@ -171,3 +171,18 @@ register_extension(
         read_fields=_speculators_fields,
     )
 )
+
+
+def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
+    """How servers load a P-EAGLE head (`publish.serve` writes the commands): vLLM serves the
+    speculators `peagle` layout as an EAGLE-3 head drafting every depth in one pass
+    (`parallel_drafting`); SGLang has no P-EAGLE layout here."""
+    exported = "speculators_model_type" in config
+    return {
+        "layout": f"a P-EAGLE head in the {'speculators' if exported else 'draftsmith'} layout",
+        "vllm": {"method": "eagle3", "options": {"parallel_drafting": True}, "export": not exported},
+        "notes": [
+            "SGLang has no P-EAGLE layout here",
+            "the head reads the target's hidden states at fixed layers: serve it with exactly this target",
+        ],
+    }
