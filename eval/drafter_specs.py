@@ -151,14 +151,13 @@ def check_folder(drafter: Drafter) -> None:
     if not Path(drafter.folder).is_dir():
         raise SpecError(f"{flag}: {drafter.folder!r} does not exist or is not a directory")
     config = read_folder_config(drafter.folder)
-    known = method.model_types or method.speculators_types or method.architectures or method.config_keys
-    if known and not method.matches(config):
+    if method.has_own_layout and not method.matches(config):
         raise SpecError(
             f"{flag}: expected a {method.title} folder (config.json with model_type in {list(method.model_types)}"
             + (f" or speculators_model_type in {list(method.speculators_types)}" if method.speculators_types else "")
             + f"), found model_type {config.get('model_type')!r}"
         )
-    if not known and not config.get("model_type"):
+    if not method.has_own_layout and not config.get("model_type"):
         raise SpecError(f"{flag}: expected a transformers model folder (config.json with a model_type)")
 
 
@@ -245,22 +244,18 @@ def chain_drafter(kind: str, folder, target, device, dtype, *, allow_target_mism
 
 
 def load_chain_drafter(target_folder, spec: str, *, device="auto", dtype="auto", allow_target_mismatch=False):
-    """The one chain drafter `draftsmith tune` measures (`spec`: KIND[:NAME]=DIR):
-    (target, tokenizer, drafter, its folder, its kind)."""
-    from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-
-    (drafter,) = parse_drafters([spec])
-    check_folder(drafter)
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
-    tokenizer = load_tokenizer(target_folder)
-    if drafter.method.precheck:
-        drafter.method.part("precheck")(target_folder, drafter.folder, target_tokenizer=tokenizer)
-    target = _checked(load_causal_lm(target_folder, device=device, dtype=dtype, role="target"), target_folder, "target")
-    chain = chain_drafter(
-        drafter.kind, drafter.folder, target, device, dtype, allow_target_mismatch=allow_target_mismatch
+    """The one chain drafter `draftsmith tune` measures (`spec`: KIND[:NAME]=DIR), loaded as
+    `load_drafters` loads it: (target, tokenizer, drafter, its folder, its kind)."""
+    specs = DrafterSpecs(
+        target=str(target_folder),
+        drafters=(spec,),
+        allow_target_mismatch=allow_target_mismatch,
+        device=device,
+        dtype=dtype,
     )
-    return target, tokenizer, chain, drafter.folder, drafter.kind
+    (drafter,) = specs.resolved()
+    target, tokenizer, rows, _, _ = load_drafters(specs)
+    return target, tokenizer, next(iter(rows.values())), drafter.folder, drafter.kind
 
 
 def eos_token_id(target, tokenizer):

@@ -140,8 +140,9 @@ def run_eval(job: EvalJob) -> dict:
     )
     specs = job.specs
     report["target"] = describe_target(specs.target, target, device, dtype)
-    report["drafts"] = {d.name: d.folder for d in specs.resolved()}  # {name: folder} of every --drafter
-    report["drafter_kinds"] = {d.name: d.kind for d in specs.resolved()}
+    given = specs.resolved()
+    report["drafts"] = {d.name: d.folder for d in given}  # {name: folder} of every --drafter
+    report["drafter_kinds"] = {d.name: d.kind for d in given}
     report["prompts_file"] = str(job.prompts)
     report["prompts_source"] = asked.provenance()
     report["draftsmith_version"] = package_version()

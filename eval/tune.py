@@ -3,11 +3,11 @@ chosen from measured acceptance and measured costs, and recorded into the drafte
 
     import json
     from draftsmith.eval.tune import compare_prediction, tune_chain, write_setting
-    row = next(r for r in json.load(open("runs/eval/report.json"))["methods"] if r["method"] == "eagle3")
+    row = next(r for r in json.load(open("runs/eval/report.json"))["methods"] if r["method"] == "draft")
     tuning = tune_chain(row, draft_seconds=0.0021,          # seconds per drafted token
                         verify_seconds={1: 0.0150, 2: 0.0151, 4: 0.0153, 8: 0.0190})  # v(n): n tokens verified
     print(tuning.table())
-    write_setting("runs/eagle3-vllm", tuning)                # config.json records the choice
+    write_setting("runs/draft/draft", tuning)                # config.json records the choice
     print(compare_prediction(tuning.best.speedup, measured_speedup=1.9).sentence)
 
 The models (tau counts the bonus token everywhere: target-only decoding = 1):
@@ -404,8 +404,8 @@ def write_setting(artifact_dir, setting) -> Path:
 
     Always: config["draftsmith"]["speculation"] = the setting (nested under draftsmith's own key,
     where servers do not look and vLLM's Medusa config does not rename keys).
-    A vLLM speculators export (EAGLE-3): also speculators_config.proposal_methods[0].speculative_tokens,
-    which vLLM reads as the draft length. An SGLang EAGLE-3 export: also its informational
+    A vLLM speculators export: also speculators_config.proposal_methods[0].speculative_tokens,
+    which vLLM reads as the draft length. An SGLang export: also its informational
     top-level num_speculative_tokens (SGLang itself takes --speculative-num-steps).
     `setting`: a Tuning (its chosen candidate) or a mapping of SETTING_KEYS.
     """

@@ -99,6 +99,11 @@ class Method:
         k = num_speculative_tokens or self.default_k
         return self.part("exporter")(folder, out, fmt, num_speculative_tokens=k, target=target)
 
+    @property
+    def has_own_layout(self) -> bool:
+        """Its folders are told by their config.json (a head's layouts), not by any model_type (a draft model)."""
+        return bool(self.model_types or self.speculators_types or self.architectures or self.config_keys)
+
     def matches(self, config: dict) -> bool:
         """Whether a folder's config.json is one of this method's layouts."""
         return (
@@ -243,9 +248,8 @@ def read_folder_config(folder) -> dict:
 def method_of_config(config: dict) -> Method | None:
     """The method whose layout a config.json is: a head method's, else (any model_type) a draft model."""
     for method in METHODS.values():
-        if method.model_types or method.speculators_types or method.architectures or method.config_keys:
-            if method.matches(config):
-                return method
+        if method.matches(config):
+            return method
     return METHODS["draft"] if config.get("model_type") else None
 
 
