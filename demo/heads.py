@@ -89,10 +89,12 @@ def heads_root(built, budget_name: str) -> Path:
     return built.folder.parent / (built.folder.name.replace("demo-target-", "demo-heads-") + f"-{budget_name}")
 
 
-def _stamp(target_fingerprint: str, budget: HeadsBudget) -> dict:
-    """What the cached data depends on; each trained artifact also keeps its own recipe."""
+def _stamp(target_fingerprint: str, budget: HeadsBudget, dtype) -> dict:
+    """What the cached data depends on (the target's answers and states in its dtype); each trained
+    artifact also keeps its own recipe."""
     keys = ("prompts", "max_new_tokens", "generate_batch", "max_length", "topk_logits")
-    return {"target_fingerprint": target_fingerprint, "data": {k: getattr(budget, k) for k in keys}, "format": 3}
+    data = {k: getattr(budget, k) for k in keys} | {"dtype": str(dtype).removeprefix("torch.")}
+    return {"target_fingerprint": target_fingerprint, "data": data, "format": 4}
 
 
 def _trained_with(folder: Path, recipe) -> bool:
@@ -118,7 +120,7 @@ def prepare_root(root: Path, target, budget: HeadsBudget, log=print) -> Path:
     """The cache folder for this target and budget (emptied when its stamp does not match)."""
     from draftsmith.heads.models import target_fingerprint
 
-    stamp = _stamp(target_fingerprint(target), budget)
+    stamp = _stamp(target_fingerprint(target), budget, target.dtype)
     if root.exists():
         try:
             old = read_json(root / STAMP, "demo heads stamp")
@@ -278,7 +280,7 @@ def demo_recipe(ctx, budget: HeadsBudget, name: str, data: Path, cache: Path | N
         "save_every": steps + 1,
         "batch_size": budget.batch_size,
         "device": ctx.device.type,
-        "dtype": "float32" if ctx.device.type == "cpu" else "auto",
+        "dtype": str(ctx.dtype).removeprefix("torch."),  # the demo's; heads train in fp32 under its autocast
     }
     return method, replace(base, **values)
 

@@ -279,6 +279,7 @@ class DistillData:
                 f"found {len(self._shards)} complete ones; the folder was changed after generation"
             )
         self._dataset = None
+        self._lengths = None
 
     @property
     def dataset(self):
@@ -292,6 +293,12 @@ class DistillData:
 
     def __len__(self) -> int:
         return self.summary["samples"]
+
+    def lengths(self):
+        """[rows] int64 numpy: each row's token count (prompt and answer)."""
+        if self._lengths is None:
+            self._lengths = self.dataset.with_format("numpy", columns=["length"])["length"]
+        return self._lengths
 
     def __getitem__(self, index: int) -> dict:
         if not -len(self) <= index < len(self):

@@ -31,6 +31,7 @@ from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.distill.prompts import Prompter
 from draftsmith.distill.sources import NO_TASK, load_source
+from draftsmith.eval.identity import compare_greedy
 from draftsmith.eval.stats import percentile
 
 BASELINE = "target-only"
@@ -284,8 +285,9 @@ def evaluate(
             "compile_seconds": compile_seconds[name]
             + stats.compile_seconds,  # warm-up compilation, never in the timings
         }
-        if name != BASELINE and greedy:  # lossless at greedy: exactly the target's own tokens
+        if name != BASELINE and greedy:  # lossless at greedy: the target's own tokens (eval/identity.py)
             row["identical_to_target_only"] = answers[name] == answers[BASELINE]
+            row["greedy_identity"] = compare_greedy(target, prompts, answers[name], answers[BASELINE])
         if name != BASELINE:
             row.update(
                 _acceptance(stats, analysis.get(name), target_step, tree=getattr(runs[name], "tree", None) is not None)

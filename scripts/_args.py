@@ -70,11 +70,11 @@ def add_seconds(p, flag: str, default: float | None = None, help: str | None = N
     p.add_argument(flag, type=float_in(flag, 0.0, None, True, "> 0 seconds"), default=default, help=help)
 
 
-def add_device_args(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    """--device (CUDA when available) and --dtype (auto: bf16 on CUDA, fp32 on CPU)."""
+def add_device_args(p: argparse.ArgumentParser, *, dtype: bool = True, auto: str = "bf16 on cuda, fp32 on cpu") -> None:
+    """--device (CUDA when available) and --dtype (auto: bf16 on CUDA, fp32 on CPU, or as `auto` says)."""
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     if dtype:
-        p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+        p.add_argument("--dtype", default="auto", help=f"auto ({auto}), float32, bfloat16, float16")
 
 
 def add_no_progress(p: argparse.ArgumentParser) -> None:

@@ -61,7 +61,7 @@ def add_commands(sub) -> None:
         choices=["default", "max-autotune"],
         help="decode over a static KV cache with torch.compile'd steps (compile time reported apart)",
     )
-    add_device_args(demo)
+    add_device_args(demo, auto="bf16 where native: cuda, CPUs with AVX512-BF16 or AMX; else fp32")
     add_no_progress(demo)
     demo.set_defaults(func=cmd_demo)
 

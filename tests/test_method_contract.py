@@ -134,3 +134,35 @@ def test_every_method_keeps_the_contract(kind, deep, tmp_path, hub, run_cli):  #
     assert url.endswith(f"toy-org/{kind}")
     files = hub.files(f"toy-org/{kind}")
     assert "README.md" in files and any(name.endswith(".safetensors") for name in files), sorted(files)
+
+
+@pytest.mark.parametrize("kind", list(METHODS))
+def test_every_method_trains_a_bf16_target_with_fp32_master_weights(kind, deep, tmp_path, monkeypatch):
+    """A bf16 target (the serving precision, and the demo's on CPUs with native bf16): the drafter
+    trains under bf16 autocast with its trainable weights in fp32 (bf16 weights lose AdamW's small
+    updates), its losses finite, and its serve check decodes."""
+    import importlib
+    import json
+
+    from draftsmith.train import run as run_module
+
+    method = get_method(kind)
+    target_folder, data = deep
+    values = _recipe(method, target_folder, data, tmp_path / "run") | {"dtype": "bfloat16", "serve_check_prompts": 2}
+    seen = {}
+    prepare = run_module.TrainingRun.prepare
+
+    def watch(self, model, optimizer):
+        wrapped = prepare(self, model, optimizer)
+        seen["trainable"] = {p.dtype for group in optimizer.param_groups for p in group["params"]}
+        seen["autocast"] = self.accelerator.mixed_precision
+        return wrapped
+
+    monkeypatch.setattr(run_module.TrainingRun, "prepare", watch)
+    summary = importlib.import_module(method.trainer).train(method.part("recipe")(**values), progress=False)
+    assert seen == {"trainable": {torch.float32}, "autocast": "bf16"}, seen
+    losses = [
+        r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    ]
+    assert losses and all(torch.isfinite(torch.tensor(losses))), losses
+    assert "tau_decoded" in summary["serve_check"], summary["serve_check"]

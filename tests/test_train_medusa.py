@@ -12,7 +12,7 @@ import torch
 
 from draftsmith.distill.hidden_cache import CacheError
 from draftsmith.train import medusa as medusa_train
-from draftsmith.train.common import batch_rows, split_rows
+from draftsmith.train.common import batch_rows, length_bytes, split_rows
 from draftsmith.train.medusa import MedusaRecipe, main
 from draftsmith.train.recipe import RecipeError, load_recipe
 
@@ -92,6 +92,38 @@ def test_batch_order_is_a_function_of_seed_and_step():
     assert not set(r0) & set(r1)
     train, held = split_rows(20, 0.2)
     assert held == [0, 5, 10, 15] and len(train) == 16
+
+
+def test_batches_grouped_by_length_pad_less_and_keep_every_row_and_step():
+    gen = torch.Generator().manual_seed(0)
+    n, rows = 600, list(range(1000, 1600))
+    sizes = torch.randint(20, 512, (n,), generator=gen)
+    lengths = length_bytes(sizes.numpy(), max_length=400)
+    steps = n // 8
+
+    def batches(lengths, batch_size=8, world=1, accum=1):
+        return [
+            [
+                batch_rows(rows, s, m, batch_size, accum, seed=3, rank=r, world=world, lengths=lengths)
+                for m in range(accum)
+                for r in range(world)
+            ]
+            for s in range(steps)
+        ]
+
+    grouped, plain = batches(lengths), batches(None)
+    assert grouped == batches(lengths)  # a function of (seed, step): resume reads the same batches
+    assert sorted(row for step in grouped for b in step for row in b) == rows  # one epoch, each row once
+
+    def padding(steps_):
+        cut = sizes.clamp(max=400)
+        width = [max(cut[r - 1000] for r in b) * len(b) for step in steps_ for b in step]
+        return 1 - float(cut.sum()) / float(sum(width))
+
+    assert padding(grouped) < 0.1 < 0.3 < padding(plain)
+    # a step holds the same rows however it is split into processes and micro-batches
+    for split in ({"batch_size": 4, "world": 2}, {"batch_size": 2, "world": 2, "accum": 2}):
+        assert [sorted(sum(step, [])) for step in batches(lengths, **split)] == [sorted(sum(s, [])) for s in grouped]
 
 
 @pytest.mark.parametrize("loss", ["ce", "forward_kl"])

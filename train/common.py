@@ -6,6 +6,7 @@ Functions, not a framework: each loop in train/ reads top to bottom and calls th
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import numpy as np
@@ -31,23 +32,57 @@ def batch_rows(
     seed: int,
     rank: int = 0,
     world: int = 1,
+    lengths: bytes | None = None,
 ) -> list[int]:
     """Rows of micro-batch `micro` of optimizer step `step` on process `rank`.
 
-    A pure function of (seed, step): epochs are seeded permutations of the training rows, so a
-    resumed run reads exactly the batches an uninterrupted run would have read, and the
-    processes of a multi-process run read disjoint rows of each step.
+    A pure function of (seed, step): epochs are seeded permutations of the training rows
+    (`epoch_order`: with `lengths`, grouped by length into optimizer steps), so a resumed run reads
+    exactly the batches an uninterrupted run would have read, the processes of a multi-process run
+    read disjoint rows of each step, and a step holds the same rows whatever its split into
+    processes and micro-batches.
     """
     per_step = batch_size * grad_accum * world
     start = step * per_step + micro * batch_size * world + rank * batch_size
     n = len(train_rows)
-    rows, perms = [], {}
+    rows = []
     for position in range(start, start + batch_size):
         epoch, offset = divmod(position, n)
-        if epoch not in perms:
-            perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        rows.append(train_rows[int(perms[epoch][offset])])
+        rows.append(train_rows[int(epoch_order(n, seed, epoch, per_step, lengths)[offset])])
     return rows
+
+
+def length_bytes(lengths, max_length: int) -> bytes:
+    """`epoch_order`'s `lengths`: each training row's token count, cut to `max_length`, as int32 bytes
+    (hashable, so the epoch's order is computed once)."""
+    return np.minimum(np.asarray(lengths), max_length).astype(np.int32).tobytes()
+
+
+LENGTH_WINDOW = 32  # steps sorted together: padding falls to a few percent, steps stay a random mix
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(n: int, seed: int, epoch: int, per_step: int, lengths: bytes | None = None) -> torch.Tensor:
+    """[n]: the order of the training rows in epoch `epoch`, a seeded permutation. With `lengths`
+    (int32 bytes, one per training row) it is grouped by length: each window of LENGTH_WINDOW
+    optimizer steps (`per_step` rows each) of the permutation is sorted by length, cut into steps,
+    and those steps shuffled, so a micro-batch holds rows of similar length (rows are padded to the
+    longest: random batches of chat data pad about half their tokens) while every epoch still
+    visits each row once."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    if lengths is None:
+        return perm
+    size = torch.frombuffer(bytearray(lengths), dtype=torch.int32)
+    if size.numel() != n:
+        raise ValueError(f"lengths has {size.numel()} entries for {n} training rows")
+    window = per_step * LENGTH_WINDOW
+    parts = []
+    for lo in range(0, n, window):
+        chunk = perm[lo : lo + window]
+        steps = chunk[torch.argsort(size[chunk], stable=True)].split(per_step)
+        parts += [steps[i] for i in torch.randperm(len(steps), generator=g).tolist()]
+    return torch.cat(parts)
 
 
 def open_hidden_cache(path: str, target, data, layers: tuple[int, ...]):

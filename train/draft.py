@@ -53,6 +53,7 @@ from draftsmith.train.common import (
     answer_starts,
     check_trains_tokens,
     heldout_walks,
+    length_bytes,
     reading,
     serve_check,
     split_rows,
@@ -491,11 +492,14 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         initial = json.loads(initial_path.read_text()) if initial_path.is_file() else None
 
     on_policy_tokens = 0
+    lengths = None
+    if recipe.group_by_length:
+        lengths = length_bytes([len(rows.ids[i]) for i in train_index], recipe.max_length)
 
     def micro_step(step, micro):
         """One micro-batch (the draft's own samples on on-policy steps) and its loss."""
         nonlocal on_policy_tokens
-        index = run.batch_rows(train_index, step, micro)
+        index = run.batch_rows(train_index, step, micro, lengths)
         if is_on_policy_step(step, recipe.on_policy_fraction):
             batch = on_policy_batch(draft, rows, index, recipe, pad_id, eos_ids, device)
             on_policy_tokens += batch.pop("generated_tokens")

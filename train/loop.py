@@ -35,10 +35,10 @@ class Trained:
 
 
 def evaluate_now(run, model, evaluate):
-    """`evaluate()` with the model in eval mode and its parameters whole on every process
-    (ZeRO-3 partitions them), then back to training."""
+    """`evaluate()` with the model in eval mode, under the run's autocast (as its training forward)
+    and with its parameters whole on every process (ZeRO-3 partitions them), then back to training."""
     model.eval()
-    with run.gathered(model):
+    with run.gathered(model), run.accelerator.autocast():
         result = evaluate()
     model.train()
     return result

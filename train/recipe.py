@@ -27,6 +27,9 @@ import yaml
 TRACKERS = ("wandb", "tensorboard")
 
 
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+
+
 class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file, the key and what was expected."""
 
@@ -46,6 +49,7 @@ class RunRecipe:
     batch_size: int = 8  # rows per micro-batch (per process)
     grad_accum: int = 1  # micro-batches per optimizer step
     max_length: int = 512  # rows are cut to this many tokens
+    group_by_length: bool = True  # batches of rows of similar length (less padding); order still set by seed, step
     grad_clip: float = 1.0  # clip the gradient norm at this (0: no clipping)
     # evaluation, checkpoints, logging
     heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
@@ -70,6 +74,9 @@ class RunRecipe:
     seed: int = 0
     device: str = "auto"  # auto: accelerate's choice (CUDA when available); cpu forces the CPU
     dtype: str = "auto"  # target dtype: auto = bf16 on CUDA, fp32 on CPU
+    # the drafter's forward under autocast, its master weights and optimizer state in fp32: auto = the
+    # launcher's `--mixed_precision` when it sets one, else the target dtype's (bf16/fp16; no for fp32)
+    mixed_precision: str = "auto"  # auto | no | bf16 | fp16
     target_sharding: str = (
         "none"  # none (whole per process), device_map (one process, several GPUs), fsdp2 or zero3 (over processes)
     )
@@ -111,6 +118,10 @@ class RunRecipe:
             raise ValueError(
                 "resume and init_from exclude each other: "
                 "resume continues a run, init_from starts a new one from its weights"
+            )
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(
+                f"mixed_precision = {self.mixed_precision!r}: expected one of {', '.join(MIXED_PRECISION)}"
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device = {self.device!r}: expected auto, cpu or cuda")

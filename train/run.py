@@ -29,7 +29,7 @@ import torch
 
 from draftsmith.distill.data import write_json_atomic
 from draftsmith.train.checkpoints import resume, save_checkpoint, warm_start
-from draftsmith.train.common import batch_rows, collate_rows, to_device, training_rows, warmup_cosine
+from draftsmith.train.common import batch_rows, collate_rows, length_bytes, to_device, training_rows, warmup_cosine
 from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
 from draftsmith.train.run_folder import check_out_writable, drop_metrics_after, latest_checkpoint, refuse_earlier_run
 
@@ -42,9 +42,35 @@ class TrainingError(RuntimeError):
 # --------------------------------------------------------------------------- the run
 
 
+def mixed_precision(recipe) -> str | None:
+    """The autocast the drafter's forward runs under (accelerate's `mixed_precision`): the recipe's,
+    else (auto) the launcher's when `accelerate launch --mixed_precision` set one (None: accelerate
+    reads it), else the target dtype's half type. Master weights stay fp32 (`fp32_master`)."""
+    from draftsmith.heads.models import resolve_dtype
+
+    if recipe.mixed_precision != "auto":
+        return recipe.mixed_precision
+    if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return None
+    cpu = recipe.device == "cpu" or not torch.cuda.is_available()
+    dtype = resolve_dtype(recipe.dtype, torch.device("cpu" if cpu else "cuda"))
+    half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
+    return "no" if cpu and half == "fp16" else half  # fp16 autocast needs a CUDA grad scaler
+
+
+def fp32_master(model) -> None:
+    """The trainable parameters in fp32, in place (the optimizer keeps the same tensors): AdamW's
+    small updates vanish in bf16 weights. The frozen ones (the target's embedding copy) keep their
+    dtype; the forward runs under the run's autocast (`mixed_precision`)."""
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
 def make_accelerator(recipe, grad_accum: int):
     """An Accelerator for whatever `accelerate launch` set up (one process, DDP, DeepSpeed,
-    FSDP2). On CPU the processes talk over gloo (DeepSpeed picks no backend of its own there)."""
+    FSDP2), with the recipe's `mixed_precision`. On CPU the processes talk over gloo (DeepSpeed
+    picks no backend of its own there)."""
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -54,6 +80,7 @@ def make_accelerator(recipe, grad_accum: int):
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
     return Accelerator(
         gradient_accumulation_steps=grad_accum,
+        mixed_precision=mixed_precision(recipe),
         cpu=recipe.device == "cpu",
         log_with=list(recipe.report_to) or None,
         project_dir=str(recipe.out),
@@ -101,6 +128,7 @@ class TrainingRun:
             unset_hf_deepspeed_config()
         self.memory_estimate, self.target_bytes_held = None, None
         self._device_map = self._head_device = None
+        self._lengths = None  # (training rows, their lengths as int32 bytes): `batch` reads them once
         from draftsmith.train.sharding import ShardingError, check_process_count
 
         try:
@@ -192,16 +220,25 @@ class TrainingRun:
     def print(self, *args) -> None:
         self.accelerator.print(*args)
 
-    def batch_rows(self, train_rows: list[int], step: int, micro: int) -> list[int]:
-        """This process's rows of micro-batch `micro` of optimizer step `step` (`common.batch_rows`)."""
+    def batch_rows(self, train_rows: list[int], step: int, micro: int, lengths: bytes | None = None) -> list[int]:
+        """This process's rows of micro-batch `micro` of optimizer step `step` (`common.batch_rows`;
+        `lengths`: one per training row, grouping batches by length)."""
         r, acc = self.recipe, self.accelerator
         rank, world = acc.process_index, acc.num_processes
-        return batch_rows(train_rows, step, micro, r.batch_size, r.grad_accum, r.seed, rank=rank, world=world)
+        return batch_rows(
+            train_rows, step, micro, r.batch_size, r.grad_accum, r.seed, rank=rank, world=world, lengths=lengths
+        )
 
     def batch(self, data, train_rows: list[int], step: int, micro: int, pad_id: int) -> dict:
-        """Micro-batch `micro` of step `step`: this process's rows (`batch_rows`) of a `DistillData`,
-        collated (`collate_rows`, with their row ids) and on the device."""
-        rows = self.batch_rows(train_rows, step, micro)
+        """Micro-batch `micro` of step `step`: this process's rows (`batch_rows`, grouped by length when
+        the recipe says `group_by_length`) of a `DistillData`, collated (`collate_rows`, with their row
+        ids) and on the device."""
+        lengths = None
+        if self.recipe.group_by_length:
+            if self._lengths is None or self._lengths[0] is not train_rows:
+                self._lengths = (train_rows, length_bytes(data.lengths()[train_rows], self.recipe.max_length))
+            lengths = self._lengths[1]
+        rows = self.batch_rows(train_rows, step, micro, lengths)
         return to_device(collate_rows(data, rows, self.recipe.max_length, pad_id), self.device)
 
     # ---------------------------------------------------------------- engine
@@ -244,6 +281,7 @@ class TrainingRun:
         step (so the schedule reads in optimizer steps whatever the number of processes) and saved
         with every checkpoint."""
         r = self.recipe
+        fp32_master(model)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(r.warmup_steps, r.max_steps))
         self._fit_deepspeed_config()
         # device_map: the head stays beside the target's last hidden state, not on the first GPU
