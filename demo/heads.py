@@ -51,7 +51,7 @@ BUDGETS = {
         generate_batch=16,
         max_length=512,
         batch_size=8,
-        steps_scale=8.0,
+        steps_scale=4.0,
         evals=5,
     ),
     ("micro", "default"): HeadsBudget(
