@@ -34,13 +34,15 @@ class DFlashDrafter(OnePassDrafter):
     """DFlash drafting (a chain) over the target's hidden states `head.config.aux_layer_ids`;
     `_pending[b]`: row b's features [n, H] not yet fed."""
 
-    def __init__(self, head: torch.nn.Module, *, name: str = "dflash"):
-        super().__init__(head, name, "DFlash")
+    def __init__(self, head: torch.nn.Module, *, name: str = "dflash", kind: str = "DFlash"):
+        super().__init__(head, name, kind)
         self.block_size = int(head.config.block_size)
+        self.drafts = int(head.config.drafts_per_block)  # block_size - 1; a head drafting from its anchor: block_size
+        self._first = self.block_size - self.drafts  # the first drafting slot
         self._suffix = self.block_size
 
     def proposal_sizes(self, num_tokens: int) -> tuple[int, ...]:
-        return (min(num_tokens, self.block_size - 1),)
+        return (min(num_tokens, self.drafts),)
 
     def start(self, prompts, prefill, vocab_size) -> None:
         self._start_rows(len(prompts), vocab_size)
@@ -57,20 +59,24 @@ class DFlashDrafter(OnePassDrafter):
     def _step(self, ids, positions, mask, cache, features):
         """The head's forward as a cache call (`kv.py`): the fed columns are [context | block], the
         context's columns carrying their features, the block's (the last block_size) their ids;
-        the block's queries only, so its logits [B, block_size, draft_vocab]."""
+        the block's queries only, so its logits [B, block_size, draft_vocab] and final-norm states
+        [B, block_size, H]."""
         block = self.block_size
-        return (
-            self.head(
-                ids[:, -block:],
-                features[:, :-block],
-                positions=positions,
-                attention_mask=mask[:, :, -block:],
-                cache=cache,
-            ),
+        hidden = self.head.hidden(
+            ids[:, -block:], features[:, :-block], positions=positions, attention_mask=mask[:, :, -block:], cache=cache
         )
+        return self.head.lm_head(hidden), hidden
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        logits, _ = self._block(contexts)
+        raw = self.head.target_logits(logits[:, self._first :]).float()  # [B, drafts, V]: slot k drafts anchor + k
+        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
+        return self._one_pass_proposal(raw, counts, sampling, generators)
+
+    def _block(self, contexts) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head forward over every row's new context columns and its block [anchor, mask, ...]:
+        (logits [B, block_size, draft_vocab], final-norm states [B, block_size, H])."""
         head, device, dtype = self.head, self._param().device, self._param().dtype
         batch, Bs, H = len(contexts), self.block_size, head.config.hidden_size
         pending = [torch.cat(p) if p else torch.zeros(0, H, device=device, dtype=dtype) for p in self._pending]
@@ -96,12 +102,9 @@ class DFlashDrafter(OnePassDrafter):
         attend[:, width:, :width] = real[:, None, :]
         attend[:, width:, width:] = True
         keep = torch.cat([real, torch.zeros(batch, Bs, dtype=torch.bool, device=device)], dim=1)
-        (logits,) = self._forward(ids, positions, attend, features, keep)
+        logits, hidden = self._forward(ids, positions, attend, features, keep)
         self._fed(fresh)
-
-        raw = head.target_logits(logits[:, 1:]).float()  # [B, Bs-1, V]: slot k drafts position anchor + k
-        counts = [max(0, min(k, Bs - 1)) for k in num_tokens]
-        return self._one_pass_proposal(raw, counts, sampling, generators)
+        return logits, hidden
 
     def accepted(self, num_accepted, committed, hidden) -> None:
         # The features of the verified positions: the fed last token and the n_b accepted drafts.

@@ -234,6 +234,22 @@ def topk_divergence(kind: str, student, values, ids, tail, mask=None, **kwargs) 
     return divergence(kind, topk_buckets(student, ids), teacher, mask, **kwargs)
 
 
+def dpace_weights(hard_ce: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """D-PACE's per-slot weights of block drafts (arXiv 2605.18810), detached: with q_i = exp(-CE_i)
+    the draft's probability of slot i's label, qt_i = (1 - alpha) q_i + alpha (smoothed), the chance
+    the chain survives to slot m, P_m = prod_{i<=m} qt_i, and w_j = sum_{m>=j} P_m, the slots past j
+    whose survival slot j's draft carries. hard_ce, mask [..., S] (the slots in drafting order);
+    masked slots count as surviving (qt = 1) and weigh 0."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"dpace_alpha must be in [0, 1], got {alpha}")
+    with torch.no_grad():
+        mask = mask.to(torch.float32)
+        smooth = (1 - alpha) * torch.exp(-hard_ce.detach().float()) + alpha
+        prefix = torch.cumprod(torch.where(mask > 0, smooth, torch.ones_like(smooth)), dim=-1)
+        suffix = torch.flip(torch.cumsum(torch.flip(prefix * mask, dims=[-1]), dim=-1), dims=[-1])
+        return suffix * mask
+
+
 def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tensor:
     """Feature regression (a head predicting the target's next hidden state): per token, the mean
     over the feature axis of F.smooth_l1_loss(pred, target, beta); then reduced over kept tokens

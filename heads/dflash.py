@@ -153,6 +153,12 @@ class DFlashConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         super().__init__(**kwargs)
 
+    sample_from_anchor = False  # slot 0 is the anchor (the previous bonus token); slot k drafts position p + k
+
+    @property
+    def drafts_per_block(self) -> int:
+        return self.block_size - 1
+
     @property
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
@@ -211,6 +217,7 @@ class DFlashHead(PreTrainedModel):
 
     config_class = DFlashConfig
     base_model_prefix = "dflash"
+    error = DFlashError  # what its loaders raise
 
     def __init__(self, config: DFlashConfig):
         super().__init__(config)
@@ -259,9 +266,11 @@ class DFlashHead(PreTrainedModel):
         vocab_map=None,
         target_name_or_path: str | None = None,
         data_hash: str | None = None,
+        **variant,
     ) -> DFlashHead:
         """A head shaped like the target's layers, on its device and dtype, with the target's
-        embeddings and lm_head (rows of the draft vocabulary) copied in."""
+        embeddings and lm_head (rows of the draft vocabulary) copied in; `variant`: the config keys
+        of a head built on this one (its `config_class`'s)."""
         tc = target.config.get_text_config()
         L = tc.num_hidden_layers
         lm_weight, embed_weight = target_weights(target, DFlashError)
@@ -276,13 +285,14 @@ class DFlashHead(PreTrainedModel):
             )
         if vocab_map is not None:
             check_vocab_map(vocab_map, V, DFlashError)
-        config = DFlashConfig(
+        config = cls.config_class(
             **target_shape(target, V, vocab_map, target_name_or_path, data_hash),
             num_hidden_layers=num_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
             mask_token_source=mask_token_source,
             aux_layer_ids=aux,
+            **variant,
         )
         head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
         copy_target_weights(head, embed_weight, lm_weight, vocab_map)
@@ -302,7 +312,14 @@ class DFlashHead(PreTrainedModel):
         return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
 
     def forward(self, block_ids, context, *, positions, attention_mask, cache: Cache | None = None):
-        """Draft logits [N, Q, draft_vocab] of the Q block slots `block_ids [N, Q]` (blocks of
+        """Draft logits [N, Q, draft_vocab] of the Q block slots `block_ids [N, Q]`: lm_head of
+        `hidden` (its arguments)."""
+        return self.lm_head(
+            self.hidden(block_ids, context, positions=positions, attention_mask=attention_mask, cache=cache)
+        )
+
+    def hidden(self, block_ids, context, *, positions, attention_mask, cache: Cache | None = None):
+        """The final-norm states [N, Q, H] of the Q block slots `block_ids [N, Q]` (blocks of
         `block_size`, possibly several packed per row), given C new context columns `context
         [N, C, H]` (`project`'s output, C may be 0). positions [N, C + Q]: the context's then the
         slots'. attention_mask: float additive [N or 1, 1, Q, S + C + Q] over the S columns
@@ -325,7 +342,7 @@ class DFlashHead(PreTrainedModel):
         mask = attention_mask.to(dtype=x.dtype, device=x.device)
         for i, layer in enumerate(self.layers):
             x = layer(x, context, cos, sin, mask, cache, i)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for a full vocabulary."""

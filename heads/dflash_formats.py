@@ -28,6 +28,8 @@ a full-vocabulary lm_head are the target's and are not saved, so it loads only w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,9 +64,34 @@ LAYER_KEYS = (
 _PROVENANCE_FIELDS = (*PROVENANCE, "mask_token_source")  # the config's provenance, and its mask token's
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """What tells one head of the DFlash family on disk from another: its classes, its speculators
+    type and architecture, and the config keys and tensors it adds to the DFlash backbone's."""
+
+    head: type  # DFlashHead or a head built on it
+    speculators_type: str
+    architecture: str
+    title: str  # how messages name it
+    extra_keys: Callable[[DFlashConfig], set] = lambda config: set()  # tensors beyond the backbone's
+    to_speculators: Callable[[DFlashConfig], dict] = lambda config: {}  # speculators config keys it adds
+    from_speculators: Callable[[dict], dict] = lambda raw: {}  # and back: config keys from them
+
+    @property
+    def config(self) -> type:
+        return self.head.config_class
+
+    @property
+    def error(self) -> type:
+        return self.head.error
+
+
+DFLASH = BlockLayout(DFlashHead, "dflash", SPECULATORS_ARCHITECTURE, "DFlash head")
+
+
 def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
     """config.json + model.safetensors without the target's tensors (`frozen_keys`), written
-    atomically; a folder holding a draftsmith DFlash head is replaced (re-running a training)."""
+    atomically; a folder holding a draftsmith head of the same kind is replaced (re-running a training)."""
     frozen = set(head.frozen_keys())
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
 
@@ -77,34 +104,36 @@ def save_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
         write,
         overwrite=overwrite,
         error=DFlashError,
-        may_replace=lambda folder: has_model_type(folder, DFlashConfig.model_type),
+        may_replace=lambda folder: has_model_type(folder, head.config.model_type),
     )
 
 
-def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None) -> DFlashHead:
-    """A head saved by `save_dflash` (or exported in the speculators `dflash` layout), completed with
-    `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
+def load_dflash(
+    path, *, target: PreTrainedModel, device=None, dtype: torch.dtype | None = None, layout: BlockLayout = DFLASH
+) -> DFlashHead:
+    """A head saved by `save_dflash` (or exported in the speculators layout of `layout`), completed
+    with `target`'s embeddings (and lm_head with the full vocabulary) and checked against it."""
     if target is None:
-        raise DFlashError(
-            "load_dflash needs the target: the head's embeddings (and full-vocabulary lm_head) are the target's"
+        raise layout.error(
+            f"loading a {layout.title} needs the target: its embeddings (and full-vocabulary lm_head) are the target's"
         )
-    path, config, state = _read_folder(path)
+    path, config, state = _read_folder(path, layout)
     with torch.device("meta"):
-        head = DFlashHead(config)
+        head = layout.head(config)
     head.check_target(target)
     lm_weight, embed_weight = target_weights(target, DFlashError)
     frozen = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_weight}
     expected = set(head.state_dict()) - set(head.frozen_keys())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
-        raise DFlashError(
+        raise layout.error(
             f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}"
         )
     state.update({k: frozen[k].detach().to("cpu") for k in head.frozen_keys()})
     try:
         head.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:
-        raise DFlashError(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
+        raise layout.error(f"cannot load {str(path / WEIGHTS)!r}: {err}") from None
     head.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
     device = device if device is not None else lm_weight.device
     head = head.to(device=device, dtype=dtype if dtype is not None else state["fc.weight"].dtype)
@@ -112,40 +141,40 @@ def load_dflash(path, *, target: PreTrainedModel, device=None, dtype: torch.dtyp
     return head.eval()
 
 
-def _read_folder(path) -> tuple[Path, DFlashConfig, dict[str, torch.Tensor]]:
-    """(folder, config, saved tensors) of a draftsmith or speculators `dflash` folder: the head
-    without the target's tensors."""
-    path, raw = read_config(path, "DFlash head", DFlashError)
+def _read_folder(path, layout: BlockLayout = DFLASH) -> tuple[Path, DFlashConfig, dict[str, torch.Tensor]]:
+    """(folder, config, saved tensors) of a draftsmith or speculators folder of `layout`'s head:
+    the head without the target's tensors."""
+    path, raw = read_config(path, layout.title, layout.error)
     if raw.get("speculators_model_type") is not None:
-        config = config_from_speculators(path, raw)
-    elif raw.get("model_type") == DFlashConfig.model_type:
+        config = config_from_speculators(path, raw, layout)
+    elif raw.get("model_type") == layout.config.model_type:
         try:
-            config = DFlashConfig.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
+            config = layout.config.from_dict({k: v for k, v in raw.items() if k != "transformers_version"})
         except (TypeError, ValueError) as err:
-            raise DFlashError(f"{str(path / 'config.json')!r}: {err}") from None
+            raise layout.error(f"{str(path / 'config.json')!r}: {err}") from None
     else:
-        raise DFlashError(
-            f"{str(path / 'config.json')!r} is not a DFlash head: expected model_type {DFlashConfig.model_type!r} "
-            "(draftsmith) or speculators_model_type 'dflash' (vLLM speculators)"
+        raise layout.error(
+            f"{str(path / 'config.json')!r} is not a {layout.title}: expected model_type {layout.config.model_type!r} "
+            f"(draftsmith) or speculators_model_type {layout.speculators_type!r} (vLLM speculators)"
         )
     if not (path / WEIGHTS).is_file():
-        raise DFlashError(f"DFlash weights {str(path / WEIGHTS)!r} are missing")
+        raise layout.error(f"{layout.title} weights {str(path / WEIGHTS)!r} are missing")
     try:
         return path, config, load_file(str(path / WEIGHTS))
     except (OSError, SafetensorError) as err:
-        raise DFlashError(f"cannot read DFlash weights {str(path / WEIGHTS)!r}: {err}") from None
+        raise layout.error(f"cannot read {layout.title} weights {str(path / WEIGHTS)!r}: {err}") from None
 
 
-def required_keys(config: DFlashConfig) -> set[str]:
-    """The tensors a speculators `dflash` checkpoint of a head must hold, no more: the tensors
-    draftsmith saves too (the target's embeddings and full-vocabulary lm_head stay out of both)."""
+def required_keys(config: DFlashConfig, layout: BlockLayout = DFLASH) -> set[str]:
+    """The tensors a speculators checkpoint of a head must hold, no more: the tensors draftsmith
+    saves too (the target's embeddings and full-vocabulary lm_head stay out of both)."""
     c = config
     keys = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     layer = list(LAYER_KEYS) + ([f"self_attn.{p}_proj.bias" for p in "qkvo"] if c.attention_bias else [])
     keys |= {f"layers.{i}.{k}" for i in range(c.num_hidden_layers) for k in layer}
     if c.reduced_vocab:
         keys |= {"lm_head.weight", "d2t", "t2d"}
-    return keys
+    return keys | layout.extra_keys(c)
 
 
 def _layer_config(c: DFlashConfig) -> dict:
@@ -175,68 +204,74 @@ def _layer_config(c: DFlashConfig) -> dict:
     }
 
 
-def speculators_config(c: DFlashConfig) -> dict:
-    """config.json of the speculators `dflash` layout (module docstring)."""
+def speculators_config(c: DFlashConfig, layout: BlockLayout = DFLASH) -> dict:
+    """config.json of the speculators layout of `layout` (module docstring; `sample_from_anchor`
+    and the drafts per block are the head's)."""
     return {
-        **speculators_header(SPECULATORS_ARCHITECTURE, "dflash", SPECULATORS_VERSION),
+        **speculators_header(layout.architecture, layout.speculators_type, SPECULATORS_VERSION),
         "block_size": c.block_size,
         "aux_hidden_state_layer_ids": list(c.aux_layer_ids),
         "mask_token_id": c.mask_token_id,
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": None,  # the draft is as wide as the target
         "sliding_window_non_causal": False,
-        "sample_from_anchor": False,
+        "sample_from_anchor": c.sample_from_anchor,
         "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config(c),
-        "speculators_config": speculators_block("dflash", {"speculative_tokens": c.block_size - 1}, c),
+        **layout.to_speculators(c),
+        "speculators_config": speculators_block(layout.speculators_type, {"speculative_tokens": c.drafts_per_block}, c),
         PROVENANCE_KEY: {field: getattr(c, field) for field in _PROVENANCE_FIELDS},
     }
 
 
-def export_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False) -> Path:
-    """Write `head` in the speculators `dflash` layout; the weights are checked against the key set
-    vLLM loads before anything is written."""
+def export_dflash(head: DFlashHead, out_dir, *, overwrite: bool = False, layout: BlockLayout = DFLASH) -> Path:
+    """Write `head` in the speculators layout of `layout`; the weights are checked against the key
+    set vLLM loads before anything is written."""
     frozen = set(head.frozen_keys())
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
-    return _write_speculators(head.config, state, out_dir, overwrite=overwrite)
+    return _write_speculators(head.config, state, out_dir, overwrite=overwrite, layout=layout)
 
 
-def _write_speculators(c: DFlashConfig, state: dict, out_dir, *, overwrite: bool = False) -> Path:
+def _write_speculators(
+    c: DFlashConfig, state: dict, out_dir, *, overwrite: bool = False, layout: BlockLayout = DFLASH
+) -> Path:
     if c.target_num_layers is not None and max(c.aux_layer_ids) >= c.target_num_layers:
-        raise DFlashError(
+        raise layout.error(
             f"vllm export: aux layer ids {c.aux_layer_ids} include {c.target_num_layers} (after the final norm), "
             "which a server cannot capture: train with aux_layers below the target's layer count"
         )
-    required = required_keys(c)
+    required = required_keys(c, layout)
     missing, extra = sorted(required - set(state)), sorted(set(state) - required)
     if missing or extra:
-        raise DFlashError(f"vllm export: missing {missing}, left over {extra}; nothing was written")
-    config = speculators_config(c)
+        raise layout.error(f"vllm export: missing {missing}, left over {extra}; nothing was written")
+    config = speculators_config(c, layout)
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
-    return write_folder_atomic(out_dir, write, overwrite=overwrite, error=DFlashError)
+    return write_folder_atomic(out_dir, write, overwrite=overwrite, error=layout.error)
 
 
-def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+def export_folder(
+    folder, out, fmt: str, *, num_speculative_tokens: int, target=None, layout: BlockLayout = DFLASH
+) -> Path:
     """The registry's exporter: the head of `folder` (either layout) written to `out` as `fmt`
     ("vllm": the speculators `dflash` layout; "hf": the draftsmith layout, saved as it is).
 
     Both layouts hold the same tensors (never the target's), so the head is converted without
     its target; `target`, a zero-argument loader, is called only to check that the head fits it.
     The drafts per call are the block's (block_size - 1): `num_speculative_tokens` is not written."""
-    path, config, state = _read_folder(folder)
+    path, config, state = _read_folder(folder, layout)
     if target is not None:
-        load_dflash(path, target=target())  # sizes, depth, positions and RoPE against the target
+        load_dflash(path, target=target(), layout=layout)  # sizes, depth, positions and RoPE against the target
     if fmt == "vllm":
-        return _write_speculators(config, state, out)
+        return _write_speculators(config, state, out, layout=layout)
     if fmt != "hf":
-        raise DFlashError(f"export format {fmt!r}: a DFlash head exports as vllm or hf")
-    required = required_keys(config)
+        raise layout.error(f"export format {fmt!r}: a {layout.title} exports as vllm or hf")
+    required = required_keys(config, layout)
     if set(state) != required:
-        raise DFlashError(
+        raise layout.error(
             f"{str(path / WEIGHTS)!r} does not match its config: missing {sorted(required - set(state))[:6]}, "
             f"unexpected {sorted(set(state) - required)[:6]}"
         )
@@ -245,31 +280,29 @@ def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=
         config.save_pretrained(tmp)
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
 
-    return write_folder_atomic(out, write, overwrite=False, error=DFlashError)
+    return write_folder_atomic(out, write, overwrite=False, error=layout.error)
 
 
-def config_from_speculators(path: Path, raw: dict):
-    """The DFlashConfig of a speculators `dflash` folder (this exporter's, or the speculators
-    trainer's with full attention and the anchor as bonus token)."""
-    where = str(Path(path) / "config.json")
-    if raw.get("speculators_model_type") != "dflash":
-        raise DFlashError(
-            f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; only 'dflash' is supported"
+def config_from_speculators(path: Path, raw: dict, layout: BlockLayout = DFLASH):
+    """The config of a speculators folder of `layout`'s type (this exporter's, or the speculators
+    trainer's with full attention and the head's own slot convention)."""
+    where, error = str(Path(path) / "config.json"), layout.error
+    if raw.get("speculators_model_type") != layout.speculators_type:
+        raise error(
+            f"{where}: speculators_model_type={raw.get('speculators_model_type')!r}; "
+            f"a {layout.title} reads {layout.speculators_type!r}"
         )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        raise DFlashError(f"{where} has no transformer_layer_config")
-    for key, ok in (("sample_from_anchor", False), ("projector_type", "dflash")):
+        raise error(f"{where} has no transformer_layer_config")
+    anchor = layout.config.sample_from_anchor
+    for key, ok in (("sample_from_anchor", anchor), ("projector_type", "dflash")):
         if raw.get(key, ok) != ok:
-            raise DFlashError(f"{where}: {key}={raw[key]!r} is a variant draftsmith does not implement")
+            raise error(f"{where}: {key}={raw[key]!r} is a variant draftsmith does not implement")
     if any(t != "full_attention" for t in layer.get("layer_types") or []):
-        raise DFlashError(
-            f"{where}: sliding-window draft layers are not implemented (layer_types {layer['layer_types']})"
-        )
+        raise error(f"{where}: sliding-window draft layers are not implemented (layer_types {layer['layer_types']})")
     if raw.get("target_hidden_size") not in (None, layer.get("hidden_size")):
-        raise DFlashError(
-            f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size"
-        )
+        raise error(f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     rope = layer.get("rope_parameters") or {
@@ -277,7 +310,8 @@ def config_from_speculators(path: Path, raw: dict):
         "rope_theta": layer.get("rope_theta", 10000.0),
     }
     try:
-        return DFlashConfig(
+        return layout.config(
+            **layout.from_speculators(raw),
             hidden_size=layer["hidden_size"],
             intermediate_size=layer["intermediate_size"],
             num_hidden_layers=layer["num_hidden_layers"],
@@ -303,7 +337,7 @@ def config_from_speculators(path: Path, raw: dict):
             },
         )
     except KeyError as err:
-        raise DFlashError(f"{where} lacks {err.args[0]!r}") from None
+        raise error(f"{where} lacks {err.args[0]!r}") from None
 
 
 def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:

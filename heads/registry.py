@@ -224,6 +224,23 @@ METHODS: dict[str, Method] = {
             exporter="draftsmith.heads.dflash_formats:export_folder",
             server="draftsmith.heads.dflash_formats:serving_facts",
         ),
+        Method(
+            kind="dspark",
+            title="DSpark head",
+            trainer="draftsmith.train.dspark",
+            recipe="draftsmith.train.dspark:DSparkRecipe",
+            loader="draftsmith.heads.dspark_formats:load_dspark",
+            error="draftsmith.heads.dspark:DSparkError",
+            rows_of="draftsmith.decoding.dspark:dspark_rows",
+            parameters="draftsmith.train.dspark:head_parameters",
+            smoke_recipe=(("block_size", 3), ("max_anchors", 8), ("markov_rank", 8), ("lr", 3e-3)),
+            run_folder="head",
+            model_types=("draftsmith_dspark",),
+            speculators_types=("dspark",),
+            export_formats=("vllm", "hf"),
+            exporter="draftsmith.heads.dspark_formats:export_folder",
+            server="draftsmith.heads.dspark_formats:serving_facts",
+        ),
     )
 }
 

@@ -190,6 +190,39 @@ def test_each_loss_trains_and_keeps_the_slot_weights(short_answers, loss):
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
 
 
+def test_dpace_weights_are_the_drafts_survival_and_train(short_answers):
+    """loss_weighting: dpace: each draft weighs the survival it carries (draft_weights, from the
+    hard CE on the target's argmax), the loss is their weighted mean, and it trains."""
+    from draftsmith.distill.losses import dpace_weights
+    from draftsmith.train.dflash import draft_weights
+
+    target, batch, states = short_answers
+    torch.manual_seed(0)
+    head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    anchors, valid = sample_anchors(
+        batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0)
+    )
+    recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, loss_weighting="dpace", dpace_alpha=0.5)
+    logits, targets = torch.randn(2, 3, BLOCK - 1, VOCAB), torch.randn(2, 3, BLOCK - 1, VOCAB)
+    label = torch.rand(2, 3, BLOCK - 1) > 0.3
+    hard = -torch.log_softmax(logits, -1).gather(-1, targets.argmax(-1, keepdim=True))[..., 0]
+    assert torch.equal(draft_weights(recipe, logits, targets, label), dpace_weights(hard, label, 0.5))
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(4):
+        value = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)[0]
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+    with pytest.raises(ValueError, match="loss_weighting = 'pace': expected one of decay, dpace"):
+        DFlashRecipe(target="t", data="d", out="o", loss_weighting="pace")
+    with pytest.raises(ValueError, match="dpace_alpha = 1.5 must be in"):
+        DFlashRecipe(target="t", data="d", out="o", dpace_alpha=1.5)
+
+
 def test_an_unknown_loss_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match="loss = 'kl': expected one of forward_kl, .*lk_hybrid"):
         DFlashRecipe(target="t", data="d", out="o", loss="kl")

@@ -10,27 +10,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def config_for(path: Path):
+    """(the recipe class, the trainer's script) of the registered method whose recipe names the
+    file's (`Method.recipe_files`; medusa2.yaml is a Medusa recipe)."""
+    from draftsmith.heads.registry import METHODS
+
     name = path.stem
-    if name.startswith("medusa"):
-        from draftsmith.train.medusa import MedusaRecipe
-
-        return MedusaRecipe, "train/medusa.py"
-    if name == "draft":
-        from draftsmith.train.draft import DraftRecipe
-
-        return DraftRecipe, "train/draft.py"
-    if name.startswith("eagle"):
-        from draftsmith.train.eagle import EagleRecipe
-
-        return EagleRecipe, "train/eagle.py"
-    if name == "dflash":
-        from draftsmith.train.dflash import DFlashRecipe
-
-        return DFlashRecipe, "train/dflash.py"
-    if name == "peagle":
-        from draftsmith.train.peagle import PEagleRecipe
-
-        return PEagleRecipe, "train/peagle.py"
+    for exact in (True, False):
+        for method in METHODS.values():
+            if any(name == r if exact else name.startswith(r) for r in method.recipe_files):
+                return method.part("recipe"), method.trainer.removeprefix("draftsmith.").replace(".", "/") + ".py"
     raise AssertionError(f"{path}: no method for this recipe name")
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.masks import additive
-from draftsmith.distill.losses import divergence
+from draftsmith.distill.losses import divergence, dpace_weights
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     describe_top1,
@@ -51,6 +51,8 @@ from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 
+LOSS_WEIGHTINGS = ("decay", "dpace")
+
 
 @dataclass(kw_only=True)
 class DFlashRecipe(MaskedHeadRecipe):
@@ -62,6 +64,8 @@ class DFlashRecipe(MaskedHeadRecipe):
     block_size: int = 8  # slots per block: one forward drafts block_size - 1 tokens (speculators' default)
     max_anchors: int = 64  # blocks trained per row and step (more: more signal per target forward)
     decay_gamma: float = 4.0  # slot k's weight exp(-(k-1)/gamma) (DFlash: gamma ~4 for 8-16 slots)
+    loss_weighting: str = "decay"  # decay: exp(-(k-1)/gamma); dpace: D-PACE's survival weights (docs/dflash.md)
+    dpace_alpha: float = 0.5  # D-PACE's smoothing of each slot's probability (the paper's and speculators' 0.5)
     lr: float = 6e-4  # the DFlash recipes' peak lr at 8B; tiny heads take ~1e-3
     grad_clip: float = 1.0
 
@@ -77,6 +81,10 @@ class DFlashRecipe(MaskedHeadRecipe):
             raise ValueError(f"max_anchors = {self.max_anchors} must be >= 1")
         if not self.decay_gamma > 0:
             raise ValueError(f"decay_gamma = {self.decay_gamma} must be > 0")
+        if self.loss_weighting not in LOSS_WEIGHTINGS:
+            raise ValueError(f"loss_weighting = {self.loss_weighting!r}: expected one of {', '.join(LOSS_WEIGHTINGS)}")
+        if not 0 <= self.dpace_alpha <= 1:
+            raise ValueError(f"dpace_alpha = {self.dpace_alpha} must be in [0, 1]")
 
 
 def head_parameters(recipe: DFlashRecipe, target) -> tuple[int, int]:
@@ -164,6 +172,19 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
 
 
+def draft_weights(recipe: DFlashRecipe, logits, targets, label) -> torch.Tensor:
+    """[B, A, S] loss weights of the S drafting slots of each block (logits, targets [B, A, S, Vd],
+    label [B, A, S]), detached: `decay`, exp(-j/gamma) for the j-th draft; `dpace`, D-PACE's
+    (`dpace_weights`) from each draft's hard cross-entropy on the target's argmax, the token a
+    greedy chain must match. Losses divide by the weights' sum (a weighted mean, so the loss keeps
+    its scale whatever the weighting; speculators divides by the count of trained slots instead)."""
+    if recipe.loss_weighting == "dpace":
+        hard = -torch.log_softmax(logits.detach().float(), -1).gather(-1, targets.argmax(-1, keepdim=True))[..., 0]
+        return dpace_weights(hard, label, recipe.dpace_alpha)
+    S = label.shape[-1]
+    return slot_weights(S + 1, recipe.decay_gamma, label.device)[1:] * label
+
+
 def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum)
     of one packed forward. `feats`: the aux states concatenated [B, T, n*H]; `teacher`: the
@@ -185,7 +206,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
         label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
     per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
-    weights = slot_weights(Bs, recipe.decay_gamma, ids.device)[1:] * label
+    weights = draft_weights(recipe, logits, targets, label)
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
     with torch.no_grad():
@@ -194,17 +215,20 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
 
 
 @torch.no_grad()
-def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, in_vocab):
-    """(chains [B, T, Bs-1] bool, starts [B, T], hits [Bs-1], trained [Bs-1]) of held-out rows: the
-    greedy hits of the block anchored at each position (`anchor_chunks`, `max_anchors` per
-    forward; slots past a row's trained tokens are misses), where the decoder can call, and the
-    per-slot hit and trained counts."""
+def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, in_vocab, losses=None):
+    """(chains [B, T, S] bool, starts [B, T], hits [S], trained [S]) of held-out rows, S the head's
+    drafts per block: the greedy hits of the block anchored at each position (`anchor_chunks`,
+    `max_anchors` per forward; slots past a row's trained tokens are misses), where the decoder
+    can call, and the per-slot hit and trained counts. `losses`: the method's (`dflash_losses`'s
+    form; default dflash_losses)."""
+    losses = losses or dflash_losses
+    S = head.config.drafts_per_block
     starts, chunks = anchor_chunks(batch["loss_mask"], batch["attention_mask"], recipe.max_anchors)
-    chains = torch.zeros(*starts.shape, recipe.block_size - 1, dtype=torch.bool)
-    hit_sums = torch.zeros(recipe.block_size - 1, dtype=torch.float64)
+    chains = torch.zeros(*starts.shape, S, dtype=torch.bool)
+    hit_sums = torch.zeros(S, dtype=torch.float64)
     count_sums = torch.zeros_like(hit_sums)
     for anchors, valid in chunks:
-        _, hits, label, _ = dflash_losses(head, batch, feats, teacher, anchors, valid, recipe, in_vocab)
+        _, hits, label, _ = losses(head, batch, feats, teacher, anchors, valid, recipe, in_vocab)
         hit_sums += hits.sum((0, 1)).double().cpu()
         count_sums += label.sum((0, 1)).double().cpu()
         chains[:, anchors[0].cpu()] = hits.cpu()
@@ -214,21 +238,28 @@ def every_block(head, batch, feats, teacher, recipe: DFlashRecipe, in_vocab):
 class DFlashObjective(torch.nn.Module):
     """The head and its loss behind one forward (DDP/DeepSpeed average what runs inside it)."""
 
-    def __init__(self, head, recipe: DFlashRecipe):
+    def __init__(self, head, recipe: DFlashRecipe, losses=None):
         super().__init__()
-        self.head, self.recipe = head, recipe
+        self.head, self.recipe, self.losses = head, recipe, losses or dflash_losses
 
     def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, anchors, valid):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-        return dflash_losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
+        return self.losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
 
 
 @cleaned_up_on_error
 def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dflash import DFlashError, DFlashHead, describe
+    from draftsmith.heads.dflash import DFlashHead, describe
     from draftsmith.heads.dflash_formats import save_dflash
 
-    run = TrainingRun(recipe, "dflash", progress)
+    return train_blocks(recipe, progress, "dflash", DFlashHead, dflash_losses, save_dflash, describe)
+
+
+def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, losses, save, describe, **variant):
+    """The loop of every head of the DFlash family: `head_class.for_target` (with the recipe's block,
+    mask token, vocabulary and the `variant` config keys), its `losses` (`dflash_losses`'s form) over
+    anchored blocks, held-out blocks at every position, `save`, and the serve check as `kind`."""
+    run = TrainingRun(recipe, kind, progress)
     device = run.device
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
     target, data, train_rows, heldout_rows = run.load_training(first=1)
@@ -239,21 +270,23 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     try:
         mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
         block = {"block_size": recipe.block_size, "num_layers": recipe.num_layers}
-        head = DFlashHead.for_target(target, **block, **mask, **head_origin(recipe, data, vocab_map)).to(device)
-    except DFlashError as err:
+        origin = head_origin(recipe, data, vocab_map)
+        head = head_class.for_target(target, **block, **mask, **origin, **variant).to(device)
+    except head_class.error as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
     target_states = head_target_states(run, target, data, head, vocab_map)  # offline: hidden_cache
 
-    model, head = prepare_head(run, DFlashObjective(head, recipe))
+    model, head = prepare_head(run, DFlashObjective(head, recipe, losses))
     run.start()
     rank = run.accelerator.process_index
 
     def anchors_for(batch, seed: int):
         gen = torch.Generator().manual_seed(seed)
-        anchors, valid = sample_anchors(
-            batch["loss_mask"], batch["attention_mask"], recipe.block_size, recipe.max_anchors, gen
-        )
+        trained = batch["loss_mask"]
+        if head.config.sample_from_anchor:  # the anchor's own slot drafts: anchors before trained tokens
+            trained = torch.cat([trained[:, 1:], torch.zeros_like(trained[:, :1])], dim=1)
+        anchors, valid = sample_anchors(trained, batch["attention_mask"], recipe.block_size, recipe.max_anchors, gen)
         return anchors.to(device), valid.to(device)
 
     def micro_step(step, micro):
@@ -273,15 +306,15 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
         batches = heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
 
         def every(batch, feats, teacher, in_vocab):
-            return every_block(head, batch, feats, teacher, recipe, in_vocab)
+            return every_block(head, batch, feats, teacher, recipe, in_vocab, losses)
 
-        return one_pass_evaluation(batches, target_states, every, recipe.block_size - 1, recipe, "slot", "blocks")
+        return one_pass_evaluation(batches, target_states, every, K, recipe, "slot", "blocks")
 
+    K = head.config.drafts_per_block  # the held-out tau's
     done = train_loop(
         run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot")
     )
-    K = recipe.block_size - 1  # the held-out tau's
-    return finish_head(run, done, model, head, save_dflash, target, K, data, heldout_rows, vocab_map, **block, **mask)
+    return finish_head(run, done, model, head, save, target, K, data, heldout_rows, vocab_map, **block, **mask)
 
 
 def main(argv=None) -> int:

@@ -72,15 +72,22 @@ def make_accelerator(recipe, grad_accum: int):
     FSDP2), with the recipe's `mixed_precision`. On CPU the processes talk over gloo (DeepSpeed
     picks no backend of its own there)."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import InitProcessGroupKwargs
 
     handlers = []
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if launched and (recipe.device == "cpu" or not torch.cuda.is_available()):
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    precision = mixed_precision(recipe)
+    shared = AcceleratorState._shared_state
+    if not launched and shared and precision is not None and str(shared.get("_mixed_precision")) != precision:
+        # one process training again with another precision (a second run in the same Python, as the
+        # demo's do): accelerate keeps its first state for the process and refuses any other
+        AcceleratorState._reset_state()
     return Accelerator(
         gradient_accumulation_steps=grad_accum,
-        mixed_precision=mixed_precision(recipe),
+        mixed_precision=precision,
         cpu=recipe.device == "cpu",
         log_with=list(recipe.report_to) or None,
         project_dir=str(recipe.out),

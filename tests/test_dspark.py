@@ -1,0 +1,232 @@
+"""DSpark: the DFlash backbone drafting from its anchor, the sequential (Markov) correction and the
+confidence head; the trainer's teacher-forced blocks against the drafter's left-to-right pass; the
+drafter in the one decoder (greedy identity, losslessness); D-PACE's weights.
+
+As in tests/test_dflash.py, the decoder tests use a head fitted in-process to the toy target's own
+greedy continuations, so whole blocks are accepted and every branch of the verifier runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures import VOCAB, greedy_answers_batch
+
+from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding.dspark import DSparkDrafter
+from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.distill.acceptance import walk_tau
+from draftsmith.distill.losses import dpace_weights
+from draftsmith.eval.lossless import check_lossless
+from draftsmith.heads.dspark import MARKOV_HEADS, DSparkConfig, DSparkError, DSparkHead
+from draftsmith.heads.dspark_formats import export_dspark, load_dspark, save_dspark
+from draftsmith.train.common import decoded_tau
+from draftsmith.train.dflash import anchor_chunks, every_block, sample_anchors
+from draftsmith.train.dspark import DSparkRecipe, dspark_losses
+
+BLOCK = 4
+
+
+def _head(target, kind="vanilla", rank=16, seed=0, aux=(0, 1, 2), **variant):
+    torch.manual_seed(seed)
+    head = DSparkHead.for_target(
+        target,
+        block_size=BLOCK,
+        mask_token_id=VOCAB - 1,
+        aux_layer_ids=list(aux),
+        markov_rank=rank,
+        markov_head_type=kind,
+        **variant,
+    )
+    with torch.no_grad():  # a bias that is not zero, so the correction is exercised from the start
+        if head.markov_head is not None:
+            head.markov_head.markov_w2.weight.normal_(0, 0.5)
+    return head
+
+
+@pytest.mark.parametrize("kind", MARKOV_HEADS)
+def test_the_block_form_is_the_slot_by_slot_form(pairs, kind):
+    """The trainer's teacher-forced block (`block_logits`) equals the drafter's left-to-right
+    `corrected` steps (the rnn carrying its state) when the drafts are the block's tokens."""
+    target, _ = pairs("llama")
+    head = _head(target, kind)
+    h = torch.randn(3, BLOCK, head.config.hidden_size)
+    prev = torch.randint(0, VOCAB, (3, BLOCK))
+    whole = head.block_logits(h, prev)
+    state, steps = None, []
+    for k in range(BLOCK):
+        logits, state = head.corrected(head.lm_head(h[:, k]), prev[:, k], h[:, k], state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), whole)
+    assert not torch.allclose(whole, head.lm_head(h))  # the bias is there
+
+
+def test_a_zero_rank_head_is_its_backbone_and_bad_configs_are_refused(pairs):
+    target, _ = pairs("llama")
+    head = _head(target, rank=0, confidence_head_with_markov=False)
+    h, prev = torch.randn(2, BLOCK, head.config.hidden_size), torch.randint(0, VOCAB, (2, BLOCK))
+    assert torch.equal(head.block_logits(h, prev), head.lm_head(h)) and head.confidence_head is not None
+    for bad, message in (
+        ({"markov_rank": -1}, "markov_rank"),
+        ({"markov_head_type": "lstm"}, "markov_head_type"),
+        ({"markov_rank": 0, "confidence_head_with_markov": True}, "confidence_head_with_markov"),
+    ):
+        with pytest.raises(DSparkError, match=message):
+            DSparkConfig(mask_token_id=1, aux_layer_ids=[0], vocab_size=VOCAB, **bad)
+    with pytest.raises(ValueError, match="markov_head_type = 'lstm'"):
+        DSparkRecipe(target="t", data="d", out="o", markov_head_type="lstm")
+    assert DSparkConfig(mask_token_id=1, aux_layer_ids=[0], vocab_size=VOCAB, block_size=7).drafts_per_block == 7
+
+
+def test_dpace_weights_follow_survival():
+    """w_j = sum_{m >= j} prod_{i <= m} ((1 - a) q_i + a): certain drafts carry every later slot
+    (w = S - j); with a = 0, a surely wrong draft ends the chain: it and every later slot weigh 0."""
+    S = 5
+    sure = dpace_weights(torch.zeros(2, S), torch.ones(2, S), alpha=0.5)
+    assert sure[0].tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
+    ce = torch.tensor([[0.0, 50.0, 0.0, 0.0, 0.0]])  # slot 1 is surely wrong
+    w = dpace_weights(ce, torch.ones(1, S), alpha=0.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]]), atol=1e-6)
+    masked = dpace_weights(torch.zeros(1, S), torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0]]), alpha=0.5)
+    assert masked.tolist() == [[3.0, 2.0, 0.0, 1.0, 0.0]]  # a masked slot weighs 0 and breaks no chain
+    q = torch.rand(3, S)
+    w = dpace_weights(-q.log(), torch.ones(3, S), alpha=0.3)
+    smooth = 0.7 * q + 0.3
+    expected = torch.stack([smooth[:, : m + 1].prod(-1) for m in range(S)], -1).flip(-1).cumsum(-1).flip(-1)
+    torch.testing.assert_close(w, expected)
+
+
+@pytest.fixture(scope="module", params=["vanilla", "rnn"])
+def fitted(pairs, request):
+    """(target, a DSpark head fitted to the target's greedy continuations of `prompts`, prompts)."""
+    target, _ = pairs("llama")
+    prompts, batch, states = greedy_answers_batch(target)
+    head = _head(target, request.param)
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    recipe = DSparkRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32, markov_rank=16)
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    trained = torch.cat([batch["loss_mask"][:, 1:], torch.zeros_like(batch["loss_mask"][:, :1])], 1)
+    losses = []
+    for step in range(25):
+        anchors, valid = sample_anchors(
+            trained, batch["attention_mask"], BLOCK, 32, torch.Generator().manual_seed(step)
+        )
+        loss, _, _, _ = dspark_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert sum(losses[-3:]) < sum(losses[:3])
+    return target, head.eval(), prompts, recipe
+
+
+def test_greedy_equals_target_only_at_b1_and_b4(fitted):
+    target, head, prompts, _ = fitted
+    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
+    accepted = 0
+    for p, reference in zip(prompts[:2], references):
+        out = generate(target, DSparkDrafter(head), p, max_new_tokens=24, num_draft_tokens=BLOCK)
+        assert out.tokens == reference
+        accepted += sum(out.stats.accepted)
+        assert max(out.stats.proposed) == BLOCK  # every slot drafts, the anchor's too
+    assert accepted >= 10, accepted
+    out = generate_batch(target, prompts[:4], DSparkDrafter(head), num_draft_tokens=BLOCK, max_new_tokens=24)
+    assert out.tokens == references
+    out = generate_batch(target, prompts[:4], DSparkDrafter(head), num_draft_tokens=2, max_new_tokens=24)
+    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+
+
+def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
+    """Held-out blocks anchored at every position, walked as the decoder walks them: the same
+    calls and the same tau as greedy decoding (the teacher-forced correction is the drafter's)."""
+    target, head, prompts, recipe = fitted
+    _, batch, states = greedy_answers_batch(target)
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, dspark_losses)
+    assert chains.shape[-1] == BLOCK and starts.sum(1).tolist() == [40] * len(prompts)
+    tokens, calls = walk_tau(chains, starts)
+    tau, decoder_calls = decoded_tau(target, DSparkDrafter(head), [p.tolist() for p in prompts], BLOCK, 41)
+    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+
+
+def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
+    """Sampled proposals: probs[k] is softmax(U_k + bias(x_{k-1})) at the draft actually made before."""
+    target, head, prompts, _ = fitted
+    drafter = DSparkDrafter(head)
+    seen = []
+    propose = drafter.propose
+
+    def watch(contexts, num_tokens, sampling, generators):
+        proposal = propose(contexts, num_tokens, sampling, generators)
+        seen.append((list(contexts[0]), proposal))
+        return proposal
+
+    drafter.propose = watch
+    generate(target, drafter, prompts[0], max_new_tokens=12, num_draft_tokens=BLOCK, temperature=1.0, seed=3)
+    context, proposal = seen[1]
+    n = len(context) - 1
+    hidden = target(torch.tensor([context]), output_hidden_states=True).hidden_states
+    feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
+    block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
+    mask = torch.zeros(1, 1, BLOCK, n + BLOCK)
+    with torch.no_grad():
+        h = head.hidden(block, feats, positions=torch.arange(n + BLOCK)[None], attention_mask=mask)[0]
+        prev = torch.tensor([context[-1], *proposal.tokens[0, : BLOCK - 1].tolist()])
+        law = head.block_logits(h[None], prev[None])[0].float().softmax(-1)
+    torch.testing.assert_close(proposal.probs[0], law, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_sampled_decode_is_lossless(fitted, batch_size):
+    """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
+    target, head, prompts, _ = fitted
+    result = check_lossless(
+        target,
+        DSparkDrafter(head),
+        prompts[0],
+        num_draft_tokens=2,
+        samples=150 * batch_size,
+        progress=False,
+        batch_size=batch_size,
+    )
+    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
+    assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize("kind", MARKOV_HEADS)
+def test_both_layouts_round_trip_with_the_same_tokens(pairs, kind, tmp_path):
+    target, _ = pairs("llama")
+    head = _head(target, kind, aux=(0, 1))  # a server captures the states entering layers, not the last norm's
+    prompts, _, _ = greedy_answers_batch(target)
+    reference = generate(target, DSparkDrafter(head), prompts[0], max_new_tokens=16, num_draft_tokens=BLOCK).tokens
+    save_dspark(head, tmp_path / "hf")
+    export_dspark(head, tmp_path / "vllm")
+    for folder in ("hf", "vllm"):
+        again = load_dspark(tmp_path / folder, target=target)
+        assert again.config.markov_head_type == head.config.markov_head_type
+        out = generate(target, DSparkDrafter(again), prompts[0], max_new_tokens=16, num_draft_tokens=BLOCK).tokens
+        assert out == reference, folder
+    import json
+
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dspark" and config["sample_from_anchor"] is True
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == BLOCK
+    assert {"markov_rank", "markov_head_type", "enable_confidence_head"} <= set(config)
+
+
+def test_anchor_chunks_start_where_the_decoder_calls(fitted):
+    target, _, prompts, _ = fitted
+    _, batch, _ = greedy_answers_batch(target)
+    starts, _ = anchor_chunks(batch["loss_mask"], batch["attention_mask"], 8)
+    assert all(starts[b, len(p) - 1] for b, p in enumerate(prompts))  # the prompt's last token drafts the answer
+
+
+def test_sampling_config_is_unchanged_by_the_correction(fitted):
+    """Greedy with a temperature config of 0 draws nothing: the same tokens as SamplingConfig()."""
+    target, head, prompts, _ = fitted
+    a = generate(target, DSparkDrafter(head), prompts[1], max_new_tokens=12, num_draft_tokens=BLOCK).tokens
+    b = generate_batch(
+        target, [prompts[1]], DSparkDrafter(head), num_draft_tokens=BLOCK, max_new_tokens=12, sampling=SamplingConfig()
+    ).tokens[0]
+    assert a == b
