@@ -21,7 +21,10 @@ and `build` then run speculators' own forward on INPUTS
 the draft logits of each step to OUT (`step0`, `step1`); a P-EAGLE checkpoint (speculators_model_type
 `peagle`; `build` with FLAGS {"speculator_type": "peagle", ...}) runs its own packed forward instead, over
 COD-sampled chains drawn from a fixed seed, and writes the logits with the chains (`logits`, `anchor`,
-`depth`). The list of JSON reports (one per job) goes to stdout.
+`depth`); a DFlash or DSpark checkpoint (`build` with FLAGS {"speculator_type": "dflash" | "dspark", ...})
+runs its backbone over anchored blocks from a fixed seed and writes the slots' states and logits
+(DSpark: corrected and confidence logits too, `_block_outputs`). The list of JSON reports (one per
+job) goes to stdout.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from speculators import SpeculatorModel, SpeculatorModelConfig
 from speculators.losses import resolve_loss_config
+from speculators.models.dflash import DFlashDraftModel
+from speculators.models.dspark import DSparkDraftModel
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.models.peagle import PEagleDraftModel
 from speculators.models.peagle.data import generate_cod_sample_indices
@@ -41,6 +46,8 @@ from speculators.train.cli import create_transformer_layer_config
 
 ATTENTION = "sdpa"  # the flex-attention default needs a GPU compiler; sdpa is the same maths
 PEAGLE_DEPTHS, PEAGLE_SEED = 3, 11  # the packed forward's depths and the seed its COD sampling draws from
+BLOCK_ANCHORS, BLOCK_SEED = 3, 13  # a DFlash-family forward's anchored blocks and the seed they are drawn from
+BLOCK_MODELS = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}
 
 
 def _logits(model, inputs_file: str, out_file: str) -> None:
@@ -82,10 +89,43 @@ def _peagle_logits(model, inputs_file: str, out_file: str) -> None:
     save_file({"logits": captured[0][0].contiguous(), "anchor": anchor, "depth": depth}, out_file)
 
 
+def _block_outputs(model, inputs_file: str, out_file: str) -> None:
+    """A DFlash-family model's (DFlash, DSpark) backbone over BLOCK_ANCHORS anchored blocks drawn from
+    BLOCK_SEED (speculators' own anchor sampling), and DSpark's heads on it: the final-norm states,
+    the backbone logits, the Markov-corrected logits and the confidence logits of every slot, with the
+    blocks' token indices (INPUTS also holds `last` [1, T, H], the verifier's last states it reads)."""
+    inputs = load_file(inputs_file)
+    ids = inputs["input_ids"]
+    torch.manual_seed(BLOCK_SEED)
+    with torch.no_grad():
+        hidden, logits, _, _, indices = model.eval()._backbone_forward(
+            inputs["hidden_states"],
+            ids,
+            torch.ones_like(ids),
+            inputs["last"],
+            torch.zeros_like(ids),
+            max_anchors=BLOCK_ANCHORS,
+        )
+        out = {"hidden": hidden[0], "logits": logits[0], "indices": indices}
+        markov = getattr(model, "markov_head", None)
+        if markov is not None:
+            B = model.block_size
+            prev = ids[0, indices].view(-1, B)  # sample_from_anchor: slot k's bias reads the token at p + k
+            blocks = hidden[0].view(-1, B, hidden.shape[-1])
+            e = markov.prev_embeddings(prev)
+            bias = markov.block_bias(prev_token_ids=prev, hidden_states=blocks, prev_emb=e)
+            out["corrected"] = (logits[0].view(-1, B, logits.shape[-1]) + bias).reshape(logits.shape[1:])
+            if model.confidence_head is not None:
+                with_e = model.config.confidence_head_with_markov
+                out["confidence"] = model.confidence_head(torch.cat([blocks, e], -1) if with_e else blocks).reshape(-1)
+    save_file({k: v.contiguous() for k, v in out.items()}, out_file)
+
+
 def check(folder: str, inputs_file: str, out_file: str) -> dict:
     """Also for speculators' own checkpoints: loaded in float32 whatever they were saved in."""
     config = SpeculatorModelConfig.from_pretrained(folder)
-    config.transformer_layer_config._attn_implementation = ATTENTION
+    block = config.speculators_model_type in BLOCK_MODELS  # its eager attention takes the block mask on CPU
+    config.transformer_layer_config._attn_implementation = "eager" if block else ATTENTION
     fresh = SpeculatorModel.registered_model_class_from_config(config)(config)
     never_saved = set(fresh._keys_to_ignore_on_save or [])
     expected = {k: list(v.shape) for k, v in fresh.state_dict().items() if k not in never_saved}
@@ -93,7 +133,8 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
     cls = SpeculatorModel.registered_model_class_from_config(config)  # Eagle3DraftModel or PEagleDraftModel
     model = cls.from_pretrained(folder, config=config, dtype=torch.float32)
     finite = {k: bool(torch.isfinite(v.float()).all()) for k, v in model.state_dict().items()}
-    (_peagle_logits if isinstance(model, PEagleDraftModel) else _logits)(model, inputs_file, out_file)
+    forward = _block_outputs if block else _peagle_logits if isinstance(model, PEagleDraftModel) else _logits
+    forward(model, inputs_file, out_file)
     return {
         "config_class": type(config).__name__,
         "model_class": type(model).__name__,
@@ -101,7 +142,7 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
         "unexpected": sorted(set(written) - set(expected)),
         "shape_mismatches": sorted(k for k in set(expected) & set(written) if expected[k] != written[k]),
         "not_finite": sorted(k for k, ok in finite.items() if not ok),
-        "flags": {
+        "flags": {  # those of its config class
             k: getattr(config, k)
             for k in (
                 "norm_before_fc",
@@ -110,7 +151,14 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
                 "norm_before_residual",
                 "embed_requires_grad",
                 "target_hidden_size",
+                "sample_from_anchor",
+                "block_size",
+                "markov_rank",
+                "markov_head_type",
+                "enable_confidence_head",
+                "confidence_head_with_markov",
             )
+            if hasattr(config, k)
         },
         "mask_token_id": getattr(config, "mask_token_id", None),
     }
@@ -118,11 +166,19 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
 
 def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: str) -> dict:
     flags = json.loads(flags)
-    cls = PEagleDraftModel if flags.pop("speculator_type", "eagle3") == "peagle" else Eagle3DraftModel
-    # The trainer's own draft layer config: one llama layer shaped from the verifier, its defaults
-    # (sliding-window attention over 2048 tokens, which a 12-token test never reaches).
+    kind = flags.pop("speculator_type", "eagle3")
+    cls = BLOCK_MODELS.get(kind) or (PEagleDraftModel if kind == "peagle" else Eagle3DraftModel)
+    block = kind in BLOCK_MODELS
+    # The trainer's own draft layer config: one layer shaped from the verifier, its defaults (EAGLE: a
+    # llama layer, sliding-window attention over 2048 tokens, which a 12-token test never reaches; the
+    # DFlash family: a qwen3 layer of full attention, the one kind draftsmith's block heads implement).
     layer_config = create_transformer_layer_config(
-        verifier, num_layers=1, draft_arch="llama", hidden_act=None, sliding_window=2048, full_attention_indices=[]
+        verifier,
+        num_layers=1,
+        draft_arch="qwen3" if block else "llama",
+        hidden_act=None,
+        sliding_window=2048,
+        full_attention_indices=[0] if block else [],
     )
     V = layer_config.vocab_size
     draft_vocab = flags.pop("draft_vocab_size", V)
@@ -130,24 +186,38 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[target_ids] = True
     d2t = target_ids - torch.arange(draft_vocab)
-    model = cls.from_training_args(
-        layer_config,
-        t2d=t2d,
-        d2t=d2t,
-        draft_vocab_size=draft_vocab,
-        ttt_steps=3,
-        verifier_name_or_path=verifier,
-        draft_attn_impl=ATTENTION,
-        **{"norm_before_residual": False, **flags},
-    )
+    if block:
+        model = cls.from_training_args(
+            layer_config,
+            t2d=t2d,
+            d2t=d2t,
+            draft_vocab_size=draft_vocab,
+            verifier_name_or_path=verifier,
+            draft_attn_impl="eager",
+            **flags,
+        )
+    else:
+        model = cls.from_training_args(
+            layer_config,
+            t2d=t2d,
+            d2t=d2t,
+            draft_vocab_size=draft_vocab,
+            ttt_steps=3,
+            verifier_name_or_path=verifier,
+            draft_attn_impl=ATTENTION,
+            **{"norm_before_residual": False, **flags},
+        )
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # off the init (norms at 1, small weights), so that loading is tested
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in name else 0.05))
     model.save_pretrained(folder)
-    (_peagle_logits if cls is PEagleDraftModel else _logits)(model, inputs_file, out_file)
-    assert isinstance(model.config, Eagle3SpeculatorConfig)  # PEagleSpeculatorConfig is one too
+    if block:
+        _block_outputs(model, inputs_file, out_file)
+    else:
+        (_peagle_logits if cls is PEagleDraftModel else _logits)(model, inputs_file, out_file)
+        assert isinstance(model.config, Eagle3SpeculatorConfig)  # PEagleSpeculatorConfig is one too
     return {"saved": sorted(load_file(f"{folder}/model.safetensors"))}
 
 

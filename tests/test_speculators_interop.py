@@ -17,6 +17,12 @@ Both directions, every variant flag speculators writes:
   COD-sampled chains gives draftsmith's logits for the same chains; a checkpoint built by
   `PEagleDraftModel.from_training_args` loads as a `PEagleHead`, computes the same and decodes
   losslessly with the P-EAGLE drafter.
+- The DFlash family (speculators `dflash`, `dspark` with its vanilla, gated and rnn sequential
+  heads), both directions: each export passes the same strict check and speculators' own backbone
+  forward over its own anchored blocks (eager attention on CPU) gives draftsmith's slot states and
+  logits (DSpark: the Markov-corrected and confidence logits too); a checkpoint built by
+  `DFlashDraftModel` / `DSparkDraftModel.from_training_args` loads, computes the same and decodes
+  greedy-identical to target-only.
 
 The venv is built once per speculators/torch version under the temp dir (about 1.5 GB; several
 minutes the first time) or at $DRAFTSMITH_SPECULATORS_VENV. A failed install FAILS the test.
@@ -40,17 +46,33 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from draftsmith.decoding import generate
+from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.decoding.dspark import DSparkDrafter
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.masks import additive
 from draftsmith.decoding.peagle import PEagleDrafter
 from draftsmith.distill.vocab import build_vocab_map
+from draftsmith.heads.dflash import DFlashHead
+from draftsmith.heads.dflash_formats import export_dflash, load_dflash
+from draftsmith.heads.dspark import DSparkHead
+from draftsmith.heads.dspark_formats import export_dspark, load_dspark
 from draftsmith.heads.eagle import EagleHead, PEagleHead, export_eagle, load_eagle
+from draftsmith.train.dflash import anchor_block_mask, block_inputs
 from draftsmith.train.eagle import shifted, ttt_mask
 from draftsmith.train.peagle import chain_mask
 
 pytestmark = pytest.mark.slow
 
 SPECULATORS, TORCH = "0.9.0", "2.13.0"
+BLOCK = 4  # DFlash-family block size
+# The DFlash family: DFlash (the anchor is the bonus token) and DSpark with each sequential head.
+BLOCK_HEADS = {
+    "dflash": (DFlashHead, export_dflash, {}),
+    **{
+        f"dspark-{kind}": (DSparkHead, export_dspark, {"markov_rank": 8, "markov_head_type": kind})
+        for kind in ("vanilla", "gated", "rnn")
+    },
+}
 JUDGE = Path(__file__).with_name("speculators_judge.py")
 L, VD, T = 4, 64, 12  # target layers, draft vocabulary, tokens per forward
 MASK = 319  # P-EAGLE's mask token: the toy vocabulary's last id
@@ -124,6 +146,7 @@ def judged(tmp_path_factory):
     inputs = {
         "hidden_states": torch.randn(1, T, 3 * H, generator=gen),
         "input_ids": torch.randint(3, 320, (1, T), generator=gen),
+        "last": torch.randn(1, T, H, generator=gen),  # the verifier's last states (DFlash family: its teacher)
     }
     save_file(inputs, str(tmp / "inputs.safetensors"))
     vmap = build_vocab_map(torch.arange(320).flip(0) * (torch.arange(320) % 3 != 0), VD, "data-hash")
@@ -194,6 +217,50 @@ def judged(tmp_path_factory):
             ]
         }
     )
+    # The DFlash family: an export of each draftsmith head, and a checkpoint speculators' model class builds
+    block_index = {}
+    for name, (head_class, export, variant) in BLOCK_HEADS.items():
+        head = head_class.for_target(
+            target,
+            block_size=BLOCK,
+            mask_token_id=MASK,
+            vocab_map=vmap,
+            aux_layer_ids=[1, 2, 3],
+            target_name_or_path=str(tmp / "target"),
+            **variant,
+        )
+        with torch.no_grad():
+            for p_name, p in head.named_parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "norm" in p_name else 0.05))
+        heads[name] = head.eval()
+        export(head, tmp / f"export-{name}")
+        block_index[name] = len(jobs)
+        jobs.append(
+            {"check": [str(tmp / f"export-{name}"), str(tmp / "inputs.safetensors"), str(tmp / f"export-{name}.out")]}
+        )
+        kind = "dspark" if "markov_rank" in variant else "dflash"
+        build_flags = json.dumps(
+            {
+                "speculator_type": kind,
+                "target_layer_ids": [1, 2, 3],
+                "draft_vocab_size": VD,
+                "mask_token_id": MASK,
+                "block_size": BLOCK,
+                **variant,
+            }
+        )
+        jobs.append(
+            {
+                "build": [
+                    str(tmp / f"built-{name}"),
+                    str(tmp / "target"),
+                    build_flags,
+                    str(tmp / "inputs.safetensors"),
+                    str(tmp / f"built-{name}.out"),
+                ]
+            }
+        )
     trained = tmp / "trained"
     jobs.append({"train": [str(tmp / "train-data"), str(trained), str(tmp / "target")]})
     jobs.append(
@@ -203,7 +270,14 @@ def judged(tmp_path_factory):
     reports = json.loads(
         _run([python, JUDGE, tmp / "jobs.json"], "the speculators judge", timeout=900).splitlines()[-1]
     )
-    return {"tmp": tmp, "target": target.eval(), "inputs": inputs, "heads": heads, "reports": reports}
+    return {
+        "tmp": tmp,
+        "target": target.eval(),
+        "inputs": inputs,
+        "heads": heads,
+        "reports": reports,
+        "block_index": block_index,
+    }
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -317,3 +391,66 @@ def test_speculators_checkpoints_load_compute_the_same_and_decode_losslessly(jud
     for step in ("step0", "step1"):
         torch.testing.assert_close(theirs[step], ours[step], rtol=1e-4, atol=1e-4, msg=f"{name} {step}")
     lossless(head, target)
+
+
+def block_outputs(head, inputs: dict, indices: torch.Tensor) -> dict:
+    """A DFlash-family head over the blocks speculators anchored (`indices`, the blocks' token
+    positions): the slots' final-norm states and logits, and (DSpark) the corrected and confidence
+    logits with the block's own tokens as the previous ones, as the judge's `_block_outputs` lays them out."""
+    B, ids = head.config.block_size, inputs["input_ids"]
+    T = ids.shape[1]
+    anchors = indices.view(-1, B)[:, 0][None]  # [1, A]
+    block_ids, slot_pos = block_inputs(ids, anchors, B, head.config.mask_token_id)
+    positions = torch.cat([torch.arange(T)[None], slot_pos], 1)
+    mask = additive(anchor_block_mask(anchors, torch.ones_like(ids), B), torch.float32)[:, None]
+    with torch.no_grad():
+        h = head.hidden(block_ids, head.project(inputs["hidden_states"]), positions=positions, attention_mask=mask)[0]
+        out = {"hidden": h, "logits": head.lm_head(h)}
+        if getattr(head, "markov_head", None) is not None:
+            prev, blocks = ids[0, indices].view(-1, B), h.view(-1, B, h.shape[-1])
+            out["corrected"] = head.block_logits(blocks, prev).reshape(-1, head.config.draft_vocab_size)
+            out["confidence"] = head.confidence(blocks, prev).reshape(-1)
+    return out
+
+
+def _same_outputs(theirs: dict, ours: dict, name: str) -> None:
+    assert set(ours) <= set(theirs), (name, sorted(theirs))
+    for key, value in ours.items():
+        torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=1e-4, msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize("name", BLOCK_HEADS)
+def test_block_exports_are_what_speculators_builds_and_computes(judged, name):
+    """DFlash and DSpark exports: speculators' strict config and key check, and its own forward over
+    its own anchored blocks gives draftsmith's states, logits (DSpark: corrected and confidence)."""
+    report = judged["reports"][judged["block_index"][name]]
+    dspark = name.startswith("dspark")
+    assert report["config_class"] == ("DSparkSpeculatorConfig" if dspark else "DFlashSpeculatorConfig")
+    assert (report["missing"], report["unexpected"], report["shape_mismatches"], report["not_finite"]) == (
+        [],
+        [],
+        [],
+        [],
+    )
+    assert report["mask_token_id"] == MASK and report["flags"]["sample_from_anchor"] is dspark
+    assert report["flags"]["block_size"] == BLOCK
+    if dspark:
+        assert report["flags"]["markov_head_type"] == BLOCK_HEADS[name][2]["markov_head_type"]
+    theirs = load_file(str(judged["tmp"] / f"export-{name}.out"))
+    _same_outputs(theirs, block_outputs(judged["heads"][name], judged["inputs"], theirs["indices"]), name)
+
+
+@pytest.mark.parametrize("name", BLOCK_HEADS)
+def test_speculators_block_checkpoints_load_compute_the_same_and_decode_losslessly(judged, name):
+    """Checkpoints speculators' DFlash / DSpark classes build and save load into draftsmith, compute
+    speculators' outputs and decode greedy-identical to target-only."""
+    folder, target = judged["tmp"] / f"built-{name}", judged["target"]
+    dspark = name.startswith("dspark")
+    head = (load_dspark if dspark else load_dflash)(folder, target=target)
+    assert isinstance(head, DSparkHead if dspark else DFlashHead) and head.config.draft_vocab_size == VD
+    theirs = load_file(str(judged["tmp"] / f"built-{name}.out"))
+    _same_outputs(theirs, block_outputs(head, judged["inputs"], theirs["indices"]), name)
+    prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
+    reference = generate(target, None, prompt, max_new_tokens=24).tokens
+    drafter = DSparkDrafter(head) if dspark else DFlashDrafter(head)
+    assert generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=BLOCK).tokens == reference
