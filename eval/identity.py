@@ -17,7 +17,7 @@ import math
 
 import torch
 
-TIE_ULPS = 4.0  # a gap within this many ulps of the best logit is rounding (measured here: <= 1.5 in bf16)
+TIE_ULPS = 8.0  # a gap within this many ulps is rounding (measured: <= 4 in bf16 over 96 SmolLM2 prompt-rows)
 
 
 def ulp(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -340,16 +340,16 @@ def config_from_speculators(path: Path, raw: dict, layout: BlockLayout = DFLASH)
         raise error(f"{where} lacks {err.args[0]!r}") from None
 
 
-def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
-    """How servers load a DFlash head (`publish.serve` writes the commands): vLLM serves the
-    speculators `dflash` layout (one block of block_size - 1 drafts per call); SGLang's DFlash
-    drafter reads another layout, not written here."""
+def serving_facts(folder, config: dict, setting: dict, k: int, layout: BlockLayout = DFLASH) -> dict:
+    """How servers load a head of the DFlash family (`publish.serve` writes the commands): vLLM serves
+    the speculators layout of `layout` (one block of drafts per call); SGLang's drafters read
+    another layout, not written here."""
     exported = "speculators_model_type" in config
     return {
-        "layout": f"a DFlash head in the {'speculators' if exported else 'draftsmith'} layout",
-        "vllm": {"method": "dflash", "export": not exported},
+        "layout": f"a {layout.title} in the {'speculators' if exported else 'draftsmith'} layout",
+        "vllm": {"method": layout.speculators_type, "export": not exported},
         "notes": [
-            "SGLang: no DFlash layout is written here (draftsmith exports the speculators layout vLLM loads)",
+            f"SGLang: no {layout.title} layout is written here (draftsmith exports the speculators layout vLLM loads)",
             "the head reads the target's hidden states at fixed layers: serve it with exactly this target",
         ],
     }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.heads.dflash_formats import BlockLayout, export_dflash, load_dflash, save_dflash
 from draftsmith.heads.dflash_formats import export_folder as export_block_folder
+from draftsmith.heads.dflash_formats import serving_facts as block_serving_facts
 from draftsmith.heads.dspark import DSparkConfig, DSparkHead
 
 VARIANT_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
@@ -69,12 +70,4 @@ def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=
 
 def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
     """How servers load a DSpark head: vLLM's `dspark` method reads the speculators layout."""
-    exported = "speculators_model_type" in config
-    return {
-        "layout": f"a DSpark head in the {'speculators' if exported else 'draftsmith'} layout",
-        "vllm": {"method": "dspark", "export": not exported},
-        "notes": [
-            "SGLang: no DSpark layout is written here (draftsmith exports the speculators layout vLLM loads)",
-            "the head reads the target's hidden states at fixed layers: serve it with exactly this target",
-        ],
-    }
+    return block_serving_facts(folder, config, setting, k, layout=DSPARK)

@@ -163,15 +163,20 @@ def short_answers(pairs):
     return target, batch, states
 
 
-@pytest.mark.parametrize("loss", DIVERGENCES)
-def test_each_loss_trains_and_keeps_the_slot_weights(short_answers, loss):
+def _short_head(short_answers):
+    """(head, feats, anchors, valid): a fresh head over the short answers' states and 8 anchors per row."""
     target, batch, states = short_answers
     torch.manual_seed(0)
     head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    anchors, valid = sample_anchors(
-        batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0)
-    )
+    gen = torch.Generator().manual_seed(0)
+    return head, feats, *sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 8, gen)
+
+
+@pytest.mark.parametrize("loss", DIVERGENCES)
+def test_each_loss_trains_and_keeps_the_slot_weights(short_answers, loss):
+    _, batch, states = short_answers
+    head, feats, anchors, valid = _short_head(short_answers)
 
     def loss_of(recipe):
         return dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)[0]
@@ -196,13 +201,8 @@ def test_dpace_weights_are_the_drafts_survival_and_train(short_answers):
     from draftsmith.distill.losses import dpace_weights
     from draftsmith.train.dflash import draft_weights
 
-    target, batch, states = short_answers
-    torch.manual_seed(0)
-    head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    anchors, valid = sample_anchors(
-        batch["loss_mask"], batch["attention_mask"], BLOCK, 8, torch.Generator().manual_seed(0)
-    )
+    _, batch, states = short_answers
+    head, feats, anchors, valid = _short_head(short_answers)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, loss_weighting="dpace", dpace_alpha=0.5)
     logits, targets = torch.randn(2, 3, BLOCK - 1, VOCAB), torch.randn(2, 3, BLOCK - 1, VOCAB)
     label = torch.rand(2, 3, BLOCK - 1) > 0.3

@@ -206,12 +206,19 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
         label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
     per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
+    loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
+    return loss, hits, label, weight_sum
+
+
+def weighted_slots(recipe: DFlashRecipe, per_slot, logits, targets, label):
+    """(the loss: `per_slot` [B, A, S] averaged by `draft_weights`, greedy hits [B, A, S], the weight
+    sum) of a DFlash-family head's drafting slots."""
     weights = draft_weights(recipe, logits, targets, label)
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & label
-    return loss, hits, label, weight_sum
+    return loss, hits, weight_sum
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, anchor_block_mask, block_inputs, draft_weights, train_blocks
+from draftsmith.train.dflash import DFlashRecipe, anchor_block_mask, block_inputs, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
@@ -123,11 +123,7 @@ def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRec
         accept = (1 - tv).detach().clamp(0, 1)  # the expected acceptance of slot k's q_k against p_k
         bce = F.binary_cross_entropy_with_logits(confidence.view_as(tv).float(), accept, reduction="none")
         per_slot = per_slot + recipe.confidence_weight * bce
-    weights = draft_weights(recipe, logits, targets, label)
-    weight_sum = weights.sum()
-    loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
-    with torch.no_grad():
-        hits = (logits.argmax(-1) == targets.argmax(-1)) & label
+    loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
     return loss, hits, label, weight_sum
 
 
