@@ -21,9 +21,15 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, repea
 
 
 def rope_of(text_config) -> dict:
-    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling)."""
+    """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling). A
+    target with one RoPE per layer type (Gemma 3, OLMo 3: {"full_attention": {...},
+    "sliding_attention": {...}}) gives its full-attention one: a head's layers attend to the whole
+    context, as those layers do (a llama config given the nested form would apply theta 10,000)."""
     rope = getattr(text_config, "rope_parameters", None)
     if rope:
+        rope = dict(rope)
+        if all(isinstance(v, dict) for v in rope.values()):
+            rope = rope.get("full_attention") or next(iter(rope.values()))
         return copy.deepcopy(dict(rope))
     rope = dict(getattr(text_config, "rope_scaling", None) or {"rope_type": "default"})
     rope.setdefault("rope_theta", float(getattr(text_config, "rope_theta", 10000.0)))
