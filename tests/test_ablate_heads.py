@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from draftsmith.demo.ablate_heads import HeadAblationSettings, ablate_heads
+from draftsmith.demo.ablate_heads import HeadAblationSettings, ablate_heads, head_recipes
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_two_losses_by_two_seeds_end_to_end(toy_ctx, toy_data, tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"method": "medusa"}, "method = 'medusa': expected one of dflash, eagle3, peagle"),
+        ({"method": "medusa"}, f"method = 'medusa': expected one of {', '.join(head_recipes('smollm2'))}"),
         ({"losses": "soft_ce,kl"}, "losses = 'soft_ce,kl': expected comma-separated names from forward_kl"),
         ({"seeds": "0,x"}, "seeds = '0,x': expected comma-separated integers"),
         ({"steps": 0}, "steps must be >= 1, got 0"),

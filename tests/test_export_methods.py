@@ -156,7 +156,7 @@ def test_dflash_serving_commands_and_the_printed_export(target, tmp_path, run_cl
     folder = save_dflash(head, tmp_path / "head")
     served = serving_commands(folder, target="toy-org/target")
     export, vllm = (shlex.split(c) for c in served.vllm)
-    assert served.k == 3 and not served.sglang and "no DFlash layout" in served.text()  # block_size - 1
+    assert served.k == 3 and not served.sglang and "no DFlash head layout" in served.text()  # block_size - 1
     code, stdout, err = run_cli(export[1:])  # the printed conversion runs, without the target
     assert code == 0, err
     assert f"in the vllm layout to {tmp_path / 'head-vllm'}" in stdout and '"method": "dflash"' in stdout

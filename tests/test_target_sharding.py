@@ -104,12 +104,16 @@ def build_head(kind, recipe, target, data):
 
         variant = dict(fc_norm=recipe.fc_norm, norm_output=recipe.norm_output)
         return PEagleHead.for_target(target, mask_token_id=mask_id, num_depths=recipe.num_depths, **shape, **variant)
+    block = dict(num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id, **shape)
     if kind == "dflash":
         from draftsmith.heads.dflash import DFlashHead
 
-        return DFlashHead.for_target(
-            target, num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id, **shape
-        )
+        return DFlashHead.for_target(target, **block)
+    if kind == "dspark":
+        from draftsmith.heads.dspark import DSparkHead
+        from draftsmith.train.dspark import VARIANT
+
+        return DSparkHead.for_target(target, **block, **{key: getattr(recipe, key) for key in VARIANT})
     raise AssertionError(f"no builder for {kind!r}: add the head its trainer builds to build_head")
 
 

@@ -21,6 +21,7 @@ from draftsmith.eval.tune import write_setting
 from draftsmith.heads.eagle import EagleHead, load_eagle
 from draftsmith.heads.medusa import MedusaHeads, load_medusa
 from draftsmith.heads.models import load_causal_lm, load_tokenizer
+from draftsmith.heads.registry import METHODS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CPU = torch.device("cpu")
@@ -198,7 +199,7 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "one of the arguments --drafter --draft --medusa --eagle --peagle --dflash is required"),
+        ([], f"one of the arguments --drafter {' '.join('--' + m.kind for m in METHODS.values())} is required"),
         (["--draft", "D", "--eagle", "E"], "argument --eagle: not allowed with argument --draft"),
         (["--draft", "D", "--k-max", "0"], "--k-max must be >= 1, got 0"),
         (["--draft", "D", "--tree-budgets", "4,0"], "--tree-budgets '4,0': '0' is not a number of tree nodes"),
