@@ -21,7 +21,8 @@ import warnings
 
 import torch
 
-from draftsmith.decoding.masks import static_mask
+from draftsmith.decoding.masks import chain_attend, spans, static_mask
+from draftsmith.decoding.target import hf_call
 
 #: Capacities are rounded up to a multiple of this, so that requests of similar length share
 #: one cache (and one set of compiled graphs: the capacity is part of every compiled shape).
@@ -217,3 +218,108 @@ def widen_attend(attend: torch.Tensor, width: int, look: int) -> torch.Tensor:
     out[:, :n, look + n - span : look + n] = attend
     out[:, n:, look + n :] = torch.eye(width - n, dtype=torch.bool, device=attend.device)
     return out
+
+
+class CompiledSteps:
+    """The KV store's compiled steps and greedy chains (`decoding/kv.py`'s `KVStore` has them): what
+    `warm_up` compiles and `run` / `chain` replay over the store's whole buffers."""
+
+    def _compile(self, fn, width: int, look: int, extra: tuple, room: int, what: str):
+        """`fn` (a step or a chain of this store, fed `width` columns after a lookback of `look`
+        and `extra` inputs) compiled, and run once on holes written past the pointer (the content
+        is unchanged); None when compilation is off or failed."""
+        self.reserve(room)
+        rows = len(self.rows)
+        # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
+        ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
+        attend = widen_attend(chain_attend(width, None, [0] * rows, rows, self.device), width, look)
+        inputs = (*self._inputs(ids, positions, attend), *extra)
+        # One eager call first: HF installs its hidden-state capturing hooks lazily, under a lock
+        # dynamo cannot trace.
+        fn(*inputs)
+        wrapped = self.compiler.wrap(fn)
+        return wrapped if self.compiler.first_calls(what, wrapped, *inputs) else None
+
+    @torch.inference_mode()
+    def warm_up(
+        self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0, logits: bool = False
+    ) -> float:
+        """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
+        the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
+        `vocab`-sized bias). Returns the seconds spent compiling; 0 without compilation."""
+        hidden_layers = tuple(hidden_layers)
+        if not chain:
+            return self.warm_up_call(hf_call(self.model, hidden_layers, False), {w: 0 for w in widths}, hidden_layers)
+        before, step = self.compiler.seconds, make_step(hf_call(self.model, (), True), self)
+        for width in sorted(set(widths)):
+            if self.compiler.enabled and (width, chain, logits) not in self._chains:
+                extra = (
+                    torch.ones(self.batch, width, dtype=torch.bool, device=self.device),
+                    torch.zeros(vocab, device=self.device),
+                )
+                fn = self._compile(
+                    make_chain(step, width, chain, logits),
+                    width,
+                    0,
+                    extra,
+                    width + chain - 1,
+                    f"a {chain}-token chain after width {width}",
+                )
+                if fn is not None:
+                    self._chains[(width, chain, logits)] = fn
+        return self.compiler.seconds - before
+
+    @torch.inference_mode()
+    def warm_up_call(self, call, looks: dict[int, int], key, inputs=lambda width: ()) -> float:
+        """Compile `call`'s step (what `run(call, ..., key=key)` runs) for each width of `looks`
+        (width -> the widest lookback, L - W of `attend`, it serves), with `inputs(width)` as
+        its physical extra inputs. Returns the seconds spent compiling; 0 without compilation."""
+        before, step = self.compiler.seconds, make_step(call, self)
+        for width, look in sorted(looks.items()):
+            done = self._compiled.get((key, width))  # a deeper lookback serves a shallower one too
+            if self.compiler.enabled and (done is None or done[0] < look):  # off (or a failed compile), or done
+                fn = self._compile(step, width, look, inputs(width), width, f"width {width}")
+                if fn is not None:
+                    self._compiled[(key, width)] = (look, fn)
+        return self.compiler.seconds - before
+
+    def compiled_widths(self, key) -> list[int]:
+        """The widths `run(..., key=key)` has compiled steps for, narrowest first."""
+        return sorted(width for k, width in self._compiled if k == key)
+
+    @torch.inference_mode()
+    def chain(self, ids, positions, lo: list[int], num_tokens: int, bias: torch.Tensor, logits: bool = False):
+        """A compiled greedy draft chain (`make_chain`): feed the right-aligned catch-up ids
+        [rows, p] (row b's real columns from lo_b) at `positions`, then draft `num_tokens` tokens,
+        feeding each but the last, in ONE call; a chain of k >= num_tokens warmed for p is cut
+        (its extra drafts stay junk past the pointer). Returns tokens [rows, k] and, with
+        `logits`, their logits [rows, k, V] (else None); the store then holds the catch-up and
+        k - 1 drafts, as step-by-step forwards leave it. None (nothing fed) when no compiled
+        chain fits: the caller drafts step by step."""
+        width, rows = ids.shape[1], ids.shape[0]
+        fits = [
+            k
+            for (w, k, l) in self._chains
+            if (w, l) == (width, logits) and num_tokens <= k and self._length + width + k - 1 <= self.capacity
+        ]
+        if not fits:
+            return None
+        k = min(fits)
+        if any(lo):
+            attend, keep = chain_attend(width, lo, None, rows, self.device), spans(width, lo, None, rows, self.device)
+        else:
+            attend, keep = self._chain_inputs(rows, width)
+        fn = self._chains[(width, k, logits)]
+        out = fn(*self._inputs(ids, positions, attend), self._physical(keep, torch.zeros), bias.to(self.device))
+        out = [self._in_use(x if k == num_tokens else x[:, :num_tokens]) for x in out]
+        if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
+            out = [x.clone() for x in out]
+        self._unsettled = width
+        self.commit_spans(width, lo, None)
+        if num_tokens > 1:
+            if self.window is not None:
+                drafts = positions[:, -1:].to(self.device) + torch.arange(1, num_tokens, device=self.device)
+                self._slots[:, self._length : self._length + num_tokens - 1] = self._physical(drafts, torch.zeros)
+            self._unsettled = num_tokens - 1
+            self.commit_spans(num_tokens - 1)
+        return out[0], (out[1] if logits else None)

@@ -41,7 +41,7 @@ from transformers import PreTrainedModel
 from draftsmith.decoding.kv import KVStore, capacity_for, model_cache
 from draftsmith.decoding.masks import chain_attend
 from draftsmith.decoding.sampling import SamplingConfig, draw_rows
-from draftsmith.decoding.target import max_positions, right_aligned
+from draftsmith.decoding.target import left_aligned, max_positions, right_aligned
 
 
 @dataclass
@@ -69,6 +69,8 @@ class Drafter:
     typical: tuple[float, float] | None = None
     #: The deepest proposal a tree drafter makes (None: as deep as asked).
     max_depth: int | None = None
+    #: Its proposals are trees (`Proposal.parents`), not chains.
+    trees = False
     #: The draft cost is per step whatever K (every position in one forward), not per drafted token.
     cost_per_step = False
 
@@ -306,21 +308,35 @@ class DraftModelDrafter(Drafter):
         self.kv.commit_spans(ids.shape[1], lo, None)
         return out.logits[:, -1]
 
+    def _catch_up_left_aligned(self, pieces: list[list[int]], counts: list[int]) -> torch.Tensor:
+        """The catch-up of a draft with recurrent layers once its rows hold tokens: padding after each
+        row's tokens (its state cannot skip padding before them); the logits of each row's last."""
+        ids, positions, hi = left_aligned(pieces, counts, self.model.device)
+        attend = chain_attend(ids.shape[1], None, hi, ids.shape[0], ids.device)
+        out = self.kv.forward(self.model, ids, positions, attend)
+        self.kv.commit_spans(ids.shape[1], None, hi)
+        return out.logits[torch.arange(len(hi)), torch.tensor(hi, device=out.logits.device) - 1]
+
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         device = self.model.device
         counts = self.kv.counts
-        # Catch up: the tokens each row's cache lacks, right-aligned so the last is column -1.
-        ids, positions, lo = right_aligned([c[n:] for c, n in zip(contexts, counts)], counts, device)
+        pieces = [c[n:] for c, n in zip(contexts, counts)]  # the tokens each row's cache lacks
         width = max(num_tokens)
-        self.kv.reserve(ids.shape[1] + width - 1)  # room for the catch-up and the drafts: no compaction between
-        chained = self.kv.chain(ids, positions, lo, width, self._bias, self.logits) if sampling.greedy else None
-        if chained is not None:  # a compiled chain: the catch-up and every draft in one call
-            tokens, raw = chained
-            self._spec_start = self.kv.length - (width - 1)
-            raw = None if raw is None else self._aligned(raw.float())
-            return Proposal(tokens=tokens, counts=list(num_tokens), logits=raw)
-        logits = self._forward(ids, positions, lo, logits_to_keep=1)
+        self.kv.reserve(max(map(len, pieces)) + width - 1)  # room for the catch-up and the drafts: no compaction
+        if self.kv.states is not None and any(counts) and len({len(p) for p in pieces}) > 1:
+            logits = self._catch_up_left_aligned(pieces, counts)
+        else:
+            # Right-aligned, so that each row's last token is column -1.
+            ids, positions, lo = right_aligned(pieces, counts, device)
+            chained = self.kv.chain(ids, positions, lo, width, self._bias, self.logits) if sampling.greedy else None
+            if chained is not None:  # a compiled chain: the catch-up and every draft in one call
+                tokens, raw = chained
+                self._spec_start = self.kv.length - (width - 1)
+                raw = None if raw is None else self._aligned(raw.float())
+                return Proposal(tokens=tokens, counts=list(num_tokens), logits=raw)
+            logits = self._forward(ids, positions, lo, logits_to_keep=1)
         self._spec_start = self.kv.length
+        self.kv.checkpoint()  # `accepted` cuts the drafts back to each row's accepted ones
         base = torch.tensor(self.kv.counts, device=device)  # position of each row's first draft
         tokens, probs, raw = [], [], []
         for i in range(width):

@@ -84,6 +84,7 @@ class EagleDrafter(HeadDrafter):
         super().__init__(head, name, "EAGLE")
         self.tree = None if tree is None else _check_tree(tree)
         self.max_depth = None if self.tree is None else self.tree["depth"] + 1
+        self.trees = self.tree is not None
         self.typical = tuple(typical) if typical is not None else None
         self.last_scores: torch.Tensor | None = None
 

@@ -40,6 +40,9 @@ blocks the keys `window` or more positions behind the query (HF takes {"full_att
 "sliding_attention": mask} for a model with both kinds); attention takes a 4-D float mask.
 A store serves any model with a HF cache: a HF causal LM (`forward`), or a draft head through a
 cache call `call(ids, positions, mask, cache, *inputs) -> outputs` (`run`; a drafter's head).
+Recurrent layers (linear attention, convolutions, SSMs: hybrid models) keep no columns: their
+per-row states (`decoding/recurrent.py`) follow every commit, retain and select of the store; such a
+store runs live (no compiled steps) and takes chains, not trees.
 """
 
 from __future__ import annotations
@@ -49,19 +52,13 @@ import weakref
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, StaticLayer
 
-from draftsmith.decoding.compiler import (
-    CAPACITY_STEP,
-    Compiler,
-    compile_mode,
-    make_chain,
-    make_step,
-    widen,
-    widen_attend,
-)
+from draftsmith.decoding.compiler import CAPACITY_STEP, CompiledSteps, Compiler, compile_mode, widen, widen_attend
 from draftsmith.decoding.masks import attention_of, chain_attend, layer_masks, spans
+from draftsmith.decoding.recurrent import NO_CACHE_TYPES, RowStates, StateLayer, check_cache_protocol, state_layers
 from draftsmith.decoding.target import ForwardResult, forward_result, hf_call, layers_config
+from draftsmith.heads.layers import layer_value
 
 #: Compact when holes (columns past the longest row's real count) make up at least this share:
 #: attention then never reads more than 4/3 of the live columns, and a compaction (one gather of
@@ -94,7 +91,30 @@ class LiveLayer(DynamicLayer):
         return self.live
 
 
-class KVStore:
+class LiveHybridLayer(StateLayer, LiveLayer):
+    """A layer with both a recurrent state and attention columns (Falcon-H1's "hybrid" layers): the
+    state as `StateLayer`, the columns as `LiveLayer`."""
+
+    def __init__(self, buffers: StaticLayer, number_of_states: int):
+        StateLayer.__init__(self, number_of_states=number_of_states)
+        LiveLayer.__init__(self, buffers)
+
+    update, get_seq_length, get_mask_sizes = LiveLayer.update, LiveLayer.get_seq_length, LiveLayer.get_mask_sizes
+
+
+def check_decodable(model, owner: str = "the target"):
+    """(window, mixed, layer types, recurrent layers) of what a store of `model` runs; ValueError in
+    one line when its layers are of a kind the decoder does not run (`masks.attention_of`,
+    `recurrent.check_cache_protocol`)."""
+    config = layers_config(model)
+    window, mixed, layer_types = attention_of(config, owner)
+    states = state_layers(config, owner)
+    if states and isinstance(model, PreTrainedModel):
+        check_cache_protocol(model, owner)
+    return window, mixed, layer_types, states
+
+
+class KVStore(CompiledSteps):
     """Which columns of a model's preallocated KV buffers are real, per row; and the moves on them
     (module docstring). The owner runs a forward through `forward` (a HF model) or `run` (a
     cache call), then `commit`s what each row keeps. Callers pass and get tensors of the rows in
@@ -117,8 +137,17 @@ class KVStore:
         model: PreTrainedModel | None = None,
         compile=False,
         owner: str = "the target",
+        layer_types: tuple[str, ...] | None = None,
+        states: dict[int, int] | None = None,
     ):
         self.shape, self.batch, self.model, self.owner = shape, batch, model, owner
+        self.layer_types = layer_types or ("full_attention",) * shape[0]  # HF's names, one per layer
+        self.states = RowStates(states, owner) if states else None  # recurrent layers: {index: states}
+        if self.states is not None and compile_mode(compile) is not None:
+            raise ValueError(
+                f"{owner} has recurrent layers (linear attention, convolutions or SSMs): its decoding runs uncompiled "
+                "(drop --compile; --static-cache works)"
+            )
         self.dtype, self.device = dtype, torch.device(device)  # the model's: masks are built in its dtype
         self.window, self.mixed = window, mixed
         self.compiler = Compiler(compile, self.device, owner)
@@ -133,14 +162,27 @@ class KVStore:
     def for_model(cls, model: PreTrainedModel, batch: int, capacity: int, *, compile=False, owner: str = "the target"):
         """The store of `model` (a HF model, or a draft head with `config.layer_config()`)."""
         config = layers_config(model)
-        window, mixed = attention_of(config, owner)
+        window, mixed, layer_types, states = check_decodable(model, owner)
         text = config.get_text_config()
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        layers = range(text.num_hidden_layers)  # Gemma 4: head_dim differs between sliding and full layers
+        head_dim = tuple(
+            layer_value(text, "head_dim", i) or text.hidden_size // text.num_attention_heads for i in layers
+        )
+        kv_heads = tuple(layer_value(text, "num_key_value_heads", i) or text.num_attention_heads for i in layers)
         shape, param = (text.num_hidden_layers, kv_heads, head_dim), next(model.parameters())
         where = {"dtype": getattr(model, "dtype", param.dtype), "device": getattr(model, "device", param.device)}
         return cls(
-            shape, batch, capacity, **where, window=window, mixed=mixed, model=model, compile=compile, owner=owner
+            shape,
+            batch,
+            capacity,
+            **where,
+            window=window,
+            mixed=mixed,
+            model=model,
+            compile=compile,
+            owner=owner,
+            layer_types=layer_types,
+            states=states,
         )
 
     @torch.inference_mode(False)  # plain tensors, written in place in and out of inference mode
@@ -148,9 +190,26 @@ class KVStore:
         """Zeroed buffers of `batch` physical rows and `capacity` columns: HF `StaticLayer`s (what
         compiled steps write) and their live views (what live forwards write)."""
         layers, kv_heads, head_dim = self.shape
-        self.cache = Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
+        numbers = self.states.numbers if self.states is not None else {}
+
+        def layer(i: int, kind: str):  # what compiled steps see: columns, a recurrent state, or nothing
+            if kind in NO_CACHE_TYPES:
+                return DummyLayer()
+            if i in numbers and kind != "hybrid":
+                return StateLayer(number_of_states=numbers[i])
+            return StaticLayer(max_cache_len=capacity)
+
+        def live(i: int, layer):  # what a live forward sees
+            if not isinstance(layer, StaticLayer):
+                return layer
+            return LiveHybridLayer(layer, numbers[i]) if i in numbers else LiveLayer(layer)
+
+        self.cache = Cache(layers=[layer(i, kind) for i, kind in enumerate(self.layer_types)])
         self.cache.early_initialization(batch, kv_heads, head_dim, self.dtype, self.device)
-        self.live_cache = Cache(layers=[LiveLayer(layer) for layer in self.cache.layers])
+        self._kv = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]  # the layers with columns
+        self.live_cache = Cache(layers=[live(i, layer) for i, layer in enumerate(self.cache.layers)])
+        if self.states is not None:
+            self.states.attach({i: self.live_cache.layers[i] for i in numbers})
         self.capacity = capacity
         self._valid = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self._slots = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # each column's position
@@ -166,6 +225,8 @@ class KVStore:
         self.rows = list(range(self.batch))
         self._rows = None  # the same as a device tensor; None while it is the identity
         self.counts = [0] * self.batch  # real columns per row in use
+        if self.states is not None:
+            self.states.reset()
 
     # ------------------------------------------------------------------- bookkeeping
 
@@ -224,10 +285,24 @@ class KVStore:
         no row (past the last kept one) are cut at once: the pointer moves back."""
         width = keep.shape[1]
         start = self._settle(width)
+        if self.states is not None:
+            self._commit_states(keep.cpu())
         used = self._count(keep)
         self._write_valid()
         self._valid[:, start : start + width] = self._physical(keep.to(self.device), torch.zeros)
         self._length = self._written = start + used  # the columns past it were written False
+
+    def _commit_states(self, keep: torch.Tensor) -> None:
+        """Each row's recurrent state after its last kept column; its kept columns must be one run."""
+        cols = torch.arange(keep.shape[1])
+        end = torch.where(keep, cols + 1, 0).amax(1)  # [B]: one past the last kept column, 0 for none
+        first = torch.where(keep, cols, keep.shape[1]).amin(1).clamp(max=end)
+        if (keep.sum(1) != end - first).any():
+            raise ValueError(
+                f"{self.owner} has recurrent layers: a row can keep one run of the fed columns (a chain), not a "
+                "tree's path (each branch would need its own state)"
+            )
+        self.states.commit(first.tolist(), end.tolist())
 
     def _count(self, keep: torch.Tensor) -> int:
         """Add `keep`'s columns to the per-row counts (on the host: no device wait); the columns
@@ -244,6 +319,8 @@ class KVStore:
         if any(lo or ()) or any(h != kept for h in hi or ()) or self._rows is not None:
             return self.commit(spans(width, lo, hi, len(self.counts), "cpu"))
         self._settle(width)
+        if self.states is not None:
+            self.states.commit([0] * len(self.counts), [kept] * len(self.counts))
         self.counts = [c + kept for c in self.counts]
         self._length += kept  # real in every row: written into `_valid` when it is read
 
@@ -253,6 +330,8 @@ class KVStore:
         width = self._length - start
         if width < 0 or any(not 0 <= k <= width for k in keep):
             raise ValueError(f"cannot retain {keep} of the {width} columns from {start} of a ragged KV store")
+        if self.states is not None:
+            self.states.retain(width, keep)
         cut = start + max(keep, default=0)
         if any(k != keep[0] for k in keep):
             self._write_valid()
@@ -265,12 +344,20 @@ class KVStore:
         self.counts = [c - width + k for c, k in zip(self.counts, keep)]
         self._length = cut
 
+    def checkpoint(self) -> None:
+        """`retain` will cut back to here (or later): recurrent layers keep their state per column
+        until rows part (a no-op for a store of attention layers only)."""
+        if self.states is not None:
+            self.states.checkpoint()
+
     def select(self, rows: torch.Tensor, kept: list[int]) -> None:
         """Keep rows `kept` (indices into the rows in use; `rows` the same on the device). They
         leave the buffers (one copy), unless compiled steps hold the batch shape: then the
         others turn into padding rows."""
         physical = [self.rows[i] for i in kept]
         self._write_valid()  # before a row turns into padding: its columns must not turn real later
+        if self.states is not None:  # never with compiled steps: physical rows are the rows in use
+            self.states.select(rows)
         if self._compiled or self._chains:
             dropped = sorted(set(self.rows) - set(physical))
             if dropped:
@@ -285,7 +372,7 @@ class KVStore:
     @torch.inference_mode(False)  # plain tensors, as `_allocate` makes them
     def _keep_rows(self, index: torch.Tensor) -> None:
         """Only the physical rows `index` stay in the buffers."""
-        for layer in self.cache.layers:
+        for layer in self._kv:
             layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
         self._valid, self._slots = self._valid.index_select(0, index), self._slots.index_select(0, index)
 
@@ -302,9 +389,9 @@ class KVStore:
         """Reallocate for at least `columns` (doubling: a store that keeps growing copies its
         columns O(log n) times), copying the live columns; compiled steps go (their shapes hold
         the old capacity)."""
-        old, valid, slots, length = self.cache.layers, self._valid, self._slots, self._length
+        old, valid, slots, length = self._kv, self._valid, self._slots, self._length
         self._allocate(valid.shape[0], capacity_for(max(columns, 2 * self.capacity)))
-        for new, was in zip(self.cache.layers, old):
+        for new, was in zip(self._kv, old):
             new.keys[..., :length, :] = was.keys[..., :length, :]
             new.values[..., :length, :] = was.values[..., :length, :]
         self._valid[:, :length], self._slots[:, :length] = valid[:, :length], slots[:, :length]
@@ -342,7 +429,7 @@ class KVStore:
             return
         self._write_valid()
         index, valid = self._order(self._valid, length, live)  # every physical row
-        for layer in self.cache.layers:
+        for layer in self._kv:
             for x in (layer.keys, layer.values):
                 gather = index.view(x.shape[0], 1, live, 1).expand(x.shape[0], x.shape[1], live, x.shape[-1])
                 x[..., :live, :] = x.gather(-2, gather)
@@ -427,12 +514,21 @@ class KVStore:
         if self.window is not None:  # the fed columns' positions: this mask's and later calls' windows
             self._slots[:, self._length : self._length + width] = positions
         mask = None
-        if attend is not None or self.window is not None or not self.dense:
+        if attend is not None or self.window is not None or not self.dense or self.states is not None:
             attend = self._chain_inputs(len(self.rows), width)[0] if attend is None else attend
             mask = self._live_mask(self._attend(attend), self.dtype)
         for layer in self.live_cache.layers:
             layer.live = self._length
-        return tuple(self._in_use(x) for x in call(ids, positions, mask, self.live_cache, *inputs))
+        if self.states is None:
+            return tuple(self._in_use(x) for x in call(ids, positions, mask, self.live_cache, *inputs))
+        # HF takes one mask per layer type: the attention layers' (one for both kinds unless they mix),
+        # and the recurrent layers' 2-D input mask (None: no padding before a row's tokens).
+        inputs_mask = self.states.begin(positions, [c > 0 for c in self.counts], self.dtype)
+        masks = mask if isinstance(mask, dict) else {"full_attention": mask, "sliding_attention": mask}
+        masks |= {kind: inputs_mask for kind in ("linear_attention", "conv")}
+        out = call(ids, positions, masks, self.live_cache, *inputs)
+        self.states.end()
+        return tuple(self._in_use(x) for x in out)
 
     def _inputs(self, ids, positions, attend, *inputs):
         """A compiled step's inputs on the physical rows; the fed columns' positions go into
@@ -456,108 +552,6 @@ class KVStore:
             keep = torch.ones(rows, width, dtype=torch.bool, device=self.device)
             made = self._made[(rows, width)] = (chain_attend(width, None, None, rows, self.device), keep)
         return made
-
-    # ------------------------------------------------------------------- compiled steps
-
-    def _compile(self, fn, width: int, look: int, extra: tuple, room: int, what: str):
-        """`fn` (a step or a chain of this store, fed `width` columns after a lookback of `look`
-        and `extra` inputs) compiled, and run once on holes written past the pointer (the content
-        is unchanged); None when compilation is off or failed."""
-        self.reserve(room)
-        rows = len(self.rows)
-        # Distinct tensors for every input: dynamo would compile two aliased arguments as one.
-        ids, positions = (torch.zeros(rows, width, dtype=torch.long, device=self.device) for _ in range(2))
-        attend = widen_attend(chain_attend(width, None, [0] * rows, rows, self.device), width, look)
-        inputs = (*self._inputs(ids, positions, attend), *extra)
-        # One eager call first: HF installs its hidden-state capturing hooks lazily, under a lock
-        # dynamo cannot trace.
-        fn(*inputs)
-        wrapped = self.compiler.wrap(fn)
-        return wrapped if self.compiler.first_calls(what, wrapped, *inputs) else None
-
-    @torch.inference_mode()
-    def warm_up(
-        self, widths, hidden_layers: tuple[int, ...] = (), *, chain: int = 0, vocab: int = 0, logits: bool = False
-    ) -> float:
-        """Compile the all-logits step of `hidden_layers` for each width (with `chain` = k > 0:
-        the greedy draft chain of k tokens after a catch-up of each width, `make_chain`, over a
-        `vocab`-sized bias). Returns the seconds spent compiling; 0 without compilation."""
-        hidden_layers = tuple(hidden_layers)
-        if not chain:
-            return self.warm_up_call(hf_call(self.model, hidden_layers, False), {w: 0 for w in widths}, hidden_layers)
-        before, step = self.compiler.seconds, make_step(hf_call(self.model, (), True), self)
-        for width in sorted(set(widths)):
-            if self.compiler.enabled and (width, chain, logits) not in self._chains:
-                extra = (
-                    torch.ones(self.batch, width, dtype=torch.bool, device=self.device),
-                    torch.zeros(vocab, device=self.device),
-                )
-                fn = self._compile(
-                    make_chain(step, width, chain, logits),
-                    width,
-                    0,
-                    extra,
-                    width + chain - 1,
-                    f"a {chain}-token chain after width {width}",
-                )
-                if fn is not None:
-                    self._chains[(width, chain, logits)] = fn
-        return self.compiler.seconds - before
-
-    @torch.inference_mode()
-    def warm_up_call(self, call, looks: dict[int, int], key, inputs=lambda width: ()) -> float:
-        """Compile `call`'s step (what `run(call, ..., key=key)` runs) for each width of `looks`
-        (width -> the widest lookback, L - W of `attend`, it serves), with `inputs(width)` as
-        its physical extra inputs. Returns the seconds spent compiling; 0 without compilation."""
-        before, step = self.compiler.seconds, make_step(call, self)
-        for width, look in sorted(looks.items()):
-            done = self._compiled.get((key, width))  # a deeper lookback serves a shallower one too
-            if self.compiler.enabled and (done is None or done[0] < look):  # off (or a failed compile), or done
-                fn = self._compile(step, width, look, inputs(width), width, f"width {width}")
-                if fn is not None:
-                    self._compiled[(key, width)] = (look, fn)
-        return self.compiler.seconds - before
-
-    def compiled_widths(self, key) -> list[int]:
-        """The widths `run(..., key=key)` has compiled steps for, narrowest first."""
-        return sorted(width for k, width in self._compiled if k == key)
-
-    @torch.inference_mode()
-    def chain(self, ids, positions, lo: list[int], num_tokens: int, bias: torch.Tensor, logits: bool = False):
-        """A compiled greedy draft chain (`make_chain`): feed the right-aligned catch-up ids
-        [rows, p] (row b's real columns from lo_b) at `positions`, then draft `num_tokens` tokens,
-        feeding each but the last, in ONE call; a chain of k >= num_tokens warmed for p is cut
-        (its extra drafts stay junk past the pointer). Returns tokens [rows, k] and, with
-        `logits`, their logits [rows, k, V] (else None); the store then holds the catch-up and
-        k - 1 drafts, as step-by-step forwards leave it. None (nothing fed) when no compiled
-        chain fits: the caller drafts step by step."""
-        width, rows = ids.shape[1], ids.shape[0]
-        fits = [
-            k
-            for (w, k, l) in self._chains
-            if (w, l) == (width, logits) and num_tokens <= k and self._length + width + k - 1 <= self.capacity
-        ]
-        if not fits:
-            return None
-        k = min(fits)
-        if any(lo):
-            attend, keep = chain_attend(width, lo, None, rows, self.device), spans(width, lo, None, rows, self.device)
-        else:
-            attend, keep = self._chain_inputs(rows, width)
-        fn = self._chains[(width, k, logits)]
-        out = fn(*self._inputs(ids, positions, attend), self._physical(keep, torch.zeros), bias.to(self.device))
-        out = [self._in_use(x if k == num_tokens else x[:, :num_tokens]) for x in out]
-        if self.device.type == "cuda":  # a CUDA graph replay reuses its output buffers
-            out = [x.clone() for x in out]
-        self._unsettled = width
-        self.commit_spans(width, lo, None)
-        if num_tokens > 1:
-            if self.window is not None:
-                drafts = positions[:, -1:].to(self.device) + torch.arange(1, num_tokens, device=self.device)
-                self._slots[:, self._length : self._length + num_tokens - 1] = self._physical(drafts, torch.zeros)
-            self._unsettled = num_tokens - 1
-            self.commit_spans(num_tokens - 1)
-        return out[0], (out[1] if logits else None)
 
 
 #: Per model, role ("target", "draft", a head drafter's kind), compile mode and batch size, its

@@ -35,6 +35,7 @@ from draftsmith.decoding.compiler import compile_mode
 from draftsmith.decoding.drafters import Drafter, Proposal
 from draftsmith.decoding.kv import capacity_for, model_cache
 from draftsmith.decoding.masks import chain_attend, tree_attend
+from draftsmith.decoding.recurrent import state_layers
 from draftsmith.decoding.sampling import (
     SamplingConfig,
     acceptance_probability,
@@ -213,6 +214,11 @@ def decode(
     model = target.eval()
     k_max = num_draft_tokens if drafter is not None else 0
     drafter = drafter if k_max else None
+    if drafter is not None and drafter.trees and state_layers(model.config, "the target"):
+        raise ValueError(
+            f"drafter {drafter.name!r} proposes trees, but the target has recurrent layers (linear attention, "
+            "convolutions or SSMs): a tree's branches would each need their own state; decode it as a chain"
+        )
     typical = _typical(drafter, typical, sampling)
     _check_lengths(model, drafter, prompts, max_new_tokens)
     layers = drafter.target_layers if drafter is not None else ()

@@ -8,19 +8,24 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
+#: Layer types the decoder runs: attention over the store's columns, recurrent layers
+#: (`decoding/recurrent.py`) and layers with no cache.
+KNOWN_LAYERS = ("full_attention", "sliding_attention", "linear_attention", "conv", "hybrid", "dummy")
 
-def attention_of(config, owner: str) -> tuple[int | None, bool]:
-    """(window, mixed) of a model config's layers: the sliding window (None: every layer attends
-    to everything) and whether full and sliding layers mix (HF then takes one mask per kind)."""
+
+def attention_of(config, owner: str) -> tuple[int | None, bool, tuple[str, ...]]:
+    """(window, mixed, layer types) of a model config's layers: the sliding window (None: every
+    layer attends to everything), whether full and sliding layers mix (HF then takes one mask per
+    kind) and HF's type of each layer."""
     types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
-    odd = sorted(set(types) - {"full_attention", "sliding_attention"})
+    odd = sorted(set(types) - set(KNOWN_LAYERS))
     if odd or len(windows) > 1:
         raise ValueError(
-            f"the decoder needs full-attention or sliding-window layers with one window, but {owner} has "
-            f"{', '.join(odd) or f'windows {sorted(windows)}'} layers"
+            f"the decoder runs full-attention, sliding-window (one window), linear-attention, convolution and hybrid "
+            f"layers, but {owner} has {', '.join(odd) or f'windows {sorted(windows)}'} layers"
         )
-    return (windows.pop() if windows else None), len(set(types)) > 1
+    return (windows.pop() if windows else None), {"full_attention", "sliding_attention"} <= set(types), tuple(types)
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -76,6 +76,7 @@ class MedusaDrafter(Drafter):
         if self.tree is not None:
             self._build_tree(self.tree)
         self.max_depth = self.num_heads if self.tree is None else int(self._depth.max()) + 1
+        self.trees = self.tree is not None
 
     def _build_tree(self, tree: list[tuple[int, ...]]) -> None:
         if not tree:

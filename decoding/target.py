@@ -54,6 +54,18 @@ def right_aligned(pieces: list[list[int]], starts: list[int], device) -> tuple[t
     return ids, positions, lo
 
 
+def left_aligned(pieces: list[list[int]], starts: list[int], device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Token lists placed at the left end of a block as wide as the longest, padding after them:
+    ids [B, W], positions [B, W] (start_b, start_b + 1, ... on every column, padding included) and
+    the end hi_b of each row's real columns [0, hi_b). What a model with recurrent layers is fed
+    after its first tokens: a state cannot skip padding before a row's tokens."""
+    width = max(len(p) for p in pieces)
+    ids = [p + [0] * (width - len(p)) for p in pieces]
+    positions = [list(range(s, s + width)) for s in starts]
+    ids, positions = torch.tensor([ids, positions], dtype=torch.long, device=device).view(2, len(pieces), width)
+    return ids, positions, [len(p) for p in pieces]
+
+
 def right_align(x: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
     """Move row b's first counts_b columns of x [B, T, ...] to the right end of a block of width
     max(counts); returns the block and each row's first real column."""

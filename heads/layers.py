@@ -20,6 +20,22 @@ from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, repeat_kv
 
 
+def layer_value(text_config, name: str, layer: int | None = None, default=None):
+    """`text_config.NAME` (`default` when absent); for an attribute that varies per layer (Gemma 4's
+    `head_dim`, which transformers refuses to read globally), layer `layer`'s, by default the first
+    full-attention layer's (what a head's layers, attending to the whole context, are shaped as)."""
+    per_layer = getattr(text_config, "per_layer_config", None)
+    if layer is None:
+        try:
+            return getattr(text_config, name, default)
+        except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+            types = list(getattr(text_config, "layer_types", None) or ())
+            layer = types.index("full_attention") if "full_attention" in types else 0
+    if per_layer is None:
+        return getattr(text_config, name, default)
+    return getattr(per_layer[layer], name, default)
+
+
 def rope_of(text_config) -> dict:
     """The target's RoPE as transformers 5 spells it (older configs: rope_theta + rope_scaling). A
     target with one RoPE per layer type (Gemma 3, OLMo 3: {"full_attention": {...},
@@ -157,8 +173,8 @@ def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_nam
         hidden_size=tc.hidden_size,
         intermediate_size=tc.intermediate_size,
         num_attention_heads=tc.num_attention_heads,
-        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        num_key_value_heads=layer_value(tc, "num_key_value_heads") or tc.num_attention_heads,
+        head_dim=layer_value(tc, "head_dim") or tc.hidden_size // tc.num_attention_heads,
         rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
         rope_parameters=rope_of(tc),
         max_position_embeddings=tc.max_position_embeddings,

@@ -654,5 +654,5 @@ def test_unsupported_drafters_and_targets_raise(setup):
     config = tiny_config("qwen2")
     config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
     chunked = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+    with pytest.raises(ValueError, match="runs full-attention, sliding-window .*but the target has chunked_attention"):
         generate_batch(chunked, PROMPTS, max_new_tokens=4)

@@ -30,14 +30,14 @@ from test_tree import TREE as MEDUSA_TREE
 from draftsmith.decoding import compiler as compiler_module
 from draftsmith.decoding import generate
 from draftsmith.decoding import kv as kv_module
-from draftsmith.decoding.compiler import CAPACITY_STEP
+from draftsmith.decoding.compiler import CAPACITY_STEP, make_step
 from draftsmith.decoding.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
 from draftsmith.decoding.eagle import EagleDrafter
 from draftsmith.decoding.kv import KVStore, capacity_for, model_cache
 from draftsmith.decoding.masks import chain_attend, static_mask, tree_attend
 from draftsmith.decoding.medusa import MedusaDrafter
 from draftsmith.decoding.sampling import SamplingConfig
-from draftsmith.decoding.target import right_aligned
+from draftsmith.decoding.target import hf_call, right_aligned
 from draftsmith.eval.stats import chi_square_gof
 
 ATOL = 1e-5  # fp32: a static-cache forward reads the same numbers through a longer (masked) attention
@@ -70,7 +70,7 @@ def _stepped(model, batch: int, capacity: int, widths: dict) -> KVStore:
     kv = KVStore.for_model(model, batch, capacity)
     for layers, ws in widths.items():
         for w in ws:
-            kv._compiled[(layers, w)] = (0, kv_module.make_step(kv_module.hf_call(model, layers, False), kv))
+            kv._compiled[(layers, w)] = (0, make_step(hf_call(model, layers, False), kv))
     return kv
 
 

@@ -32,6 +32,7 @@ import torch
 
 from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import divergence, dpace_weights
+from draftsmith.heads.layers import layer_value
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     describe_top1,
@@ -96,7 +97,7 @@ def head_parameters(recipe: DFlashRecipe, target) -> tuple[int, int]:
 
     tc, H, V = target_dims(target)
     aux = len(recipe.aux_layers or default_aux_layer_ids(tc.num_hidden_layers, recipe.num_layers))
-    hd = getattr(tc, "head_dim", None) or H // tc.num_attention_heads
+    hd = layer_value(tc, "head_dim") or H // tc.num_attention_heads
     layers = recipe.num_layers * (layer_params(tc, H) + 2 * hd)
     Vd = draft_vocab(recipe, V)
     trained, frozen = layers + aux * H * H + 2 * H, V * H
@@ -249,8 +250,10 @@ class DFlashObjective(torch.nn.Module):
         super().__init__()
         self.head, self.recipe, self.losses = head, recipe, losses or dflash_losses
 
-    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, anchors, valid):
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, anchors, valid, step=None):
+        # `step`: the optimizer step (from 0) of a training batch, for a loss scheduled over training
+        # (Domino's base-loss weight); held-out batches (`every_block`) carry none
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "step": step}
         return self.losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
 
 
@@ -301,7 +304,9 @@ def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, lo
         feats, teacher, in_vocab = target_states(batch)
         anchors, valid = anchors_for(batch, hash((recipe.seed, step, micro, rank)) % 2**31)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        loss, _, label, weight_sum = model(ids, attention, loss_mask, feats, teacher, in_vocab, anchors, valid)
+        loss, _, label, weight_sum = model(
+            ids, attention, loss_mask, feats, teacher, in_vocab, anchors, valid, step=step
+        )
         (share,) = run.token_shares([weight_sum])
         return loss * share, batch, {"trained_slots": label.sum().float()}
 

@@ -161,6 +161,15 @@ class TrainingRun:
         r = self.recipe
         dtype = resolve_dtype(r.dtype, self.device)
         meta = getattr(self, "_meta", None) or sharding.meta_target(r)
+        if r.serve_check_prompts:  # before any training: the serve check must be able to decode this target
+            from draftsmith.decoding.kv import check_decodable
+
+            try:
+                check_decodable(meta)
+            except ValueError as err:
+                raise RecipeError(
+                    f"the serve check cannot decode this target: {err} (serve_check_prompts=0 trains without it)"
+                ) from None
         shards = len({str(d) for d in self._device_map.values()}) if self._device_map else None
         self.memory_estimate = sharding.estimate_memory(r, self.method, shards=shards, target=meta)
         self.print(self.memory_estimate.describe())

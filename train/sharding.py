@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.heads.layers import layer_value
 from draftsmith.heads.registry import get_method
 
 TARGET_SHARDINGS = ("none", "device_map", "fsdp2", "zero3")
@@ -181,8 +182,8 @@ def layer_params(text_config, in_features: int) -> int:
     """A Llama-shaped decoder layer (attention reading `in_features`, gated MLP, two norms)."""
     H, I = text_config.hidden_size, text_config.intermediate_size
     heads = text_config.num_attention_heads
-    kv = getattr(text_config, "num_key_value_heads", None) or heads
-    hd = getattr(text_config, "head_dim", None) or H // heads
+    kv = layer_value(text_config, "num_key_value_heads") or heads
+    hd = layer_value(text_config, "head_dim") or H // heads
     return in_features * (heads + 2 * kv) * hd + heads * hd * H + 3 * H * I + 2 * H
 
 
