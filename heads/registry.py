@@ -241,6 +241,24 @@ METHODS: dict[str, Method] = {
             exporter="draftsmith.heads.dspark_formats:export_folder",
             server="draftsmith.heads.dspark_formats:serving_facts",
         ),
+        Method(
+            kind="domino",
+            title="Domino head",
+            trainer="draftsmith.train.domino",
+            recipe="draftsmith.train.domino:DominoRecipe",
+            loader="draftsmith.heads.domino_formats:load_domino",
+            error="draftsmith.heads.dflash:DFlashError",  # DominoError's base: the backbone's checks raise it
+            rows_of="draftsmith.decoding.domino:domino_rows",
+            parameters="draftsmith.train.domino:head_parameters",
+            smoke_recipe=(("block_size", 4), ("max_anchors", 8), ("gru_hidden", 16), ("proj_dim", 8), ("lr", 3e-3)),
+            run_folder="head",
+            model_types=("draftsmith_domino",),
+            architectures=("DominoDraftModel",),  # SpecForge's layout (no speculators class exists)
+            export_formats=("hf", "specforge"),  # no server layout to default to: vLLM has no Domino drafter
+            exporter="draftsmith.heads.domino_formats:export_folder",
+            server="draftsmith.heads.domino_formats:serving_facts",
+            format_tags=(("specforge", ("specforge",)),),
+        ),
     )
 }
 

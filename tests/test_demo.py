@@ -142,6 +142,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
         "peagle",
         "dflash",
         "dspark",
+        "domino",
     ]
     assert [r["method"] for r in report["methods"]] == names
     for row in report["methods"][1:]:
@@ -175,12 +176,13 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
         "dflash": str(heads / "dflash" / "head"),
         "peagle": str(heads / "peagle" / "head"),
         "dspark": str(heads / "dspark" / "head"),
+        "domino": str(heads / "domino" / "head"),
     }
     assert report["methods"][4]["tree"] and report["methods"][4]["predicted_speedup"] is None
     speeds = report["demo"]["training_tokens_per_second"]
-    assert set(speeds) == {"medusa", "draft", "eagle3", "dflash", "peagle", "dspark", "target-forward"}
+    assert set(speeds) == {"medusa", "draft", "eagle3", "dflash", "peagle", "dspark", "domino", "target-forward"}
     assert all(rate > 0 for rate in speeds.values())
-    assert all(report["demo"]["learning_curves"][name] for name in ("eagle3", "dflash", "peagle", "dspark"))
+    assert all(report["demo"]["learning_curves"][name] for name in ("eagle3", "dflash", "peagle", "dspark", "domino"))
     # a second run reuses everything: no training, no data
     code, stdout, _ = run_cli(quick)
     assert code == 0 and "self-distillation data" not in stdout and "recipes/smollm2/" not in stdout

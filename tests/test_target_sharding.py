@@ -114,6 +114,11 @@ def build_head(kind, recipe, target, data):
         from draftsmith.train.dspark import VARIANT
 
         return DSparkHead.for_target(target, **block, **{key: getattr(recipe, key) for key in VARIANT})
+    if kind == "domino":
+        from draftsmith.heads.domino import DominoHead
+        from draftsmith.train.domino import VARIANT
+
+        return DominoHead.for_target(target, **block, **{key: getattr(recipe, key) for key in VARIANT})
     raise AssertionError(f"no builder for {kind!r}: add the head its trainer builds to build_head")
 
 
