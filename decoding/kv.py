@@ -72,6 +72,23 @@ def capacity_for(columns: int) -> int:
     return -(-columns // CAPACITY_STEP) * CAPACITY_STEP
 
 
+class StoreLayer(StaticLayer):
+    """One layer's buffers [B, heads, capacity, dim], allocated from the config's attention shape;
+    a layer that caches other shapes (DeepSeek's MLA: its compressed latent as keys [B, 1, T, kv_lora_rank],
+    the rotary part as values [B, 1, T, rope dim]) gets buffers of those at its first write."""
+
+    def fit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if self.keys.shape[1::2] == keys.shape[1::2] and self.values.shape[1::2] == values.shape[1::2]:
+            return
+        capacity = self.keys.shape[2]
+        self.keys = keys.new_zeros(self.keys.shape[0], keys.shape[1], capacity, keys.shape[-1])
+        self.values = values.new_zeros(self.values.shape[0], values.shape[1], capacity, values.shape[-1])
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.fit(keys, values)
+        return super().update(keys, values, *args, **kwargs)
+
+
 class LiveLayer(DynamicLayer):
     """One layer of a store's buffers as a live forward sees it: its first `live` columns (the
     store's pointer) and the fed ones, written in place after them. To HF it is a growing layer
@@ -82,6 +99,7 @@ class LiveLayer(DynamicLayer):
         self.buffers, self.live, self.is_initialized = buffers, 0, True
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.buffers.fit(keys, values)
         end = self.live + keys.shape[-2]
         self.buffers.keys[..., self.live : end, :] = keys
         self.buffers.values[..., self.live : end, :] = values
@@ -197,7 +215,7 @@ class KVStore(CompiledSteps):
                 return DummyLayer()
             if i in numbers and kind != "hybrid":
                 return StateLayer(number_of_states=numbers[i])
-            return StaticLayer(max_cache_len=capacity)
+            return StoreLayer(max_cache_len=capacity)
 
         def live(i: int, layer):  # what a live forward sees
             if not isinstance(layer, StaticLayer):
@@ -392,6 +410,7 @@ class KVStore(CompiledSteps):
         old, valid, slots, length = self._kv, self._valid, self._slots, self._length
         self._allocate(valid.shape[0], capacity_for(max(columns, 2 * self.capacity)))
         for new, was in zip(self._kv, old):
+            new.fit(was.keys, was.values)
             new.keys[..., :length, :] = was.keys[..., :length, :]
             new.values[..., :length, :] = was.values[..., :length, :]
         self._valid[:, :length], self._slots[:, :length] = valid[:, :length], slots[:, :length]

@@ -28,9 +28,60 @@ from transformers import (
 )
 
 VOCAB = 320  # 256 byte symbols + 3 specials + merges
-FAMILIES = ("llama", "qwen2", "mistral", "gpt_neox")
 
 _CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "gpt_neox": GPTNeoXConfig}
+
+# The decoder families users target, as transformers names them (`AutoConfig.for_model`), with the
+# keys that make each tiny and keep its shape: its layer kinds (4 layers, sliding / full / linear
+# attention / convolutions / SSMs mixed as the family mixes them), experts, MLA. Hidden 64, 4 heads
+# of 16, 2 KV heads unless a family says otherwise.
+_ALTERNATING = ["sliding_attention", "full_attention"] * 2
+_MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_chunk_size": 16}
+_LINEAR = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_ROUTED = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1}
+MATRIX = {
+    **dict.fromkeys(["llama", "qwen2", "qwen3", "phi3", "olmo2", "granite", "glm4", "smollm3", "seed_oss"], {}),
+    **dict.fromkeys(["hunyuan_v1_dense", "ernie4_5", "ministral3"], {}),
+    "qwen3_moe": _MOE,
+    "mistral": {"sliding_window": 8},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gemma2": {"sliding_window": 8},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8},
+    "deepseek_v3": {
+        "kv_lora_rank": 16,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+    }
+    | {"head_dim": 8, "num_key_value_heads": 4, "n_group": 1, "topk_group": 1, **_ROUTED},
+    "cohere2": {"sliding_window": 8},
+    "glm4_moe": {"n_group": 1, "topk_group": 1, **_ROUTED},
+    "exaone4": {"sliding_window": 8},
+    "gemma3_text": {"layer_types": _ALTERNATING, "sliding_window": 8},
+    "olmo3": {"layer_types": _ALTERNATING, "sliding_window": 8},
+    "gemma4_text": {"layer_types": _ALTERNATING, "sliding_window": 8, "global_head_dim": 32}
+    | {"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB},
+    # hybrids: recurrent layers beside attention (decoding/recurrent.py)
+    "qwen3_5_text": _LINEAR,
+    "qwen3_next": {**_LINEAR, **_MOE, "shared_expert_intermediate_size": 32},
+    "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "block_dim": 64, "block_ff_dim": 128},
+    "bamba": {"attn_layer_indices": [1], **_MAMBA},
+    "falcon_h1": {**_MAMBA, "mamba_d_head": 16, "mamba_d_ssm": 64},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"] * 2, "num_local_experts": 4, "num_experts_per_tok": 2}
+    | {"shared_intermediate_size": 64, **_MAMBA},
+    "nemotron_h": {"layers_block_type": ["mamba", "attention", "mlp", "mamba"], "mamba_num_heads": 4}
+    | {"mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16, "chunk_size": 16},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1}
+    | {"num_experts": 2, "mamba_d_state": 8, "mamba_dt_rank": 8, "mamba_expand": 2},
+    "olmo_hybrid": {},
+    # MiniMax keeps its lightning-attention state in a cache class of its own: the decoder refuses it
+    "minimax": {"layer_types": ["linear_attention", "full_attention"] * 2, "num_local_experts": 2}
+    | {"num_experts_per_tok": 1, "block_size": 16},
+}
+FAMILIES = tuple(_CONFIGS)  # the tests' classic four
+TOY_FAMILIES = (*FAMILIES, *sorted(set(MATRIX) - set(_CONFIGS)))  # what `draftsmith make-toy --family` builds
 
 # Real text every Python has: the sources of two standard-library modules.
 CORPUS = inspect.getsource(inspect) + inspect.getsource(functools)
@@ -49,7 +100,10 @@ def tiny_config(
     max_positions: int = 512,
 ):
     """A small config of `family` (the tests' defaults; the decoder bench sizes its random target
-    with the keywords). `intermediate` defaults to 2 x hidden; `kv_heads` is ignored by gpt_neox."""
+    with the keywords). `intermediate` defaults to 2 x hidden; `kv_heads` is ignored by gpt_neox.
+    A family of `MATRIX` beyond the four classic ones: `matrix_config`."""
+    if family not in _CONFIGS:
+        return matrix_config(family, vocab=vocab, init=init, max_positions=max_positions)
     cls = _CONFIGS[family]
     kwargs = dict(
         vocab_size=vocab,
@@ -69,6 +123,18 @@ def tiny_config(
     if family == "mistral":
         kwargs["sliding_window"] = None
     return cls(**kwargs)
+
+
+def matrix_config(family: str, *, vocab: int = VOCAB, init: float = 0.05, max_positions: int = 512):
+    """A tiny config of a `MATRIX` family: 4 layers of hidden 64 with the family's own layer kinds."""
+    from transformers import AutoConfig
+
+    if family not in MATRIX:
+        raise ValueError(f"family {family!r}: expected one of {', '.join(sorted(MATRIX))}")
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+    common |= dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions)
+    common |= dict(tie_word_embeddings=False, initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return AutoConfig.for_model(family, **(common | MATRIX[family]))
 
 
 HEAD_SCALE = 8.0  # makes the random model's distributions peaked

@@ -20,7 +20,11 @@ def add_commands(sub) -> None:
         "make-toy", help="write a toy target/draft pair (random weights) and prompts, for trying the tools"
     )
     toy.add_argument("--out", required=True, help="folder to create (target/, draft/, prompts.jsonl)")
-    toy.add_argument("--family", default="llama", help="llama, qwen2, mistral or gpt_neox")
+    toy.add_argument(
+        "--family",
+        default="llama",
+        help="llama (default), qwen2, mistral, gpt_neox, or any transformers family of heads/toy.py MATRIX, e.g. qwen3_5_text",
+    )
     toy.add_argument("--seed", type=int, default=0)
     toy.add_argument("--force", action="store_true", help="replace an existing folder")
     toy.set_defaults(func=cmd_make_toy)
@@ -67,10 +71,10 @@ def add_commands(sub) -> None:
 
 
 def cmd_make_toy(args) -> int:
-    from draftsmith.heads.toy import FAMILIES, make_toy
+    from draftsmith.heads.toy import TOY_FAMILIES, make_toy
 
-    if args.family not in FAMILIES:
-        raise UsageError(f"--family {args.family!r}: expected one of {', '.join(FAMILIES)}")
+    if args.family not in TOY_FAMILIES:
+        raise UsageError(f"--family {args.family!r}: expected one of {', '.join(TOY_FAMILIES)}")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UsageError(f"--out {str(out)!r} already exists (pass --force to replace it)")
