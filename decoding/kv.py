@@ -80,9 +80,10 @@ class StoreLayer(StaticLayer):
     def fit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.keys.shape[1::2] == keys.shape[1::2] and self.values.shape[1::2] == values.shape[1::2]:
             return
-        capacity = self.keys.shape[2]
-        self.keys = keys.new_zeros(self.keys.shape[0], keys.shape[1], capacity, keys.shape[-1])
-        self.values = values.new_zeros(self.values.shape[0], values.shape[1], capacity, values.shape[-1])
+        batch, capacity = self.keys.shape[0], self.keys.shape[2]
+        with torch.inference_mode(False):  # plain tensors, written in place in and out of inference mode
+            self.keys = keys.new_zeros(batch, keys.shape[1], capacity, keys.shape[-1])
+            self.values = values.new_zeros(batch, values.shape[1], capacity, values.shape[-1])
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         self.fit(keys, values)

@@ -106,6 +106,10 @@ def _copy_config(target: PreTrainedModel, num_layers: int):
                 f"layers) and its config's `{key}` has one entry per layer; a draft needs num_layers <= {target_layers}"
             )
         setattr(text, key, list(getattr(text, key))[:num_layers])
+    # Per-layer overrides (Gemma 4's head_dim of its full layers): those of the kept layers only.
+    spec = getattr(text, "_heterogeneity_spec", None)
+    if spec is not None:
+        spec.per_layer_overrides = {i: o for i, o in spec.per_layer_overrides.items() if i < num_layers}
     text.num_hidden_layers = num_layers
     config._name_or_path = ""  # the target's path would lie about where the draft lives
     return config
@@ -262,15 +266,29 @@ def draft_by_truncation(target: PreTrainedModel, num_layers: int) -> PreTrainedM
             f"target {_name(target)!r}: the truncated draft has weights the target lacks: {missing[:5]}; "
             "its layers are not named alike (is the target wrapped, e.g. by PEFT? pass the base model)"
         )
+    weights = {key: _layer_major_slice(source[key], value.shape, num_layers, total) for key, value in wanted.items()}
     mismatched = [
         f"{key}: draft {tuple(value.shape)} vs target {tuple(source[key].shape)}"
         for key, value in wanted.items()
-        if value.shape != source[key].shape
+        if value.shape != weights[key].shape
     ]
     if mismatched:
         raise DraftBuildError(f"target {_name(target)!r}: truncated draft weights differ in shape: {mismatched[:3]}")
-    draft.load_state_dict({key: source[key] for key in wanted}, strict=True)  # copies: the target is untouched
+    draft.load_state_dict(weights, strict=True)  # copies: the target is untouched
     return _finish(draft, target, {"method": "truncation", "num_layers": num_layers, "target_num_layers": total})
+
+
+def _layer_major_slice(weight: torch.Tensor, shape, num_layers: int, total: int) -> torch.Tensor:
+    """`weight` cut to the truncated model's `shape` where one dimension holds a block per layer, in
+    layer order (Gemma 4's per-layer inputs: `embed_tokens_per_layer` [V, L x d] and
+    `per_layer_model_projection` [L x d, H]): the first `num_layers` blocks, which are exactly what
+    the first layers read. Any other difference is left for the caller to refuse."""
+    differ = [d for d in range(weight.dim()) if len(shape) == weight.dim() and shape[d] != weight.shape[d]]
+    if len(differ) != 1 or weight.shape[differ[0]] % total:
+        return weight
+    d = differ[0]
+    block = weight.shape[d] // total
+    return weight.narrow(d, 0, block * num_layers) if shape[d] == block * num_layers else weight
 
 
 def load_draft(path, target: PreTrainedModel, *, target_tokenizer=None, device=None, dtype=None) -> PreTrainedModel:

@@ -230,5 +230,5 @@ def test_an_unsupported_layer_kind_is_refused(store):
     config = tiny_config("qwen2")
     config.layer_types, config.attention_chunk_size = ["full_attention", "chunked_attention"], 4
     model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(ValueError, match="full-attention or sliding-window.*chunked_attention"):
+    with pytest.raises(ValueError, match="runs full-attention, sliding-window .*chunked_attention"):
         _cache(model, store)

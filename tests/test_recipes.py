@@ -72,3 +72,45 @@ def test_launch_config_loads_and_leaves_batch_sizes_to_the_recipe(path):
         assert ("offload_optimizer" in ds["zero_optimization"]) == ("offload" in path.stem)
     elif config.distributed_type == "FSDP":
         assert config.fsdp_config["fsdp_version"] == 2
+
+
+QWEN3_5 = sorted((REPO / "recipes" / "qwen3_5").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", QWEN3_5, ids=lambda p: p.stem)
+def test_the_hybrid_recipes_estimate_memory_on_qwen3_5_27b(path):
+    """The Qwen3.5 recipes against a meta model of Qwen3.5-27B's text shape (64 layers: 48 Gated
+    DeltaNet, 16 full attention; 26.9B parameters): the estimate counts the recurrent layers'
+    weights with the rest (bf16: ~54 GB), the recipe's aux layers exist, and the head is counted."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    from draftsmith.heads.registry import METHODS
+    from draftsmith.train.sharding import estimate_memory
+
+    config = Qwen3_5TextConfig(
+        vocab_size=248320,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        tie_word_embeddings=False,
+    )
+    with init_empty_weights():
+        target = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert config.layer_types.count("linear_attention") == 48
+    recipe_class, _ = config_for(path)
+    recipe = load_recipe(recipe_class, path)
+    kind = next(m.kind for m in METHODS.values() if m.part("recipe") is recipe_class)
+    assert all(0 <= i <= 64 for i in getattr(recipe, "aux_layers", None) or ())
+    estimate = estimate_memory(recipe, kind, shards=1, target=target)
+    assert 53e9 < estimate.target_bytes < 55e9  # 26.9B parameters in bf16, the recurrent layers' among them
+    assert estimate.trainable_params > 0 and estimate.total > estimate.target_bytes

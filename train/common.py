@@ -335,7 +335,10 @@ def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int
         if cache is None:
             with torch.no_grad():
                 o = target(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    output_hidden_states=True,
+                    use_cache=False,
                 )
             feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
             return feats, *on_draft_vocab(o.logits, vocab, t2d)

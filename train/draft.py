@@ -303,8 +303,9 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
     walks = {key: torch.zeros(2, 2, dtype=torch.float64) for key in ("", "_greedy")}
     for start in range(0, len(index), recipe.batch_size):
         batch = to_device(collate(rows, index[start : start + recipe.batch_size], recipe.max_length, pad_id), device)
-        p_logits = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
-        q_logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
+        p_logits = target(**inputs).logits[:, :-1].float()
+        q_logits = draft(**inputs).logits[:, :-1].float()
         valid = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).cpu()
         p = torch.softmax(p_logits / recipe.temperature, -1)
         q = torch.softmax(q_logits / recipe.temperature, -1)
@@ -506,7 +507,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         else:
             batch = collate(rows, index, recipe.max_length, pad_id)
         batch = to_device(batch, device)
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        # No cache: a whole-sequence forward (a model of recurrent layers only cannot build a mask from one)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
         target_logits = topk = None
         if cache is not None:  # offline: the cached top-k teacher, no target forward
             topk = cached_teacher(cache, index, batch["input_ids"].shape[1], device)

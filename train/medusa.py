@@ -174,7 +174,10 @@ class MedusaObjective(torch.nn.Module):
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
             ).logits.float()
         out = self.backbone(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            output_hidden_states=True,
+            use_cache=False,
         )
         return original, out
 
@@ -311,7 +314,10 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
             return hidden, teacher
         with torch.no_grad():
             out = target(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_hidden_states=True,
+                use_cache=False,
             )
         return out.hidden_states[-1].float(), (None if recipe.loss == "ce" else out.logits.float())
 
@@ -340,7 +346,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         sync(device)
         t0 = time.perf_counter()
         with torch.no_grad():
-            target(input_ids=ids, attention_mask=att, output_hidden_states=True)
+            target(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
         sync(device)
         forward_seconds += time.perf_counter() - t0
         forward_tokens += int(att.sum())
