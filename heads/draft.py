@@ -367,7 +367,7 @@ def check_same_vocabulary(
                 f"{len(t_vocab)} vs {len(d_vocab)} tokens, {len(ids)} ids map to other tokens ({example}); "
                 f"{SPEC_HINT}"
             )
-        if len(t_vocab) > min(v_target, v_draft):
+        if v_target != v_draft and len(t_vocab) > min(v_target, v_draft):  # as `models.check_vocab_compatible`
             raise DraftBuildError(
                 f"tokenizer of target {target_name!r} has {len(t_vocab)} tokens but the models output "
                 f"{v_target} (target) and {v_draft} (draft {draft_name!r}) logits"

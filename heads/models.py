@@ -153,7 +153,9 @@ def check_vocab_compatible(
                 f"{len(differ)} (token, id) pairs differ (e.g. {example}). "
                 "Speculative decoding needs a draft with the target's tokenizer."
             )
-        if len(t_vocab) > min(v_target, v_draft):
+        # Tokens past the logits are the target's own matter (neither model ever emits them); only
+        # when the sizes differ must the tokenizer fit the smaller, for the logits to be aligned.
+        if v_target != v_draft and len(t_vocab) > min(v_target, v_draft):
             raise ModelLoadError(
                 f"tokenizer has {len(t_vocab)} tokens but the models output {v_target} (target) "
                 f"and {v_draft} (draft) logits"

@@ -131,3 +131,21 @@ def test_trees_compile_and_minimax_are_refused_in_one_line():
     assert static.tokens == _hf_greedy(target, _prompts()[0])
     with pytest.raises(ValueError, match=r"MiniMaxForCausalLM\) keeps its recurrent state in its own cache class"):
         generate(tiny_model("minimax"), None, _prompts()[0], max_new_tokens=4)
+
+
+def test_a_tokenizer_longer_than_the_logits_is_taken_for_the_target_and_its_self_draft(tmp_path, run_cli):
+    """One added token past the output matrix (never emitted by either model): accepted for the
+    target, and so for the same folder as its own draft; the two checks agree."""
+    from draftsmith.heads.toy import tiny_tokenizer
+
+    folder = tmp_path / "target"
+    tiny_model("llama").save_pretrained(folder)
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<extra>"]})
+    assert len(tokenizer) == 321
+    tokenizer.save_pretrained(folder)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n', encoding="utf-8")
+    common = ["--prompts", prompts, "--max-new-tokens", 4, "--device", "cpu", "--no-progress", "--out", tmp_path / "e"]
+    code, _, err = run_cli(["eval", "--target", folder, "--drafter", f"draft:self={folder}", *common])
+    assert code == 0, err
