@@ -4,9 +4,9 @@ MATRIX): a hybrid of Gated DeltaNet and attention (Qwen3.5), one of SSM-and-atte
 
 For each (family, method): self-distillation data of the tiny target through `draftsmith generate`,
 two training steps of the method's trainer with its serve check on (which must decode: a target
-the decoder could not run is refused before training), the memory estimate, greedy decoding
-through the trained drafter identical to target-only, and every export format re-imported decoding
-the same tokens. (tests/test_families.py holds the decoder's own family matrix.)
+the decoder could not run is refused before training), the memory estimate, greedy decoding of
+100 prompts (one batch) through the trained drafter identical to target-only, and every export
+format re-imported decoding the same tokens. (tests/test_families.py holds the decoder's own family matrix.)
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def test_every_method_trains_serves_and_exports_on_the_family(family, kind, fami
     assert estimate_memory(recipe, kind, shards=1).trainable_params > 0
 
     target = load_causal_lm(target_folder, device=torch.device("cpu"), dtype=torch.float32, role="target")
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, target.config.vocab_size, (n,), generator=gen) for n in (5, 9, 3)]
+    gen = torch.Generator().manual_seed(0)  # 100 prompts of 2-29 tokens, decoded as one batch
+    lengths = torch.randint(2, 30, (100,), generator=gen).tolist()
+    prompts = [torch.randint(3, target.config.vocab_size, (n,), generator=gen) for n in lengths]
     alone = _greedy(target, None, prompts)
     folder = tmp_path / "run" / method.run_folder
     assert _greedy(target, chain_drafter(kind, folder, target, torch.device("cpu"), torch.float32), prompts) == alone
