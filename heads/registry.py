@@ -259,6 +259,29 @@ METHODS: dict[str, Method] = {
             server="draftsmith.heads.domino_formats:serving_facts",
             format_tags=(("specforge", ("specforge",)),),
         ),
+        Method(
+            kind="dflash2",
+            title="DFlash2 head",
+            trainer="draftsmith.train.dflash2",
+            recipe="draftsmith.train.dflash2:DFlash2Recipe",
+            loader="draftsmith.heads.dflash2_formats:load_dflash2",
+            error="draftsmith.heads.dflash:DFlashError",  # DFlash2Error's base: the backbone's checks raise it
+            rows_of="draftsmith.decoding.dflash2:dflash2_rows",
+            parameters="draftsmith.train.dflash2:head_parameters",
+            smoke_recipe=(
+                ("block_size", 4),
+                ("max_anchors", 8),
+                ("selector_rank", 8),
+                ("selector_top_k", 4),
+                ("lr", 3e-3),
+            ),
+            run_folder="head",
+            model_types=("draftsmith_dflash2",),
+            speculators_types=("dflash2",),
+            export_formats=("vllm", "hf"),
+            exporter="draftsmith.heads.dflash2_formats:export_folder",
+            server="draftsmith.heads.dflash2_formats:serving_facts",
+        ),
     )
 }
 

@@ -21,10 +21,10 @@ and `build` then run speculators' own forward on INPUTS
 the draft logits of each step to OUT (`step0`, `step1`); a P-EAGLE checkpoint (speculators_model_type
 `peagle`; `build` with FLAGS {"speculator_type": "peagle", ...}) runs its own packed forward instead, over
 COD-sampled chains drawn from a fixed seed, and writes the logits with the chains (`logits`, `anchor`,
-`depth`); a DFlash or DSpark checkpoint (`build` with FLAGS {"speculator_type": "dflash" | "dspark", ...})
-runs its backbone over anchored blocks from a fixed seed and writes the slots' states and logits
-(DSpark: corrected and confidence logits too, `_block_outputs`). The list of JSON reports (one per
-job) goes to stdout.
+`depth`); a DFlash-family checkpoint (`build` with FLAGS {"speculator_type": "dflash" | "dspark" | "dflash2",
+...}) runs its backbone over anchored blocks from a fixed seed and writes the slots' states and logits
+(DSpark: corrected and confidence logits too; DFlash2: its selector's top-K candidates and their edge
+scores, `_block_outputs`). The list of JSON reports (one per job) goes to stdout.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from speculators import SpeculatorModel, SpeculatorModelConfig
 from speculators.losses import resolve_loss_config
 from speculators.models.dflash import DFlashDraftModel
+from speculators.models.dflash2 import DFlash2DraftModel
 from speculators.models.dspark import DSparkDraftModel
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.models.peagle import PEagleDraftModel
@@ -47,7 +48,7 @@ from speculators.train.cli import create_transformer_layer_config
 ATTENTION = "sdpa"  # the flex-attention default needs a GPU compiler; sdpa is the same maths
 PEAGLE_DEPTHS, PEAGLE_SEED = 3, 11  # the packed forward's depths and the seed its COD sampling draws from
 BLOCK_ANCHORS, BLOCK_SEED = 3, 13  # a DFlash-family forward's anchored blocks and the seed they are drawn from
-BLOCK_MODELS = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}
+BLOCK_MODELS = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel, "dflash2": DFlash2DraftModel}
 
 
 def _logits(model, inputs_file: str, out_file: str) -> None:
@@ -118,6 +119,12 @@ def _block_outputs(model, inputs_file: str, out_file: str) -> None:
             if model.confidence_head is not None:
                 with_e = model.config.confidence_head_with_markov
                 out["confidence"] = model.confidence_head(torch.cat([blocks, e], -1) if with_e else blocks).reshape(-1)
+        selector = getattr(model, "candidate_selector", None)
+        if selector is not None:  # DFlash2: its own predecessors (the anchor, then the block's tokens) and top-K
+            prev = model._predecessor_ids(ids, indices).reshape(1, -1)
+            candidates = logits.topk(selector.top_k, dim=-1).indices
+            out["candidates"] = candidates[0]
+            out["scores"] = selector.score_candidates(logits, hidden, prev, candidates)[0]
     save_file({k: v.contiguous() for k, v in out.items()}, out_file)
 
 
@@ -157,6 +164,10 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
                 "markov_head_type",
                 "enable_confidence_head",
                 "confidence_head_with_markov",
+                "conv_kernel_size",
+                "conv_group_size",
+                "selector_rank",
+                "selector_top_k",
             )
             if hasattr(config, k)
         },

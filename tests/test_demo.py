@@ -143,6 +143,7 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
         "dflash",
         "dspark",
         "domino",
+        "dflash2",
     ]
     assert [r["method"] for r in report["methods"]] == names
     for row in report["methods"][1:]:
@@ -177,12 +178,24 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
         "peagle": str(heads / "peagle" / "head"),
         "dspark": str(heads / "dspark" / "head"),
         "domino": str(heads / "domino" / "head"),
+        "dflash2": str(heads / "dflash2" / "head"),
     }
     assert report["methods"][4]["tree"] and report["methods"][4]["predicted_speedup"] is None
     speeds = report["demo"]["training_tokens_per_second"]
-    assert set(speeds) == {"medusa", "draft", "eagle3", "dflash", "peagle", "dspark", "domino", "target-forward"}
+    assert set(speeds) == {
+        "medusa",
+        "draft",
+        "eagle3",
+        "dflash",
+        "peagle",
+        "dspark",
+        "domino",
+        "dflash2",
+        "target-forward",
+    }
     assert all(rate > 0 for rate in speeds.values())
-    assert all(report["demo"]["learning_curves"][name] for name in ("eagle3", "dflash", "peagle", "dspark", "domino"))
+    curves = report["demo"]["learning_curves"]
+    assert all(curves[name] for name in ("eagle3", "dflash", "peagle", "dspark", "domino", "dflash2"))
     # a second run reuses everything: no training, no data
     code, stdout, _ = run_cli(quick)
     assert code == 0 and "self-distillation data" not in stdout and "recipes/smollm2/" not in stdout

@@ -119,6 +119,11 @@ def build_head(kind, recipe, target, data):
         from draftsmith.train.domino import VARIANT
 
         return DominoHead.for_target(target, **block, **{key: getattr(recipe, key) for key in VARIANT})
+    if kind == "dflash2":
+        from draftsmith.heads.dflash2 import DFlash2Head
+        from draftsmith.train.dflash2 import VARIANT
+
+        return DFlash2Head.for_target(target, **block, **{key: getattr(recipe, key) for key in VARIANT})
     raise AssertionError(f"no builder for {kind!r}: add the head its trainer builds to build_head")
 
 

@@ -1,0 +1,68 @@
+"""The DFlash2 drafter for B rows: one backbone forward per call (the DFlash drafter's `_block`), then
+the candidate selector's walk from the anchor over the block's drafting slots.
+
+Row b's block [anchor, mask, ...] drafts block_size - 1 tokens: slot k >= 1 the token at anchor + k
+(slot 0 is the anchor, as in DFlash). The backbone gives every slot's logits U_k and state h_k at
+once; then, for k = 1, 2, ...:
+    C_k = the selector_top_k largest of U_k                                  (from the context only)
+    s_k(c) = U_k(c) + <A[x_{k-1}] * W h_k, B[c]>   for c in C_k,  x_0 = the anchor
+    greedy:   x_k = argmax_{c in C_k} s_k(c)                                 (the walk of z-lab/dflash)
+    sampling: x_k ~ q_k = sampling.probs(s_k on C_k, -inf elsewhere)         (0 outside C_k)
+so q_k is the distribution x_k is really drawn from given x_1..x_{k-1} (C_k depends on the context
+alone, s_k on the previous draft), and the verifier's min(1, p/q) with the residual at the first
+rejection stays exact: speculative sampling only needs each draft drawn from the q it reports,
+given the drafts before it. q_k is the target's sampling law (temperature, top-k, top-p) applied to
+the scores, restricted to the candidates; a target token outside C_k is never drafted, so the
+residual max(0, p - q) gives it back. The selector costs one rank-r product per candidate and draft
+on top of the one backbone forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.decoding.drafters import Proposal
+from draftsmith.decoding.sampling import draw_rows
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """DFlash2 drafting (a chain): `DFlashDrafter`'s block forward and the selector's walk."""
+
+    def __init__(self, head: torch.nn.Module, *, name: str = "dflash2"):
+        super().__init__(head, name=name, kind="DFlash2")
+
+    @torch.inference_mode()
+    def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
+        logits, hidden = self._block(contexts)  # [B, Bs, V], [B, Bs, H]; slot 0 is the anchor's
+        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
+        prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # [B] the anchors (target ids)
+        tokens, probs, raws = [], [], []
+        for k in range(max(counts, default=0)):
+            slot = self._first + k  # draft k is slot k + 1: the token at anchor + k + 1
+            candidates, scores = self.head.walk_step(logits[:, slot], hidden[:, slot], prev)  # [B, K] each
+            raw = torch.full(logits[:, slot].shape, float("-inf"), device=logits.device)  # [B, V]
+            raw.scatter_(-1, candidates, scores.float())  # the scores on the candidates, -inf elsewhere
+            if sampling.greedy:
+                token = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]  # [B]
+            else:
+                q = sampling.probs(raw)  # [B, V]: exactly what row b's draft k is drawn from, 0 off C_k
+                probs.append(q)
+                token = draw_rows(q, generators, [k < c for c in counts])  # rows past their count: argmax
+            tokens.append(token)
+            if self.logits:
+                raws.append(raw)
+            prev = token  # the next slot's edge starts at the draft just made
+        if not tokens:
+            return Proposal.empty(len(contexts), logits.device)
+        return Proposal(
+            tokens=torch.stack(tokens, dim=1),  # [B, K]
+            counts=counts,
+            probs=torch.stack(probs, dim=1) if probs else None,  # [B, K, V]
+            logits=torch.stack(raws, dim=1) if raws else None,
+        )
+
+
+def dflash2_rows(head, target, name: str, options=None) -> dict:
+    """The registry's rows of a DFlash2 head: one selector-walked block chain, `name`."""
+    return {name: DFlash2Drafter(head, name=name)}
