@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.decoding.drafters import OnePassDrafter, Proposal
+from draftsmith.decoding.sampling import draw_rows
 
 
 class DFlashDrafter(OnePassDrafter):
@@ -73,6 +74,40 @@ class DFlashDrafter(OnePassDrafter):
         raw = self.head.target_logits(logits[:, self._first :]).float()  # [B, drafts, V]: slot k drafts anchor + k
         counts = [max(0, min(k, self.drafts)) for k in num_tokens]
         return self._one_pass_proposal(raw, counts, sampling, generators)
+
+    def _left_to_right(self, contexts, num_tokens, sampling, generators, step) -> Proposal:
+        """One block forward, then the drafts left to right, each from the block's slot logits
+        corrected by what was drafted before it: `step(slot logits [B, Vd], slot state [B, H], the
+        previous token [B] (the anchor first), carried) -> (logits over the target's vocabulary
+        [B, V], carried)`. Draft k is drawn from q_k = the warped softmax of those logits (greedy:
+        their argmax), which is exactly its law given the drafts before it: speculative sampling
+        with q_k stays exact (DSpark, Domino, DFlash2)."""
+        logits, hidden = self._block(contexts)  # [B, Bs, Vd], [B, Bs, H]
+        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
+        prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # [B] the anchors (target ids)
+        tokens, probs, raws, carried = [], [], [], None
+        for k in range(max(counts, default=0)):
+            slot = self._first + k  # the slot that drafts the token at anchor + k + 1
+            raw, carried = step(logits[:, slot], hidden[:, slot], prev, carried)
+            raw = raw.float()  # [B, V]
+            if sampling.greedy:
+                token = raw.argmax(-1)
+            else:
+                q = sampling.probs(raw)  # [B, V]: exactly what row b's draft k is drawn from
+                probs.append(q)
+                token = draw_rows(q, generators, [k < c for c in counts])  # rows past their count: argmax
+            tokens.append(token)
+            if self.logits:
+                raws.append(raw)
+            prev = token
+        if not tokens:
+            return Proposal.empty(len(contexts), logits.device)
+        return Proposal(
+            tokens=torch.stack(tokens, dim=1),  # [B, K]
+            counts=counts,
+            probs=torch.stack(probs, dim=1) if probs else None,  # [B, K, V]
+            logits=torch.stack(raws, dim=1) if raws else None,
+        )
 
     def _block(self, contexts) -> tuple[torch.Tensor, torch.Tensor]:
         """One head forward over every row's new context columns and its block [anchor, mask, ...]:

@@ -23,7 +23,6 @@ import torch
 
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.decoding.drafters import Proposal
-from draftsmith.decoding.sampling import draw_rows
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -34,33 +33,12 @@ class DFlash2Drafter(DFlashDrafter):
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
-        logits, hidden = self._block(contexts)  # [B, Bs, V], [B, Bs, H]; slot 0 is the anchor's
-        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
-        prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # [B] the anchors (target ids)
-        tokens, probs, raws = [], [], []
-        for k in range(max(counts, default=0)):
-            slot = self._first + k  # draft k is slot k + 1: the token at anchor + k + 1
-            candidates, scores = self.head.walk_step(logits[:, slot], hidden[:, slot], prev)  # [B, K] each
-            raw = torch.full(logits[:, slot].shape, float("-inf"), device=logits.device)  # [B, V]
-            raw.scatter_(-1, candidates, scores.float())  # the scores on the candidates, -inf elsewhere
-            if sampling.greedy:
-                token = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]  # [B]
-            else:
-                q = sampling.probs(raw)  # [B, V]: exactly what row b's draft k is drawn from, 0 off C_k
-                probs.append(q)
-                token = draw_rows(q, generators, [k < c for c in counts])  # rows past their count: argmax
-            tokens.append(token)
-            if self.logits:
-                raws.append(raw)
-            prev = token  # the next slot's edge starts at the draft just made
-        if not tokens:
-            return Proposal.empty(len(contexts), logits.device)
-        return Proposal(
-            tokens=torch.stack(tokens, dim=1),  # [B, K]
-            counts=counts,
-            probs=torch.stack(probs, dim=1) if probs else None,  # [B, K, V]
-            logits=torch.stack(raws, dim=1) if raws else None,
-        )
+        def step(logits, hidden, prev, carried):  # the candidates' edge scores from x_{k-1}, -inf off them
+            candidates, scores = self.head.walk_step(logits, hidden, prev)  # [B, K] each
+            raw = torch.full(logits.shape, float("-inf"), device=logits.device)  # [B, V]
+            return raw.scatter_(-1, candidates, scores.to(raw.dtype)), None
+
+        return self._left_to_right(contexts, num_tokens, sampling, generators, step)
 
 
 def dflash2_rows(head, target, name: str, options=None) -> dict:

@@ -20,7 +20,6 @@ import torch
 
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.decoding.drafters import Proposal
-from draftsmith.decoding.sampling import draw_rows
 
 
 class DominoDrafter(DFlashDrafter):
@@ -31,32 +30,11 @@ class DominoDrafter(DFlashDrafter):
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
-        logits, hidden = self._block(contexts)  # [B, Bs, Vd], [B, Bs, H]; slot 0 is the anchor's
-        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
-        prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # [B] the anchors (target ids)
-        tokens, probs, raws, state = [], [], [], None
-        for k in range(max(counts, default=0)):
-            slot = self._first + k  # draft k is slot k + 1: the token at anchor + k + 1
-            corrected, state = self.head.corrected(logits[:, slot], prev, hidden[:, slot], state)  # [B, Vd], [B, G]
-            raw = self.head.target_logits(corrected).float()  # [B, V]
-            if sampling.greedy:
-                token = raw.argmax(-1)
-            else:
-                q = sampling.probs(raw)  # [B, V]: exactly what row b's draft k is drawn from
-                probs.append(q)
-                token = draw_rows(q, generators, [k < c for c in counts])  # rows past their count: argmax
-            tokens.append(token)
-            if self.logits:
-                raws.append(raw)
-            prev = token  # the GRU reads the draft just made
-        if not tokens:
-            return Proposal.empty(len(contexts), logits.device)
-        return Proposal(
-            tokens=torch.stack(tokens, dim=1),  # [B, K]
-            counts=counts,
-            probs=torch.stack(probs, dim=1) if probs else None,  # [B, K, V]
-            logits=torch.stack(raws, dim=1) if raws else None,
-        )
+        def step(logits, hidden, prev, state):  # U_k + W2 SiLU(W1 [h_k; s_k]), the GRU stepped on x_{k-1}
+            corrected, state = self.head.corrected(logits, prev, hidden, state)  # [B, Vd], [B, G]
+            return self.head.target_logits(corrected), state
+
+        return self._left_to_right(contexts, num_tokens, sampling, generators, step)
 
 
 def domino_rows(head, target, name: str, options=None) -> dict:

@@ -16,7 +16,6 @@ import torch
 
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.decoding.drafters import Proposal
-from draftsmith.decoding.sampling import draw_rows
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -27,31 +26,11 @@ class DSparkDrafter(DFlashDrafter):
 
     @torch.inference_mode()
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
-        logits, hidden = self._block(contexts)  # [B, Bs, Vd], [B, Bs, H]
-        counts = [max(0, min(k, self.drafts)) for k in num_tokens]
-        prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # the anchors (target ids)
-        tokens, probs, raws, state = [], [], [], None
-        for k in range(max(counts, default=0)):
-            corrected, state = self.head.corrected(logits[:, k], prev, hidden[:, k], state)
-            raw = self.head.target_logits(corrected).float()  # [B, V]
-            if sampling.greedy:
-                token = raw.argmax(-1)
-            else:
-                q = sampling.probs(raw)  # [B, V]: exactly what row b's draft k is drawn from
-                probs.append(q)
-                token = draw_rows(q, generators, [k < c for c in counts])  # rows past their count: argmax
-            tokens.append(token)
-            if self.logits:
-                raws.append(raw)
-            prev = token
-        if not tokens:
-            return Proposal.empty(len(contexts), logits.device)
-        return Proposal(
-            tokens=torch.stack(tokens, dim=1),
-            counts=counts,
-            probs=torch.stack(probs, dim=1) if probs else None,
-            logits=torch.stack(raws, dim=1) if raws else None,
-        )
+        def step(logits, hidden, prev, state):  # U_k + bias(x_{k-1}, h_k[, s_{k-1}]), over the target's vocabulary
+            corrected, state = self.head.corrected(logits, prev, hidden, state)
+            return self.head.target_logits(corrected), state
+
+        return self._left_to_right(contexts, num_tokens, sampling, generators, step)
 
 
 def dspark_rows(head, target, name: str, options=None) -> dict:
