@@ -192,13 +192,34 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     target's logits on the head's vocabulary [B, T, Vd] and `in_vocab` [B, T] (None: the whole
     vocabulary), as `common.on_draft_vocab` makes them; anchors/valid from `sample_anchors` (on the
     batch's device)."""
-    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)
+    h, slot_pos = block_hidden(head, batch, feats, anchors, recipe.block_size)  # [B, A*Bs, H], [B, A*Bs]
+    B, A, Bs = *anchors.shape, recipe.block_size
+    logits = head.lm_head(h).view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
+    _, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)
+    per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
+    loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
+    return loss, hits, label, weight_sum
+
+
+def block_hidden(head, batch, feats, anchors, block_size: int):
+    """(final-norm states [B, A*Bs, H] of every anchored block, packed in one forward; the slots'
+    positions [B, A*Bs]): block [anchor, mask, ...] at p..p+Bs-1 sees the context strictly before p
+    (`anchor_block_mask`) and its own slots."""
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    (B, T), Bs = ids.shape, block_size
+    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)  # [B, A*Bs] each
     positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
     mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)[:, None]  # [B, 1, Q, S]
-    logits = head(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
-    logits = logits.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
+    return head.hidden(
+        block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask
+    ), slot_pos
+
+
+def slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, block_size: int):
+    """Of the drafting slots k >= 1 (slot 0 is the anchor): (where the target predicts each, p + k - 1
+    [B, A, Bs-1]; which are trained [B, A, Bs-1]; the teacher there [B, A, Bs-1, Vd])."""
+    ids, loss_mask = batch["input_ids"], batch["loss_mask"]
+    (B, T), A, Bs = ids.shape, anchors.shape[1], block_size
     target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
     label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
     label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
@@ -206,9 +227,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     targets = targets.view(B, A, Bs - 1, -1)  # [B, A, Bs-1, Vd]
     if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
         label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
-    per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
-    loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
-    return loss, hits, label, weight_sum
+    return target_at, label, targets
 
 
 def weighted_slots(recipe: DFlashRecipe, per_slot, logits, targets, label):

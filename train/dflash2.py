@@ -31,10 +31,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, anchor_block_mask, block_inputs, train_blocks, weighted_slots
+from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
@@ -100,19 +99,12 @@ def training_candidates(candidates: torch.Tensor, wanted: torch.Tensor):
 def dflash2_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlash2Recipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum) of
     one packed forward (`train.dflash.dflash_losses`'s form; `in_vocab` is None: the full vocabulary)."""
-    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)  # [B, A*Bs] each
-    positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)[:, None]  # [B, 1, Q, S]
-    h = head.hidden(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
+    ids, Bs = batch["input_ids"], recipe.block_size
+    B, A = anchors.shape
+    h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]
     h = h.view(B, A, Bs, -1)[:, :, 1:]  # [B, A, Bs-1, H]: slot k >= 1 drafts the token at p + k
     unary = head.lm_head(h).float()  # [B, A, Bs-1, V]
-    target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
-    label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
-    label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
-    targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
-    targets = targets.view(B, A, Bs - 1, -1)  # [B, A, Bs-1, V]
+    target_at, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)
     prev = ids.gather(1, target_at.flatten(1)).view_as(target_at)  # [B, A, Bs-1]: the data's token at p + k - 1
 
     serving = head.candidates(unary.detach())  # [B, A, Bs-1, K]: what the walk chooses among

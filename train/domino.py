@@ -25,12 +25,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-import torch
-
-from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, anchor_block_mask, block_inputs, train_blocks, weighted_slots
+from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
@@ -84,23 +81,14 @@ def domino_losses(head, batch, feats, teacher, anchors, valid, recipe: DominoRec
     one packed forward (`train.dflash.dflash_losses`'s form): slot k of the block anchored at p drafts
     the token at p + k, corrected by the GRU over the data's tokens at p..p+k-1; hits are the final
     logits'. `batch["step"]` (the training step, None held out) sets the base loss's weight."""
-    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)  # [B, A*Bs] each
-    positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)[:, None]  # [B, 1, Q, S]
-    h = head.hidden(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
+    ids, Bs = batch["input_ids"], recipe.block_size
+    (B, T), A = ids.shape, anchors.shape[1]
+    h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]
     tokens = ids.gather(1, slot_pos.clamp(max=T - 1))  # [B, A*Bs]: the data's tokens at p..p+Bs-1
     base, final = head.block_logits(h.view(B * A, Bs, -1), tokens.view(B * A, Bs))  # [B*A, Bs, Vd] each
     base = base.view(B, A, Bs, -1)[:, :, 1:].float()  # slot k >= 1 drafts the token at p + k
     final = final.view(B, A, Bs, -1)[:, :, 1:].float()
-    target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
-    label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
-    label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
-    targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
-    targets = targets.view(B, A, Bs - 1, -1)  # [B, A, Bs-1, Vd]
-    if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
-        label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
+    _, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)  # [B, A, Bs-1(, Vd)]
     weight = base_loss_weight(recipe, batch.get("step"))
     per_slot = (1 - weight) * divergence(recipe.loss, final, targets, label, reduction="none")  # [B, A, Bs-1]
     if weight:  # no backbone term (and no second divergence) once lambda has reached 0

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, anchor_block_mask, block_inputs, train_blocks, weighted_slots
+from draftsmith.train.dflash import DFlashRecipe, block_hidden, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
@@ -95,12 +94,9 @@ def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRec
     """(weighted loss, per-slot hits [B, A, Bs], per-slot trained mask [B, A, Bs], weight sum) of one
     packed forward (`train.dflash.dflash_losses`'s form): slot k of the block anchored at p drafts
     the token at p + k + 1, corrected by the bias of the data's token at p + k."""
-    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    ids, loss_mask = batch["input_ids"], batch["loss_mask"]
     Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, Bs, head.config.mask_token_id)
-    positions = torch.cat([torch.arange(T, device=ids.device)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, attention, Bs), head.dtype)[:, None]  # [B, 1, Q, S]
-    h = head.hidden(block_ids, head.project(feats.to(head.dtype)), positions=positions, attention_mask=mask)
+    h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]
     at = slot_pos.view(B, A, Bs).clamp(max=T - 1)  # slot k at p + k: the target predicts p + k + 1 there
     after = (at + 1).clamp(max=T - 1)
     label = loss_mask.gather(1, after.flatten(1)).view_as(at) & valid[..., None]
