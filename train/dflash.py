@@ -270,8 +270,8 @@ class DFlashObjective(torch.nn.Module):
         self.head, self.recipe, self.losses = head, recipe, losses or dflash_losses
 
     def forward(self, input_ids, attention_mask, loss_mask, feats, teacher, in_vocab, anchors, valid, step=None):
-        # `step`: the optimizer step (from 0) of a training batch, for a loss scheduled over training
-        # (Domino's base-loss weight); held-out batches (`every_block`) carry none
+        # `step`: the optimizer step (from 0) of a training batch, for a loss whose terms are weighted
+        # on a schedule over training; held-out batches (`every_block`) carry none
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "step": step}
         return self.losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
 
