@@ -5,17 +5,19 @@ that holds speculators 0.9.0 (never by draftsmith's, which does not install it).
 
 One process runs every job (importing speculators costs most of a minute on a busy machine).
 `check DIR INPUTS OUT`: a checkpoint judged by speculators; `build DIR VERIFIER FLAGS INPUTS
-OUT`: a checkpoint built by speculators' model class; `train DATA OUT VERIFIER`: a real
-`speculators train` run on CPU (its own data layout written from the verifier's greedy
-continuations, four steps, its defaults otherwise).
+OUT`: a checkpoint built by speculators' model class; `train DATA OUT VERIFIER [TYPE]`: a real
+`speculators train --speculator-type TYPE` run on CPU (eagle3 by default; its own data layout
+written from the verifier's greedy continuations once per DATA, four steps, its defaults otherwise:
+a `llama` draft layer for eagle3, a `qwen3` one, with per-head q/k norms, for peagle).
 
 `check`: the config must parse as speculators' registered EAGLE-3 (or P-EAGLE) config; the weights' keys and
 shapes must equal those of a model freshly built from it (less what speculators never saves);
 `from_pretrained` must load them (speculators fills the embeddings and lm_head with NaN until
 loaded, so finite weights mean every tensor arrived). `build`: the model the speculators trainer
-starts from (the layer config of `speculators.train.cli`, `Eagle3DraftModel.from_training_args`
-with the variant FLAGS, a JSON object, a reduced vocabulary, the verifier's embeddings and
-lm_head), its trainable tensors moved off their init, saved with `save_pretrained`. `check`
+starts from (the layer config of `speculators.train.cli`, of FLAGS' `draft_arch`, `llama` or `qwen3`,
+by default the trainer's for the kind; `Eagle3DraftModel.from_training_args` with the variant FLAGS,
+a JSON object, a reduced vocabulary, the verifier's embeddings and lm_head), its trainable tensors
+moved off their init, saved with `save_pretrained`. `check`
 and `build` then run speculators' own forward on INPUTS
 (`hidden_states` [1, T, n*H], `input_ids` [1, T]) for two training-time-test steps and write
 the draft logits of each step to OUT (`step0`, `step1`); a P-EAGLE checkpoint (speculators_model_type
@@ -172,6 +174,7 @@ def check(folder: str, inputs_file: str, out_file: str) -> dict:
             if hasattr(config, k)
         },
         "mask_token_id": getattr(config, "mask_token_id", None),
+        "layer_type": config.transformer_layer_config.model_type,  # qwen3: the layer has q/k norms
     }
 
 
@@ -180,13 +183,14 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     kind = flags.pop("speculator_type", "eagle3")
     cls = BLOCK_MODELS.get(kind) or (PEagleDraftModel if kind == "peagle" else Eagle3DraftModel)
     block = kind in BLOCK_MODELS
+    arch = flags.pop("draft_arch", "llama" if kind == "eagle3" else "qwen3")  # the trainer's --draft-arch default
     # The trainer's own draft layer config: one layer shaped from the verifier, its defaults (EAGLE: a
-    # llama layer, sliding-window attention over 2048 tokens, which a 12-token test never reaches; the
-    # DFlash family: a qwen3 layer of full attention, the one kind draftsmith's block heads implement).
+    # llama or qwen3 layer, sliding-window attention over 2048 tokens, which a 12-token test never
+    # reaches; the DFlash family: a qwen3 layer of full attention, the one kind draftsmith's block heads implement).
     layer_config = create_transformer_layer_config(
         verifier,
         num_layers=1,
-        draft_arch="qwen3" if block else "llama",
+        draft_arch=arch,
         hidden_act=None,
         sliding_window=2048,
         full_attention_indices=[0] if block else [],
@@ -232,40 +236,14 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     return {"saved": sorted(load_file(f"{folder}/model.safetensors"))}
 
 
-def train(data: str, out: str, verifier: str) -> dict:
+def train(data: str, out: str, verifier: str, kind: str = "eagle3") -> dict:
     import speculators.train.checkpointer
     import speculators.train.trainer
-    from datasets import Dataset
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
-    from transformers import AutoModelForCausalLM
 
-    # speculators' data layout: a datasets folder (input_ids, loss_mask, seq_len) and, per row,
-    # hidden_states/hs_{i}.safetensors with the aux layers' states and the last layer's output
-    # BEFORE the final norm, [T, 4, H], and the token ids.
-    target = AutoModelForCausalLM.from_pretrained(verifier).eval()
-    (Path(data) / "hidden_states").mkdir(parents=True)
-    rows, gen = {"input_ids": [], "loss_mask": [], "seq_len": []}, torch.Generator().manual_seed(0)
-    for i in range(8):
-        prompt = torch.randint(3, target.config.vocab_size, (1, 6), generator=gen)
-        ids = target.generate(prompt, max_new_tokens=26, do_sample=False)[0]
-        last = {}
-
-        def keep(_module, _args, out, last=last):
-            last["x"] = out[0] if isinstance(out, tuple) else out
-
-        hook = target.model.layers[-1].register_forward_hook(keep)
-        with torch.no_grad():
-            states = target(ids[None], output_hidden_states=True).hidden_states
-        hook.remove()
-        stacked = torch.stack([states[k][0] for k in (1, 2, 3)] + [last["x"][0]], dim=1)
-        save_file({"hidden_states": stacked.contiguous(), "token_ids": ids}, f"{data}/hidden_states/hs_{i}.safetensors")
-        rows["input_ids"].append(ids.tolist())
-        rows["loss_mask"].append([0] * 6 + [1] * (len(ids) - 6))  # the continuation is trained
-        rows["seq_len"].append(len(ids))
-    dataset = Dataset.from_dict(rows)
-    dataset.set_format("torch")
-    dataset.save_to_disk(data)
+    if not (Path(data) / "hidden_states").is_dir():  # one data folder serves every run
+        _write_train_data(data, verifier)
     # On CPU: the trainer asks for a local GPU rank and device and synchronizes the accelerator.
     speculators.train.trainer.get_local_rank = lambda: "cpu"
     speculators.train.checkpointer.get_current_device = lambda: "cpu"
@@ -278,7 +256,7 @@ def train(data: str, out: str, verifier: str) -> dict:
                 "--data-path",
                 data,
                 "--speculator-type",
-                "eagle3",
+                kind,
                 "--save-path",
                 out,
                 "--target-layer-ids",
@@ -305,6 +283,38 @@ def train(data: str, out: str, verifier: str) -> dict:
         )
     )
     return {"checkpoints": sorted(p.name for p in Path(out).iterdir())}
+
+
+def _write_train_data(data: str, verifier: str) -> None:
+    """speculators' data layout: a datasets folder (input_ids, loss_mask, seq_len) and, per row,
+    hidden_states/hs_{i}.safetensors with the aux layers' states and the last layer's output BEFORE
+    the final norm, [T, 4, H], and the token ids; rows are the verifier's greedy continuations."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(verifier).eval()
+    (Path(data) / "hidden_states").mkdir(parents=True)
+    rows, gen = {"input_ids": [], "loss_mask": [], "seq_len": []}, torch.Generator().manual_seed(0)
+    for i in range(8):
+        prompt = torch.randint(3, target.config.vocab_size, (1, 6), generator=gen)
+        ids = target.generate(prompt, max_new_tokens=26, do_sample=False)[0]
+        last = {}
+
+        def keep(_module, _args, out, last=last):
+            last["x"] = out[0] if isinstance(out, tuple) else out
+
+        hook = target.model.layers[-1].register_forward_hook(keep)
+        with torch.no_grad():
+            states = target(ids[None], output_hidden_states=True).hidden_states
+        hook.remove()
+        stacked = torch.stack([states[k][0] for k in (1, 2, 3)] + [last["x"][0]], dim=1)
+        save_file({"hidden_states": stacked.contiguous(), "token_ids": ids}, f"{data}/hidden_states/hs_{i}.safetensors")
+        rows["input_ids"].append(ids.tolist())
+        rows["loss_mask"].append([0] * 6 + [1] * (len(ids) - 6))  # the continuation is trained
+        rows["seq_len"].append(len(ids))
+    dataset = Dataset.from_dict(rows)
+    dataset.set_format("torch")
+    dataset.save_to_disk(data)
 
 
 if __name__ == "__main__":

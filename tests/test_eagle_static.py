@@ -76,13 +76,15 @@ def test_the_two_stores_agree_and_equal_target_only(tree, batch, pairs):
     assert sum(static.rows[0].accepted) >= N_NEW // 2  # the hinted row: long accepted runs
 
 
-def test_a_real_head_proposes_the_same_on_both_stores(pairs):
-    """`EagleHead.for_target` (eagle3): its own attention over the store's HF cache, B = 4."""
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama-layer", "qk_norm"])
+def test_a_real_head_proposes_the_same_on_both_stores(pairs, qk_norm):
+    """`EagleHead.for_target` (eagle3): its own attention over the store's HF cache, B = 4; with
+    `qk_norm` the keys it writes there are normed before RoPE."""
     from draftsmith.heads.eagle import EagleHead
 
     target, _ = pairs("llama")
     torch.manual_seed(0)
-    head = EagleHead.for_target(target, "eagle3").eval()
+    head = EagleHead.for_target(target, "eagle3", qk_norm=qk_norm).eval()
     reference = generate_batch(target, PROMPTS, None, max_new_tokens=N_NEW).tokens
     for tree in (None, TREE):
         (growing, seen_growing), (static, seen_static) = _both_stores(target, head, PROMPTS, tree)

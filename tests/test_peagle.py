@@ -156,7 +156,8 @@ def fitted(pairs):
     target, _ = pairs("llama")
     prompts, batch, states = greedy_answers_batch(target)
     torch.manual_seed(0)
-    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2])
+    # q/k norms as the trainer's default: every decode test here and in test_onepass_static runs them
+    head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], qk_norm=True)
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = PEagleRecipe(
         target="t",
@@ -380,6 +381,10 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     saved = load_file(str(out / "head" / "model.safetensors"))
     head = load_eagle(out / "head")
     assert isinstance(head, PEagleHead) and {"mask_hidden", "embed_tokens.weight", "d2t", "t2d"} <= set(saved)
+    # q/k norms on by default (speculators' peagle trainer builds a qwen3 layer), trained: gradients reach them
+    q_norm = saved["layers.0.self_attn.q_norm.weight"]
+    assert head.config.qk_norm and "layers.0.self_attn.k_norm.weight" in saved
+    assert not torch.equal(q_norm, torch.ones_like(q_norm))
     state = head.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):

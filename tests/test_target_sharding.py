@@ -80,6 +80,7 @@ def build_head(kind, recipe, target, data):
     """What `train/<kind>.py` builds for `target` (its `train` builds it inline; these calls mirror it),
     with the trainers' own vocabulary map and mask token."""
     from draftsmith.train.common import draft_vocab_map, mask_token, target_sizes
+    from draftsmith.train.eagle import head_options
 
     _, V, _ = target_sizes(target)
     if kind == "medusa":
@@ -96,14 +97,13 @@ def build_head(kind, recipe, target, data):
     if kind == "eagle":
         from draftsmith.heads.eagle import EagleHead
 
-        variant = dict(fc_norm=recipe.fc_norm, norm_output=recipe.norm_output)
-        return EagleHead.for_target(target, recipe.version, **shape, **variant)
+        return EagleHead.for_target(target, recipe.version, **shape, **head_options(recipe))
     mask_id, _ = mask_token(recipe, data, V)
     if kind == "peagle":
         from draftsmith.heads.eagle import PEagleHead
 
-        variant = dict(fc_norm=recipe.fc_norm, norm_output=recipe.norm_output)
-        return PEagleHead.for_target(target, mask_token_id=mask_id, num_depths=recipe.num_depths, **shape, **variant)
+        options = head_options(recipe)
+        return PEagleHead.for_target(target, mask_token_id=mask_id, num_depths=recipe.num_depths, **shape, **options)
     block = dict(num_layers=recipe.num_layers, block_size=recipe.block_size, mask_token_id=mask_id, **shape)
     if kind == "dflash":
         from draftsmith.heads.dflash import DFlashHead
@@ -142,6 +142,8 @@ VARIANTS = [
     ("eagle", {"fc_norm": True, "norm_output": True, "draft_vocab_size": None, "aux_layers": [0, 2]}),
     ("eagle", {"draft_vocab_size": None, "vocab_map": "VOCAB_MAP"}),
     ("peagle", {"fc_norm": True, "draft_vocab_size": 64, "num_depths": 3}),
+    ("peagle", {"qk_norm": False, "draft_vocab_size": 64, "num_depths": 3}),
+    ("eagle", {"qk_norm": True, "draft_vocab_size": None}),
     ("dflash", {"draft_vocab_size": 64, "num_layers": 2}),
     ("dflash", {"aux_layers": [0, 1, 2]}),
     ("draft", {"draft_init": "truncate", "draft_layers": 1}),

@@ -19,7 +19,8 @@ predicts token t+2 (its output g_t is the next step's feature when drafting furt
   distribution restricted to the draft vocabulary (positions whose target argmax falls
   outside it are masked). The reduced draft vocabulary comes from
   the data's trained-token counts (`draft_vocab_size`) or a `vocab_map` file built from the
-  same data (a map of other data is refused). EAGLE-3.1: `fc_norm=true norm_output=true`.
+  same data (a map of other data is refused). EAGLE-3.1: `fc_norm=true norm_output=true`;
+  `qk_norm=true`: Qwen3's per-head q/k norms (speculators' `--draft-arch qwen3`).
 - online (the target runs in the loop, default) or offline (`hidden_cache`: a `cache-hidden`
   folder holding the aux layers and `last`); held-out per-step top-1 accuracy and simulated
   chain tau every `eval_every` steps; checkpoints and `resume=true` as for every trainer.
@@ -36,6 +37,7 @@ import torch
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import DIVERGENCES, divergence, smooth_l1
+from draftsmith.heads.layers import layer_value
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     describe_top1,
@@ -66,6 +68,7 @@ class EagleRecipe(RunRecipe):
     vocab_map: str | None = None  # eagle3: a `draftsmith vocab-map` file of this data instead
     fc_norm: bool = False  # eagle3 (EAGLE-3.1): an RMSNorm per aux layer before fc, each on its own scale
     norm_output: bool = False  # eagle3 (EAGLE-3.1): each TTT step reads norm(out), steadier over depths
+    qk_norm: bool = False  # eagle3: per-head q/k RMSNorm before RoPE; off as speculators' eagle3 trainer (llama layer)
     loss: str = "soft_ce"  # divergence to the target per draft step: any of DIVERGENCES (LK: nla, lk_hybrid)
     ttt_steps: int = 7  # eagle3 training-time test unroll (EAGLE-3: 7)
     ttt_decay: float = 0.8  # weight of step j: decay^j
@@ -89,6 +92,8 @@ class EagleRecipe(RunRecipe):
             )
         if self.version == "eagle1" and (self.fc_norm or self.norm_output):
             raise ValueError("fc_norm / norm_output are eagle3 options (EAGLE-3.1)")
+        if self.version == "eagle1" and self.qk_norm:
+            raise ValueError("qk_norm = true is an eagle3 option (speculators' qwen3 layer); version = 'eagle1'")
         if self.loss not in DIVERGENCES:
             raise ValueError(f"loss = {self.loss!r}: expected one of {', '.join(DIVERGENCES)}")
         if self.draft_vocab_size is not None and self.vocab_map:
@@ -113,11 +118,19 @@ def head_parameters(recipe: EagleRecipe, target) -> tuple[int, int]:
 def eagle3_parameters(recipe, target) -> int:
     """The trained part of an EAGLE-3 head (also of the heads built on it): the layer (q/k/v read
     2H) and its hidden_norm, fc over the n aux states (n H x H; `fc_norm`: one RMSNorm per aux state),
-    the final norm, and lm_head over the draft vocabulary (Vd x H)."""
+    the final norm, lm_head over the draft vocabulary (Vd x H), and (`qk_norm`) the q and k norms
+    (head_dim each)."""
     tc, H, V = target_dims(target)
     aux = aux_layer_count(recipe, tc)
     fc = aux * H * H + (aux * H if recipe.fc_norm else 0)
-    return layer_params(tc, 2 * H) + H + fc + H + draft_vocab(recipe, V) * H
+    qk = 2 * (layer_value(tc, "head_dim") or H // tc.num_attention_heads) if recipe.qk_norm else 0
+    return layer_params(tc, 2 * H) + H + fc + H + draft_vocab(recipe, V) * H + qk
+
+
+def head_options(recipe) -> dict:
+    """The EAGLE-3 options of the head a recipe (EAGLE-3's or P-EAGLE's) trains, as `for_target`
+    takes them."""
+    return {"fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output, "qk_norm": recipe.qk_norm}
 
 
 def aux_layer_count(recipe, text_config) -> int:
@@ -236,8 +249,9 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
 
     vocab_map = draft_vocab_map(recipe, data, V) if recipe.version == "eagle3" else None
     try:
-        eagle31 = {"fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output}
-        head = EagleHead.for_target(target, recipe.version, **eagle31, **head_origin(recipe, data, vocab_map))
+        head = EagleHead.for_target(
+            target, recipe.version, **head_options(recipe), **head_origin(recipe, data, vocab_map)
+        )
         head = head.to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None

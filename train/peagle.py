@@ -44,7 +44,7 @@ from draftsmith.train.common import (
     prepare_head,
     target_sizes,
 )
-from draftsmith.train.eagle import aux_layer_count, eagle3_parameters
+from draftsmith.train.eagle import aux_layer_count, eagle3_parameters, head_options
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
@@ -64,6 +64,7 @@ class PEagleRecipe(MaskedHeadRecipe):
     max_anchors: int | None = 512  # chains seeded per row (speculators: 512); null = every trained position
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux layer before fc
     norm_output: bool = False  # EAGLE-3.1: the head's output is post-norm
+    qk_norm: bool = True  # per-head q/k RMSNorm before RoPE: speculators' peagle trainer's qwen3 layer has it
     lr: float = 1e-4  # as EAGLE-3 at 7B; small heads on small targets take 1e-3
     grad_clip: float = 0.5
 
@@ -260,9 +261,9 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     mask_id, mask_source = mask_token(recipe, data, V)
     try:
         mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
-        eagle31 = {"fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output}
         origin = head_origin(recipe, data, vocab_map)
-        head = PEagleHead.for_target(target, num_depths=recipe.num_depths, **mask, **eagle31, **origin).to(device)
+        options = head_options(recipe)
+        head = PEagleHead.for_target(target, num_depths=recipe.num_depths, **mask, **options, **origin).to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))

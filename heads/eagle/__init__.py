@@ -18,6 +18,7 @@ from draftsmith.heads.eagle.formats import (
     save_eagle,
 )
 from draftsmith.heads.eagle.model import (
+    HEAD_OPTIONS,
     VARIANT_FLAGS,
     VERSIONS,
     EagleAttention,
@@ -36,6 +37,7 @@ __all__ = [
     "EagleDecoderLayer",
     "EagleError",
     "EagleHead",
+    "HEAD_OPTIONS",
     "LAYER_KEYS",
     "PEAGLE_ARCHITECTURE",
     "PEAGLE_KEYS",

@@ -67,6 +67,11 @@ SGLANG_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weigh
     f"midlayer.{k}" for k in LAYER_KEYS
 )
 VOCAB_MAP_KEYS = ("d2t", "t2d")  # only with a reduced draft vocabulary, in both formats
+QK_NORM_KEYS = ("layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight")  # with qk_norm only
+# speculators' EAGLE-3 draft layers by `transformer_layer_config.model_type` (its eagle3
+# model_definitions.model_classes: nothing else builds), and whether the layer has per-head q/k
+# norms (Qwen3DecoderLayer's attention has them, Llama's not): how the layout spells `qk_norm`.
+LAYER_TYPES = {"llama": False, "qwen3": True}
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,8 @@ def _required_keys(config: EagleConfig, fmt: str) -> set[str]:
         keys.add("input_norm.weight")
     if config.fc_norm:
         keys |= {f"fc_norm.{i}.weight" for i in range(config.num_aux)}
+    if config.qk_norm:
+        keys |= set(QK_NORM_KEYS)
     if config.attention_bias:  # vLLM builds q/k/v/o with bias=attention_bias (SGLang refuses it earlier)
         prefix = "layers.0." if fmt == "vllm" else "midlayer."
         keys |= {f"{prefix}self_attn.{p}_proj.bias" for p in "qkvo"}
@@ -156,7 +163,21 @@ def _layer_config_dict(config: EagleConfig) -> dict:
     d = config.layer_config().to_dict()
     for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
         d.pop(key, None)
-    d["architectures"] = ["LlamaForCausalLM"]
+    if config.qk_norm:
+        # speculators builds q/k norms from the layer's type, not from a flag: a qk_norm head is a
+        # one-layer qwen3 config of full attention (the llama-only keys dropped).
+        for key in ("mlp_bias", "pretraining_tp"):
+            d.pop(key, None)
+        d.update(
+            model_type="qwen3",
+            architectures=["Qwen3ForCausalLM"],
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=1,
+            layer_types=["full_attention"],
+        )
+    else:
+        d["architectures"] = ["LlamaForCausalLM"]
     # Servers on transformers 4.x read rope_theta / rope_scaling; 5.x reads rope_parameters.
     d["rope_theta"] = config.rope_parameters.get("rope_theta")
     if config.rope_parameters.get("rope_type", "default") != "default":
@@ -237,7 +258,9 @@ def _check_exportable(head: EagleHead, fmt: str, num_speculative_tokens: int) ->
             f"only layer inputs (ids 0..{L - 1})"
         )
     unsupported = [
-        flag for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if getattr(c, flag)
+        flag
+        for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "qk_norm")
+        if getattr(c, flag)
     ]
     if fmt == "sglang" and (c.attention_bias or unsupported or c.target_hidden_size not in (None, c.hidden_size)):
         raise EagleError(
@@ -384,6 +407,7 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
         if not isinstance(value, bool):
             raise EagleError(f"{str(path / 'config.json')!r}: {flag}={value!r}; expected true or false")
     variant["target_hidden_size"] = raw.get("target_hidden_size")
+    variant["qk_norm"] = _layer_qk_norm(path, layer)
     extension = EXTENSIONS.get(raw["speculators_model_type"])
     if extension is not None:
         variant.update(extension.read_fields(path, raw))
@@ -400,6 +424,24 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
     )
 
 
+def _layer_qk_norm(path: Path, layer: dict) -> bool:
+    """Whether the speculators `transformer_layer_config` builds per-head q/k norms: a `qwen3` layer
+    does, a `llama` one does not; speculators parses a layer without model_type as qwen3. Any other
+    type, or a llama MLP with biases (draftsmith's has none), is refused rather than misread."""
+    where = str(path / "config.json")
+    model_type = layer.get("model_type", "qwen3")
+    if model_type not in LAYER_TYPES:
+        raise EagleError(
+            f"{where!r}: transformer_layer_config.model_type={model_type!r}; speculators' EAGLE-3 layer is "
+            f"{' or '.join(map(repr, LAYER_TYPES))} (qwen3: per-head q/k norms), and so is draftsmith's"
+        )
+    if layer.get("mlp_bias"):
+        raise EagleError(
+            f"{where!r}: transformer_layer_config.mlp_bias={layer['mlp_bias']!r}; draftsmith's EAGLE-3 MLP has no biases"
+        )
+    return LAYER_TYPES[model_type]
+
+
 def _load_sglang(path: Path, raw: dict) -> EagleHead:
     if raw.get("num_hidden_layers", 1) != 1:
         raise EagleError(
@@ -411,7 +453,8 @@ def _load_sglang(path: Path, raw: dict) -> EagleHead:
     for key, tensor in _read_weights(path / WEIGHTS).items():
         key = key.removeprefix("model.")
         state["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = tensor
-    variant = {"target_hidden_size": raw.get("target_hidden_size")}
+    # SGLang's LlamaForCausalLMEagle3 has no q/k norms (a head with them is refused at export).
+    variant = {"target_hidden_size": raw.get("target_hidden_size"), "qk_norm": False}
     return _from_state(path, raw, raw, state, ids, variant, raw.get("draft_vocab_size"))
 
 
@@ -483,13 +526,27 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
     if config.draft_vocab_size == config.vocab_size:  # full vocabulary: the maps may be omitted
         state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         state.setdefault("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+    fc_in = config.num_aux * config.aux_hidden_size
+    if tuple(fc.shape) != (config.hidden_size, fc_in):
+        # vLLM reads target_hidden_size (fc over n x that width), speculators' own Eagle3DraftModel
+        # ignores it (fc over n x hidden_size): a file only one of them can load is refused here.
+        raise EagleError(
+            f"{str(path / WEIGHTS)!r}: fc.weight is {list(fc.shape)}, but config.json (target_hidden_size="
+            f"{config.target_hidden_size!r}, {config.num_aux} aux layers) asks for [{config.hidden_size}, {fc_in}]"
+        )
     with torch.device("meta"):  # no random init of tensors that are overwritten at once
         head = head_class(config)
     expected = set(head.state_dict())
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
+        hint = ""
+        if any(k.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for k in missing + extra):
+            hint = (
+                f"; q/k norms come with a qwen3 transformer_layer_config and only with it (this one is "
+                f"{layer.get('model_type', 'untyped')!r}, qk_norm={config.qk_norm})"
+            )
         raise EagleError(
-            f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}"
+            f"{str(path / WEIGHTS)!r} does not match its config: missing {missing[:6]}, unexpected {extra[:6]}{hint}"
         )
     try:
         head.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)

@@ -27,6 +27,11 @@ Both versions read, at position t, the embedding of token t+1 and a feature of p
   (the logits are lm_head(norm(out)) either way); `norm_before_residual` residual =
   hidden_norm(h); `embed_requires_grad` the embeddings train; `target_hidden_size` the width of
   the target's states that fc reads (None = hidden_size: the draft is as wide as the target).
+- `qk_norm` (a layer option, not a speculators top-level flag): a per-head RMSNorm on q and on k
+  (`self_attn.q_norm`, `self_attn.k_norm`, [head_dim] each) after the projections and BEFORE RoPE,
+  as Qwen3's attention. speculators has it exactly when its `transformer_layer_config` is a `qwen3`
+  layer (`Qwen3DecoderLayer`; a `llama` one has none); its trainer's default layer is `llama` for
+  eagle3 and `qwen3` for peagle, so draftsmith's EAGLE-3 recipe trains without and P-EAGLE's with.
 
 Auxiliary layer ids are HF `output_hidden_states` indices: i = the INPUT of decoder layer i
 (0 = the embedding output), L = the last layer's output after the final norm. Default for
@@ -40,8 +45,10 @@ Layouts (`load_eagle` tells them apart by config.json):
 - "vllm" (the speculators format, as the speculators trainer writes it; vLLM reads it through
   `SpeculatorsConfig` and builds `Eagle3LlamaForCausalLM`): keys `fc.weight`, `layers.0.*`,
   `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, `d2t`, `t2d` (the last two only with a
-  reduced vocabulary). vLLM captures `hidden_states + residual` BEFORE layer i, i.e. HF index i:
-  the ids are written as they are. Ids equal to L (post-norm) cannot be captured by a server.
+  reduced vocabulary); `transformer_layer_config` is a llama layer, or a qwen3 one with `qk_norm`
+  (its `layers.0.self_attn.q_norm`/`k_norm` beside). vLLM captures `hidden_states + residual`
+  BEFORE layer i, i.e. HF index i: the ids are written as they are. Ids equal to L (post-norm)
+  cannot be captured by a server.
 - "sglang" (`LlamaForCausalLMEagle3`): a flat llama config, keys `midlayer.*` instead of
   `layers.0.*`. SGLang adds 1 to the ids it reads from `eagle_config` ("the ith layer takes the
   output of the (i-1)th layer"), so the ids are written minus one.
@@ -75,6 +82,9 @@ VERSIONS = ("eagle1", "eagle3")
 # EagleConfig's switches of the EAGLE-3 layer as speculators' config spells them (module docstring);
 # target_hidden_size is not one: a head built for a target is always as wide as the target.
 VARIANT_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
+# What `for_target` takes beside the aux layers and the vocabulary: the flags, and `qk_norm`, which the
+# speculators layout spells as the layer's model_type (qwen3) rather than as a flag of its own.
+HEAD_OPTIONS = (*VARIANT_FLAGS, "qk_norm")
 
 
 class EagleError(ValueError):
@@ -111,6 +121,7 @@ class EagleConfig(PretrainedConfig):
         norm_output: bool = False,  # eagle3 (EAGLE-3.1): feed norm(out) back, steadier magnitudes over depths
         embed_requires_grad: bool = False,  # the embeddings train too (default: the target's, frozen)
         target_hidden_size: int | None = None,  # eagle3: width of the target's aux states; None = hidden_size
+        qk_norm: bool = False,  # eagle3: per-head RMSNorm on q and k before RoPE (speculators' qwen3 layer)
         initializer_range: float = 0.02,
         rope_theta: float | None = None,  # legacy spelling, folded into rope_parameters
         **kwargs,  # the provenance (layers.PROVENANCE: target, data hashes), then PretrainedConfig's
@@ -132,7 +143,12 @@ class EagleConfig(PretrainedConfig):
             )
         if not 1 <= draft_vocab_size <= vocab_size:
             raise EagleError(f"EagleConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
-        variants = {"norm_before_fc": norm_before_fc, "fc_norm": fc_norm, "norm_output": norm_output}
+        variants = {
+            "norm_before_fc": norm_before_fc,
+            "fc_norm": fc_norm,
+            "norm_output": norm_output,
+            "qk_norm": qk_norm,
+        }
         for name, value in {
             **variants,
             "norm_before_residual": norm_before_residual,
@@ -170,6 +186,7 @@ class EagleConfig(PretrainedConfig):
         self.norm_before_residual = norm_before_residual
         self.norm_before_fc, self.fc_norm, self.norm_output = norm_before_fc, fc_norm, norm_output
         self.embed_requires_grad, self.target_hidden_size = embed_requires_grad, target_hidden_size
+        self.qk_norm = qk_norm
         self.initializer_range = initializer_range
         super().__init__(**kwargs)
 
@@ -190,18 +207,26 @@ class EagleConfig(PretrainedConfig):
 
 # ---------------------------------------------------------------------- the decoder layer
 class EagleAttention(nn.Module):
-    """Llama attention (RoPE, GQA) whose q/k/v read `in_features` (2H for EAGLE-3)."""
+    """Llama attention (RoPE, GQA) whose q/k/v read `in_features` (2H for EAGLE-3); with `qk_norm`,
+    Qwen3's: q and k RMS-normalised per head before RoPE."""
 
     def __init__(self, config: EagleConfig, in_features: int):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(c, in_features, EagleError)
+        self.qk_norm = c.qk_norm
+        if c.qk_norm:  # one gain per channel of a head, shared by the heads (Qwen3Attention's q_norm/k_norm)
+            self.q_norm = LlamaRMSNorm(c.head_dim, eps=c.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(c.head_dim, eps=c.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, cache) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, heads, hd]
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, kv_heads, hd]
+        if self.qk_norm:  # over each head's hd channels, before RoPE: the cache keeps normed, rotated keys
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # keys are cached after RoPE, as in HF
         return self.o_proj(attend(q, k, v, mask, cache, 0))
@@ -293,12 +318,12 @@ class EagleHead(PreTrainedModel):
     ) -> EagleHead:
         """A head shaped like `target`'s decoder layers, on its device and dtype: embeddings copied
         (frozen), lm_head copied (EAGLE-1: frozen; EAGLE-3: the rows of the draft vocabulary).
-        `variant`: EAGLE-3 flags of `EagleConfig` (VARIANT_FLAGS, e.g. fc_norm=True, norm_output=True)."""
+        `variant`: EAGLE-3 options of `EagleConfig` (HEAD_OPTIONS, e.g. fc_norm=True, qk_norm=True)."""
         if version not in VERSIONS:
             raise EagleError(f"version {version!r}: expected one of {', '.join(map(repr, VERSIONS))}")
-        unknown = sorted(set(variant) - set(VARIANT_FLAGS))
+        unknown = sorted(set(variant) - set(HEAD_OPTIONS))
         if unknown:
-            raise EagleError(f"for_target: unknown option(s) {unknown}; variant flags are {', '.join(VARIANT_FLAGS)}")
+            raise EagleError(f"for_target: unknown option(s) {unknown}; the options are {', '.join(HEAD_OPTIONS)}")
         tc = target.config.get_text_config()
         L = tc.num_hidden_layers
         lm_weight, embed_weight = target_weights(target, EagleError)

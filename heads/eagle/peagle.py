@@ -19,6 +19,10 @@ eagle3 config plus `mask_token_id`):
   each depth's distribution depends on the context only, never on the tokens drafted before it;
 - `num_depths` (K) is what the head was trained to draft (speculators' default 8), recorded in
   the config and in the export's proposal (`speculative_tokens`).
+- the layer: EAGLE-3's options hold (`for_target(**variant)`); speculators' trainer builds a peagle
+  draft on a `qwen3` layer (per-head q/k norms, EAGLE-3's `qk_norm`), so `train/peagle.py` trains
+  `qk_norm` on by default, while `for_target` keeps EagleConfig's default (off), as a head saved
+  before the option existed loads.
 The mask token is chosen as every one-pass head's is (`draftsmith.heads.layers.choose_mask_token`): the
 recipe's id, else the tokenizer's mask token, else a reserved unused id; `mask_token_source` says
 which. The layouts on disk are EAGLE-3's (`draftsmith.heads.eagle.formats`): `save_eagle`,
