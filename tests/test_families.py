@@ -4,8 +4,8 @@ of attention and recurrent layers included), tiny and random:
 - greedy decoding is HF `generate`'s, token for token, at batch 1 and 3 (prompts of 7, 12 and 3
   tokens: left padding in the prefill), target-only and through three drafters: the target as its
   own draft (every draft accepted: each call keeps every column), a noisy copy of it (drafts
-  rejected at every depth: each row keeps its own prefix, its recurrent state rolled back to it)
-  and prompt lookup; with an eos that ends rows at different calls (rows leave the batch);
+  rejected at every depth: each row keeps its own prefix, its recurrent state rolled back to it),
+  prompt lookup and, on the attention-only families, an EAGLE-2 tree of an untrained EAGLE-3 head; with an eos that ends rows at different calls (rows leave the batch);
 - on a hybrid (Qwen3.5: Gated DeltaNet + attention) sampling is lossless (chi-square at T = 1 with
   top-k and at T = 0.7 with top-p), and a rollback that keeps the last fed column's state is caught;
 - what is refused is refused in one line: trees and --compile on a hybrid, MiniMax (its own cache
@@ -20,7 +20,9 @@ import torch
 from draftsmith.decoding import DraftModelDrafter, generate, generate_batch, recurrent
 from draftsmith.decoding.drafters import PromptLookupDrafter
 from draftsmith.decoding.eagle import EagleDrafter
+from draftsmith.decoding.recurrent import state_layers
 from draftsmith.eval.lossless import check_lossless
+from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.toy import MATRIX, tiny_model, tiny_pair
 
 REFUSED = {"minimax"}
@@ -51,6 +53,10 @@ def test_greedy_decoding_is_the_targets_own(family):
         "noisy draft": DraftModelDrafter(noisy),
         "prompt lookup": PromptLookupDrafter(),
     }
+    if not state_layers(target.config, "the target"):  # trees: an untrained EAGLE-3 head's EAGLE-2 tree
+        layers = target.config.get_text_config().num_hidden_layers
+        head = EagleHead.for_target(target, "eagle3", aux_layer_ids=[0, layers // 2, layers])
+        drafters["eagle tree"] = EagleDrafter(head, tree={"depth": 2, "top_k": 2, "total_tokens": 5})
     for name, drafter in drafters.items():
         batch = generate_batch(target, prompts, drafter, max_new_tokens=NEW, num_draft_tokens=3)
         assert batch.tokens == expected, f"{family}, {name}, batch 3"
@@ -116,8 +122,6 @@ def test_a_rollback_that_keeps_the_last_columns_state_is_caught(close_pair, monk
 
 
 def test_trees_compile_and_minimax_are_refused_in_one_line():
-    from draftsmith.heads.eagle import EagleHead
-
     target = tiny_model(HYBRID)
     head = EagleHead.for_target(target, "eagle3", aux_layer_ids=[1, 2, 3])
     tree = EagleDrafter(head, tree={"depth": 2, "top_k": 2, "total_tokens": 4})
