@@ -97,7 +97,6 @@ class RowStates:
         # Per layer and state index: conv [B, C, kernel] and recurrent [B, ...], None before the first forward.
         self.conv = {i: [None] * n for i, n in self.numbers.items()}
         self.recurrent = {i: [None] * n for i, n in self.numbers.items()}
-        self.started: list[bool] | None = None  # per physical row: holds a state (set by the store)
         self._pending = None  # the last forward's per-column states
         self._journal: list | None = None  # states per column since `checkpoint` (index 0: at it)
 
@@ -113,20 +112,29 @@ class RowStates:
             layer.prime(self.conv[i], self.recurrent[i], keep)
         self._width, self._every = width, keep == width
         # A row's real tokens have increasing positions from its count on; left padding sits at 0
-        # before them: on a fresh row the columns before its last position-0 column.
+        # before them: on a fresh row the columns before its last position-0 column, on a started
+        # row any column at 0 (one device sync in a decode, where every row has started).
         zero = positions == 0  # [B, W]
+        if all(started):
+            if bool(zero.any()):
+                raise ValueError(self._left_padding)
+            return None
         cols = torch.arange(width, device=positions.device)
         last_zero = torch.where(zero, cols, -1).amax(1)  # [B]: -1 when none
         pads = (cols[None] < last_zero[:, None]).cpu()
         fresh = torch.tensor([not s for s in started])
         if (pads.any(1) & ~fresh).any() or (zero.cpu() & ~fresh[:, None]).any():
-            raise ValueError(
-                f"{self.owner}'s recurrent layers were fed left padding after a row's tokens: a state cannot "
-                "skip a column (feed such rows' blocks left-aligned, padding after their tokens)"
-            )
+            raise ValueError(self._left_padding)
         if not pads.any():
             return None
         return (~pads).to(device=positions.device, dtype=dtype)
+
+    @property
+    def _left_padding(self) -> str:
+        return (
+            f"{self.owner}'s recurrent layers were fed left padding after a row's tokens: a state cannot "
+            "skip a column (feed such rows' blocks left-aligned, padding after their tokens)"
+        )
 
     def end(self) -> None:
         """After the forward: the states after each fed column, per layer (`_pending`)."""
