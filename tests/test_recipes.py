@@ -7,14 +7,22 @@ import pytest
 from draftsmith.train.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
+#: Recipes of trainers that take a head of any method instead of being one (not in the registry):
+#: file name -> (the recipe class, the trainer's script).
+POST_TRAINERS = {"onpolicy": ("draftsmith.train.onpolicy:OnPolicyRecipe", "train/onpolicy.py")}
 
 
 def config_for(path: Path):
     """(the recipe class, the trainer's script) of the registered method whose recipe names the
-    file's (`Method.recipe_files`; medusa2.yaml is a Medusa recipe)."""
+    file's (`Method.recipe_files`; medusa2.yaml is a Medusa recipe), or of a POST_TRAINERS entry."""
+    import importlib
+
     from draftsmith.heads.registry import METHODS
 
     name = path.stem
+    if name in POST_TRAINERS:
+        (module, _, cls), script = POST_TRAINERS[name][0].partition(":"), POST_TRAINERS[name][1]
+        return getattr(importlib.import_module(module), cls), script
     for exact in (True, False):
         for method in METHODS.values():
             if any(name == r if exact else name.startswith(r) for r in method.recipe_files):

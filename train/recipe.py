@@ -171,7 +171,7 @@ def _expected_type(cls, name):
 
 
 def _check_value(cls, name: str, value, where: str):
-    """Light type check against the dataclass annotation (int/float/bool/str/list/None)."""
+    """Light type check against the dataclass annotation (int/float/bool/str/list/dict/None)."""
     hint = _expected_type(cls, name)
     origin = typing.get_origin(hint)
     options = (
@@ -196,6 +196,8 @@ def _check_value(cls, name: str, value, where: str):
             return os.path.expanduser(value) if value.startswith("~") else value
         if base in (list, tuple) and isinstance(value, (list, tuple)):
             return list(value)
+        if base is dict and isinstance(value, dict):  # a mapping of another recipe's keys (train/onpolicy.py)
+            return dict(value)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
     raise RecipeError(f"{where}: {name} = {value!r} should be {names}")
 
