@@ -172,11 +172,14 @@ def split_kl(p: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, tor
     """(m, KL(p_V || q)) over the last axis, V = the draft's vocabulary (finite q logits):
     m = sum_{x not in V} p(x), the target mass the draft cannot propose, and the KL of p restricted
     to V and renormalised, p_V = p 1[V] / (1 - m). A full-vocabulary draft has m = 0 and the full
-    KL; a reduced draft vocabulary gets a finite KL where KL(p || q) is inf."""
+    KL; a reduced draft vocabulary gets a finite KL where KL(p || q) is inf. p_V is normalised by
+    its own sum, never by 1 - m: when the target puts almost all its mass outside V (a DFlash2
+    candidate set the target does not rank), 1 - m cancels to float noise and the KL explodes."""
     p = p.float()
     vocab = torch.isfinite(q_logits)
     m = torch.where(vocab, torch.zeros_like(p), p).sum(-1)
-    p_v = torch.where(vocab, p, torch.zeros_like(p)) / (1 - m).clamp(min=1e-12)[..., None]
+    inside = torch.where(vocab, p, torch.zeros_like(p))
+    p_v = inside / inside.sum(-1, keepdim=True).clamp(min=torch.finfo(p.dtype).tiny)
     log_q = torch.log_softmax(q_logits.float(), -1)
     terms = torch.where(p_v > 0, p_v * (torch.log(p_v) - log_q), torch.zeros_like(p_v))
     return m, terms.sum(-1)

@@ -272,6 +272,21 @@ def test_split_kl_full_and_reduced_vocabulary():
     assert bool(torch.isinf(kl_divergence(p, torch.softmax(reduced, -1))).all())  # what the full KL says
 
 
+def test_split_kl_when_the_target_puts_almost_nothing_on_the_draft_vocabulary():
+    # a 16-candidate support (DFlash2) the target gives ~1e-7 of its mass: 1 - m cancels in float32
+    logits = torch.full((1, 1000), -30.0)
+    logits[0, 500] = 0.0
+    logits[0, :16] = torch.linspace(-16.0, -17.0, 16)
+    p = torch.softmax(logits, -1)
+    q_logits = torch.full((1, 1000), float("-inf"))
+    q_logits[0, :16] = torch.linspace(0.0, -3.0, 16)
+    m, kl = split_kl(p, q_logits)
+    p_v = p[:, :16].double() / p[:, :16].double().sum(-1, keepdim=True)
+    expected = (p_v * (p_v.log() - torch.log_softmax(q_logits[:, :16].double(), -1))).sum(-1)
+    assert float(1 - m) < 1e-5
+    torch.testing.assert_close(kl.double(), expected, rtol=1e-4, atol=1e-4)
+
+
 class ReducedVocabDraft(DraftModelDrafter):
     """A draft that can only propose the first `size` tokens (EAGLE-3's reduced vocabulary)."""
 
