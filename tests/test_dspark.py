@@ -13,7 +13,8 @@ import torch
 from fixtures import VOCAB, greedy_answers_batch
 
 from draftsmith.decoding import generate, generate_batch
-from draftsmith.decoding.dspark import DSparkDrafter
+from draftsmith.decoding.admission import ConfidenceAdmission, admitted_counts
+from draftsmith.decoding.dspark import DSparkDrafter, dspark_rows
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.distill.acceptance import walk_tau
 from draftsmith.distill.losses import dpace_weights
@@ -230,3 +231,87 @@ def test_sampling_config_is_unchanged_by_the_correction(fitted):
         target, [prompts[1]], DSparkDrafter(head), num_draft_tokens=BLOCK, max_new_tokens=12, sampling=SamplingConfig()
     ).tokens[0]
     assert a == b
+
+
+# ------------------------------------------------------------------ confidence admission
+
+
+class FixedCosts(ConfidenceAdmission):
+    """An admission whose verify cost is a fixed curve, v(n) = 1 + slope (n - 1) at any batch, and
+    whose drafting costs nothing: its counts follow the confidences alone, the same on any machine."""
+
+    def __init__(self, slope: float):
+        super().__init__(target=None)
+        self.slope = slope
+
+    def _measure(self, batch, widths):
+        return {n: 1.0 + self.slope * (n - 1) for n in widths}
+
+    def record_draft(self, seconds):
+        pass
+
+
+def test_admission_stops_at_the_first_level_that_does_not_pay():
+    survival = torch.tensor([[0.9, 0.5, 0.45], [0.8, 0.1, 0.09]])
+    linear = lambda w: 1.0 + 0.5 * (w - 1)  # noqa: E731
+    # E = 2 / 1 = 2; one draft each: 3.7 / 1.5 = 2.47; two: 4.3 / 2 = 2.15, no rise: stop
+    assert admitted_counts(survival, [3, 3], linear, 0.0) == [1, 1]
+    # a row that drafts nothing still pays the padded width: 2.9 / 1.5 < 2; at a slope of 0.2,
+    # 2.9 / 1.2 = 2.417, 3.4 / 1.4 = 2.429, 3.85 / 1.6 = 2.406
+    assert admitted_counts(survival, [3, 0], linear, 0.0) == [0, 0]
+    assert admitted_counts(survival, [3, 0], lambda w: 1.0 + 0.2 * (w - 1), 0.0) == [2, 0]
+    assert admitted_counts(survival, [3, 3], lambda w: 1.0, 0.0) == [3, 3]  # free verification: all
+    assert admitted_counts(survival, [3, 3], lambda w: float(w), 0.0) == [0, 0]  # each level a full step
+    # a drafting call already paid makes a longer verification worth more
+    assert admitted_counts(survival, [3, 3], linear, 5.0) == [3, 3]
+    # a level that does not pay ends the scan even if a wider one would (a stopping rule: draft k
+    # is never kept or dropped for what the drafts after it look like)
+    dip = {1: 1.0, 2: 1.5, 3: 2.5, 4: 2.0}
+    assert admitted_counts(survival, [3, 3], dip.__getitem__, 0.0) == [1, 1]
+
+
+def test_only_a_head_with_a_confidence_head_has_an_admitted_row(pairs):
+    target, _ = pairs("llama")
+    assert set(dspark_rows(_head(target), target, "ds")) == {"ds", "ds-admit"}
+    bare = _head(target, enable_confidence_head=False)
+    assert set(dspark_rows(bare, target, "ds")) == {"ds"}
+    with pytest.raises(ValueError, match="confidence head"):
+        DSparkDrafter(bare, admission=FixedCosts(0.1))
+
+
+def test_admitted_drafts_decode_greedy_identical_with_measured_costs(fitted):
+    target, head, prompts, _ = fitted
+    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
+    admitted = DSparkDrafter(head, name="admit", admission=ConfidenceAdmission(target, repeats=1))
+    out = generate_batch(target, prompts[:4], admitted, num_draft_tokens=BLOCK, max_new_tokens=24)
+    assert out.tokens == references
+    assert set(admitted.admission._verify) == {4} and sorted(admitted.admission._verify[4]) == [1, 2, 3, 4, 5]
+    out = generate(target, admitted, prompts[0], max_new_tokens=24, num_draft_tokens=BLOCK)
+    assert out.tokens == references[0] and set(admitted.admission._verify) == {1, 4}
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_admitted_sampled_decode_is_lossless(fitted, batch_size):
+    """check_lossless with counts that vary from call to call with the confidences."""
+    target, head, prompts, _ = fitted
+    drafter = DSparkDrafter(head, admission=FixedCosts(0.35))
+    counts = []
+    propose = drafter.propose
+
+    def watch(contexts, num_tokens, sampling, generators):
+        proposal = propose(contexts, num_tokens, sampling, generators)
+        counts.extend(proposal.counts)
+        return proposal
+
+    drafter.propose = watch
+    result = check_lossless(
+        target,
+        drafter,
+        prompts[0],
+        num_draft_tokens=BLOCK,
+        samples=150 * batch_size,
+        progress=False,
+        batch_size=batch_size,
+    )
+    assert len(set(counts)) >= 2, set(counts)  # the admission decided, call by call
+    assert result.passed, result.describe()
