@@ -123,7 +123,12 @@ def _validate(config, target: PreTrainedModel) -> None:
     try:
         validate()
     except (ValueError, TypeError, StrictDataclassError) as err:  # transformers 5 raises the latter
-        raise DraftBuildError(f"draft config derived from target {_name(target)!r} is invalid: {err}") from None
+        reason = str(err).strip().splitlines()[-1].strip()  # transformers' last line says why
+        layers = getattr(_text_config(config), "num_hidden_layers", None)
+        raise DraftBuildError(
+            f"a draft of {layers} layer(s) derived from target {_name(target)!r} is not a valid "
+            f"{type(config).__name__}: {reason}"
+        ) from None
 
 
 def _build(config, target: PreTrainedModel) -> PreTrainedModel:
