@@ -35,6 +35,7 @@ import torch
 
 from draftsmith.train.draft_opd import REPLAYS, Episode, OPDWeights, replay_batch, replay_losses
 from draftsmith.train.recipe import RecipeError, RunRecipe, _check_value, recipe_dict
+from draftsmith.train.run import data_target_note
 from draftsmith.train.run_folder import check_out_writable, refuse_earlier_run
 
 KINDS = tuple(REPLAYS)  # what `kind` may be: the methods whose calls can be replayed
@@ -157,25 +158,6 @@ def method_recipe(recipe: OnPolicyRecipe, method, head=None):
         raise RecipeError(str(err) if str(err).startswith("method_recipe") else f"method_recipe: {err}") from None
 
 
-def check_data_target(recipe: OnPolicyRecipe, data, target) -> None:
-    """Data of another target holds another tokenizer's prompts: an error naming both (`heads.provenance`)."""
-    from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
-
-    recorded = TargetRecord.of_description(data.provenance.get("target"))
-    try:
-        note = check_target_provenance(
-            f"data {str(data.dir)!r}",
-            recorded,
-            target,
-            allow_mismatch=recipe.allow_target_mismatch,
-            flag="set allow_target_mismatch=true",
-        )
-    except ProvenanceError as err:
-        raise RecipeError(str(err)) from None
-    if note:
-        print(note, file=sys.stderr)
-
-
 # ---------------------------------------------------------------------- rollouts and evaluation
 def rollout(target, drafter, prompts: list[list[int]], recipe: OnPolicyRecipe, k: int, seed: int) -> list[Episode]:
     """Each prompt decoded by the decoder with `drafter`, every call recorded (`RecordingDrafter`)."""
@@ -265,7 +247,9 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
         raise RecipeError(f"data {recipe.data!r} ({len(data)} rows) leaves no training or no held-out row")
     heldout = heldout_prompts(data, heldout_rows, recipe.eval_prompts)
     target = load_causal_lm(recipe.target, device=device, dtype=dtype, role="target").requires_grad_(False)
-    check_data_target(recipe, data, target)
+    note = data_target_note(recipe, data, target)
+    if note:
+        print(note, file=sys.stderr)
 
     def drafter_of(folder):
         try:

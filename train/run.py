@@ -34,6 +34,25 @@ from draftsmith.train.recipe import RecipeError, recipe_dict, run_info
 from draftsmith.train.run_folder import check_out_writable, drop_metrics_after, latest_checkpoint, refuse_earlier_run
 
 
+def data_target_note(recipe, data, target) -> str | None:
+    """Data another target generated teaches another model's answers: a RecipeError naming both
+    (`heads.provenance`), unless `recipe.allow_target_mismatch` says `target` is a fine-tune of
+    that one; then the note to print (None when they are the same)."""
+    from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
+
+    recorded = TargetRecord.of_description(data.provenance.get("target"))
+    try:
+        return check_target_provenance(
+            f"data {str(data.dir)!r}",
+            recorded,
+            target,
+            allow_mismatch=recipe.allow_target_mismatch,
+            flag="set allow_target_mismatch=true",
+        )
+    except ProvenanceError as err:
+        raise RecipeError(str(err)) from None
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (a non-finite loss, a checkpoint that does not fit); the message says
     what happened and what on disk is still good."""
@@ -205,21 +224,8 @@ class TrainingRun:
         return target, data, *training_rows(self.recipe, data, first)
 
     def check_data_target(self, data, target) -> None:
-        """Data another target generated teaches another model's answers: an error naming both
-        (`heads.provenance`), unless the recipe says `target` is a fine-tune of that one."""
-        from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
-
-        recorded = TargetRecord.of_description(data.provenance.get("target"))
-        try:
-            note = check_target_provenance(
-                f"data {str(data.dir)!r}",
-                recorded,
-                target,
-                allow_mismatch=self.recipe.allow_target_mismatch,
-                flag="set allow_target_mismatch=true",
-            )
-        except ProvenanceError as err:
-            raise RecipeError(str(err)) from None
+        """`data_target_note`, printed by the main process."""
+        note = data_target_note(self.recipe, data, target)
         if note:
             self.print(note)
 
