@@ -283,6 +283,31 @@ def export_folder(
     return write_folder_atomic(out, write, overwrite=False, error=layout.error)
 
 
+def draft_layer_fields(layer: dict) -> dict:
+    """The config fields of a draft layer given as a HF decoder config dict (speculators'
+    `transformer_layer_config`, SpecForge's whole config): sizes, norm, RoPE (its
+    `rope_parameters`, else the older `rope_scaling` + `rope_theta`), bias, activation, vocabulary.
+    A KeyError names a missing required field."""
+    rope = layer.get("rope_parameters") or {
+        **(layer.get("rope_scaling") or {"rope_type": "default"}),
+        "rope_theta": layer.get("rope_theta", 10000.0),
+    }
+    return dict(
+        hidden_size=layer["hidden_size"],
+        intermediate_size=layer["intermediate_size"],
+        num_hidden_layers=layer["num_hidden_layers"],
+        num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer.get("num_key_value_heads"),
+        head_dim=layer.get("head_dim"),
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        rope_parameters=rope,
+        max_position_embeddings=layer["max_position_embeddings"],
+        attention_bias=bool(layer.get("attention_bias")),
+        hidden_act=layer.get("hidden_act", "silu"),
+        vocab_size=layer["vocab_size"],
+    )
+
+
 def config_from_speculators(path: Path, raw: dict, layout: BlockLayout = DFLASH):
     """The config of a speculators folder of `layout`'s type (this exporter's, or the speculators
     trainer's with full attention and the head's own slot convention)."""
@@ -305,25 +330,10 @@ def config_from_speculators(path: Path, raw: dict, layout: BlockLayout = DFLASH)
         raise error(f"{where}: target_hidden_size={raw['target_hidden_size']} differs from the draft's hidden size")
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
-    rope = layer.get("rope_parameters") or {
-        **(layer.get("rope_scaling") or {"rope_type": "default"}),
-        "rope_theta": layer.get("rope_theta", 10000.0),
-    }
     try:
         return layout.config(
             **layout.from_speculators(raw),
-            hidden_size=layer["hidden_size"],
-            intermediate_size=layer["intermediate_size"],
-            num_hidden_layers=layer["num_hidden_layers"],
-            num_attention_heads=layer["num_attention_heads"],
-            num_key_value_heads=layer.get("num_key_value_heads"),
-            head_dim=layer.get("head_dim"),
-            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-            rope_parameters=rope,
-            max_position_embeddings=layer["max_position_embeddings"],
-            attention_bias=bool(layer.get("attention_bias")),
-            hidden_act=layer.get("hidden_act", "silu"),
-            vocab_size=layer["vocab_size"],
+            **draft_layer_fields(layer),
             draft_vocab_size=raw.get("draft_vocab_size"),
             block_size=raw.get("block_size", 8),
             mask_token_id=raw["mask_token_id"],

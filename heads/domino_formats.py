@@ -43,6 +43,7 @@ from draftsmith.heads.dflash_formats import (
     PROVENANCE_KEY,
     WEIGHTS,
     BlockLayout,
+    draft_layer_fields,
     load_dflash,
     required_keys,
     save_dflash,
@@ -170,10 +171,6 @@ def config_from_specforge(path: Path, raw: dict) -> DominoConfig:
             f"{where}: sliding-window draft layers are not implemented (layer_types {raw['layer_types']})"
         )
     provenance = dict(raw.get(PROVENANCE_KEY) or {})
-    rope = raw.get("rope_parameters") or {
-        **(raw.get("rope_scaling") or {"rope_type": "default"}),
-        "rope_theta": raw.get("rope_theta", 10000.0),
-    }
     try:
         L = raw.get("num_target_layers") or provenance.get("target_num_layers")
         ids = flash.get("target_layer_ids")
@@ -182,18 +179,7 @@ def config_from_specforge(path: Path, raw: dict) -> DominoConfig:
         return DominoConfig(
             gru_hidden=flash["gru_hidden_dim"],
             proj_dim=flash["emb_dim"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_hidden_layers=raw["num_hidden_layers"],
-            num_attention_heads=raw["num_attention_heads"],
-            num_key_value_heads=raw.get("num_key_value_heads"),
-            head_dim=raw.get("head_dim"),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_parameters=rope,
-            max_position_embeddings=raw["max_position_embeddings"],
-            attention_bias=bool(raw.get("attention_bias")),
-            hidden_act=raw.get("hidden_act", "silu"),
-            vocab_size=raw["vocab_size"],
+            **draft_layer_fields(raw),
             block_size=raw["block_size"],
             mask_token_id=flash["mask_token_id"],
             aux_layer_ids=[int(i) + 1 for i in ids],  # SpecForge's layer_id reads hidden_states[layer_id + 1]
