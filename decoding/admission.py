@@ -30,13 +30,12 @@ synchronised calls.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 
 from draftsmith.decoding.kv import model_cache
-from draftsmith.decoding.target import synchronize
+from draftsmith.decoding.target import forward_seconds
 
 CONTEXT_TOKENS = 128  # cached tokens per row before the timed forwards: a decode's typical depth
 REPEATS = 5  # timed forwards per width: their median
@@ -81,30 +80,16 @@ class ConfidenceAdmission:
         known.update(self._measure(batch, widths))
         return time.perf_counter() - start
 
-    @torch.inference_mode()
     def _measure(self, batch: int, widths: list[int]) -> dict[int, float]:
         device, vocab = self.target.device, self.target.get_output_embeddings().weight.shape[0]
-        length = self.context_tokens + max(widths)
-        ids = (torch.arange(length, device=device) * 7919 % vocab)[None].repeat(batch, 1)
-        positions = torch.arange(length, device=device)[None].repeat(batch, 1)
         base = self.context_tokens
+        ids = (torch.arange(base + max(widths), device=device) * 7919 % vocab)[None].repeat(batch, 1)
+        positions = torch.arange(ids.shape[1], device=device)[None].repeat(batch, 1)
         kv = model_cache(self.target, "admission", batch, None)
-        kv.forward(self.target, ids[:, :base], positions[:, :base], logits_to_keep=1)
+        with torch.inference_mode():
+            kv.forward(self.target, ids[:, :base], positions[:, :base], logits_to_keep=1)
         kv.commit_spans(base)
-
-        def once(n: int) -> float:
-            synchronize(device)
-            t0 = time.perf_counter()
-            kv.forward(self.target, ids[:, base : base + n], positions[:, base : base + n])
-            synchronize(device)
-            seconds = time.perf_counter() - t0
-            kv.commit_spans(n, None, [0] * batch)  # kept by no row: cut again
-            return seconds
-
-        for n in widths:
-            once(n)  # warm-up
-        samples = {n: [once(n) for _ in range(self.repeats)] for n in widths}
-        return {n: statistics.median(s) for n, s in samples.items()}
+        return forward_seconds(self.target, kv, ids, positions, base, widths, repeats=self.repeats)
 
     def record_draft(self, seconds: float) -> None:
         self._draft_total += seconds
@@ -119,12 +104,3 @@ class ConfidenceAdmission:
     def counts(self, survival: torch.Tensor, caps: list[int]) -> list[int]:
         draft = self._draft_total / self._draft_calls if self._draft_calls else 0.0
         return admitted_counts(survival, caps, self.verify_seconds, draft)
-
-
-def timed(device, call):
-    """(call(), its device-synchronised seconds)."""
-    synchronize(device)
-    start = time.perf_counter()
-    out = call()
-    synchronize(device)
-    return out, time.perf_counter() - start

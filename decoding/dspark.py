@@ -20,9 +20,10 @@ import dataclasses
 
 import torch
 
-from draftsmith.decoding.admission import ConfidenceAdmission, timed
+from draftsmith.decoding.admission import ConfidenceAdmission
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.decoding.drafters import Proposal
+from draftsmith.decoding.target import timed
 
 
 class DSparkDrafter(DFlashDrafter):

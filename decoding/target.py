@@ -3,6 +3,8 @@ prompt checks, ragged blocks, device timing."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +17,41 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def timed(device: torch.device, call):
+    """(call(), its device-synchronised seconds)."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+@torch.inference_mode()
+def forward_seconds(model, kv, ids, positions, base: int, sizes, *, repeats: int, hidden_layers=()) -> dict[int, float]:
+    """{n: seconds of one forward of `model` over ids/positions [rows, base + n] columns
+    [base, base + n)}, the median of `repeats` synchronised timings per n, on the KV store `kv`
+    (`kv.py`) holding columns [0, base) of every row. Every forward computes all its logits (as a
+    verification does) and is cut away again; one untimed warm-up per n, then the sizes
+    interleaved within each repeat, so load noise hits every size alike."""
+    rows = ids.shape[0]
+
+    def once(n: int) -> float:
+        cols = slice(base, base + n)
+        _, seconds = timed(
+            model.device, lambda: kv.forward(model, ids[:, cols], positions[:, cols], hidden_layers=hidden_layers)
+        )
+        kv.commit_spans(n, None, [0] * rows)  # kept by no row: cut again
+        return seconds
+
+    for n in sizes:
+        once(n)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            samples[n].append(once(n))
+    return {n: statistics.median(v) for n, v in samples.items()}
 
 
 def max_positions(config) -> int | None:

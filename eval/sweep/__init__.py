@@ -39,7 +39,6 @@ This module measures: v(n) (`measure_verify_curve`), one chain drafter for `draf
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,9 +47,8 @@ from tqdm.auto import tqdm
 
 from draftsmith.decoding import BatchResult, DecodeStats, Drafter, generate, generate_batch
 from draftsmith.decoding.kv import model_cache
-from draftsmith.decoding.target import synchronize
+from draftsmith.decoding.target import forward_seconds
 from draftsmith.eval.evaluator import BASELINE, EvalSettings
-from draftsmith.eval.stats import percentile
 from draftsmith.eval.sweep.analysis import _analyse, admission_cost, task_rows, three_a_rows
 from draftsmith.eval.sweep.costs import (
     ChainMeasurement,
@@ -109,23 +107,9 @@ def measure_verify_curve(
     positions = torch.arange(context.numel(), device=device)[None]
     kv.forward(target, context[None, :base], positions[:, :base], logits_to_keep=1)
     kv.commit_spans(base)
-
-    def once(n: int) -> float:
-        synchronize(device)
-        t0 = time.perf_counter()
-        kv.forward(target, context[None, base : base + n], positions[:, base : base + n], hidden_layers=hidden_layers)
-        synchronize(device)
-        seconds = time.perf_counter() - t0
-        kv.commit_spans(n, None, [0])  # kept by no row: cut again
-        return seconds
-
-    for n in sizes:
-        once(n)
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            samples[n].append(once(n))
-    return {n: percentile(v, 50) for n, v in samples.items()}
+    return forward_seconds(
+        target, kv, context[None], positions, base, sizes, repeats=repeats, hidden_layers=hidden_layers
+    )
 
 
 def measure_chain(
