@@ -1,5 +1,5 @@
 """Confidence admission: how many of a call's drafts the target verifies, from the drafter's own
-estimate of each draft's survival (DSpark's confidence head) and the measured cost of verifying.
+estimate of each draft's survival (a confidence head's) and the measured cost of verifying.
 
 A call has drafted up to K tokens for each of B rows; row b's draft k (k = 1..K) carries a
 survival estimate s_bk = c_b1 * ... * c_bk, the chance that it and every draft before it are

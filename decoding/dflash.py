@@ -81,7 +81,7 @@ class DFlashDrafter(OnePassDrafter):
         previous token [B] (the anchor first), carried) -> (logits over the target's vocabulary
         [B, V], carried)`. Draft k is drawn from q_k = the warped softmax of those logits (greedy:
         their argmax), which is exactly its law given the drafts before it: speculative sampling
-        with q_k stays exact (DSpark, Domino, DFlash2)."""
+        with q_k stays exact (every corrected block drafter of the family)."""
         logits, hidden = self._block(contexts)  # [B, Bs, Vd], [B, Bs, H]
         counts = [max(0, min(k, self.drafts)) for k in num_tokens]
         prev = torch.tensor([c[-1] for c in contexts], device=logits.device)  # [B] the anchors (target ids)

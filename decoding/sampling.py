@@ -173,7 +173,7 @@ def split_kl(p: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, tor
     m = sum_{x not in V} p(x), the target mass the draft cannot propose, and the KL of p restricted
     to V and renormalised, p_V = p 1[V] / (1 - m). A full-vocabulary draft has m = 0 and the full
     KL; a reduced draft vocabulary gets a finite KL where KL(p || q) is inf. p_V is normalised by
-    its own sum, never by 1 - m: when the target puts almost all its mass outside V (a DFlash2
+    its own sum, never by 1 - m: when the target puts almost all its mass outside V (a draft's
     candidate set the target does not rank), 1 - m cancels to float noise and the KL explodes."""
     p = p.float()
     vocab = torch.isfinite(q_logits)

@@ -13,7 +13,7 @@ every layer can read it; a reference is imported only by the layer that calls it
 
 Adding a method: its own files (head, drafter, trainer, recipe) and one `Method(...)` below. The
 CLI (`--drafter KIND[:NAME]=DIR`, `draftsmith train KIND`), tune, the sweep's costs, the memory
-estimate, export, the serving commands (`server`), push and the contract test
+estimate, export, the serving commands (`server`), on-policy post-training (`replay`), push and the contract test
 (tests/test_method_contract.py) then take it.
 """
 
@@ -58,6 +58,7 @@ class Method:
     smoke_recipe: tuple[tuple[str, object], ...] = ()  # its own recipe keys of a seconds-long run on a toy target
     server: str | None = None  # "module:function": (folder, config, setting, k) -> how servers load it (publish.serve)
     format_tags: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (export format, its Hub tags) beyond vllm/sglang
+    replay: str | None = None  # "module:attribute" of its `train.draft_opd.Replay`: on-policy post-training takes it
     auto_model: str | None = None  # "module:Class" of a head saved whole: `import draftsmith.heads` registers it
     # (and its config_class) with transformers' AutoModel / AutoConfig
 
@@ -162,6 +163,7 @@ METHODS: dict[str, Method] = {
             kind="eagle",
             title="EAGLE head",
             trainer="draftsmith.train.eagle",
+            replay="draftsmith.train.eagle:REPLAY",
             recipe="draftsmith.train.eagle:EagleRecipe",
             loader="draftsmith.heads.eagle:load_eagle",
             error="draftsmith.heads.eagle:EagleError",
@@ -211,6 +213,7 @@ METHODS: dict[str, Method] = {
             kind="dflash",
             title="DFlash head",
             trainer="draftsmith.train.dflash",
+            replay="draftsmith.train.dflash:REPLAY",
             recipe="draftsmith.train.dflash:DFlashRecipe",
             loader="draftsmith.heads.dflash_formats:load_dflash",
             error="draftsmith.heads.dflash:DFlashError",
@@ -228,6 +231,7 @@ METHODS: dict[str, Method] = {
             kind="dspark",
             title="DSpark head",
             trainer="draftsmith.train.dspark",
+            replay="draftsmith.train.dspark:REPLAY",
             recipe="draftsmith.train.dspark:DSparkRecipe",
             loader="draftsmith.heads.dspark_formats:load_dspark",
             error="draftsmith.heads.dflash:DFlashError",  # DSparkError's base: the backbone's checks raise it
@@ -245,6 +249,7 @@ METHODS: dict[str, Method] = {
             kind="domino",
             title="Domino head",
             trainer="draftsmith.train.domino",
+            replay="draftsmith.train.domino:REPLAY",
             recipe="draftsmith.train.domino:DominoRecipe",
             loader="draftsmith.heads.domino_formats:load_domino",
             error="draftsmith.heads.dflash:DFlashError",  # DominoError's base: the backbone's checks raise it
@@ -263,6 +268,7 @@ METHODS: dict[str, Method] = {
             kind="dflash2",
             title="DFlash2 head",
             trainer="draftsmith.train.dflash2",
+            replay="draftsmith.train.dflash2:REPLAY",
             recipe="draftsmith.train.dflash2:DFlash2Recipe",
             loader="draftsmith.heads.dflash2_formats:load_dflash2",
             error="draftsmith.heads.dflash:DFlashError",  # DFlash2Error's base: the backbone's checks raise it

@@ -46,6 +46,7 @@ from draftsmith.train.common import (
     prepare_head,
     target_sizes,
 )
+from draftsmith.train.draft_opd import Replay, block_states
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
@@ -199,6 +200,21 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
     return loss, hits, label, weight_sum
+
+
+def _replayed_law(head, batch, kept, anchors, drafts):
+    """Slot k >= 1's logits, drawn independently of the other slots."""
+    return head.lm_head(block_states(head, kept, anchors))[:, :, 1:]
+
+
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
+REPLAY = Replay(
+    dflash_losses,
+    _replayed_law,
+    offset=1,
+    save="draftsmith.heads.dflash_formats:save_dflash",
+    shape_keys=("block_size",),
+)
 
 
 def block_hidden(head, batch, feats, anchors, block_size: int):

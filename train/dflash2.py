@@ -35,6 +35,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
+from draftsmith.train.draft_opd import Replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
 
@@ -117,6 +118,30 @@ def dflash2_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlash2R
         walk = torch.full_like(unary, float("-inf")).scatter_(-1, serving, walked)  # [B, A, Bs-1, V]
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, walk, targets, label)
     return loss, hits, label, weight_sum
+
+
+def _replayed_law(head, batch, kept, anchors, drafts):
+    """The selector's walk law, its edge scores on the candidates (-inf elsewhere). The drafted token
+    is put among the candidates where the current head's top-K lost it (`training_candidates`), so
+    log q stays finite after a step has moved the head."""
+    Bs = head.config.block_size
+    h = block_states(head, kept, anchors)[:, :, 1:]  # [B, A, Bs-1, H]
+    unary = head.lm_head(h).float()  # [B, A, Bs-1, V]
+    prev = block_tokens(batch, anchors, Bs)[:, :, :-1]  # slot k's walk reads the token at p + k - 1
+    wanted = F.pad(drafts, (0, Bs - 1 - drafts.shape[-1]))  # [B, A, Bs-1]
+    candidates, _, _ = training_candidates(head.candidates(unary.detach()), wanted)
+    scores = head.edge_scores(unary, h, prev, candidates).float()
+    return torch.full_like(unary, float("-inf")).scatter(-1, candidates, scores)
+
+
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
+REPLAY = Replay(
+    dflash2_losses,
+    _replayed_law,
+    offset=1,
+    save="draftsmith.heads.dflash2_formats:save_dflash2",
+    shape_keys=("block_size",),
+)
 
 
 @cleaned_up_on_error

@@ -29,6 +29,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
+from draftsmith.train.draft_opd import Replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
 
@@ -95,6 +96,24 @@ def domino_losses(head, batch, feats, teacher, anchors, valid, recipe: DominoRec
         per_slot = per_slot + weight * divergence(recipe.loss, base, targets, label, reduction="none")
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, final, targets, label)
     return loss, hits, label, weight_sum
+
+
+def _replayed_law(head, batch, kept, anchors, drafts):
+    """Slot k >= 1's final logits, the GRU having read the tokens at p..p+k-1."""
+    h, Bs = block_states(head, kept, anchors), head.config.block_size
+    tokens = block_tokens(batch, anchors, Bs)
+    _, final = head.block_logits(h.flatten(0, 1), tokens.flatten(0, 1))
+    return final.view(*anchors.shape, Bs, -1)[:, :, 1:]
+
+
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
+REPLAY = Replay(
+    domino_losses,
+    _replayed_law,
+    offset=1,
+    save="draftsmith.heads.domino_formats:save_domino",
+    shape_keys=("block_size",),
+)
 
 
 @cleaned_up_on_error

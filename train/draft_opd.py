@@ -1,21 +1,22 @@
 """Draft-OPD's replay: the calls a head's own decoding made (decoding/recorder.py), trained again with
 the target as teacher. The maths, the weights and what is left out: docs/onpolicy.md.
 
-    batch = replay_batch(episodes, width=K, offset=REPLAYS[kind].offset, pad_id=0, device=device)
-    loss, parts = replay_losses(REPLAYS[kind], head, target, batch, method_recipe, weights)
+    replay = get_method(kind).part("replay")  # the method's `Replay`, beside its trainer
+    batch = replay_batch(episodes, width=K, offset=replay.offset, pad_id=0, device=device)
+    loss, parts = replay_losses(replay, head, target, batch, method_recipe, weights)
 
 A call at anchor n (the row's first n tokens committed) drafted x_1..x_m (m <= K), of which the verifier kept
 the first a; the target's distribution p_j for draft j is its prediction at position n + j - 2 of the
 rollout row (prompt + emitted tokens: the lossless decoder's output, so a sample of the target). Per
 replayed call, from ONE forward of the head:
-- the method's own loss (its trainer's `*_losses`, unchanged) over the blocks anchored where the
-  decoder called (the DFlash family: a block at p = n - 1) or, for EAGLE, its training-time-test
-  unroll over every position of the rollout rows (the calls' chains at t = n - 2 among them);
+- the method's own loss (its trainer's, unchanged) over the blocks anchored where the decoder called
+  (a block drafter: a block at p = n - 1) or, for a drafter trained unrolled, its unroll over every
+  position of the rollout rows (the calls' chains at t = n - 2 among them);
 - a Bernoulli forward KL on each accepted draft (j <= a): KL(Bern(p_j(x_j)) || Bern(q_j(x_j)));
 - a k3 estimate of KL(q_j || p_j) on each rejected draft (a < j <= m): r - 1 - log r, r = p_j(x_j) /
   q_j(x_j), weighted decay^(j - a - 1) (1 for the draft the verifier rejected).
 q_j is the head's drafting law for draft j, teacher-forced on the rollout row as its trainer is
-(`REPLAYS[kind].law`); up to the first rejection the row's tokens are the drafts themselves.
+(`Replay.law`); up to the first rejection the row's tokens are the drafts themselves.
 """
 
 from __future__ import annotations
@@ -27,12 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.recorder import DraftCall
+from draftsmith.heads.registry import METHODS
 from draftsmith.train.common import on_draft_vocab
-from draftsmith.train.dflash import dflash_losses
-from draftsmith.train.dflash2 import dflash2_losses, training_candidates
-from draftsmith.train.domino import domino_losses
-from draftsmith.train.dspark import dspark_losses
-from draftsmith.train.eagle import eagle_losses
 
 LOG_FLOOR = -1e4  # log(1 - p) of a token the target is sure of (p = 1): its (1 - p) factor is 0 anyway
 K3_LOG_RATIO = (-100.0, 20.0)  # log r clamped only where exp(log r) would overflow fp32 (or log p is -inf)
@@ -114,8 +111,8 @@ def replay_batch(episodes: list[Episode], *, width: int, offset: int, pad_id: in
     """The episodes as one right-padded batch: input_ids, attention_mask [B, T], loss_mask [B, T] (the
     emitted tokens), and the calls that drafted (A per row at most, padded): call_at [B, A] (the anchor
     n), call_valid [B, A], drafts [B, A, width] (target ids, 0-padded), counts and accepted [B, A]. A
-    call whose replay position n - `offset` falls before the row is left out (EAGLE's first draft
-    needs a pair before the anchor; its drafter drafts nothing there either)."""
+    call whose replay position n - `offset` falls before the row is left out (a drafter that reads a
+    pair before the anchor drafts nothing there either)."""
     rows = [e.prompt + e.tokens for e in episodes]
     B, T = len(rows), max(map(len, rows))
     called = [[c for c in e.calls if c.drafts and c.anchor - offset >= 0] for e in episodes]
@@ -138,11 +135,29 @@ def replay_batch(episodes: list[Episode], *, width: int, offset: int, pad_id: in
     return {k: v.to(device) for k, v in batch.items()}
 
 
-# ---------------------------------------------------------------------------- each method's drafting law
+# ---------------------------------------------------------------------------- each method's replay
+@dataclass(frozen=True)
+class Replay:
+    """How one method's head is replayed: its registry entry's `replay`, defined beside its trainer."""
+
+    losses: Callable  # its trainer's loss function
+    law: Callable  # (head, batch, kept, anchors, drafts [B, A, K]) -> draft logits [B, A, S >= K, Vd]
+    offset: int  # where a call at anchor n is replayed: n - offset (a block's anchor slot, or a pair's)
+    save: str  # "module:function" writing the head in its method's own layout
+    shape_keys: tuple[str, ...]  # its trainer recipe's keys that the head's config fixes (e.g. block_size)
+    unrolled_loss: Callable | None = None  # (kept, rows, feats, teacher, recipe, in_vocab, width) -> its loss
+    # unrolled over every position of the rows (a training-time test); None: its blocks at the anchors
+
+
+def replays() -> dict[str, Replay]:
+    """{kind: its Replay} of every registered method that has one: what on-policy post-training takes."""
+    return {m.kind: m.part("replay") for m in METHODS.values() if m.replay}
+
+
 class _Kept:
     """The head as its method's loss function sees it, keeping what the Draft-OPD terms read from the
-    same forward (one head pass, not two): the DFlash family's block states (`hidden`), EAGLE's
-    (out, logits) of each unrolled step (its calls). Everything else is the head's own."""
+    same forward (one head pass, not two): a block drafter's block states (`hidden`), an unrolled
+    drafter's (out, logits) of each unrolled step (its calls). Everything else is the head's own."""
 
     def __init__(self, head):
         self.head, self.kept = head, []
@@ -161,81 +176,19 @@ class _Kept:
         return out
 
 
-def _block_states(head, kept, anchors) -> torch.Tensor:
+def block_states(head, kept, anchors) -> torch.Tensor:
     """[B, A, Bs, H]: the final-norm states of the one packed block forward the loss made."""
     if len(kept) != 1:
         raise RuntimeError(f"expected one block forward in the method's loss, saw {len(kept)}")
     return kept[0].view(*anchors.shape, head.config.block_size, -1)
 
 
-def _block_tokens(batch, anchors, block_size: int) -> torch.Tensor:
+def block_tokens(batch, anchors, block_size: int) -> torch.Tensor:
     """[B, A, Bs]: the row's tokens at p..p+Bs-1 of each block anchored at p (the anchor, then what the
     decoder committed: the drafts up to the first rejection), clamped at the batch's last column."""
     ids = batch["input_ids"]
     at = (anchors[..., None] + torch.arange(block_size, device=ids.device)).clamp(max=ids.shape[1] - 1)
     return ids.gather(1, at.flatten(1)).view_as(at)
-
-
-def _dflash_law(head, batch, kept, anchors, drafts):
-    """DFlash: slot k >= 1's logits, drawn independently of the other slots."""
-    h = _block_states(head, kept, anchors)
-    return head.lm_head(h)[:, :, 1:]
-
-
-def _dspark_law(head, batch, kept, anchors, drafts):
-    """DSpark: every slot, corrected by the Markov bias of the token before it (`dspark_losses`' forcing)."""
-    h, Bs = _block_states(head, kept, anchors), head.config.block_size
-    tokens = _block_tokens(batch, anchors, Bs)  # slot k reads the token at p + k
-    return head.block_logits(h.flatten(0, 1), tokens.flatten(0, 1)).view(*anchors.shape, Bs, -1)
-
-
-def _domino_law(head, batch, kept, anchors, drafts):
-    """Domino: slot k >= 1's final logits, the GRU having read the tokens at p..p+k-1."""
-    h, Bs = _block_states(head, kept, anchors), head.config.block_size
-    tokens = _block_tokens(batch, anchors, Bs)
-    _, final = head.block_logits(h.flatten(0, 1), tokens.flatten(0, 1))
-    return final.view(*anchors.shape, Bs, -1)[:, :, 1:]
-
-
-def _dflash2_law(head, batch, kept, anchors, drafts):
-    """DFlash2: the selector's walk law, its edge scores on the candidates (-inf elsewhere). The drafted
-    token is put among the candidates where the current head's top-K lost it (`training_candidates`),
-    so log q stays finite after a step has moved the head."""
-    Bs = head.config.block_size
-    h = _block_states(head, kept, anchors)[:, :, 1:]  # [B, A, Bs-1, H]
-    unary = head.lm_head(h).float()  # [B, A, Bs-1, V]
-    prev = _block_tokens(batch, anchors, Bs)[:, :, :-1]  # slot k's walk reads the token at p + k - 1
-    wanted = torch.nn.functional.pad(drafts, (0, Bs - 1 - drafts.shape[-1]))  # [B, A, Bs-1]
-    candidates, _, _ = training_candidates(head.candidates(unary.detach()), wanted)
-    scores = head.edge_scores(unary, h, prev, candidates).float()
-    return torch.full_like(unary, float("-inf")).scatter(-1, candidates, scores)
-
-
-def _eagle_law(head, batch, kept, anchors, drafts):
-    """EAGLE: step j of the unroll at t = n - 2 drafts the token n + j (its own output fed back)."""
-    steps = [logits for _, logits in kept[: drafts.shape[-1]]]  # each [B, T-1, Vd]
-    at = anchors[..., None].expand(-1, -1, steps[0].shape[-1])
-    return torch.stack([logits.gather(1, at) for logits in steps], dim=2)  # [B, A, K, Vd]
-
-
-@dataclass(frozen=True)
-class Replay:
-    """How one method's head is replayed."""
-
-    losses: Callable  # its trainer's loss function
-    law: Callable  # (head, batch, kept, anchors, drafts [B, A, K]) -> draft logits [B, A, S >= K, Vd]
-    offset: int  # where a call at anchor n is replayed: n - offset (a block's anchor slot; EAGLE's pair)
-    save: str  # "module:function" writing the head in its method's own layout
-    unrolled: bool = False  # its loss unrolls chains over every position (EAGLE's training-time test)
-
-
-REPLAYS = {
-    "dflash": Replay(dflash_losses, _dflash_law, 1, "draftsmith.heads.dflash_formats:save_dflash"),
-    "dspark": Replay(dspark_losses, _dspark_law, 1, "draftsmith.heads.dspark_formats:save_dspark"),
-    "domino": Replay(domino_losses, _domino_law, 1, "draftsmith.heads.domino_formats:save_domino"),
-    "dflash2": Replay(dflash2_losses, _dflash2_law, 1, "draftsmith.heads.dflash2_formats:save_dflash2"),
-    "eagle": Replay(eagle_losses, _eagle_law, 2, "draftsmith.heads.eagle:save_eagle", unrolled=True),
-}
 
 
 def draft_id_table(head) -> torch.Tensor:
@@ -249,13 +202,10 @@ def draft_id_table(head) -> torch.Tensor:
 
 def _method_loss(replay: Replay, kept, batch, feats, teacher, in_vocab, anchors, valid, recipe, width: int):
     """The method's own loss on the rollout rows, through `kept` (its forward is the one the terms read)."""
-    rows = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")} | {"step": None}  # Domino: no base phase
-    if not replay.unrolled:
-        return replay.losses(kept, rows, feats, teacher, anchors, valid, recipe, in_vocab)[0]
-    trained = recipe.ttt_steps if recipe.version == "eagle3" else 1  # as train/eagle.py trains each version
-    # train=False: no EAGLE-1 feature noise (its only effect), so the law replayed is the decoder's own
-    per_step, _, _ = replay.losses(kept, rows, feats, teacher, recipe, in_vocab, train=False, steps=max(trained, width))
-    return sum(recipe.ttt_decay**j * loss for j, loss in enumerate(per_step[:trained]))
+    rows = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask")} | {"step": None}  # no warm-up phase
+    if replay.unrolled_loss is not None:
+        return replay.unrolled_loss(kept, rows, feats, teacher, recipe, in_vocab, width)
+    return replay.losses(kept, rows, feats, teacher, anchors, valid, recipe, in_vocab)[0]
 
 
 def replay_losses(replay: Replay, head, target, batch: dict, recipe, weights: OPDWeights) -> tuple[torch.Tensor, dict]:

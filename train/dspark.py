@@ -29,6 +29,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
+from draftsmith.train.draft_opd import Replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
 
@@ -121,6 +122,23 @@ def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRec
         per_slot = per_slot + recipe.confidence_weight * bce
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
     return loss, hits, label, weight_sum
+
+
+def _replayed_law(head, batch, kept, anchors, drafts):
+    """Every slot, corrected by the Markov bias of the token before it (`dspark_losses`' forcing)."""
+    h, Bs = block_states(head, kept, anchors), head.config.block_size
+    tokens = block_tokens(batch, anchors, Bs)  # slot k reads the token at p + k
+    return head.block_logits(h.flatten(0, 1), tokens.flatten(0, 1)).view(*anchors.shape, Bs, -1)
+
+
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
+REPLAY = Replay(
+    dspark_losses,
+    _replayed_law,
+    offset=1,
+    save="draftsmith.heads.dspark_formats:save_dspark",
+    shape_keys=("block_size",),
+)
 
 
 @cleaned_up_on_error

@@ -51,6 +51,7 @@ from draftsmith.train.common import (
     target_sizes,
     walk_taus,
 )
+from draftsmith.train.draft_opd import Replay
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun
@@ -223,6 +224,38 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
     return losses, hits, counts
 
 
+def trained_steps(recipe: EagleRecipe) -> int:
+    """The unrolled steps a version trains: EAGLE-3 its training-time test, EAGLE-1 one step."""
+    return recipe.ttt_steps if recipe.version == "eagle3" else 1
+
+
+def _replayed_loss(kept, rows, feats, teacher, recipe: EagleRecipe, in_vocab, width: int):
+    """The TTT-weighted loss over the steps this version trains, unrolled deep enough for the law to
+    read `width` steps. train=False: no EAGLE-1 feature noise (its only effect), so the law replayed
+    is the decoder's own."""
+    trained = trained_steps(recipe)
+    per_step, _, _ = eagle_losses(kept, rows, feats, teacher, recipe, in_vocab, train=False, steps=max(trained, width))
+    return sum(recipe.ttt_decay**j * loss for j, loss in enumerate(per_step[:trained]))
+
+
+def _replayed_law(head, batch, kept, anchors, drafts):
+    """Step j of the unroll at t = n - 2 drafts the token n + j (its own output fed back)."""
+    steps = [logits for _, logits in kept[: drafts.shape[-1]]]  # each [B, T-1, Vd]
+    at = anchors[..., None].expand(-1, -1, steps[0].shape[-1])
+    return torch.stack([logits.gather(1, at) for logits in steps], dim=2)  # [B, A, K, Vd]
+
+
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at t = n - 2, the pair before the anchor.
+REPLAY = Replay(
+    eagle_losses,
+    _replayed_law,
+    offset=2,
+    save="draftsmith.heads.eagle:save_eagle",
+    shape_keys=("version",),
+    unrolled_loss=_replayed_loss,
+)
+
+
 class EagleObjective(torch.nn.Module):
     """The head and its unrolled loss behind one forward: DDP and DeepSpeed average the
     gradients of what runs inside the wrapped module's forward, so every unrolled step must."""
@@ -267,7 +300,7 @@ def train(recipe: EagleRecipe, *, progress: bool = True) -> dict:
         """One micro-batch: the TTT-weighted loss (this process's token share), per-step losses."""
         batch = run.batch(data, train_rows, step, micro, pad_id)
         feats, teacher, in_vocab = target_states(batch)
-        steps = recipe.ttt_steps if recipe.version == "eagle3" else 1  # EAGLE-1 trains one step
+        steps = trained_steps(recipe)
         ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         per_step, _, counts = model(ids, attention, loss_mask, feats, teacher, in_vocab, steps)
         per_step = [l * share for l, share in zip(per_step, run.token_shares([c.sum() for c in counts]))]

@@ -4,8 +4,8 @@
     python -m draftsmith.train.onpolicy --recipe recipes/smollm2/onpolicy.yaml rounds=2 temperature=1.0
     accelerate launch train/onpolicy.py --recipe recipes/smollm2/onpolicy.yaml   # one process, same loop
 
-Any trained head of a supported kind (dflash, dspark, domino, dflash2, eagle: the kind is read from
-the folder) is post-trained in rounds; round r:
+Any trained head of a kind whose registry entry has a `replay` (`KINDS`; the kind is read from the
+folder) is post-trained in rounds; round r:
 1. rollout: draftsmith's own decoder (`generate_batch`) decodes `prompts_per_round` training prompts of
    `data` with the head saved by round r - 1 (round 1: `head`), loaded as `draftsmith eval` loads it,
    through a recorder (`decoding/recorder.py`) that keeps every call's anchor, drafts, accepted count
@@ -33,12 +33,13 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.train.draft_opd import REPLAYS, Episode, OPDWeights, replay_batch, replay_losses
+from draftsmith.heads.registry import METHODS
+from draftsmith.train.draft_opd import Episode, OPDWeights, replay_batch, replay_losses
 from draftsmith.train.recipe import RecipeError, RunRecipe, _check_value, recipe_dict
 from draftsmith.train.run import data_target_note
 from draftsmith.train.run_folder import check_out_writable, refuse_earlier_run
 
-KINDS = tuple(REPLAYS)  # what `kind` may be: the methods whose calls can be replayed
+KINDS = tuple(kind for kind, method in METHODS.items() if method.replay)  # the methods whose calls can be replayed
 REPORT = "report.json"
 
 
@@ -55,7 +56,7 @@ class OnPolicyRecipe:
     steps_per_round: int = 50  # replay optimizer steps per round
     prompts_per_round: int = 64  # training prompts each rollout decodes (fresh ones each round while they last)
     max_new_tokens: int = 128  # tokens decoded per prompt, rollouts and held-out evaluation alike
-    num_draft_tokens: int | None = None  # K; None: a block head's drafts per block, EAGLE's registry K (3)
+    num_draft_tokens: int | None = None  # K; None: a block head's drafts per block, else its registry default_k
     temperature: float = 0.0  # the rollouts' sampling (0: greedy); the held-out evaluation is greedy
     rollout_batch_size: int = 16  # prompts decoded together
     batch_size: int = 8  # rollout rows per replay step (every call of a row is replayed)
@@ -134,7 +135,7 @@ def head_method(recipe: OnPolicyRecipe):
 
 def method_recipe(recipe: OnPolicyRecipe, method, head=None):
     """The head's trainer recipe its loss reads: that trainer's defaults, `recipe.method_recipe` over them,
-    and (with the loaded `head`) the keys of the head's own shape (block_size; EAGLE's version)."""
+    and (with the loaded `head`) the keys its config fixes (its replay's `shape_keys`, e.g. block_size)."""
     cls = method.part("recipe")
     # the keys every trainer shares (lr, max_steps, ...) are the run's, never its loss's: refused, not ignored
     shared = {f.name for f in dataclasses.fields(RunRecipe)}
@@ -145,9 +146,8 @@ def method_recipe(recipe: OnPolicyRecipe, method, head=None):
             f"method_recipe: unknown key(s) {', '.join(unknown)} for {method.kind} ({cls.__name__}'s own keys: "
             f"{', '.join(sorted(own))})"
         )
-    shape = {}
-    if head is not None:
-        shape = {"version": head.config.version} if method.kind == "eagle" else {"block_size": head.config.block_size}
+    keys = method.part("replay").shape_keys if head is not None else ()
+    shape = {key: getattr(head.config, key) for key in keys}
     for key, value in shape.items():
         if key in given and given[key] != value:
             raise RecipeError(f"method_recipe: {key} = {given[key]!r}, but the head's is {value!r}: remove it")
@@ -233,7 +233,7 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
     if (out / REPORT).exists():
         raise RecipeError(f"out {str(out)!r} already holds an on-policy run ({REPORT}): choose another out")
     method = head_method(recipe)
-    replay = REPLAYS[method.kind]
+    replay = method.part("replay")
     method_recipe(recipe, method)  # its keys checked before anything loads
     device = resolve_device(recipe.device)
     dtype = resolve_dtype(recipe.dtype, device)
