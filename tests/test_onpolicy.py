@@ -28,9 +28,8 @@ from draftsmith.train.draft_opd import (
     rejected_weights,
     replay_batch,
     replay_losses,
-    replays,
 )
-from draftsmith.train.onpolicy import OnPolicyRecipe, main, method_recipe, rollout
+from draftsmith.train.onpolicy import KINDS, OnPolicyRecipe, main, method_recipe, rollout
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 BLOCK = 4
@@ -75,7 +74,7 @@ def _fit(kind: str, head, target, steps: int = 20):
     _, batch, states = greedy_answers_batch(target)
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = method_recipe(OnPolicyRecipe(target="t", head="h", data="d", out="o"), _method(kind), head)
-    losses = replays()[_method(kind).kind].losses
+    losses = _method(kind).part("replay").losses
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
     for step in range(steps):
         if kind.startswith("eagle"):
@@ -208,7 +207,7 @@ def test_the_gradients_push_the_draft_toward_the_target():
 # ------------------------------------------------------------------------- the replay, every kind
 
 
-@pytest.mark.parametrize("kind", [*replays(), "eagle1"])
+@pytest.mark.parametrize("kind", [*KINDS, "eagle1"])
 def test_the_replay_drafts_what_the_decoder_drafted_and_trains(fitted, kind):
     """At every recorded call the replayed head's teacher-forced law (greedy: its argmax) is the draft
     the decoder made, up to and with the rejected one (the row's tokens are the drafts there): the
@@ -219,7 +218,7 @@ def test_the_replay_drafts_what_the_decoder_drafted_and_trains(fitted, kind):
     prompts = [p.tolist() for p in _prompts(target)]
     k = BLOCK - 1
     episodes = rollout(target, _drafter(kind, head, target), prompts, recipe, k, seed=0)
-    replay = replays()[_method(kind).kind]
+    replay = _method(kind).part("replay")
     batch = replay_batch(episodes, width=k, offset=replay.offset, pad_id=0, device="cpu")
     losses_recipe = method_recipe(recipe, _method(kind), head)
     from draftsmith.train.draft_opd import _Kept, _method_loss

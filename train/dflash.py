@@ -46,7 +46,7 @@ from draftsmith.train.common import (
     prepare_head,
     target_sizes,
 )
-from draftsmith.train.draft_opd import Replay, block_states
+from draftsmith.train.draft_opd import block_replay, block_states
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
@@ -207,14 +207,8 @@ def _replayed_law(head, batch, kept, anchors, drafts):
     return head.lm_head(block_states(head, kept, anchors))[:, :, 1:]
 
 
-#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
-REPLAY = Replay(
-    dflash_losses,
-    _replayed_law,
-    offset=1,
-    save="draftsmith.heads.dflash_formats:save_dflash",
-    shape_keys=("block_size",),
-)
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors.
+REPLAY = block_replay(dflash_losses, _replayed_law, "draftsmith.heads.dflash_formats:save_dflash")
 
 
 def block_hidden(head, batch, feats, anchors, block_size: int):

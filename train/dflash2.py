@@ -35,7 +35,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
-from draftsmith.train.draft_opd import Replay, block_states, block_tokens
+from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
 
@@ -134,14 +134,8 @@ def _replayed_law(head, batch, kept, anchors, drafts):
     return torch.full_like(unary, float("-inf")).scatter(-1, candidates, scores)
 
 
-#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
-REPLAY = Replay(
-    dflash2_losses,
-    _replayed_law,
-    offset=1,
-    save="draftsmith.heads.dflash2_formats:save_dflash2",
-    shape_keys=("block_size",),
-)
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors.
+REPLAY = block_replay(dflash2_losses, _replayed_law, "draftsmith.heads.dflash2_formats:save_dflash2")
 
 
 @cleaned_up_on_error

@@ -29,7 +29,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
-from draftsmith.train.draft_opd import Replay, block_states, block_tokens
+from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
 
@@ -106,14 +106,8 @@ def _replayed_law(head, batch, kept, anchors, drafts):
     return final.view(*anchors.shape, Bs, -1)[:, :, 1:]
 
 
-#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors, p = n - 1.
-REPLAY = Replay(
-    domino_losses,
-    _replayed_law,
-    offset=1,
-    save="draftsmith.heads.domino_formats:save_domino",
-    shape_keys=("block_size",),
-)
+#: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors.
+REPLAY = block_replay(domino_losses, _replayed_law, "draftsmith.heads.domino_formats:save_domino")
 
 
 @cleaned_up_on_error

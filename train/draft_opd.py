@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.recorder import DraftCall
-from draftsmith.heads.registry import METHODS
 from draftsmith.train.common import on_draft_vocab
 
 LOG_FLOOR = -1e4  # log(1 - p) of a token the target is sure of (p = 1): its (1 - p) factor is 0 anyway
@@ -149,9 +148,9 @@ class Replay:
     # unrolled over every position of the rows (a training-time test); None: its blocks at the anchors
 
 
-def replays() -> dict[str, Replay]:
-    """{kind: its Replay} of every registered method that has one: what on-policy post-training takes."""
-    return {m.kind: m.part("replay") for m in METHODS.values() if m.replay}
+def block_replay(losses: Callable, law: Callable, save: str) -> Replay:
+    """A block drafter's Replay: each call replayed at its block's anchor, p = n - 1; the head fixes block_size."""
+    return Replay(losses, law, offset=1, save=save, shape_keys=("block_size",))
 
 
 class _Kept:
