@@ -109,7 +109,7 @@ def run_ablation(settings: AblationSettings, log=print) -> dict:
         drafters[name] = DraftModelDrafter(load_causal_lm(folder, device=device, dtype=dtype, role="draft"), name=name)
     template = resolve_chat_template("auto", tokenizer)  # the instructions through the target's chat template
     prompts = load_prompts(built.heldout_prompts, tokenizer, limit=settings.prompts, template=template)
-    reports = _evaluate(settings, target, drafters, prompts, tokenizer.eos_token_id, device, log)
+    reports = _evaluate(settings, target, drafters, prompts, tokenizer.eos_token_id, log)
     table = _rows(drafters, results, reports)
     text = "\n".join(_table_lines(settings, settings.target, len(prompts), table))
     write_atomic(out / "ablation.md", text + "\n")
@@ -169,9 +169,8 @@ def _train_run(
     return json.loads(summary_path.read_text())
 
 
-def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, device, log) -> dict:
+def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, log) -> dict:
     """{mode: {method: row}} at greedy and T = 1, one timed pass each."""
-    from draftsmith.demo.card import cpu_decode_threads
     from draftsmith.eval.evaluator import EvalSettings, evaluate
 
     reports = {}
@@ -184,8 +183,7 @@ def _evaluate(settings, target, drafters: dict, prompts, eos_token_id, device, l
             measure_distances=False,
         )
         log(f"== evaluating {len(drafters)} drafts and target-only, {mode}")
-        with cpu_decode_threads(device):
-            report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos_token_id, progress=False)
+        report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos_token_id, progress=False)
         reports[mode] = {row["method"]: row for row in report["methods"]}
     return reports
 

@@ -202,7 +202,6 @@ def _drafter(method, folder: Path, ctx, name: str):
 
 def _evaluate(settings, ctx, drafters: dict, k: int, log) -> tuple[dict, int]:
     """({method: evaluator row}, prompts): every head (`drafters`) and target-only, greedy, one timed pass."""
-    from draftsmith.demo.card import cpu_decode_threads
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, evaluate, load_prompts
 
@@ -212,9 +211,8 @@ def _evaluate(settings, ctx, drafters: dict, k: int, log) -> tuple[dict, int]:
         num_draft_tokens=k, max_new_tokens=settings.max_new_tokens, repeats=1, measure_distances=False
     )
     log(f"== evaluating {len(drafters)} heads and target-only, greedy, K = {k}, {len(prompts)} prompts")
-    with cpu_decode_threads(ctx.device):
-        eos = ctx.tokenizer.eos_token_id
-        report = evaluate(ctx.target, drafters, prompts, eval_settings, eos_token_id=eos, progress=False)
+    eos = ctx.tokenizer.eos_token_id
+    report = evaluate(ctx.target, drafters, prompts, eval_settings, eos_token_id=eos, progress=False)
     return {row["method"]: row for row in report["methods"]}, len(prompts)
 
 

@@ -1,31 +1,15 @@
 """What the demo measures about its target besides the drafters: how much the target's greedy
 answers loop (`draftsmith.eval.repetition`; loops are easy to predict and inflate every drafter's
-acceptance, prompt lookup's most), and the thread count batch-1 decoding runs with on a CPU.
+acceptance, prompt lookup's most).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
 from draftsmith.eval.repetition import repetition_share
 
 REPETITION_N = 4  # n-gram size of the repetition share: long enough that code's short idioms rarely count
-
-
-@contextlib.contextmanager
-def cpu_decode_threads(device: torch.device):
-    """Batch-1 decoding of models this small costs per-op overhead, not FLOPs: on CPU a second
-    intra-op thread only adds synchronisation (and on a shared machine waits for a busy core).
-    So decode with one thread; every method gets the same, so speedups stay comparable."""
-    before = torch.get_num_threads()
-    if torch.device(device).type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.demo.card import cpu_decode_threads, greedy_repetition, repetition_line
+from draftsmith.demo.card import greedy_repetition, repetition_line
 from draftsmith.demo.heads import (
     demo_cache,
     demo_data,
@@ -241,25 +241,22 @@ def run_demo(
     )
     t = time.perf_counter()
     eos = tokenizer.eos_token_id
-    with cpu_decode_threads(device_t):
-        # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
-        repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
-        report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress, tasks=tasks)
-        tuned = (
-            tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log)
-            if settings.tune
-            else None
+    # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
+    repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
+    report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress, tasks=tasks)
+    tuned = (
+        tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log) if settings.tune else None
+    )
+    sampled = None
+    if settings.second_temperature is not None:
+        # the KL/TV pass is the greedy table's: this one measures acceptance and speed
+        sampled_settings = replace(
+            eval_settings,
+            temperature=settings.second_temperature,
+            repeats=settings.sampled_repeats,
+            measure_distances=False,
         )
-        sampled = None
-        if settings.second_temperature is not None:
-            # the KL/TV pass is the greedy table's: this one measures acceptance and speed
-            sampled_settings = replace(
-                eval_settings,
-                temperature=settings.second_temperature,
-                repeats=settings.sampled_repeats,
-                measure_distances=False,
-            )
-            sampled = evaluate(target, drafters, prompts, sampled_settings, eos_token_id=eos, progress=progress)
+        sampled = evaluate(target, drafters, prompts, sampled_settings, eos_token_id=eos, progress=progress)
     eval_s = time.perf_counter() - t
 
     report["target"] = describe_target(built.target, target, device_t, dtype_t)
@@ -321,7 +318,7 @@ TUNE_K_MAX = 6  # acceptance per position measured this deep predicts every K <=
 def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSettings, eos, progress, log) -> dict:
     """Each chain drafter at the K that `tune` picks: acceptance per position at K_max and the
     measured costs (draft time, the verify curve v(n)) on `tune_prompts` prompts, `tune_chain`'s
-    choice, then one greedy evaluation per chosen K (each with target-only in the same pass)."""
+    choice, then one greedy evaluation of them all, each at its K, with target-only in the same pass."""
     from draftsmith.eval.evaluator import evaluate
     from draftsmith.eval.sweep import measure_chain
     from draftsmith.eval.tune import tune_chain
@@ -350,18 +347,20 @@ def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSet
             "alpha_per_position": measured.alpha_per_position,
         }
         log(f"tune {name}: K = {k} of 0..{k_max} (predicted {tuning.best.speedup:.2f}x, tau {tuning.best.tau:.2f})")
+    # K = 0: no K pays, the drafter is not run; the others each at its K, against one target-only pass
+    ks = {name: c["k"] for name, c in chosen.items() if c["k"] > 0}
     rows = []
-    for k in sorted({c["k"] for c in chosen.values()} - {0}):  # K = 0: no K pays, the drafter is not run
-        group = {name: drafters[name] for name, c in chosen.items() if c["k"] == k}
+    if ks:
         result = evaluate(
             target,
-            group,
+            {name: drafters[name] for name in ks},
             prompts,
-            replace(eval_settings, num_draft_tokens=k, measure_distances=False),
+            replace(eval_settings, measure_distances=False),
             eos_token_id=eos,
             progress=progress,
+            num_draft_tokens=ks,
         )
-        rows += [{**row, "k": k} for row in result["methods"] if row["method"] in group]
+        rows = [{**row, "k": ks[row["method"]]} for row in result["methods"] if row["method"] in ks]
     order = list(drafters)
     return {"chosen": chosen, "methods": sorted(rows, key=lambda r: order.index(r["method"]))}
 

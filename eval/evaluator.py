@@ -168,8 +168,12 @@ def evaluate(
     progress: bool = True,
     tasks: list[str | None] | None = None,
     turns: list[int] | None = None,
+    num_draft_tokens: dict[str, int] | None = None,
 ) -> dict:
     """Run the evaluation and return the report as a JSON-ready dict (see `write_report`).
+
+    `num_draft_tokens` ({method: K}) overrides `settings.num_draft_tokens` for the methods it names:
+    drafters at different K (each at its tuned K, say) measured against one target-only pass.
 
     `tasks` (one per prompt, None = no task; see `load_prompt_file`): when any is given, every
     method row also gets `tasks`, one entry per task with its prompts' pooled counters and its
@@ -189,16 +193,20 @@ def evaluate(
     task_of = []
     if by_task:
         task_of = [(NO_TASK if t is None else t, turns[i] if multi_turn else None) for i, t in enumerate(tasks)]
+    unknown = sorted(set(num_draft_tokens or {}) - set(methods))
+    if unknown:
+        raise ValueError(f"num_draft_tokens names {unknown}, which are not methods of this evaluation")
+    ks = {name: settings.num_draft_tokens for name in methods} | (num_draft_tokens or {})
     eos = None if settings.ignore_eos else eos_token_id
     runs = {BASELINE: None, **methods}
 
-    def decode(drafter, prompt, seed, measure=False, max_new_tokens=None):
+    def decode(name, prompt, seed, measure=False, max_new_tokens=None):
         return generate(
             target,
-            drafter,
+            runs[name],
             prompt,
             max_new_tokens=max_new_tokens or settings.max_new_tokens,
-            num_draft_tokens=settings.num_draft_tokens,
+            num_draft_tokens=ks.get(name, settings.num_draft_tokens),
             temperature=settings.temperature,
             top_k=settings.top_k,
             top_p=settings.top_p,
@@ -213,18 +221,17 @@ def evaluate(
     # first request would grow the cache and compile again).
     warm_tokens = settings.max_new_tokens if settings.compile else min(16, settings.max_new_tokens)
     compile_seconds = {
-        name: decode(drafter, prompts[0], settings.seed, max_new_tokens=warm_tokens).stats.compile_seconds
-        for name, drafter in runs.items()
+        name: decode(name, prompts[0], settings.seed, max_new_tokens=warm_tokens).stats.compile_seconds for name in runs
     }
 
     total = len(prompts) * (len(runs) * settings.repeats + (len(methods) if settings.measure_distances else 0))
     bar = tqdm(total=total, desc="eval", unit="decode", disable=not progress)
     analysis: dict[str, DecodeStats] = {}
     if settings.measure_distances:
-        for name, drafter in methods.items():
+        for name in methods:
             bar.set_postfix_str(f"{name} (distances)")
             for i, prompt in enumerate(prompts):
-                stats = decode(drafter, prompt, settings.seed + i, measure=True).stats
+                stats = decode(name, prompt, settings.seed + i, measure=True).stats
                 analysis[name] = analysis[name] + stats if name in analysis else stats
                 bar.update()
 
@@ -239,9 +246,9 @@ def evaluate(
         totals = {name: [0, 0.0] for name in runs}
         task_totals: dict[tuple[str, str], list] = {}
         for i, prompt in enumerate(prompts):
-            for name, drafter in runs.items():
+            for name in runs:
                 bar.set_postfix_str(f"pass {rep + 1}/{settings.repeats} {name}")
-                result = decode(drafter, prompt, settings.seed + 1000 * rep + i)
+                result = decode(name, prompt, settings.seed + 1000 * rep + i)
                 stats = result.stats
                 if greedy and rep == 0:
                     answers[name].append(result.tokens)

@@ -297,6 +297,24 @@ def heads(pairs):
     return medusa, eagle
 
 
+def test_each_method_at_its_own_k_against_one_baseline(pairs):
+    """`num_draft_tokens` gives each named method its own K; the others keep the settings' K."""
+    target, draft = pairs("llama")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen) for n in (5, 8)]
+    drafters = {"k1": DraftModelDrafter(draft), "k3": DraftModelDrafter(draft), "default": DraftModelDrafter(draft)}
+    settings = EvalSettings(num_draft_tokens=2, max_new_tokens=12, repeats=1, ignore_eos=True, measure_distances=False)
+    report = evaluate(target, drafters, prompts, settings, progress=False, num_draft_tokens={"k1": 1, "k3": 3})
+    rows = {row["method"]: row for row in report["methods"]}
+    assert list(rows) == ["target-only", "k1", "k3", "default"]
+    assert 0.5 < rows["k1"]["mean_drafts_per_call"] <= 1.0  # the last call of a decode may propose fewer
+    assert 2.0 < rows["k3"]["mean_drafts_per_call"] <= 3.0
+    assert 1.0 < rows["default"]["mean_drafts_per_call"] <= 2.0
+    assert all(rows[name]["identical_to_target_only"] for name in drafters)
+    with pytest.raises(ValueError, match=r"\['nope'\], which are not methods"):
+        evaluate(target, drafters, prompts, settings, progress=False, num_draft_tokens={"nope": 2})
+
+
 def test_medusa_and_eagle_chains_and_a_tree_batched_and_sampling(pairs, heads, tmp_path):
     target, draft = pairs("llama")
     medusa, eagle = heads
