@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
 from draftsmith.heads.layers import PROVENANCE, target_weights
-from draftsmith.heads.speculators import speculators_block, speculators_header
+from draftsmith.heads.speculators import draft_layer_fields, speculators_block, speculators_header
 
 WEIGHTS = "model.safetensors"
 
@@ -281,31 +281,6 @@ def export_folder(
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
 
     return write_folder_atomic(out, write, overwrite=False, error=layout.error)
-
-
-def draft_layer_fields(layer: dict) -> dict:
-    """The config fields of a draft layer given as a HF decoder config dict (speculators'
-    `transformer_layer_config`, SpecForge's whole config): sizes, norm, RoPE (its
-    `rope_parameters`, else the older `rope_scaling` + `rope_theta`), bias, activation, vocabulary.
-    A KeyError names a missing required field."""
-    rope = layer.get("rope_parameters") or {
-        **(layer.get("rope_scaling") or {"rope_type": "default"}),
-        "rope_theta": layer.get("rope_theta", 10000.0),
-    }
-    return dict(
-        hidden_size=layer["hidden_size"],
-        intermediate_size=layer["intermediate_size"],
-        num_hidden_layers=layer["num_hidden_layers"],
-        num_attention_heads=layer["num_attention_heads"],
-        num_key_value_heads=layer.get("num_key_value_heads"),
-        head_dim=layer.get("head_dim"),
-        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-        rope_parameters=rope,
-        max_position_embeddings=layer["max_position_embeddings"],
-        attention_bias=bool(layer.get("attention_bias")),
-        hidden_act=layer.get("hidden_act", "silu"),
-        vocab_size=layer["vocab_size"],
-    )
 
 
 def config_from_speculators(path: Path, raw: dict, layout: BlockLayout = DFLASH):

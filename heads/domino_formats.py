@@ -43,13 +43,13 @@ from draftsmith.heads.dflash_formats import (
     PROVENANCE_KEY,
     WEIGHTS,
     BlockLayout,
-    draft_layer_fields,
     load_dflash,
     required_keys,
     save_dflash,
 )
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.layers import PROVENANCE, target_weights
+from draftsmith.heads.speculators import draft_layer_fields
 
 SPECFORGE_ARCHITECTURE = "DominoDraftModel"
 CORRECTION_KEYS = ("prefix_gru.weight_ih_l0", "prefix_gru.weight_hh_l0", "embed_proj.0.weight", "embed_proj.2.weight")

@@ -23,7 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
 from draftsmith.heads.layers import PROVENANCE
-from draftsmith.heads.speculators import speculators_block, speculators_header
+from draftsmith.heads.speculators import draft_layer_fields, speculators_block, speculators_header
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
 WEIGHTS = "model.safetensors"
@@ -489,10 +489,6 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
         raise EagleError(
             f"{str(path)!r}: config.json does not say which target layers the head reads (eagle_aux_hidden_state_layer_ids)"
         )
-    rope = layer.get("rope_parameters") or {
-        **(layer.get("rope_scaling") or {"rope_type": "default"}),
-        "rope_theta": layer.get("rope_theta", 10000.0),
-    }
     V = state["embed_tokens.weight"].shape[0]
     if layer.get("vocab_size") not in (None, V):
         raise EagleError(f"{str(path)!r}: vocab_size={layer['vocab_size']} but embed_tokens.weight has {V} rows")
@@ -500,15 +496,7 @@ def _from_state(path, raw, layer: dict, state, aux_ids, variant: dict, draft_voc
         config = head_class.config_class(
             version="eagle3",
             hidden_size=H,
-            intermediate_size=layer["intermediate_size"],
-            num_attention_heads=layer["num_attention_heads"],
-            num_key_value_heads=layer.get("num_key_value_heads"),
-            head_dim=layer.get("head_dim"),
-            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-            rope_parameters=rope,
-            max_position_embeddings=layer["max_position_embeddings"],
-            attention_bias=bool(layer.get("attention_bias", False)),
-            hidden_act=layer.get("hidden_act", "silu"),
+            **draft_layer_fields(layer, sizes=False),
             vocab_size=V,
             draft_vocab_size=draft_vocab or state["lm_head.weight"].shape[0],
             aux_layer_ids=list(aux_ids),
