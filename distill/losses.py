@@ -276,20 +276,23 @@ def smooth_l1(pred, target, mask=None, beta=1.0, reduction="mean") -> torch.Tens
 def _terms(kind, lp, lq, beta, tv_weight):
     if kind == "nla":  # log alpha = log sum exp(min(log p, log q)); clamp: all -inf gives no NaN
         return torch.logsumexp(torch.minimum(lp, lq).clamp(min=_FMIN), -1)
+    # Only the probabilities a kind reads are exponentiated: at [N, V] every pass over the
+    # vocabulary costs as much as the head's own forward.
+    if kind == "soft_ce":
+        p = lp.exp()
+        return -(p * torch.where(p > 0, lq, 0.0)).sum(-1)
+    if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
+        return _xlogratio(lp.exp(), lp, lq)
+    if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
+        return _xlogratio(lq.exp(), lq, lp)
     p, q = lp.exp(), lq.exp()
     if kind == "lk_hybrid":
         return torch.stack([_xlogratio(p, lp, lq), torch.minimum(p, q).sum(-1)], -1)  # KL, alpha
-    if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
-        return _xlogratio(p, lp, lq)
-    if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
-        return _xlogratio(q, lq, lp)
     if kind == "jsd":
         # log m = log(beta p + (1-beta) q) as a logsumexp of log-terms; the clamp keeps entries
         # where p = q = 0 at a finite log m (logaddexp(-inf, -inf) has a NaN gradient).
         lm = torch.logaddexp((lp + math.log(beta)).clamp(min=_FMIN), lq + math.log1p(-beta))
         return beta * _xlogratio(p, lp, lm) + (1 - beta) * _xlogratio(q, lq, lm)
-    if kind == "soft_ce":
-        return -(p * torch.where(p > 0, lq, 0.0)).sum(-1)
     # Speculative sampling keeps a draft token with probability alpha = sum min(p, q) = 1 - TV.
     tv = 0.5 * (p - q).abs().sum(-1)
     if kind == "tv":

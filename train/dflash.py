@@ -174,14 +174,16 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
 
 
-def draft_weights(recipe: DFlashRecipe, logits, targets, label) -> torch.Tensor:
+def draft_weights(recipe: DFlashRecipe, logits, targets, label, best=None) -> torch.Tensor:
     """[B, A, S] loss weights of the S drafting slots of each block (logits, targets [B, A, S, Vd],
     label [B, A, S]), detached: `decay`, exp(-j/gamma) for the j-th draft; `dpace`, D-PACE's
     (`dpace_weights`) from each draft's hard cross-entropy on the target's argmax, the token a
     greedy chain must match. Losses divide by the weights' sum (a weighted mean, so the loss keeps
-    its scale whatever the weighting; speculators divides by the count of trained slots instead)."""
+    its scale whatever the weighting; speculators divides by the count of trained slots instead).
+    `best`: targets.argmax(-1), when the caller has it."""
     if recipe.loss_weighting == "dpace":
-        hard = -torch.log_softmax(logits.detach().float(), -1).gather(-1, targets.argmax(-1, keepdim=True))[..., 0]
+        best = targets.argmax(-1) if best is None else best
+        hard = -torch.log_softmax(logits.detach().float(), -1).gather(-1, best[..., None])[..., 0]
         return dpace_weights(hard, label, recipe.dpace_alpha)
     S = label.shape[-1]
     return slot_weights(S + 1, recipe.decay_gamma, label.device)[1:] * label
@@ -197,7 +199,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     B, A, Bs = *anchors.shape, recipe.block_size
     logits = head.lm_head(h).view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
     _, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)
-    per_slot = divergence(recipe.loss, logits.float(), targets, label, reduction="none")
+    per_slot = divergence(recipe.loss, logits, targets, label, reduction="none")  # fp32 over the kept rows
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)
     return loss, hits, label, weight_sum
 
@@ -243,11 +245,12 @@ def slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, block_size:
 def weighted_slots(recipe: DFlashRecipe, per_slot, logits, targets, label):
     """(the loss: `per_slot` [B, A, S] averaged by `draft_weights`, greedy hits [B, A, S], the weight
     sum) of a DFlash-family head's drafting slots."""
-    weights = draft_weights(recipe, logits, targets, label)
+    best = targets.argmax(-1)
+    weights = draft_weights(recipe, logits, targets, label, best)
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
     with torch.no_grad():
-        hits = (logits.argmax(-1) == targets.argmax(-1)) & label
+        hits = (logits.argmax(-1) == best) & label
     return loss, hits, weight_sum
 
 
