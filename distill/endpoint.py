@@ -17,12 +17,14 @@ server only answers. How a turn travels:
 `--send auto` picks "ids" when the server takes them (one probe request).
 The answer's ids are the server's own where it returns them (vLLM's `return_token_ids`, or
 logprob tokens written as "token_id:N"); otherwise the answer is streamed and its text is
-retokenized with the target's tokenizer event by event (an event holds one token's text, or the
-few tokens of one character), which keeps the target's own splits where retokenizing the whole
-text would merge them. Each row records which (`token_source`: "server", "retokenized", or
-"retokenized_inexact" when the server's usage counts another number of generated tokens than
-the retokenization holds: e.g. byte tokens that are not a whole UTF-8 character come back as
-U+FFFD).
+retokenized with the target's tokenizer event by event: where an event holds one token's text
+(or the few tokens of one character) this keeps the target's own splits, which retokenizing the
+whole text would merge. A server whose stream falls behind may join several tokens' texts in one
+event (`transformers serve` does), and then the split inside it is lost: such an answer's ids can
+differ from run to run with the server's load, though its text does not. Each row records which
+(`token_source`: "server", "retokenized", or "retokenized_inexact" when the server's usage counts
+another number of generated tokens than the retokenization holds: joined events that retokenize
+to fewer tokens, byte tokens that are not a whole UTF-8 character and come back as U+FFFD).
 
 A turn the server ends (finish_reason other than "length") ends with the stop token: the
 server's ids include it, or it is appended (the chat template's end-of-turn token, else EOS:
@@ -284,9 +286,9 @@ class EndpointBackend:
             self.extra["stop_token_ids"] = list(stop_ids)  # servers stop on their own EOS otherwise
         if self.settings.top_k:
             self.extra["top_k"] = self.settings.top_k  # not OpenAI's: a server that refuses it says so
-        # Without the server's ids, stream: each event holds the text of one token (or of the few
-        # that make a whole character), so retokenizing event by event keeps the target's own
-        # splits where retokenizing the whole text would merge them.
+        # Without the server's ids, stream: an event holds the text of one token (or of the few
+        # that make a whole character) unless the server joined some, so retokenizing event by
+        # event keeps the target's own splits where retokenizing the whole text would merge them.
         self.stream = self.token_ids is None
         if self.stream:
             self.extra |= {"stream": True, "stream_options": {"include_usage": True}}

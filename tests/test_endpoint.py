@@ -146,6 +146,18 @@ def test_streamed_text_is_retokenized_event_by_event(tok):
     assert client.bodies[0][1]["stream"] is True
 
 
+def test_events_a_lagging_server_joined_are_flagged_inexact(tok):
+    # The same four one-space tokens, sent by a server that fell behind as two events of two: their
+    # split is lost (each "  " retokenizes to fewer tokens), and the count says so.
+    space = tok(" ", add_special_tokens=False).input_ids
+    assert len(tok("  ", add_special_tokens=False).input_ids) < 2
+    events = [{"choices": [{"text": "  ", "finish_reason": None}]} for _ in range(2)]
+    events.append({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 4}})
+    [answer] = backend_for(Recorded([{"chunks": events}], takes=()), tok)([request([1], budget=4)])
+    assert answer.ids != space * 4 and (answer.token_source, answer.generated) == ("retokenized_inexact", 4)
+    assert tok.decode(answer.ids) == tok.decode(space * 4)  # the text survives
+
+
 def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_path, monkeypatch):
     base = [
         "generate",
@@ -285,9 +297,6 @@ def test_wrong_model_is_one_line_naming_the_endpoint(served, run_cli, tmp_path):
 
 
 @pytest.mark.slow
-# Seen failing on 2026-12-03 in 2 of 5 runs (once in the full suite, once alone): the resumed folder's data hash
-# differed from an uninterrupted run's. Not yet explained; non-strict so that it still runs and reports.
-@pytest.mark.xfail(strict=False, reason="resumed endpoint data sometimes hashes differently (under investigation)")
 def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path):
     from draftsmith.distill.jobs import GenerateJob, run_generate
 
@@ -365,4 +374,22 @@ def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path)
         )[0]
         == 0
     )
-    assert DistillData(out).data_hash == DistillData(whole).data_hash
+    # The same rows, prompts and answer texts as an uninterrupted run. Not always the same ids:
+    # `transformers serve` returns text, and a stream that fell behind joins tokens' texts in one
+    # event (see distill/endpoint.py), so a retokenized answer's ids vary with the server's load.
+    resumed, uninterrupted = DistillData(out), DistillData(whole)
+    resumed.verify_hash()
+    assert len(resumed) == len(uninterrupted) == 12
+    tok = load_tokenizer(paths["target"])
+    for x, y in zip(resumed.dataset, uninterrupted.dataset):
+        assert (x["record_index"], x["sample_index"]) == (y["record_index"], y["sample_index"])
+        p = x["prompt_length"]
+        assert p == y["prompt_length"] and x["input_ids"][:p] == y["input_ids"][:p]
+        mine, theirs = (tok.decode(r["input_ids"][p:], skip_special_tokens=True) for r in (x, y))
+        if "length" in (x["finish_reason"], y["finish_reason"]):  # cut at the budget: one may hold more
+            mine, theirs = sorted((mine.rstrip("\ufffd"), theirs.rstrip("\ufffd")), key=len)
+            assert theirs.startswith(mine), (mine, theirs)
+        else:
+            assert mine == theirs
+        if x["token_source"] == y["token_source"] == "retokenized":  # both as many tokens as generated
+            assert x["input_ids"] == y["input_ids"]
