@@ -358,7 +358,7 @@ class EndpointBackend:
                     "cannot be recovered exactly; serve without a reasoning parser, or use --reasoning strip|refuse"
                 )
         end = self.chat_end if req.messages is not None else self.text_end
-        retokenized = self._retokenize(pieces if pieces is not None else [text])
+        retokenized = retokenize(self.tokenizer, pieces if pieces is not None else [text])
         answer = _normalise(ids, retokenized, choice.get("finish_reason"), req.budget, self.stop_ids, end)
         seen = (usage or {}).get("prompt_tokens")
         if seen is not None and seen != len(req.prompt_ids):
@@ -380,9 +380,6 @@ class EndpointBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
-    def _retokenize(self, pieces: list[str]) -> list[int]:
-        return [t for piece in pieces for t in self.tokenizer(piece, add_special_tokens=False).input_ids]
-
     def _server_ids(self, choice: dict, chat: bool) -> list[int] | None:
         if isinstance(choice.get("token_ids"), list):
             return [int(t) for t in choice["token_ids"]]
@@ -391,6 +388,11 @@ class EndpointBackend:
         if tokens and all(_TOKEN_ID.match(str(t)) for t in tokens):
             return [int(_TOKEN_ID.match(str(t)).group(1)) for t in tokens]
         return None
+
+
+def retokenize(tokenizer, pieces: list[str]) -> list[int]:
+    """The ids of a server's text, each piece (a streamed event) tokenized on its own."""
+    return [t for piece in pieces for t in tokenizer(piece, add_special_tokens=False).input_ids]
 
 
 def _normalise(ids, retokenized, finish, budget, stop_ids, end) -> Answer:

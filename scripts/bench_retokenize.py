@@ -31,14 +31,12 @@ def main(argv=None) -> None:
     from tokenizers.decoders import DecodeStream
 
     from draftsmith.distill.data import DistillData
+    from draftsmith.distill.endpoint import retokenize
     from draftsmith.heads.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.target)
     special = set(tokenizer.all_special_ids)
     rng = random.Random(args.seed)
-
-    def retokenize(pieces: list[str]) -> list[int]:
-        return [t for piece in pieces for t in tokenizer(piece, add_special_tokens=False).input_ids]
 
     exact = {"per event": 0, "whole text": 0, "joined": 0}
     answers = wrong_joined = unflagged = 0
@@ -55,9 +53,9 @@ def main(argv=None) -> None:
             joined.append("".join(events[i : i + run]))
             i += run
         got = {
-            "per event": retokenize(events),
-            "whole text": retokenize(["".join(events)]),
-            "joined": retokenize(joined),
+            "per event": retokenize(tokenizer, events),
+            "whole text": retokenize(tokenizer, ["".join(events)]),
+            "joined": retokenize(tokenizer, joined),
         }
         for way, tokens in got.items():
             exact[way] += tokens == ids
