@@ -114,20 +114,8 @@ def run_eval(job: EvalJob) -> dict:
     out = _out_folder(job.out, REPORT_FILES, overwrite=job.overwrite)
     target, tokenizer, drafters, device, dtype = load_drafters(job.specs)
     limits = _position_limits(job.specs, target, drafters)
-    asked = _ask_prompts(
-        job.prompts,
-        target,
-        tokenizer,
-        job.settings,
-        limits,
-        limit=job.limit,
-        task_key=job.task_key,
-        chat_template=job.chat_template,
-        plain=job.plain_prompts,
-        progress=job.progress,
-    )
+    asked = _ask_prompts(job, target, tokenizer, limits)
     prompts, eos = asked.turns.prompts, asked.stop_ids
-    print(asked.example())
     report = evaluate(
         target,
         drafters,
@@ -221,21 +209,10 @@ class AskedPrompts:
         }
 
 
-def _ask_prompts(
-    spec: str,
-    target,
-    tokenizer,
-    settings: EvalSettings,
-    limits: dict,
-    *,
-    limit: int | None,
-    chat_template: str,
-    plain: str,
-    task_key: str | None = None,
-    progress: bool = True,
-) -> AskedPrompts:
-    """Read the prompt source `spec` (distill/sources.py), tokenise it (distill/prompts.py), check
-    that the first turns fit the models' positions (`limits`), ask the later turns, check them too."""
+def _ask_prompts(job, target, tokenizer, limits: dict) -> AskedPrompts:
+    """Read a job's prompt source (`job.prompts`, distill/sources.py), tokenise it
+    (distill/prompts.py), check that the first turns fit the models' positions (`limits`), ask the
+    later turns, check them too, and print the first prompt as the models see it."""
     from draftsmith.decoding.loop import eos_set
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.distill.generate import end_of_turn_token
@@ -243,9 +220,10 @@ def _ask_prompts(
     from draftsmith.distill.sources import load_source
     from draftsmith.eval.evaluator import prompt_turns
 
-    source = load_source(spec, limit=limit, task_key=task_key)
-    template = resolve_chat_template(chat_template, tokenizer) if tokenizer is not None else None
-    prompter = Prompter(tokenizer, template, plain)
+    spec, settings = job.prompts, job.settings
+    source = load_source(spec, limit=job.limit, task_key=getattr(job, "task_key", None))
+    template = resolve_chat_template(job.chat_template, tokenizer) if tokenizer is not None else None
+    prompter = Prompter(tokenizer, template, job.plain_prompts)
     stops = eos_token_id(target, tokenizer)
     if template is not None and any(prompter.messages(r) is not None for r in source.records):
         end = end_of_turn_token(tokenizer, template)  # e.g. <|im_end|>: an answer ends there
@@ -253,9 +231,11 @@ def _ask_prompts(
     where = f"--prompts {spec}"
     first = [torch.tensor(prompter.ids(r), dtype=torch.long) for r in source.records]
     check_prompt_lengths(first, settings.max_new_tokens, limits, where)
-    turns = prompt_turns(target, source.records, prompter, settings, stop_token_ids=stops, progress=progress)
+    turns = prompt_turns(target, source.records, prompter, settings, stop_token_ids=stops, progress=job.progress)
     check_prompt_lengths(turns.prompts, settings.max_new_tokens, limits, where)
-    return AskedPrompts(spec, source, prompter, chat_template, turns, stops)
+    asked = AskedPrompts(spec, source, prompter, job.chat_template, turns, stops)
+    print(asked.example())
+    return asked
 
 
 # --------------------------------------------------------------------------- tune
@@ -297,19 +277,8 @@ def run_tune(job: TuneJob) -> dict:
     target, tokenizer, drafter, folder, kind = load_chain_drafter(
         job.target, job.drafter, device=job.device, dtype=job.dtype, allow_target_mismatch=job.allow_target_mismatch
     )
-    asked = _ask_prompts(
-        job.prompts,
-        target,
-        tokenizer,
-        job.settings,
-        {f"the target {job.target!r}": max_positions(target.config)},
-        limit=job.limit,
-        chat_template=job.chat_template,
-        plain=job.plain_prompts,
-        progress=job.progress,
-    )
+    asked = _ask_prompts(job, target, tokenizer, {f"the target {job.target!r}": max_positions(target.config)})
     prompts, eos = asked.turns.prompts, asked.stop_ids
-    print(asked.example())
     k_max = job.k_max
     if max(drafter.proposal_sizes(k_max)) < k_max:  # heads that draft a fixed number of positions
         most = max(drafter.proposal_sizes(k_max))

@@ -11,6 +11,9 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
 
 @contextlib.contextmanager
 def atomic_file(path, suffix: str = ""):
@@ -99,6 +102,18 @@ def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
         return path, json.loads(config_file.read_text(encoding="utf-8"))
     except ValueError as err:
         raise error(f"{str(config_file)!r} is not valid JSON: {err}") from None
+
+
+def read_weights(file, what: str, error=ValueError) -> dict:
+    """The tensors of the safetensors `file` ({name: tensor}, on CPU); a missing or unreadable file
+    raises `error` naming it as `what` (e.g. "EAGLE weights")."""
+    file = Path(file)
+    if not file.is_file():
+        raise error(f"{what} {str(file)!r} are missing")
+    try:
+        return load_file(str(file))
+    except (OSError, SafetensorError) as err:
+        raise error(f"cannot read {what} {str(file)!r}: {err}") from None
 
 
 def check_safetensors(path, what: str, error=ValueError) -> None:

@@ -44,14 +44,14 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from draftsmith.heads import layers
 from draftsmith.heads.layers import (
     MASK_SOURCES,
+    Fp32Rope,
     attend,
     check_target_weights,
     check_vocab_map,
-    copy_target_weights,
     describe_mask_head,
     draft_to_target_ids,
     draft_to_target_logits,
-    keep_rope_fp32,
+    head_on_target,
     llama_layer_config,
     qkvo_projections,
     record_target,
@@ -212,7 +212,7 @@ class DFlashDecoderLayer(nn.Module):
 
 
 # ---------------------------------------------------------------------- the head
-class DFlashHead(PreTrainedModel):
+class DFlashHead(Fp32Rope, PreTrainedModel):
     """A DFlash block drafter for one target (module docstring)."""
 
     config_class = DFlashConfig
@@ -238,11 +238,6 @@ class DFlashHead(PreTrainedModel):
             self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool), persistent=True)
         self.post_init()
         self._freeze()
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        keep_rope_fp32(self)
-        return self
 
     def _freeze(self) -> None:
         self.embed_tokens.weight.requires_grad_(False)  # the target's embeddings
@@ -294,10 +289,7 @@ class DFlashHead(PreTrainedModel):
             aux_layer_ids=aux,
             **variant,
         )
-        head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
-        copy_target_weights(head, embed_weight, lm_weight, vocab_map)
-        head._freeze()
-        return head
+        return head_on_target(cls, config, embed_weight, lm_weight, vocab_map)
 
     # ------------------------------------------------------------------ computation
     def project(self, aux_hidden: torch.Tensor) -> torch.Tensor:

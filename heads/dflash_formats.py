@@ -33,34 +33,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
 from draftsmith.heads.layers import PROVENANCE, target_weights
-from draftsmith.heads.speculators import draft_layer_fields, speculators_block, speculators_header
+from draftsmith.heads.speculators import DECODER_LAYER_KEYS, draft_layer_fields, speculators_block, speculators_header
 
 WEIGHTS = "model.safetensors"
 
 SPECULATORS_ARCHITECTURE = "DFlashDraftModel"
 SPECULATORS_VERSION = "0.9.0"
 PROVENANCE_KEY = "draftsmith"
-LAYER_KEYS = (
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-)
+# The backbone layer's tensors: a Qwen3 decoder layer (its q/k norms).
+LAYER_KEYS = (*DECODER_LAYER_KEYS, "self_attn.q_norm.weight", "self_attn.k_norm.weight")
 _PROVENANCE_FIELDS = (*PROVENANCE, "mask_token_source")  # the config's provenance, and its mask token's
 
 
@@ -157,12 +145,7 @@ def _read_folder(path, layout: BlockLayout = DFLASH) -> tuple[Path, DFlashConfig
             f"{str(path / 'config.json')!r} is not a {layout.title}: expected model_type {layout.config.model_type!r} "
             f"(draftsmith) or speculators_model_type {layout.speculators_type!r} (vLLM speculators)"
         )
-    if not (path / WEIGHTS).is_file():
-        raise layout.error(f"{layout.title} weights {str(path / WEIGHTS)!r} are missing")
-    try:
-        return path, config, load_file(str(path / WEIGHTS))
-    except (OSError, SafetensorError) as err:
-        raise layout.error(f"cannot read {layout.title} weights {str(path / WEIGHTS)!r}: {err}") from None
+    return path, config, read_weights(path / WEIGHTS, f"{layout.title} weights", layout.error)
 
 
 def required_keys(config: DFlashConfig, layout: BlockLayout = DFLASH) -> set[str]:

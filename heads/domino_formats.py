@@ -34,11 +34,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from draftsmith.heads.artifacts import read_config, write_folder_atomic
+from draftsmith.heads.artifacts import read_config, read_weights, write_folder_atomic
 from draftsmith.heads.dflash_formats import (
     PROVENANCE_KEY,
     WEIGHTS,
@@ -134,12 +133,7 @@ def read_folder(path) -> tuple[Path, DominoConfig, dict[str, torch.Tensor]]:
         except (TypeError, ValueError) as err:
             raise DominoError(f"{str(folder / 'config.json')!r}: {err}") from None
     weights = folder / WEIGHTS
-    if not weights.is_file():
-        raise DominoError(f"Domino head weights {str(weights)!r} are missing")
-    try:
-        state = load_file(str(weights))
-    except (OSError, SafetensorError) as err:
-        raise DominoError(f"cannot read Domino head weights {str(weights)!r}: {err}") from None
+    state = read_weights(weights, "Domino head weights", DominoError)
     state = {k.removeprefix(_OLD_PREFIX): v for k, v in state.items()}
     expected = required_keys(config, DOMINO)
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)

@@ -4,7 +4,7 @@ target's shapes, with the target's embeddings (and lm_head rows) copied in.
     rope = rope_of(target.config.get_text_config())       # the target's RoPE, transformers-5 spelling
     lm_weight, embed_weight = target_weights(target, EagleError)
     config = EagleConfig(**target_shape(target, lm_weight.shape[0], vocab_map, name, data_hash))
-    copy_target_weights(head, embed_weight, lm_weight, vocab_map)
+    head = head_on_target(EagleHead, config, embed_weight, lm_weight, vocab_map)
 
 Each function takes the caller's error class, so a user sees EagleError or DFlashError as before.
 """
@@ -74,13 +74,17 @@ def llama_layer_config(config, num_layers: int) -> LlamaConfig:
     )
 
 
-def keep_rope_fp32(head: PreTrainedModel) -> None:
-    """Call from a head's `_apply`: `.to(bfloat16)` would cast RoPE's inverse frequencies too; HF
-    targets loaded in bf16 keep them in fp32 (from_pretrained recomputes them), so do the same or
-    positions drift."""
-    inv = head.rotary_emb.inv_freq
-    if inv.dtype != torch.float32 and inv.device.type != "meta":
-        head.rotary_emb = LlamaRotaryEmbedding(head.config.layer_config()).to(inv.device)
+class Fp32Rope:
+    """A head's mixin (before PreTrainedModel in its bases) for its own `rotary_emb`: `.to(bfloat16)`
+    would cast RoPE's inverse frequencies too; HF targets loaded in bf16 keep them in fp32
+    (from_pretrained recomputes them), so the head does the same or its positions drift."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        inv = self.rotary_emb.inv_freq
+        if inv.dtype != torch.float32 and inv.device.type != "meta":
+            self.rotary_emb = LlamaRotaryEmbedding(self.config.layer_config()).to(inv.device)
+        return self
 
 
 # A head config's provenance: the target it was built for (name, revision, fingerprint
@@ -192,9 +196,11 @@ def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_nam
     )
 
 
-def copy_target_weights(head, embed_weight, lm_weight, vocab_map) -> None:
-    """The target's embeddings into `head.embed_tokens`, its lm_head (the draft vocabulary's rows
-    with a vocab map, and the map's d2t/t2d) into `head.lm_head`."""
+def head_on_target(cls, config, embed_weight, lm_weight, vocab_map):
+    """A new head `cls(config)` on the target's device and dtype, with the target's embeddings in
+    `embed_tokens` and its lm_head (the draft vocabulary's rows with a vocab map, and the map's
+    d2t/t2d) in `lm_head`, frozen where they are the target's (the head's `_freeze`)."""
+    head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
     with torch.no_grad():
         head.embed_tokens.weight.copy_(embed_weight)
         if vocab_map is not None:
@@ -203,6 +209,8 @@ def copy_target_weights(head, embed_weight, lm_weight, vocab_map) -> None:
             head.t2d.copy_(vocab_map.t2d)
         else:
             head.lm_head.weight.copy_(lm_weight)
+    head._freeze()
+    return head
 
 
 # ---------------------------------------------------------------------- a reduced draft vocabulary

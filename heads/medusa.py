@@ -41,13 +41,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
 
 EXPORT_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
@@ -448,20 +447,11 @@ def load_medusa(
     return heads.eval()
 
 
-def _read_weights(file: Path) -> dict[str, torch.Tensor]:
-    if not file.is_file():
-        raise MedusaError(f"Medusa weights {str(file)!r} are missing")
-    try:
-        return load_file(str(file))
-    except (OSError, SafetensorError) as err:
-        raise MedusaError(f"cannot read Medusa weights {str(file)!r}: {err}") from None
-
-
 def _load_original(path: Path, raw: dict) -> MedusaHeads:
     file = path / MEDUSA_WEIGHTS
     if not file.is_file() and (path / "medusa_lm_head.pt").is_file():
         raise MedusaError(f"{str(path)!r} holds medusa_lm_head.pt (pickle); convert it to {MEDUSA_WEIGHTS} first")
-    state = _read_weights(file)
+    state = read_weights(file, "Medusa weights", MedusaError)
     num_heads, num_layers = int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1))
     # Hub configs often omit the sizes: read them off head 0's projection [V, H].
     proj = state.get(f"0.{num_layers}.weight")
@@ -474,7 +464,7 @@ def _load_original(path: Path, raw: dict) -> MedusaHeads:
 
 def _load_vllm(path: Path, raw: dict) -> MedusaHeads:
     file = path / VLLM_WEIGHTS
-    state = {k.removeprefix("medusa_heads."): v for k, v in _read_weights(file).items()}
+    state = {k.removeprefix("medusa_heads."): v for k, v in read_weights(file, "Medusa weights", MedusaError).items()}
     # vLLM's MedusaConfig.from_pretrained accepts any top-level "*num*heads*" / "*num*layers*" key
     # (e.g. medusa_num_heads) as num_heads / num_hidden_layers; accept what it accepts.
     for key in list(raw):

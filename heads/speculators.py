@@ -1,8 +1,22 @@
 """The parts of a vLLM speculators config.json that every head's speculators export writes alike:
 the header naming the format, and the `speculators_config` block (proposals, verifier); and the
-draft layer's fields that every importer reads alike."""
+draft layer's fields and tensors that every importer reads alike."""
 
 from __future__ import annotations
+
+#: A Llama decoder layer's tensors, relative to the layer, without biases (a head with
+#: `attention_bias` adds the four `self_attn.*_proj.bias`) or the extras of a head's own layer.
+DECODER_LAYER_KEYS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
 
 
 def speculators_header(architecture: str, model_type: str, version: str) -> dict:

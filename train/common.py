@@ -295,6 +295,13 @@ def vocab_argmax(hidden: torch.Tensor, lm_head, chunk: int = 8192) -> torch.Tens
     return index
 
 
+def target_forward(target, ids: torch.Tensor, attention_mask: torch.Tensor):
+    """The frozen target's forward over a training batch, with every layer's hidden states (no
+    KV cache, no gradients)."""
+    with torch.no_grad():
+        return target(input_ids=ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+
+
 def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int, device, vocab=None, t2d=None):
     """batch -> (the aux layers' states concatenated [B, T, n*H], teacher, in_vocab): the target's
     logits on the head's vocabulary and its argmax mask as `on_draft_vocab` makes them (`vocab` [Vd]:
@@ -333,13 +340,7 @@ def aux_states_and_teacher(recipe, target, data, aux: tuple[int, ...], last: int
 
     def states(batch):
         if cache is None:
-            with torch.no_grad():
-                o = target(
-                    input_ids=batch["input_ids"],
-                    attention_mask=batch["attention_mask"],
-                    output_hidden_states=True,
-                    use_cache=False,
-                )
+            o = target_forward(target, batch["input_ids"], batch["attention_mask"])
             feats = torch.cat([o.hidden_states[i] for i in aux], dim=-1).float()
             return feats, *on_draft_vocab(o.logits, vocab, t2d)
         held, top1 = cached_states(cache, batch, device, (*aux, last), use_top1)  # [B, n + 1, T, H], [B, T] | None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.recorder import DraftCall
-from draftsmith.train.common import on_draft_vocab
+from draftsmith.train.common import on_draft_vocab, target_forward
 
 LOG_FLOOR = -1e4  # log(1 - p) of a token the target is sure of (p = 1): its (1 - p) factor is 0 anyway
 K3_LOG_RATIO = (-100.0, 20.0)  # log r clamped only where exp(log r) would overflow fp32 (or log p is -inf)
@@ -212,8 +212,8 @@ def replay_losses(replay: Replay, head, target, batch: dict, recipe, weights: OP
     forward over the rollout rows, then the head's, then the method's loss and the Draft-OPD terms."""
     ids, attention = batch["input_ids"], batch["attention_mask"]
     (B, T), K = ids.shape, batch["drafts"].shape[-1]
+    out = target_forward(target, ids, attention)
     with torch.no_grad():
-        out = target(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
         feats = torch.cat([out.hidden_states[i] for i in head.config.aux_layer_ids], dim=-1).float()
         table = draft_id_table(head)  # [V]
         reduced = head.config.draft_vocab_size < head.config.vocab_size

@@ -48,6 +48,7 @@ from draftsmith.train.common import (
     open_hidden_cache,
     serve_check,
     sync,
+    target_forward,
     to_device,
     walk_taus,
 )
@@ -312,13 +313,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
             hidden = cached_states(cache, batch, device, last)[0][:, 0]  # [B, T, H]: the cache may hold more layers
             teacher = None if recipe.loss == "ce" else target.get_output_embeddings()(hidden.to(target.dtype)).float()
             return hidden, teacher
-        with torch.no_grad():
-            out = target(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                output_hidden_states=True,
-                use_cache=False,
-            )
+        out = target_forward(target, batch["input_ids"], batch["attention_mask"])
         return out.hidden_states[-1].float(), (None if recipe.loss == "ce" else out.logits.float())
 
     def eval_states(batch):
@@ -345,8 +340,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         ids, att = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         sync(device)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            target(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
+        target_forward(target, ids, att)
         sync(device)
         forward_seconds += time.perf_counter() - t0
         forward_tokens += int(att.sum())

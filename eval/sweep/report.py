@@ -109,6 +109,24 @@ def _fmt_hist(hist: Mapping[str, float]) -> str:
     return ", ".join(f"{n}: {p:.2f}" for n, p in hist.items())
 
 
+#: A latency table's columns: {label: key of a batch's or a simulation's record}.
+_LATENCY = {
+    "latency p50 s": "latency_s_p50",
+    "p90 s": "latency_s_p90",
+    "p99 s": "latency_s_p99",
+    "TTFT p50 s": "ttft_s_p50",
+}
+
+
+def _priced_row(method: str, record: Mapping, columns: Mapping[str, str]) -> dict:
+    """One table row of `record`: its method, the `columns` ({label: key}), then its cost per 1k
+    tokens where the sweep was given a price."""
+    row = {"method": method, **{label: record[key] for label, key in columns.items()}}
+    if "usd_per_1k_tokens" in record:
+        row["$/1k tokens"] = record["usd_per_1k_tokens"]
+    return row
+
+
 def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | None):
     """The serving report's sections, in reading order."""
     from draftsmith.eval.plots import Section
@@ -183,24 +201,9 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
             )
         )
 
-    rows = []
-    for name, e in batched.items():
-        for r in e["batches"]:
-            row = {
-                "method": name,
-                "batch": r["batch_size"],
-                "tokens/s": r["tokens_per_s"],
-                "speedup": r["speedup"],
-                "tau": r["tau"],
-                "latency p50 s": r["latency_s_p50"],
-                "p90 s": r["latency_s_p90"],
-                "p99 s": r["latency_s_p99"],
-                "TTFT p50 s": r["ttft_s_p50"],
-                "step ms (full batch)": r["step_ms_full_batch"],
-            }
-            if "usd_per_1k_tokens" in r:
-                row["$/1k tokens"] = r["usd_per_1k_tokens"]
-            rows.append(row)
+    columns = {"batch": "batch_size", "tokens/s": "tokens_per_s", "speedup": "speedup", "tau": "tau", **_LATENCY}
+    columns["step ms (full batch)"] = "step_ms_full_batch"
+    rows = [_priced_row(name, r, columns) for name, e in batched.items() for r in e["batches"]]
     text = (
         "Static batches: every row of a batch starts together; latency and TTFT are per request from the batch's "
         "start.\n\n" + "\n\n".join(crossover_sentences(serving))
@@ -254,24 +257,9 @@ def sections(serving: Mapping, figures: Mapping[str, Path], report: Mapping | No
             )
         )
 
-    rows = []
-    for name, e in batched.items():
-        for sim in e.get("simulations", []):
-            row = {
-                "method": name,
-                "req/s": sim["qps"],
-                "stable": sim["stable"],
-                "tokens/s": sim["tokens_per_s"],
-                "mean batch": sim["mean_batch"],
-                "latency p50 s": sim["latency_s_p50"],
-                "p90 s": sim["latency_s_p90"],
-                "p99 s": sim["latency_s_p99"],
-                "TTFT p50 s": sim["ttft_s_p50"],
-                "queue p90 s": sim["queue_s_p90"],
-            }
-            if "usd_per_1k_tokens" in sim:
-                row["$/1k tokens"] = sim["usd_per_1k_tokens"]
-            rows.append(row)
+    columns = {"req/s": "qps", "stable": "stable", "tokens/s": "tokens_per_s", "mean batch": "mean_batch", **_LATENCY}
+    columns["queue p90 s"] = "queue_s_p90"
+    rows = [_priced_row(name, sim, columns) for name, e in batched.items() for sim in e.get("simulations", [])]
     capacity = "; ".join(
         f"{n} {e['capacity']['requests_per_s']:.3g} req/s ({e['capacity']['tokens_per_s']:.4g} tokens/s)"
         for n, e in batched.items()

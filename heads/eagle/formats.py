@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from draftsmith.heads.artifacts import has_model_type, read_config, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
 from draftsmith.heads.layers import PROVENANCE
-from draftsmith.heads.speculators import draft_layer_fields, speculators_block, speculators_header
+from draftsmith.heads.speculators import DECODER_LAYER_KEYS, draft_layer_fields, speculators_block, speculators_header
 
 EXPORT_FORMATS = ("vllm", "sglang", "hf")
 WEIGHTS = "model.safetensors"
@@ -43,18 +42,7 @@ _PROVENANCE_FIELDS = (*PROVENANCE, "aux_layer_ids")  # the config's provenance, 
 # ---------------------------------------------------------------------- required key sets
 # The EAGLE-3 decoder layer's tensors, relative to the layer (no biases: attention_bias adds the
 # four `self_attn.*_proj.bias`, see `_required_keys`).
-LAYER_KEYS = (
-    "hidden_norm.weight",
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-)
+LAYER_KEYS = ("hidden_norm.weight", *DECODER_LAYER_KEYS)
 # vLLM speculators format (vllm/model_executor/models/llama_eagle3.py: LlamaModel holds
 # embed_tokens, layers, fc, norm; Eagle3LlamaForCausalLM holds lm_head and draft_id_to_target_id,
 # loaded from `d2t`; `t2d` is read and dropped).
@@ -379,15 +367,6 @@ def load_eagle(
     return head.eval()
 
 
-def _read_weights(file: Path) -> dict[str, torch.Tensor]:
-    if not file.is_file():
-        raise EagleError(f"EAGLE weights {str(file)!r} are missing")
-    try:
-        return load_file(str(file))
-    except (OSError, SafetensorError) as err:
-        raise EagleError(f"cannot read EAGLE weights {str(file)!r}: {err}") from None
-
-
 def _load_vllm(path: Path, raw: dict) -> EagleHead:
     kinds = (SPECULATORS_TYPE, *EXTENSIONS)
     if raw.get("speculators_model_type") not in kinds:
@@ -411,7 +390,7 @@ def _load_vllm(path: Path, raw: dict) -> EagleHead:
     extension = EXTENSIONS.get(raw["speculators_model_type"])
     if extension is not None:
         variant.update(extension.read_fields(path, raw))
-    state = _read_weights(path / WEIGHTS)
+    state = read_weights(path / WEIGHTS, "EAGLE weights", EagleError)
     return _from_state(
         path,
         raw,
@@ -450,7 +429,7 @@ def _load_sglang(path: Path, raw: dict) -> EagleHead:
     ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     ids = [i + 1 for i in ids] if ids is not None else None  # SGLang's "output of layer i" -> HF index i + 1
     state = {}
-    for key, tensor in _read_weights(path / WEIGHTS).items():
+    for key, tensor in read_weights(path / WEIGHTS, "EAGLE weights", EagleError).items():
         key = key.removeprefix("model.")
         state["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = tensor
     # SGLang's LlamaForCausalLMEagle3 has no q/k norms (a head with them is refused at export).

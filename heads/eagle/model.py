@@ -62,13 +62,13 @@ from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.heads.layers import (
+    Fp32Rope,
     attend,
     check_target_weights,
     check_vocab_map,
-    copy_target_weights,
     draft_to_target_ids,
     draft_to_target_logits,
-    keep_rope_fp32,
+    head_on_target,
     llama_layer_config,
     qkvo_projections,
     record_target,
@@ -260,7 +260,7 @@ class EagleDecoderLayer(nn.Module):
 
 
 # ---------------------------------------------------------------------- the head
-class EagleHead(PreTrainedModel):
+class EagleHead(Fp32Rope, PreTrainedModel):
     """An EAGLE-1 or EAGLE-3 draft head for one target (see the module docstring)."""
 
     config_class = EagleConfig
@@ -290,11 +290,6 @@ class EagleHead(PreTrainedModel):
             self.register_buffer("t2d", torch.ones(V, dtype=torch.bool), persistent=True)
         self.post_init()
         self._freeze()
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        keep_rope_fp32(self)
-        return self
 
     def _freeze(self) -> None:
         # Target copies never train: EAGLE's embeddings are the target's (unless embed_requires_grad),
@@ -357,10 +352,7 @@ class EagleHead(PreTrainedModel):
             aux_layer_ids=aux_layer_ids,
             **variant,
         )
-        head = cls(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
-        copy_target_weights(head, embed_weight, lm_weight, vocab_map)
-        head._freeze()
-        return head
+        return head_on_target(cls, config, embed_weight, lm_weight, vocab_map)
 
     # ------------------------------------------------------------------ computation
     def project(self, aux_hidden: torch.Tensor) -> torch.Tensor:
