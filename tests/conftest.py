@@ -112,32 +112,12 @@ def toy_dir(tmp_path_factory):
 def toy_data(toy_dir, tmp_path_factory):
     """Self-distillation data of the toy target on 6 of its prompts as raw text (greedy, 8 new
     tokens, shards of 4). Read-only: tests that change data make their own."""
+    from lifecycle_helpers import toy_generate_args
+
     from draftsmith.scripts.cli import main
 
     out = tmp_path_factory.mktemp("toy-data") / "data"
-    args = [
-        "generate",
-        "--target",
-        toy_dir / "target",
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        6,
-        "--max-new-tokens",
-        8,
-        "--batch-size",
-        3,
-        "--shard-size",
-        4,
-        "--chat-template",
-        "none",
-        "--out",
-        out,
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
-    assert main([str(a) for a in args]) == 0
+    assert main(toy_generate_args(toy_dir, out)) == 0
     return out
 
 

@@ -60,3 +60,61 @@ def greedy_answers_batch(target, lengths=(4, 6, 4, 5, 4, 7, 4, 3), new_tokens: i
     with torch.no_grad():
         states = target(ids, attention_mask=attention, output_hidden_states=True)
     return prompts, batch, states
+
+
+def first_line_prompts(toy_dir, path, count: int):
+    """Write the first line of each of the first `count` toy prompts to `path` (short requests,
+    which fit the 128-slot cache of the compiled tests) and return `path`."""
+    import json
+
+    lines = (toy_dir / "prompts.jsonl").read_text().splitlines()[:count]
+    path.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
+    return path
+
+
+def fake_vocab_map(size: int):
+    """A draft vocabulary of `size` tokens of the toy vocabulary, drawn at random (seed 0)."""
+    import torch
+
+    from draftsmith.distill.vocab import build_vocab_map
+
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:size]] = 5
+    return build_vocab_map(counts, size, "d" * 64)
+
+
+def block_hidden(target, head, context, block_size: int):
+    """A block head's hidden states for the block after `context`, recomputed from scratch: the
+    head's backbone over the target's features of every token but the last, the block being that
+    last token and `block_size - 1` mask tokens."""
+    import torch
+
+    n = len(context) - 1
+    hidden = target(torch.tensor([context]), output_hidden_states=True).hidden_states
+    feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
+    block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (block_size - 1)])
+    mask = torch.zeros(1, 1, block_size, n + block_size)
+    return head.hidden(block, feats, positions=torch.arange(n + block_size)[None], attention_mask=mask)
+
+
+def path_of(proposal, tokens: list[int]) -> list[int]:
+    """The node indices of row 0's root-to-node path that spells `tokens` (siblings differ)."""
+    parents, ids = proposal.parents[0], proposal.tokens[0].tolist()
+    path, parent = [], -1
+    for token in tokens:
+        parent = next(i for i, q in enumerate(parents) if q == parent and ids[i] == token)
+        path.append(parent)
+    return path
+
+
+def anchored_blocks(target, head, recipe, losses):
+    """A block head's held-out blocks anchored at every position of the toy target's greedy
+    answers (`every_block`, with the head's training `losses`): (chains, starts)."""
+    import torch
+
+    from draftsmith.train.dflash import every_block
+
+    _, batch, states = greedy_answers_batch(target)
+    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, losses)
+    return chains, starts

@@ -1,5 +1,6 @@
-"""Recipes, launches and weight readers shared by the training-lifecycle tests: one tiny recipe
-per method, so every test runs for Medusa, EAGLE-3 and the draft model alike."""
+"""Recipes, launches, command lines and weight readers shared by the tests: one tiny recipe per
+method, so every lifecycle test runs for Medusa, EAGLE-3 and the draft model alike, and the
+`draftsmith eval`/`tune` command line over the toy target."""
 
 from __future__ import annotations
 
@@ -26,12 +27,36 @@ METHODS = {
 }
 
 
+def recipe_base(target, data, out, **values) -> dict:
+    """The keys every test recipe sets: the target, the data and the run folder `out` (as
+    strings), on the CPU; the test's own keys (`values`) on top."""
+    return dict(target=str(target), data=str(data), out=str(out), device="cpu") | values
+
+
+def head_recipe(toy_dir: Path, toy_data: Path, out, **values) -> dict:
+    """`recipe_base` over the toy target with the training the EAGLE, DFlash and P-EAGLE tests
+    share (12 steps of 2 rows at lr 3e-3, evaluated at the end on a third of the data)."""
+    return recipe_base(
+        toy_dir / "target",
+        toy_data,
+        out,
+        batch_size=2,
+        max_length=128,
+        max_steps=12,
+        warmup_steps=2,
+        eval_every=12,
+        save_every=100,
+        heldout_fraction=0.34,
+        lr=3e-3,
+        **values,
+    )
+
+
 def recipe_values(method: str, toy_dir: Path, toy_data: Path, out: Path, **extra) -> dict:
-    values = dict(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        device="cpu",
+    values = recipe_base(
+        toy_dir / "target",
+        toy_data,
+        out,
         batch_size=2,
         max_length=64,
         max_steps=6,
@@ -48,7 +73,10 @@ def recipe_values(method: str, toy_dir: Path, toy_data: Path, out: Path, **extra
     return values
 
 
-def write_recipe(path: Path, values: dict) -> Path:
+def write_recipe(path: Path, values: dict | None = None, /, **more) -> Path:
+    """Write the recipe `values` (and/or the keys `more`) to the YAML file `path`, paths as
+    strings, and return `path`."""
+    values = {k: str(v) if isinstance(v, Path) else v for k, v in {**(values or {}), **more}.items()}
     path.write_text("# test recipe\n" + yaml.safe_dump(values), encoding="utf-8")
     return path
 
@@ -96,3 +124,100 @@ def run_script(args: list[str], env: dict | None = None, timeout: int = 600) -> 
 
 def python_script(method: str) -> list[str]:
     return [sys.executable, str(REPO / METHODS[method][0])]
+
+
+def toy_eval_args(
+    verb: str,
+    toy_dir: Path,
+    *drafter_args,
+    target=None,
+    prompts=None,
+    limit=None,
+    max_new_tokens=None,
+    repeats=1,
+    k=None,
+    out=None,
+    device="cpu",
+    progress=False,
+    extra=(),
+) -> list:
+    """A `draftsmith eval` (or `tune`, the `verb`) command line over the toy target and its
+    prompts: `drafter_args` name the drafters, the keywords what differs between tests (a flag
+    whose value is None is left out; `progress=True` leaves out `--no-progress`)."""
+    args = [verb, "--target", target or toy_dir / "target", *drafter_args]
+    args += ["--prompts", prompts or toy_dir / "prompts.jsonl"]
+    for flag, value in (("--limit", limit), ("--max-new-tokens", max_new_tokens), ("--repeats", repeats)):
+        if value is not None:
+            args += [flag, value]
+    if not progress:
+        args.append("--no-progress")
+    if device is not None:
+        args += ["--device", device]
+    if k is not None:
+        args += ["-k", k]
+    if out is not None:
+        args += ["--out", out]
+    return [*args, *extra]
+
+
+def accelerate_args(*script_args, processes: int = 2, port: bool = True, options=()) -> list[str]:
+    """The command line of `accelerate launch` run by this interpreter (whether or not its bin/ is
+    on PATH): `options` (a config file, `--cpu`, `--multi_gpu`), then `processes` processes on one
+    machine in fp32 without dynamo, on a free port unless `port` is False, then the script and its
+    arguments (`script_args`)."""
+    args = [sys.executable, "-m", "accelerate.commands.launch", *options]
+    args += ["--num_processes", processes, "--num_machines", 1, "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if port:
+        args += ["--main_process_port", free_port()]
+    return [str(a) for a in [*args, *script_args]]
+
+
+def toy_generate_args(toy_dir: Path, out, *, max_new_tokens: int = 8, extra=()) -> list[str]:
+    """The `draftsmith generate` command line that makes the session's `toy_data` (greedy
+    self-distillation of the toy target on 6 prompts, 8 new tokens, batches of 3, shards of 4,
+    no chat template) into `out`; a test that changes a setting names it."""
+    args = ["generate", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--limit", 6]
+    args += ["--max-new-tokens", max_new_tokens, "--batch-size", 3, "--shard-size", 4, "--chat-template", "none"]
+    args += ["--out", out, "--no-progress", "--device", "cpu", *extra]
+    return [str(a) for a in args]
+
+
+def cache_hidden_args(toy_dir: Path, data, out, layers: str, *extra, dtype: str | None = "fp32") -> list:
+    """The `draftsmith cache-hidden` command line over the toy target: the hidden states of
+    `layers` on `data` into `out`, stored as `dtype` (None: the default), with `extra` flags."""
+    args = ["cache-hidden", "--target", toy_dir / "target", "--data", data, "--layers", layers]
+    if dtype is not None:
+        args += ["--dtype", dtype]
+    return [*args, *extra, "--out", out, "--no-progress", "--device", "cpu"]
+
+
+def launch_one_process(script: str, recipe, cwd) -> subprocess.CompletedProcess:
+    """Run the command users run, `accelerate launch --cpu <script> --recipe <recipe>`, with one
+    process from the folder `cwd`, in a subprocess: its completed process (output captured)."""
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+    cmd = accelerate_args(
+        REPO / script, "--recipe", recipe, "--no-progress", processes=1, port=False, options=["--cpu"]
+    )
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def smoke_recipe(method, target, data, out, **values) -> dict:
+    """The recipe of a registered method's two-step smoke run: `recipe_base` with 2 steps of 2
+    rows, the test's own `values`, then the method's own `smoke_recipe` keys on top."""
+    common = dict(
+        batch_size=2,
+        max_length=64,
+        max_steps=2,
+        warmup_steps=1,
+        log_every=1,
+        eval_every=1000,
+        save_every=1000,
+        heldout_fraction=0.34,
+    )
+    return recipe_base(target, data, out, **common) | values | dict(method.smoke_recipe)
+
+
+def eval_error_args(toy_dir: Path, *drafter_args, out) -> list:
+    """A bare `draftsmith eval` command line over the toy target and its prompts (no quick
+    settings: the tests of its argument errors stop before any decoding)."""
+    return ["eval", "--target", toy_dir / "target", *drafter_args, "--prompts", toy_dir / "prompts.jsonl", "--out", out]

@@ -11,29 +11,18 @@ import shutil
 
 import pytest
 import torch
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.decoding import DraftModelDrafter
 from draftsmith.decoding.sampling import kl_divergence, split_kl
 from draftsmith.eval.evaluator import EvalSettings, evaluate
 from draftsmith.eval.report import compact_table, summary_table, write_report
 
-TINY = ["--limit", 1, "--max-new-tokens", 4, "--repeats", 1, "--no-progress", "--device", "cpu"]
-
 
 def eval_args(toy, out, *extra, target=None, draft=None):
-    return [
-        "eval",
-        "--target",
-        target or toy / "target",
-        "--draft",
-        draft or toy / "draft",
-        "--prompts",
-        toy / "prompts.jsonl",
-        "--out",
-        out,
-        *TINY,
-        *extra,
-    ]
+    return toy_eval_args(
+        "eval", toy, "--draft", draft or toy / "draft", target=target, limit=1, max_new_tokens=4, out=out, extra=extra
+    )
 
 
 def lossless_args(toy, *extra):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lifecycle_helpers import METHODS, main_of, recipe_values, write_recipe
+from lifecycle_helpers import METHODS, main_of, recipe_values, toy_eval_args, write_recipe
 
 from draftsmith.heads.provenance import ProvenanceError, TargetRecord, check_target_provenance
 from draftsmith.heads.toy import tiny_model, tiny_tokenizer
@@ -63,30 +63,9 @@ def save_heads_of(target_dir: Path, kind: str, out: Path) -> Path:
 
 
 def eval_args(toy_dir, flag, heads, out, *extra):
-    return [
-        "eval",
-        "--target",
-        toy_dir / "target",
-        flag,
-        heads,
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        1,
-        "--max-new-tokens",
-        4,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--no-distances",
-        "--device",
-        "cpu",
-        "-k",
-        2,
-        "--out",
-        out,
-        *extra,
-    ]
+    return toy_eval_args(
+        "eval", toy_dir, flag, heads, limit=1, max_new_tokens=4, k=2, out=out, extra=("--no-distances", *extra)
+    )
 
 
 # --------------------------------------------------------------------------- 1-3: data of another target

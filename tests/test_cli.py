@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.distill.sources import SourceError
 from draftsmith.eval.evaluator import load_prompts
@@ -20,26 +21,16 @@ def toy(tmp_path_factory):
 
 
 def eval_args(toy, out, *extra):
-    return [
+    return toy_eval_args(
         "eval",
-        "--target",
-        toy / "target",
-        "--draft",
-        toy / "draft",
-        "--prompt-lookup",
-        "--prompts",
-        toy / "prompts.jsonl",
-        "--limit",
-        3,
-        "--max-new-tokens",
-        12,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--out",
-        out,
-        *extra,
-    ]
+        toy,
+        *("--draft", toy / "draft", "--prompt-lookup"),
+        limit=3,
+        max_new_tokens=12,
+        out=out,
+        device=None,
+        extra=extra,
+    )
 
 
 def test_make_toy_writes_a_loadable_pair(toy):

@@ -142,29 +142,19 @@ def test_sampling_with_eos_is_the_prefix_of_the_run_without(pairs):
     target, draft = pairs("llama")
     prompt = PROMPTS[2]
     hits = 0
+
+    def run(seed, k, **eos):
+        drafter = DraftModelDrafter(draft)
+        return generate(
+            target, drafter, prompt, max_new_tokens=N_NEW, num_draft_tokens=k, temperature=1.0, seed=seed, **eos
+        ).tokens
+
     for seed in range(12):
         for k in (2, 4):
-            free = generate(
-                target,
-                DraftModelDrafter(draft),
-                prompt,
-                max_new_tokens=N_NEW,
-                num_draft_tokens=k,
-                temperature=1.0,
-                seed=seed,
-            ).tokens
+            free = run(seed, k)
             eos = free[len(free) // 2]  # a token the run does produce
             cut = free.index(eos)
-            out = generate(
-                target,
-                DraftModelDrafter(draft),
-                prompt,
-                max_new_tokens=N_NEW,
-                num_draft_tokens=k,
-                temperature=1.0,
-                seed=seed,
-                eos_token_id=eos,
-            ).tokens
+            out = run(seed, k, eos_token_id=eos)
             assert out == free[: cut + 1], (seed, k)
             hits += cut + 1 < len(free)
     assert hits > 0

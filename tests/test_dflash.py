@@ -14,14 +14,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fixtures import VOCAB, greedy_answers_batch, tiny_model
+from fixtures import VOCAB, fake_vocab_map, greedy_answers_batch, tiny_model
+from lifecycle_helpers import cache_hidden_args, eval_error_args, head_recipe, toy_eval_args
 from safetensors.torch import load_file
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.distill.acceptance import walk_tau
 from draftsmith.distill.losses import DIVERGENCES
-from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
@@ -44,12 +44,6 @@ FAMILIES = ("llama", "qwen2", "mistral")
 BLOCK = 4
 
 
-def _fake_vocab_map(size: int):
-    counts = torch.zeros(VOCAB, dtype=torch.long)
-    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:size]] = 5
-    return build_vocab_map(counts, size, "d" * 64)
-
-
 # ------------------------------------------------------------------------- the head
 
 
@@ -64,7 +58,7 @@ def test_shapes_and_parameter_counts(family, pairs):
         block_size=BLOCK,
         mask_token_id=VOCAB - 1,
         aux_layer_ids=[0, 2],
-        vocab_map=_fake_vocab_map(Vd),
+        vocab_map=fake_vocab_map(Vd),
     )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     per_layer = 2 * H * H + 2 * H * kv + 3 * H * c.intermediate_size + 2 * H + 2 * (H // c.num_attention_heads)
@@ -369,22 +363,7 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
 def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "dflash"
     recipe = DFlashRecipe(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        device="cpu",
-        batch_size=2,
-        max_length=128,
-        max_steps=12,
-        warmup_steps=2,
-        eval_every=12,
-        save_every=100,
-        heldout_fraction=0.34,
-        lr=3e-3,
-        block_size=BLOCK,
-        max_anchors=16,
-        draft_vocab_size=64,
-        log_every=1,
+        **head_recipe(toy_dir, toy_data, out, block_size=BLOCK, max_anchors=16, draft_vocab_size=64, log_every=1)
     )
     summary = train(recipe, progress=False)
     losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
@@ -408,30 +387,15 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     again = load_dflash(tmp_path / "again", target=target).state_dict()
     assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
     code, _, err = run_cli(
-        [
+        toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
-            "--dflash",
-            out / "head",
-            "--dflash",
-            f"second={tmp_path / 'again'}",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            2,
-            "--max-new-tokens",
-            8,
-            "--repeats",
-            1,
-            "--no-progress",
-            "--device",
-            "cpu",
-            "-k",
-            3,
-            "--out",
-            tmp_path / "ev",
-        ]
+            toy_dir,
+            *("--dflash", out / "head", "--dflash", f"second={tmp_path / 'again'}"),
+            limit=2,
+            max_new_tokens=8,
+            k=3,
+            out=tmp_path / "ev",
+        )
     )
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
@@ -455,19 +419,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v2"])
     assert code == 0, err  # both layouts hold the same tensors (never the target's): --target only checks
     assert json.loads((tmp_path / "v2" / "config.json").read_text()) == exported
-    code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--dflash",
-            toy_dir / "target",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--out",
-            tmp_path / "x",
-        ]
-    )
+    code, _, err = run_cli(eval_error_args(toy_dir, "--dflash", toy_dir / "target", out=tmp_path / "x"))
     assert code == 2 and "expected a DFlash head folder" in err
 
 
@@ -475,24 +427,7 @@ def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
     from draftsmith.distill.hidden_cache import CacheError
 
     cache = tmp_path / "cache"
-    code, _, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "1,last",
-            "--dtype",
-            "fp32",
-            "--out",
-            cache,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, cache, "1,last"))
     assert code == 0, err
     base = dict(
         target=str(toy_dir / "target"),

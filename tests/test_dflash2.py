@@ -17,7 +17,7 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, greedy_answers_batch, tiny_model, tiny_tokenizer
+from fixtures import VOCAB, anchored_blocks, block_hidden, greedy_answers_batch, tiny_model, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 
 from draftsmith.decoding import generate, generate_batch
@@ -30,7 +30,7 @@ from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Error, DFlash2Head, grouped_dynamic_conv
 from draftsmith.heads.dflash2_formats import export_dflash2, export_folder, load_dflash2, save_dflash2
 from draftsmith.train.common import decoded_tau
-from draftsmith.train.dflash import anchor_block_mask, block_inputs, dflash_losses, every_block, sample_anchors
+from draftsmith.train.dflash import anchor_block_mask, block_inputs, dflash_losses, sample_anchors
 from draftsmith.train.dflash2 import DFlash2Recipe, dflash2_losses, head_parameters, training_candidates
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block
@@ -364,9 +364,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out blocks anchored at every position, walked as the decoder walks them: the same calls and
     the same tau as greedy decoding (the teacher-forced predecessor is the draft a correct chain made)."""
     target, head, prompts, recipe = fitted
-    _, batch, states = greedy_answers_batch(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, dflash2_losses)
+    chains, starts = anchored_blocks(target, head, recipe, dflash2_losses)
     assert chains.shape[-1] == BLOCK - 1 and starts.sum(1).tolist() == [40] * len(prompts)
     tokens, calls = walk_tau(chains, starts)
     tau, decoder_calls = decoded_tau(target, DFlash2Drafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
@@ -390,12 +388,7 @@ class Checked(DFlash2Drafter):
             count = proposal.counts[b]
             if not count:
                 continue
-            n = len(context) - 1
-            hidden = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
-            feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
-            block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
-            mask = torch.zeros(1, 1, BLOCK, n + BLOCK)
-            h = head.hidden(block, feats, positions=torch.arange(n + BLOCK)[None], attention_mask=mask)[0]  # [Bs, H]
+            h = block_hidden(self.target, head, context, BLOCK)[0]  # [Bs, H]
             prev = context[-1]
             for k in range(1, 1 + count):
                 unary = head.lm_head(h[k])  # [V]

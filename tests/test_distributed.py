@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -22,8 +21,8 @@ import torch
 from lifecycle_helpers import (
     METHODS,
     REPO,
+    accelerate_args,
     child_env,
-    free_port,
     losses,
     main_of,
     python_script,
@@ -74,26 +73,7 @@ def test_two_processes_train_what_one_process_trains(method, engine, one_process
     recipe = write_recipe(
         tmp_path / "r.yaml", recipe_values(method, toy_dir, toy_data, out, batch_size=2, device=device)
     )
-    args = [
-        sys.executable,  # `accelerate launch` of this interpreter, whether or not its bin/ is on PATH
-        "-m",
-        "accelerate.commands.launch",
-        *config,
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        free_port(),
-        METHODS[method][0],
-        "--recipe",
-        recipe,
-        "--no-progress",
-    ]
+    args = accelerate_args(METHODS[method][0], "--recipe", recipe, "--no-progress", options=config)
     done = run_script(args, env=child_env(**env))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, greedy_answers_batch
+from fixtures import VOCAB, anchored_blocks, block_hidden, greedy_answers_batch
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.domino import DominoDrafter
@@ -27,7 +27,7 @@ from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.domino_formats import export_folder, export_specforge, load_domino, save_domino
 from draftsmith.train.common import decoded_tau
-from draftsmith.train.dflash import anchor_block_mask, block_inputs, every_block, sample_anchors
+from draftsmith.train.dflash import anchor_block_mask, block_inputs, sample_anchors
 from draftsmith.train.domino import DominoRecipe, base_loss_weight, domino_losses, head_parameters
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block
@@ -255,9 +255,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out blocks anchored at every position, walked as the decoder walks them: the same calls
     and the same tau as greedy decoding (the teacher-forced GRU reads what a correct chain drafted)."""
     target, head, prompts, recipe = fitted
-    _, batch, states = greedy_answers_batch(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, domino_losses)
+    chains, starts = anchored_blocks(target, head, recipe, domino_losses)
     assert chains.shape[-1] == BLOCK - 1 and starts.sum(1).tolist() == [40] * len(prompts)
     tokens, calls = walk_tau(chains, starts)
     tau, decoder_calls = decoded_tau(target, DominoDrafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
@@ -280,12 +278,7 @@ class Checked(DominoDrafter):
             count = proposal.counts[b]
             if not count:
                 continue
-            n = len(context) - 1
-            hidden = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
-            feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
-            block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
-            mask = torch.zeros(1, 1, BLOCK, n + BLOCK)
-            h = head.hidden(block, feats, positions=torch.arange(n + BLOCK)[None], attention_mask=mask)  # [1, B, H]
+            h = block_hidden(self.target, head, context, BLOCK)  # [1, B, H]
             tokens = torch.tensor([[context[-1], *proposal.tokens[b, :count].tolist()]])  # [1, 1 + count]
             law = head.block_logits(h[:, : 1 + count], tokens)[1][0, 1:].float().softmax(-1)  # [count, V]
             torch.testing.assert_close(proposal.probs[b, :count], law, atol=1e-5, rtol=1e-4)

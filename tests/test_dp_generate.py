@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
-from lifecycle_helpers import child_env, free_port, run_script
+from lifecycle_helpers import accelerate_args, child_env, run_script, toy_generate_args
 
 from draftsmith.distill import data as store
 from draftsmith.scripts.cli import main
@@ -25,31 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 def _args(toy_dir, out, sampled: bool) -> list[str]:
-    args = [
-        "generate",
-        "--target",
-        toy_dir / "target",
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        6,
-        "--max-new-tokens",
-        8,
-        "--batch-size",
-        3,
-        "--shard-size",
-        4,
-        "--chat-template",
-        "none",
-        "--out",
-        out,
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
-    if sampled:
-        args += ["--temperature", 1.0, "--num-samples", 2, "--seed", 3]
-    return [str(a) for a in args]
+    return toy_generate_args(
+        toy_dir, out, extra=["--temperature", 1.0, "--num-samples", 2, "--seed", 3] if sampled else ()
+    )
 
 
 # One launch runs both commands (greedy fresh, sampled resumed): the launch and the imports of
@@ -76,23 +53,7 @@ def runs(toy_dir, toy_data, tmp_path_factory):
     (sampled[1] / store.SUMMARY).unlink()
     worker = root / "worker.py"
     worker.write_text(WORKER.format(commands=[_args(toy_dir, greedy[1], False), _args(toy_dir, sampled[1], True)]))
-    launch = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        free_port(),
-        worker,
-    ]
+    launch = accelerate_args(worker, options=["--multi_gpu"])
     done = run_script(launch, env=child_env(ACCELERATE_USE_CPU="true"))
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("data hash") == 2  # each summary printed by the main process only

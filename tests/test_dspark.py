@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import VOCAB, greedy_answers_batch
+from fixtures import VOCAB, anchored_blocks, block_hidden, greedy_answers_batch
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.admission import ConfidenceAdmission, admitted_counts
@@ -22,7 +22,7 @@ from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dspark import MARKOV_HEADS, DSparkConfig, DSparkError, DSparkHead
 from draftsmith.heads.dspark_formats import export_dspark, load_dspark, save_dspark
 from draftsmith.train.common import decoded_tau
-from draftsmith.train.dflash import anchor_chunks, every_block, sample_anchors
+from draftsmith.train.dflash import anchor_chunks, sample_anchors
 from draftsmith.train.dspark import DSparkRecipe, dspark_losses
 
 BLOCK = 4
@@ -141,9 +141,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out blocks anchored at every position, walked as the decoder walks them: the same
     calls and the same tau as greedy decoding (the teacher-forced correction is the drafter's)."""
     target, head, prompts, recipe = fitted
-    _, batch, states = greedy_answers_batch(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, dspark_losses)
+    chains, starts = anchored_blocks(target, head, recipe, dspark_losses)
     assert chains.shape[-1] == BLOCK and starts.sum(1).tolist() == [40] * len(prompts)
     tokens, calls = walk_tau(chains, starts)
     tau, decoder_calls = decoded_tau(target, DSparkDrafter(head), [p.tolist() for p in prompts], BLOCK, 41)
@@ -165,13 +163,8 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
     drafter.propose = watch
     generate(target, drafter, prompts[0], max_new_tokens=12, num_draft_tokens=BLOCK, temperature=1.0, seed=3)
     context, proposal = seen[1]
-    n = len(context) - 1
-    hidden = target(torch.tensor([context]), output_hidden_states=True).hidden_states
-    feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
-    block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
-    mask = torch.zeros(1, 1, BLOCK, n + BLOCK)
     with torch.no_grad():
-        h = head.hidden(block, feats, positions=torch.arange(n + BLOCK)[None], attention_mask=mask)[0]
+        h = block_hidden(target, head, context, BLOCK)[0]
         prev = torch.tensor([context[-1], *proposal.tokens[0, : BLOCK - 1].tolist()])
         law = head.block_logits(h[None], prev[None])[0].float().softmax(-1)
     torch.testing.assert_close(proposal.probs[0], law, atol=1e-5, rtol=1e-4)

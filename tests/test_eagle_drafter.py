@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fixtures import VOCAB
+from fixtures import VOCAB, path_of
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 
@@ -214,18 +214,8 @@ class Recorder(EagleDrafter):
         self.observed.append({i: h[0, : n + 1].clone() for i, h in hidden.items()})
         proposal = self.proposals[-1] if self.proposals else None
         if proposal is not None and proposal.parents is not None and proposal.counts[0]:
-            self.paths.append(_path_of(proposal, committed[0, :n].tolist()))
+            self.paths.append(path_of(proposal, committed[0, :n].tolist()))
         assert self.kv.length == self._real[0], "speculative entries left in the draft cache"
-
-
-def _path_of(proposal, tokens: list[int]) -> list[int]:
-    """The node indices of row 0's root-to-node path that spells `tokens` (siblings differ)."""
-    parents, ids = proposal.parents[0], proposal.tokens[0].tolist()
-    path, parent = [], -1
-    for token in tokens:
-        parent = next(i for i, q in enumerate(parents) if q == parent and ids[i] == token)
-        path.append(parent)
-    return path
 
 
 def _start(drafter, context, prefill=None):

@@ -332,48 +332,13 @@ def test_server_killed_mid_run_then_the_rerun_resumes(served, run_cli, tmp_path)
     done = len(store.complete_shards(out))
     assert 1 <= done < 6 and not (out / store.SUMMARY).exists()
     # the rerun (another server of the same model) finishes the folder; the data is an uninterrupted run's
-    code, out_text, err = run_cli(
-        generate_args(
-            paths,
-            out,
-            "--prompts",
-            paths["prompts"],
-            "--limit",
-            12,
-            "--chat-template",
-            "none",
-            "--shard-size",
-            2,
-            "--max-new-tokens",
-            40,
-            "--endpoint",
-            server.url,
-        )
-    )
+    flags = ["--prompts", paths["prompts"], "--limit", 12, "--chat-template", "none", "--shard-size", 2]
+    flags += ["--max-new-tokens", 40, "--endpoint", server.url]
+    code, out_text, err = run_cli(generate_args(paths, out, *flags))
     assert code == 0, err
     assert f"resuming: {done} of 6 shards already complete" in out_text
     whole = tmp_path / "whole"
-    assert (
-        run_cli(
-            generate_args(
-                paths,
-                whole,
-                "--prompts",
-                paths["prompts"],
-                "--limit",
-                12,
-                "--chat-template",
-                "none",
-                "--shard-size",
-                2,
-                "--max-new-tokens",
-                40,
-                "--endpoint",
-                server.url,
-            )
-        )[0]
-        == 0
-    )
+    assert run_cli(generate_args(paths, whole, *flags))[0] == 0
     # The same rows, prompts and answer texts as an uninterrupted run. Not always the same ids:
     # `transformers serve` returns text, and a stream that fell behind joins tokens' texts in one
     # event (see distill/endpoint.py), so a retokenized answer's ids vary with the server's load.

@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from lifecycle_helpers import smoke_recipe
 
 from draftsmith.heads.registry import METHODS, get_method
 from draftsmith.heads.toy import MATRIX
@@ -75,22 +76,14 @@ def test_every_method_trains_serves_and_exports_on_the_family(family, kind, fami
 
     method = get_method(kind)
     target_folder, data = family_data(family)
-    values = {
-        "target": str(target_folder),
-        "data": str(data),
-        "out": str(tmp_path / "run"),
-        "device": "cpu",
-        "batch_size": 2,
-        "max_length": 128,  # the longest toy prompt is 65 tokens: a family whose short prompts end at once still trains
-        "max_steps": 2,
-        "warmup_steps": 1,
-        "log_every": 1,
-        "eval_every": 1000,
-        "save_every": 1000,
-        "heldout_fraction": 0.34,
-        "serve_check_prompts": 2,
-        **dict(method.smoke_recipe),
-    }
+    values = smoke_recipe(
+        method,
+        target_folder,
+        data,
+        tmp_path / "run",
+        max_length=128,  # the longest toy prompt is 65 tokens: a family whose short prompts end at once still trains
+        serve_check_prompts=2,
+    )
     recipe = method.part("recipe")(**values)
     if (family, kind) in REFUSED:
         with pytest.raises(Exception, match=REFUSED[family, kind]) as refusal:

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import toy_generate_args
 from transformers import GenerationConfig
 
 from draftsmith.distill import data as store
@@ -202,30 +203,7 @@ def test_interrupted_run_resumes_to_the_same_dataset(target, tokenizer, toy_dir,
 
 
 def test_resume_with_other_settings_is_refused(toy_dir, toy_data, run_cli):
-    code, _, err = run_cli(
-        [
-            "generate",
-            "--target",
-            toy_dir / "target",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            6,
-            "--max-new-tokens",
-            9,
-            "--batch-size",
-            3,
-            "--shard-size",
-            4,
-            "--chat-template",
-            "none",
-            "--out",
-            toy_data,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(toy_generate_args(toy_dir, toy_data, max_new_tokens=9))
     assert code == 2 and "other settings" in err
 
 

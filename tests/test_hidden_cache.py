@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from lifecycle_helpers import cache_hidden_args
 from safetensors.torch import load_file
 
 from draftsmith.distill import hidden_cache
@@ -71,28 +72,7 @@ def test_batched_extraction_equals_one_at_a_time(target):
 def test_cache_equals_a_fresh_forward(target, toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "cache"
     code, stdout, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "1,last",
-            "--dtype",
-            "fp32",
-            "--topk-logits",
-            4,
-            "--shard-size",
-            4,
-            "--batch-size",
-            3,
-            "--out",
-            out,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
+        cache_hidden_args(toy_dir, toy_data, out, "1,last", "--topk-logits", 4, "--shard-size", 4, "--batch-size", 3)
     )
     assert code == 0, err
     assert "disk estimate" in stdout and "B/token" in stdout
@@ -144,44 +124,12 @@ def test_mismatches_are_errors(toy_data, target, tmp_path):
 
 def test_max_disk_refuses_before_writing(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "cache"
-    code, stdout, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "0,1,2",
-            "--max-disk",
-            "1KB",
-            "--out",
-            out,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, stdout, err = run_cli(cache_hidden_args(toy_dir, toy_data, out, "0,1,2", "--max-disk", "1KB", dtype=None))
     tokens = DistillData(toy_data).summary["tokens"]
     assert code == 2 and f"needs {hidden_cache.human_bytes(tokens * 3 * 48 * 2)} but --max-disk is 1.00 KB" in err
     assert "disk estimate" in stdout
     assert not out.exists()
-    code, _, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "5",
-            "--out",
-            out,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, out, "5", dtype=None))
     assert code == 2 and "'5' is out of range for a target of 2 layers" in err
     assert not out.exists()
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.heads.medusa import load_medusa
 from draftsmith.heads.toy import tiny_model, tiny_tokenizer
@@ -32,27 +33,7 @@ def heads_dir(toy_dir, toy_data, tmp_path_factory):
 
 
 def eval_args(toy_dir, heads_dir, out, *extra):
-    return [
-        "eval",
-        "--target",
-        toy_dir / "target",
-        "--medusa",
-        heads_dir,
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        2,
-        "--max-new-tokens",
-        10,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--device",
-        "cpu",
-        "--out",
-        out,
-        *extra,
-    ]
+    return toy_eval_args("eval", toy_dir, "--medusa", heads_dir, limit=2, max_new_tokens=10, out=out, extra=extra)
 
 
 def test_eval_medusa_chain_and_auto_tree(toy_dir, heads_dir, tmp_path, run_cli):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
+from lifecycle_helpers import smoke_recipe
 from test_push import hub  # noqa: F401  (the local stand-in of the Hub, a fixture)
 
 from draftsmith.heads.registry import METHODS, get_method, method_of_folder
@@ -57,21 +58,7 @@ def deep(toy_dir, tmp_path_factory):
 
 
 def _recipe(method, target, data, out) -> dict:
-    return {
-        "target": str(target),
-        "data": str(data),
-        "out": str(out),
-        "device": "cpu",
-        "batch_size": 2,
-        "max_length": 64,
-        "max_steps": 2,
-        "warmup_steps": 1,
-        "log_every": 1,
-        "eval_every": 1000,
-        "save_every": 1000,
-        "heldout_fraction": 0.34,
-        **dict(method.smoke_recipe),
-    }
+    return smoke_recipe(method, target, data, out)
 
 
 def _state(module) -> dict:

@@ -17,6 +17,8 @@ import json
 
 import pytest
 import torch
+from fixtures import first_line_prompts
+from lifecycle_helpers import toy_eval_args
 from test_dflash import BLOCK  # noqa: F401 (a fixture)
 from test_dflash import Checked as CheckedDFlash
 from test_dflash import fitted as dflash_fitted  # noqa: F401 (a fixture)
@@ -154,35 +156,19 @@ def toy_heads(toy_dir, tmp_path_factory):
 @COMPILED
 def test_eval_command_compiles_the_one_pass_heads(toy_dir, toy_heads, tmp_path, run_cli):
     """`draftsmith eval --dflash --peagle --compile` decodes what the default path decodes."""
-    prompts = tmp_path / "prompts.jsonl"
-    lines = (toy_dir / "prompts.jsonl").read_text().splitlines()[:2]
-    prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
+    prompts = first_line_prompts(toy_dir, tmp_path / "prompts.jsonl", 2)
 
     def evaluate(out, *extra):
-        args = [
+        args = toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
-            "--dflash",
-            toy_heads[0],
-            "--peagle",
-            toy_heads[1],
-            "--prompts",
-            prompts,
-            "--max-new-tokens",
-            10,
-            "-k",
-            3,
-            "--repeats",
-            1,
-            "--no-distances",
-            "--no-progress",
-            "--device",
-            "cpu",
-            "--out",
-            out,
-            *extra,
-        ]
+            toy_dir,
+            *("--dflash", toy_heads[0], "--peagle", toy_heads[1]),
+            prompts=prompts,
+            max_new_tokens=10,
+            k=3,
+            out=out,
+            extra=("--no-distances", *extra),
+        )
         code, stdout, err = run_cli(args)
         assert code == 0, err
         return json.loads((out / "report.json").read_text()), stdout

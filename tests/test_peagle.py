@@ -12,13 +12,13 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, greedy_answers_batch, tiny_model
+from fixtures import VOCAB, fake_vocab_map, greedy_answers_batch, tiny_model
+from lifecycle_helpers import eval_error_args, head_recipe, toy_eval_args
 from safetensors.torch import load_file
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.peagle import PEagleDrafter
 from draftsmith.distill.acceptance import walk_tau
-from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
 from draftsmith.train.common import decoded_tau
@@ -39,12 +39,6 @@ DEPTHS = 4
 MASK = VOCAB - 1
 
 
-def _fake_vocab_map(size: int):
-    counts = torch.zeros(VOCAB, dtype=torch.long)
-    counts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:size]] = 5
-    return build_vocab_map(counts, size, "d" * 64)
-
-
 # ------------------------------------------------------------------------- the head
 
 
@@ -54,7 +48,7 @@ def test_shapes_and_parameter_counts(family, pairs):
     c = target.config
     H, V, Vd, I = c.hidden_size, c.vocab_size, 64, c.intermediate_size
     head = PEagleHead.for_target(
-        target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], vocab_map=_fake_vocab_map(Vd)
+        target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], vocab_map=fake_vocab_map(Vd)
     )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     layer = 2 * H * H + 2 * 2 * H * kv + H * H + 3 * H * I + 3 * H  # q/k/v read 2H; o; mlp; three norms
@@ -309,7 +303,7 @@ def test_export_and_import_round_trip(tmp_path):
         mask_token_source="recipe",
         num_depths=DEPTHS,
         aux_layer_ids=[1, 2, 3],
-        vocab_map=_fake_vocab_map(64),
+        vocab_map=fake_vocab_map(64),
     ).eval()
     with torch.no_grad():  # off the init (norms at 1), so that a dropped or misread tensor shows
         for p in head.parameters():
@@ -354,22 +348,7 @@ def test_export_and_import_round_trip(tmp_path):
 def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir, toy_data, tmp_path, run_cli):
     out = tmp_path / "peagle"
     recipe = PEagleRecipe(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        device="cpu",
-        batch_size=2,
-        max_length=128,
-        max_steps=12,
-        warmup_steps=2,
-        eval_every=12,
-        save_every=100,
-        heldout_fraction=0.34,
-        lr=3e-3,
-        num_depths=3,
-        max_anchors=16,
-        draft_vocab_size=64,
-        log_every=1,
+        **head_recipe(toy_dir, toy_data, out, num_depths=3, max_anchors=16, draft_vocab_size=64, log_every=1)
     )
     summary = train(recipe, progress=False)
     losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
@@ -390,32 +369,16 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):
         load_eagle(out / "head", target=tiny_model("llama", hidden=32))
     code, _, err = run_cli(
-        [
+        toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
-            "--peagle",
-            out / "head",
-            "--peagle",
-            f"second={out / 'head'}",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            2,
-            "--max-new-tokens",
-            8,
-            "--repeats",
-            1,
-            "--no-progress",
-            "--device",
-            "cpu",
-            "-k",
-            3,
-            "--out",
-            tmp_path / "ev",
-            "--batch-sizes",
-            "1,2",
-        ]
+            toy_dir,
+            *("--peagle", out / "head", "--peagle", f"second={out / 'head'}"),
+            limit=2,
+            max_new_tokens=8,
+            k=3,
+            out=tmp_path / "ev",
+            extra=["--batch-sizes", "1,2"],
+        )
     )
     assert code == 0, err
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
@@ -426,19 +389,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     # three distinct capturable aux layers, which the export refuses in one line, writing nothing.
     code, _, err = run_cli(["export", out / "head", "--format", "vllm", "--out", tmp_path / "v"])
     assert code == 2 and "exactly 3 aux hidden states" in err and not (tmp_path / "v").exists()
-    code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--peagle",
-            toy_dir / "target",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--out",
-            tmp_path / "x",
-        ]
-    )
+    code, _, err = run_cli(eval_error_args(toy_dir, "--peagle", toy_dir / "target", out=tmp_path / "x"))
     assert code == 2 and "expected a P-EAGLE head folder" in err
     with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
         train(PEagleRecipe(**{**recipe.__dict__, "out": str(tmp_path / "o3"), "mask_token_id": VOCAB}), progress=False)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import toy_eval_args
 from tokenizers import processors
 
 from draftsmith.decoding import generate
@@ -134,25 +135,15 @@ def mt_bench(tmp_path_factory):
 
 def test_mt_bench_through_eval_reports_each_category_and_turn(toy_dir, mt_bench, tmp_path, run_cli):
     out = tmp_path / "e"
-    args = [
+    args = toy_eval_args(
         "eval",
-        "--target",
-        toy_dir / "target",
-        "--draft",
-        toy_dir / "draft",
-        "--prompts",
-        mt_bench,
-        "--max-new-tokens",
-        6,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--no-distances",
-        "--device",
-        "cpu",
-        "--out",
-        out,
-    ]
+        toy_dir,
+        *("--draft", toy_dir / "draft"),
+        prompts=mt_bench,
+        max_new_tokens=6,
+        out=out,
+        extra=["--no-distances"],
+    )
     code, stdout, err = run_cli(args)
     assert code == 0, err
     assert "prompt 1 (row 0, turn 1) as the target reads it: '<s>[INST] Write a haiku. [/INST]'" in stdout

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import torch
 import yaml
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.heads.registry import get_method
 from draftsmith.publish import HubError, check_repo_id, is_secret_key, model_card, push, scrub, stage_run
@@ -185,28 +186,16 @@ def runs(toy_dir, toy_data, tmp_path_factory):
     train_medusa(
         MedusaRecipe(target=target, data=data, out=str(root / "medusa"), num_heads=2, **_common()), progress=False
     )
-    evaluate = [
+    evaluate = toy_eval_args(
         "eval",
-        "--target",
-        target,
-        "--medusa",
-        root / "medusa" / "heads",
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        2,
-        "--max-new-tokens",
-        8,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--device",
-        "cpu",
-        "-k",
-        2,
-        "--out",
-        root / "medusa" / "eval",
-    ]
+        toy_dir,
+        *("--medusa", root / "medusa" / "heads"),
+        target=target,
+        limit=2,
+        max_new_tokens=8,
+        k=2,
+        out=root / "medusa" / "eval",
+    )
     assert main([str(a) for a in evaluate]) == 0
     train_medusa(
         MedusaRecipe(target=target, data=data, out=str(root / "medusa2"), mode="medusa2", num_heads=2, **_common()),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lifecycle_helpers import recipe_base
 
 from draftsmith.train.common import heldout_prompts, serve_check
 
@@ -53,11 +54,10 @@ def copy_target(tmp_path_factory):
 
 
 def common(target, data, out, **extra):
-    values = dict(
-        target=str(target),
-        data=str(data),
-        out=str(out),
-        device="cpu",
+    values = recipe_base(
+        target,
+        data,
+        out,
         batch_size=4,
         max_length=96,
         warmup_steps=2,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures import tiny_model
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.eval import sweep
 from draftsmith.heads.eagle import EagleHead, save_eagle
@@ -111,27 +112,7 @@ def test_tune_write_prints_the_serving_commands(toy_dir, tmp_path, run_cli, monk
     draft = tmp_path / "self-draft"
     shutil.copytree(toy_dir / "target", draft)  # the target drafting for itself: alpha = 1, K = k_max wins
     code, stdout, err = run_cli(
-        [
-            "tune",
-            "--target",
-            toy_dir / "target",
-            "--draft",
-            draft,
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            2,
-            "--max-new-tokens",
-            6,
-            "--repeats",
-            1,
-            "--k-max",
-            2,
-            "--no-progress",
-            "--device",
-            "cpu",
-            "--write",
-        ]
+        toy_eval_args("tune", toy_dir, "--draft", draft, limit=2, max_new_tokens=6, extra=["--k-max", 2, "--write"])
     )
     assert code == 0, err
     vllm, sglang = commands(stdout)

@@ -21,7 +21,8 @@ import warnings
 
 import pytest
 import torch
-from fixtures import VOCAB, windowed_model
+from fixtures import VOCAB, first_line_prompts, windowed_model
+from lifecycle_helpers import toy_eval_args
 from test_decoder import _exact_joint, _sample_first_two
 from test_eagle_drafter import _oracle_head
 from test_tree import NUM_HEADS, _oracle, informed_medusa
@@ -580,34 +581,21 @@ def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     so that `--compile` builds the graphs they built (found in inductor's cache)."""
     import json
 
-    prompts = tmp_path / "prompts.jsonl"
-    lines = (toy_dir / "prompts.jsonl").read_text().splitlines()[:3]
-    prompts.write_text("".join(json.dumps({"prompt": json.loads(x)["prompt"].splitlines()[0]}) + "\n" for x in lines))
+    prompts = first_line_prompts(toy_dir, tmp_path / "prompts.jsonl", 3)
 
     def evaluate(out, *extra):
-        args = [
+        args = toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
-            "--draft",
-            toy_dir / "draft",
-            "--prompts",
-            prompts,
-            "--limit",
-            3,
-            "--max-new-tokens",
-            12,
-            "-k",
-            3,
-            "--repeats",
-            1,
-            "--no-distances",
-            "--device",
-            "cpu",
-            "--out",
-            out,
-            *extra,
-        ]
+            toy_dir,
+            *("--draft", toy_dir / "draft"),
+            prompts=prompts,
+            limit=3,
+            max_new_tokens=12,
+            k=3,
+            out=out,
+            progress=True,
+            extra=("--no-distances", *extra),
+        )
         code, stdout, _ = run_cli(args)
         assert code == 0
         return json.loads((out / "report.json").read_text()), stdout

@@ -20,6 +20,7 @@ import re
 import pytest
 import torch
 from fixtures import VOCAB
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.decoding.drafters import DraftModelDrafter
 from draftsmith.decoding.eagle import EagleDrafter
@@ -52,29 +53,17 @@ def task_prompts(toy_dir, tmp_path_factory):
 
 
 def eval_args(toy_dir, prompts, out, *extra):
-    return [
+    return toy_eval_args(
         "eval",
-        "--target",
-        toy_dir / "target",
-        "--draft",
-        toy_dir / "draft",
-        "--prompt-lookup",
-        "--prompts",
-        prompts,
-        "-k",
-        3,
-        "--max-new-tokens",
-        NEW,
-        "--ignore-eos",
-        "--repeats",
-        2,
-        "--no-progress",
-        "--device",
-        "cpu",
-        "--out",
-        out,
-        *extra,
-    ]
+        toy_dir,
+        *("--draft", toy_dir / "draft", "--prompt-lookup"),
+        prompts=prompts,
+        max_new_tokens=NEW,
+        repeats=2,
+        k=3,
+        out=out,
+        extra=("--ignore-eos", *extra),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,13 @@ import dataclasses
 import json
 import math
 import re
-import sys
 
 import pytest
 import torch
 from lifecycle_helpers import (
     METHODS,
+    accelerate_args,
     child_env,
-    free_port,
     losses,
     main_of,
     recipe_values,
@@ -293,27 +292,13 @@ def test_two_processes_with_the_target_partitioned_train_what_one_whole_target_t
     device, env = ("cpu", {"ACCELERATE_USE_CPU": "true"}) if launch == "ddp" else ("auto", {})
     values = recipe_values(method, toy_dir, toy_data, out, batch_size=2, target_sharding=how, device=device, **keys)
     recipe = write_recipe(tmp_path / "sharded.yaml", values)
-    args = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        f"recipes/accelerate/{launch}.yaml",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        free_port(),
+    args = accelerate_args(
         METHODS[method][0],
         "--recipe",
         recipe,
         "--no-progress",
-    ]
+        options=["--config_file", f"recipes/accelerate/{launch}.yaml"],
+    )
     done = run_script(args, env=child_env(**env))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((out / "training_summary.json").read_text())

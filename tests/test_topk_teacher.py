@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import cache_hidden_args, losses, recipe_base, write_recipe
 
 from draftsmith.distill.losses import DIVERGENCES, divergence, topk_buckets, topk_divergence, topk_teacher
 from draftsmith.train.draft import main
@@ -48,13 +49,10 @@ def test_the_tail_bucket_holds_the_rest_of_the_mass_and_bounds_the_kl():
 
 
 def _recipe(path, toy_dir, toy_data, out, **extra):
-    import yaml
-
-    values = dict(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        device="cpu",
+    values = recipe_base(
+        toy_dir / "target",
+        toy_data,
+        out,
         draft_init="checkpoint",
         draft_path=str(toy_dir / "draft"),
         batch_size=2,
@@ -70,12 +68,7 @@ def _recipe(path, toy_dir, toy_data, out, **extra):
         loss="forward_kl",
     )
     values.update(extra)
-    path.write_text("# test recipe\n" + yaml.safe_dump(values))
-    return path
-
-
-def _losses(out) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return write_recipe(path, values)
 
 
 @pytest.fixture(scope="module")
@@ -83,28 +76,9 @@ def topk_cache(toy_dir, toy_data, tmp_path_factory):
     from draftsmith.scripts.cli import main as cli
 
     out = tmp_path_factory.mktemp("topk") / "cache"
-    args = [
-        "cache-hidden",
-        "--target",
-        toy_dir / "target",
-        "--data",
-        toy_data,
-        "--layers",
-        "none",
-        "--dtype",
-        "fp32",
-        "--model-dtype",
-        "float32",
-        "--topk-logits",
-        K,
-        "--batch-size",
-        3,
-        "--out",
-        out,
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
+    args = cache_hidden_args(
+        toy_dir, toy_data, out, "none", "--model-dtype", "float32", "--topk-logits", K, "--batch-size", 3
+    )
     assert cli([str(a) for a in args]) == 0
     assert (
         json.loads((out / "manifest.json").read_text())["bytes_per_token"] == K * 8 + 4
@@ -113,22 +87,7 @@ def topk_cache(toy_dir, toy_data, tmp_path_factory):
 
 
 def test_a_cache_of_nothing_is_refused(toy_dir, toy_data, tmp_path, run_cli):
-    code, _, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "none",
-            "--out",
-            tmp_path / "c",
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, tmp_path / "c", "none", dtype=None))
     assert code == 2 and "--layers none without --topk-logits" in err and not (tmp_path / "c").exists()
 
 
@@ -152,7 +111,7 @@ def test_offline_training_equals_online_with_the_same_truncation_and_lowers_the_
         )
         == 0
     )
-    a, b = _losses(offline), _losses(online)
+    a, b = losses(offline), losses(online)
     assert len(a) == len(b) == 8
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)
     assert sum(a[-2:]) / 2 < a[0]  # the offline run learns

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import launch_one_process, recipe_base, write_recipe
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
@@ -12,21 +13,11 @@ from draftsmith.train.draft import DraftRecipe, chain_along_text, is_on_policy_s
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 
-def write_recipe(path, **values):
-    import yaml
-
-    path.write_text(
-        "# test recipe\n" + yaml.safe_dump({k: str(v) if hasattr(v, "is_dir") else v for k, v in values.items()})
-    )
-    return path
-
-
 def base(toy_dir, toy_data, out, **extra):
-    values = dict(
-        target=toy_dir / "target",
-        data=toy_data,
-        out=out,
-        device="cpu",
+    values = recipe_base(
+        toy_dir / "target",
+        toy_data,
+        out,
         draft_init="checkpoint",
         draft_path=toy_dir / "draft",
         batch_size=2,
@@ -170,33 +161,8 @@ def test_incompatible_draft_is_refused(toy_dir, toy_data, tmp_path):
 @pytest.mark.slow
 def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
     """The command users run: `accelerate launch train/draft.py --recipe ...`, in a subprocess."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "launched"
     recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, max_steps=2, eval_every=2))
-    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "1",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        str(repo / "train" / "draft.py"),
-        "--recipe",
-        str(recipe),
-        "--no-progress",
-    ]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = launch_one_process("train/draft.py", recipe, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "draft" / "config.json").is_file() and "held-out acceptance" in done.stdout

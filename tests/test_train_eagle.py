@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from lifecycle_helpers import cache_hidden_args, eval_error_args, head_recipe, losses, toy_eval_args
 
 from draftsmith.distill.data import DistillData
 from draftsmith.distill.hidden_cache import CacheError
@@ -13,27 +14,7 @@ from draftsmith.train.recipe import RecipeError, load_recipe
 
 
 def recipe(toy_dir, toy_data, out, **extra):
-    values = dict(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        device="cpu",
-        batch_size=2,
-        max_length=128,
-        max_steps=12,
-        warmup_steps=2,
-        eval_every=12,
-        save_every=100,
-        heldout_fraction=0.34,
-        lr=3e-3,
-        eval_depth=3,
-    )
-    values.update(extra)
-    return EagleRecipe(**values)
-
-
-def losses(out):
-    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return EagleRecipe(**head_recipe(toy_dir, toy_data, out, eval_depth=3) | extra)
 
 
 def test_ttt_mask_sees_the_context_and_its_own_chain():
@@ -94,24 +75,7 @@ def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp
 
 def test_offline_cache_and_mismatches(toy_dir, toy_data, tmp_path, run_cli):
     cache = tmp_path / "cache"
-    code, _, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "0,1,last",
-            "--dtype",
-            "fp32",
-            "--out",
-            cache,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, cache, "0,1,last"))
     assert code == 0, err
     # eagle3 on a 2-layer target reads aux (0, 1) and needs `last` for the teacher
     summary = train(
@@ -124,24 +88,7 @@ def test_offline_cache_and_mismatches(toy_dir, toy_data, tmp_path, run_cli):
     )
     assert summary["aux_layers"] == [1] and summary["train_tokens_per_second"] > 0
     fewer = tmp_path / "fewer"
-    code, _, err = run_cli(
-        [
-            "cache-hidden",
-            "--target",
-            toy_dir / "target",
-            "--data",
-            toy_data,
-            "--layers",
-            "1,last",
-            "--dtype",
-            "fp32",
-            "--out",
-            fewer,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
-    )
+    code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, fewer, "1,last"))
     assert code == 0, err
     with pytest.raises(CacheError, match=r"holds layers \[1, 2\], the trainer needs \[0, 1, 2\] \(missing \[0\]\)"):
         train(recipe(toy_dir, toy_data, tmp_path / "o3", hidden_cache=str(fewer), max_steps=2), progress=False)
@@ -152,30 +99,18 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     train(recipe(toy_dir, toy_data, out, draft_vocab_size=64, ttt_steps=2, max_steps=4), progress=False)
     head = out / "head"
     code, stdout, err = run_cli(
-        [
+        toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
+            toy_dir,
             "--eagle",
             head,
             "--eagle-tree",
             "2,3,8",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            2,
-            "--max-new-tokens",
-            10,
-            "--repeats",
-            1,
-            "--no-progress",
-            "--device",
-            "cpu",
-            "-k",
-            3,
-            "--out",
-            tmp_path / "ev",
-        ]
+            limit=2,
+            max_new_tokens=10,
+            k=3,
+            out=tmp_path / "ev",
+        )
     )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads((tmp_path / "ev" / "report.json").read_text())["methods"]}
@@ -190,79 +125,25 @@ def test_eval_and_export_an_eagle_head(toy_dir, toy_data, tmp_path, run_cli):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     # Several heads side by side, each named: the same weights measure the same.
     code, _, err = run_cli(
-        [
+        toy_eval_args(
             "eval",
-            "--target",
-            toy_dir / "target",
-            "--eagle",
-            f"ours={head}",
-            "--eagle",
-            f"copy={tmp_path / 'hf'}",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            1,
-            "--max-new-tokens",
-            8,
-            "--repeats",
-            1,
-            "--no-progress",
-            "--device",
-            "cpu",
-            "-k",
-            3,
-            "--no-distances",
-            "--out",
-            tmp_path / "ev2",
-        ]
+            toy_dir,
+            *("--eagle", f"ours={head}", "--eagle", f"copy={tmp_path / 'hf'}"),
+            limit=1,
+            max_new_tokens=8,
+            k=3,
+            out=tmp_path / "ev2",
+            extra=["--no-distances"],
+        )
     )
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads((tmp_path / "ev2" / "report.json").read_text())["methods"]}
     assert {"ours-chain", "copy-chain"} <= set(rows) and rows["ours-chain"]["alpha"] == rows["copy-chain"]["alpha"]
-    code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--eagle",
-            f"medusa={head}",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--out",
-            tmp_path / "x",
-        ]
-    )
+    code, _, err = run_cli(eval_error_args(toy_dir, "--eagle", f"medusa={head}", out=tmp_path / "x"))
     assert code == 2 and "another method's name" in err
-    code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--prompt-lookup",
-            "--eagle-tree",
-            "2,2,4",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--out",
-            tmp_path / "x",
-        ]
-    )
+    code, _, err = run_cli(eval_error_args(toy_dir, "--prompt-lookup", "--eagle-tree", "2,2,4", out=tmp_path / "x"))
     assert code == 2 and "give --drafter eagle=DIR" in err
-    code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--eagle",
-            head,
-            "--eagle-tree",
-            "2,2",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--out",
-            tmp_path / "x",
-        ]
-    )
+    code, _, err = run_cli(eval_error_args(toy_dir, "--eagle", head, "--eagle-tree", "2,2", out=tmp_path / "x"))
     assert code == 2 and "DEPTH,TOP_K,TOTAL_TOKENS" in err
 
 

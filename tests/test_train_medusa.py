@@ -2,13 +2,11 @@
 Medusa-2 trains and merges LoRA, offline caches are checked, recipes are validated."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from lifecycle_helpers import cache_hidden_args, launch_one_process, losses, recipe_base, write_recipe
 
 from draftsmith.distill.hidden_cache import CacheError
 from draftsmith.train import medusa as medusa_train
@@ -19,21 +17,11 @@ from draftsmith.train.recipe import RecipeError, load_recipe
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_recipe(path: Path, **values) -> Path:
-    import yaml
-
-    path.write_text(
-        "# test recipe\n" + yaml.safe_dump({k: str(v) if isinstance(v, Path) else v for k, v in values.items()})
-    )
-    return path
-
-
 def base(toy_dir, toy_data, out, **extra):
-    values = dict(
-        target=toy_dir / "target",
-        data=toy_data,
-        out=out,
-        device="cpu",
+    values = recipe_base(
+        toy_dir / "target",
+        toy_data,
+        out,
         num_heads=3,
         batch_size=2,
         max_length=128,
@@ -47,10 +35,6 @@ def base(toy_dir, toy_data, out, **extra):
     )
     values.update(extra)
     return values
-
-
-def losses(out: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def test_recipe_errors_name_the_key(tmp_path):
@@ -205,27 +189,7 @@ def test_medusa2_trains_lora_saves_and_merges(toy_dir, toy_data, tmp_path):
 
 def test_offline_cache_trains_and_mismatches_are_errors(toy_dir, toy_data, tmp_path, run_cli):
     good = tmp_path / "cache-last"
-    assert (
-        run_cli(
-            [
-                "cache-hidden",
-                "--target",
-                toy_dir / "target",
-                "--data",
-                toy_data,
-                "--layers",
-                "last",
-                "--dtype",
-                "fp32",
-                "--out",
-                good,
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )[0]
-        == 0
-    )
+    assert run_cli(cache_hidden_args(toy_dir, toy_data, good, "last"))[0] == 0
     out = tmp_path / "offline"
     recipe = write_recipe(
         tmp_path / "r.yaml", **base(toy_dir, toy_data, out, hidden_cache=good, loss="forward_kl", max_steps=4)
@@ -233,51 +197,13 @@ def test_offline_cache_trains_and_mismatches_are_errors(toy_dir, toy_data, tmp_p
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     # a cache holding more layers than `last` (one cache for every head) trains the same heads
     more = tmp_path / "cache-more"
-    assert (
-        run_cli(
-            [
-                "cache-hidden",
-                "--target",
-                toy_dir / "target",
-                "--data",
-                toy_data,
-                "--layers",
-                "0,last,1",
-                "--dtype",
-                "fp32",
-                "--out",
-                more,
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )[0]
-        == 0
-    )
+    assert run_cli(cache_hidden_args(toy_dir, toy_data, more, "0,last,1"))[0] == 0
     superset = base(toy_dir, toy_data, tmp_path / "superset", hidden_cache=more, loss="forward_kl", max_steps=4)
     recipe = write_recipe(tmp_path / "s.yaml", **superset)
     assert main(["--recipe", str(recipe), "--no-progress"]) == 0
     assert losses(tmp_path / "superset") == pytest.approx(losses(out), abs=1e-6)
     wrong = tmp_path / "cache-1"
-    assert (
-        run_cli(
-            [
-                "cache-hidden",
-                "--target",
-                toy_dir / "target",
-                "--data",
-                toy_data,
-                "--layers",
-                "1",
-                "--out",
-                wrong,
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )[0]
-        == 0
-    )
+    assert run_cli(cache_hidden_args(toy_dir, toy_data, wrong, "1", dtype=None))[0] == 0
     recipe = write_recipe(tmp_path / "w.yaml", **base(toy_dir, toy_data, tmp_path / "o2", hidden_cache=wrong))
     with pytest.raises(CacheError, match="holds layers \\[1\\], the trainer needs \\[2\\]"):
         medusa_train.train(load_recipe(MedusaRecipe, recipe), progress=False)
@@ -293,25 +219,6 @@ def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
     """The command users run, in a subprocess: `accelerate launch train/medusa.py --recipe ...`."""
     out = tmp_path / "launched"
     recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, max_steps=3, eval_every=3))
-    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "1",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        str(REPO / "train" / "medusa.py"),
-        "--recipe",
-        str(recipe),
-        "--no-progress",
-    ]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = launch_one_process("train/medusa.py", recipe, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "heads" / "config.json").is_file() and "heads written to" in done.stdout

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fixtures import FAMILIES, VOCAB, windowed_model
+from fixtures import FAMILIES, VOCAB, path_of, windowed_model
 
 from draftsmith.decoding import generate
 from draftsmith.decoding.drafters import Drafter, Proposal
@@ -277,19 +277,9 @@ class Recorder(MedusaDrafter):
         self.observed.append(hidden[self.target_layers[0]][0, : n + 1].clone())
         proposal, self._last = self._last, None
         if proposal is not None and proposal.parents is not None and proposal.counts[0]:
-            self.paths.append(_path_of(proposal, committed[0, :n].tolist()))
+            self.paths.append(path_of(proposal, committed[0, :n].tolist()))
             end = self.paths[-1][-1] if self.paths[-1] else -1
             self.ends_inner.append(end in proposal.parents[0])  # the path's last node has children
-
-
-def _path_of(proposal, tokens: list[int]) -> list[int]:
-    """The node indices of row 0's root-to-node path that spells `tokens` (siblings differ)."""
-    parents, ids = proposal.parents[0], proposal.tokens[0].tolist()
-    path, parent = [], -1
-    for token in tokens:
-        parent = next(i for i, q in enumerate(parents) if q == parent and ids[i] == token)
-        path.append(parent)
-    return path
 
 
 def test_tree_is_what_the_drafter_promises():

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from lifecycle_helpers import toy_eval_args
 
 from draftsmith.decoding import generate
 from draftsmith.decoding.drafters import DraftModelDrafter
@@ -28,27 +29,7 @@ CPU = torch.device("cpu")
 
 
 def tune_args(toy_dir, flag, folder, out, *extra):
-    return [
-        "tune",
-        "--target",
-        toy_dir / "target",
-        flag,
-        folder,
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--limit",
-        3,
-        "--max-new-tokens",
-        8,
-        "--repeats",
-        1,
-        "--no-progress",
-        "--device",
-        "cpu",
-        "--out",
-        out,
-        *extra,
-    ]
+    return toy_eval_args("tune", toy_dir, flag, folder, limit=3, max_new_tokens=8, out=out, extra=extra)
 
 
 @pytest.fixture
@@ -95,27 +76,9 @@ def test_self_draft_writes_the_longest_chain(toy_dir, tmp_path, run_cli, flat_ve
     model = load_causal_lm(draft, device=CPU, dtype=torch.float32, role="draft")
     assert model.config.draftsmith["speculation"]["num_speculative_tokens"] == 3
     code, _, err = run_cli(
-        [
-            "eval",
-            "--target",
-            toy_dir / "target",
-            "--draft",
-            draft,
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            1,
-            "--max-new-tokens",
-            4,
-            "--repeats",
-            1,
-            "--no-distances",
-            "--no-progress",
-            "--device",
-            "cpu",
-            "--out",
-            tmp_path / "e",
-        ]
+        toy_eval_args(
+            "eval", toy_dir, "--draft", draft, limit=1, max_new_tokens=4, out=tmp_path / "e", extra=["--no-distances"]
+        )
     )
     assert code == 0, err
 
