@@ -230,8 +230,18 @@ def topk_divergence(kind: str, student, values, ids, tail, mask=None, **kwargs) 
             f"top-k teacher: values {tuple(values.shape)}, ids {tuple(ids.shape)} and tail "
             f"{tuple(tail.shape)} must be [..., k], [..., k], [...]"
         )
-    teacher = torch.cat([values.float(), tail.float()[..., None]], -1)
-    return divergence(kind, topk_buckets(student, ids), teacher, mask, **kwargs)
+    if tuple(student.shape[:-1]) != tuple(values.shape[:-1]):
+        raise ValueError(f"student {tuple(student.shape)} and top-k teacher {tuple(values.shape)}: the rows differ")
+    if mask is None:
+        teacher = torch.cat([values.float(), tail.float()[..., None]], -1)
+        return divergence(kind, topk_buckets(student, ids), teacher, **kwargs)
+    # The buckets of the kept rows only: bucketing reads the whole vocabulary of every row it gets.
+    reduction = kwargs.pop("reduction", "mean")
+    idx = _kept_rows(mask, values.shape[:-1], reduction, None, None)
+    mask = mask.bool()
+    student, values, ids, tail = (x[mask] for x in (student, values, ids, tail))  # [N, ...]: no copy of the rest
+    per_row = topk_divergence(kind, student, values, ids, tail, reduction="none", **kwargs)
+    return _reduce(per_row, idx, mask.shape, reduction)
 
 
 def dpace_weights(hard_ce: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:

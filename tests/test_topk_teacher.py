@@ -146,3 +146,20 @@ def test_a_top_k_teacher_needs_a_divergence_at_temperature_1(toy_dir, toy_data, 
         load_recipe(DraftRecipe, path, ["loss=ce"])
     with pytest.raises(RecipeError, match="on_policy_fraction = 0"):
         load_recipe(DraftRecipe, path, ["on_policy_fraction=0.5"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_only_the_kept_rows_are_bucketed(reduction):
+    """Rows outside the mask are never read (NaN there changes nothing), for every reduction."""
+    torch.manual_seed(2)
+    student, teacher = torch.randn(2, 6, 30), torch.randn(2, 6, 30) * 2
+    mask = torch.rand(2, 6) > 0.4
+    values, ids, tail = topk_teacher(teacher, K)
+    expected = divergence(
+        "forward_kl", topk_buckets(student, ids), torch.cat([values, tail[..., None]], -1), mask, reduction=reduction
+    )
+    poisoned = student.masked_fill(~mask[..., None], float("nan")).requires_grad_()
+    got = topk_divergence("forward_kl", poisoned, values, ids, tail, mask, reduction=reduction)
+    torch.testing.assert_close(got, expected)
+    (grad,) = torch.autograd.grad(got.sum(), poisoned)
+    assert torch.isfinite(grad).all() and not grad[~mask].any()

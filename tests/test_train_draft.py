@@ -166,3 +166,42 @@ def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
     done = launch_one_process("train/draft.py", recipe, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "draft" / "config.json").is_file() and "held-out acceptance" in done.stdout
+
+
+@pytest.mark.parametrize("loss", ["ce", "kl_tv", "topk"])
+def test_logits_of_the_trained_positions_only_give_the_same_loss_and_gradient(pairs, loss):
+    """The trainer asks both models for the logits from the batch's first trained position on
+    (`logits_to_keep`); the loss and the draft's gradient are those of the whole sequence's."""
+    from types import SimpleNamespace
+
+    from draftsmith.distill.losses import topk_teacher
+    from draftsmith.train.draft import draft_loss, first_trained
+
+    target, draft = pairs("llama")
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (3, 12))
+    attention = torch.ones_like(ids)
+    attention[2, 9:] = 0  # a shorter row, padded
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[0, 6:], loss_mask[1, 8:], loss_mask[2, 5:9] = True, True, True  # answers after prompts of 6, 8, 5
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    first = first_trained(batch)
+    assert first == 4  # position 4 predicts token 5, the first answer token of row 2
+    recipe = SimpleNamespace(
+        loss="ce" if loss == "ce" else "kl_tv", chunk_size=None, beta=0.5, tv_weight=0.5, temperature=1.0
+    )
+    params = [p for p in draft.parameters() if p.requires_grad]
+
+    def loss_and_grad(keep: int, at: int):
+        inputs = {"input_ids": ids, "attention_mask": attention, "use_cache": False, "logits_to_keep": keep}
+        with torch.no_grad():
+            teacher = target(**inputs).logits.float()
+        topk = topk_teacher(teacher, 5) if loss == "topk" else None
+        value = draft_loss(draft(**inputs).logits.float(), None if topk else teacher, batch, recipe, topk, at)
+        return value, torch.autograd.grad(value, params)
+
+    whole, whole_grad = loss_and_grad(0, 0)  # logits_to_keep 0: every position
+    trimmed, trimmed_grad = loss_and_grad(ids.shape[1] - first, first)
+    torch.testing.assert_close(trimmed, whole)
+    for a, b in zip(trimmed_grad, whole_grad):
+        torch.testing.assert_close(a, b)

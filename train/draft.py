@@ -36,6 +36,7 @@ The result is `OUT/draft/`, a plain HF model (+ the target's tokenizer) for
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import shutil
@@ -252,35 +253,33 @@ def is_on_policy_step(step: int, fraction: float) -> bool:
 # --------------------------------------------------------------------------- loss and metrics
 
 
-def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe, topk=None) -> torch.Tensor:
-    """Position t predicts token t+1, trained when that token is under the loss mask. `topk`:
-    a top-k teacher (values, ids, tail) [B, T, k], [B, T, k], [B, T] in place of target_logits."""
-    mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
+def trained_positions(batch) -> torch.Tensor:
+    """[B, T - 1]: position t predicts token t + 1, trained when that token is under the loss mask."""
+    return batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
+
+
+def first_trained(batch) -> int:
+    """The first position any row of the batch trains (0 when none does): the logits before it are
+    never read, so the models compute only the last T - first (`logits_to_keep`)."""
+    rows = trained_positions(batch).any(0).nonzero()
+    return int(rows[0]) if len(rows) else 0
+
+
+def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe, topk=None, first: int = 0) -> torch.Tensor:
+    """Position t predicts token t+1, trained when that token is under the loss mask. The logits
+    [B, T - first, V] are those of positions first.. (`first_trained`), and so is the teacher:
+    target_logits, or `topk` (values, ids, tail) [B, T - first, k], [B, T - first, k], [B, T - first].
+    Only the trained positions' rows are read (and cast to float32)."""
+    mask = trained_positions(batch)[:, first:]
+    student = draft_logits[:, :-1][mask].float()  # [N, V]
+    options = {"chunk_size": recipe.chunk_size}
     if recipe.loss == "ce":
-        return cross_entropy(draft_logits[:, :-1], batch["input_ids"][:, 1:], mask, chunk_size=recipe.chunk_size)
+        return cross_entropy(student, batch["input_ids"][:, 1 + first :][mask], **options)
+    options.update(beta=recipe.beta, tv_weight=recipe.tv_weight)
     if topk is not None:
-        values, ids, tail = (t[:, :-1] for t in topk)
-        return topk_divergence(
-            recipe.loss,
-            draft_logits[:, :-1],
-            values,
-            ids,
-            tail,
-            mask,
-            beta=recipe.beta,
-            tv_weight=recipe.tv_weight,
-            chunk_size=recipe.chunk_size,
-        )
-    return divergence(
-        recipe.loss,
-        draft_logits[:, :-1],
-        target_logits[:, :-1],
-        mask,
-        temperature=recipe.temperature,
-        beta=recipe.beta,
-        tv_weight=recipe.tv_weight,
-        chunk_size=recipe.chunk_size,
-    )
+        return topk_divergence(recipe.loss, student, *(t[:, :-1][mask] for t in topk), **options)
+    teacher = target_logits[:, :-1][mask].float()
+    return divergence(recipe.loss, student, teacher, temperature=recipe.temperature, **options)
 
 
 def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[torch.Tensor]:
@@ -306,7 +305,7 @@ def evaluate_draft(draft, target, rows: Rows, index: list[int], recipe: DraftRec
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
         p_logits = target(**inputs).logits[:, :-1].float()
         q_logits = draft(**inputs).logits[:, :-1].float()
-        valid = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).cpu()
+        valid = trained_positions(batch).cpu()
         p = torch.softmax(p_logits / recipe.temperature, -1)
         q = torch.softmax(q_logits / recipe.temperature, -1)
         accept = torch.minimum(p, q).sum(-1).cpu()  # exactly the decoder's acceptance probability
@@ -492,6 +491,12 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     else:  # resumed: the starting point was measured by the first run (re-measuring would move the RNG)
         initial = json.loads(initial_path.read_text()) if initial_path.is_file() else None
 
+    # Both models take HF's `logits_to_keep` (most causal LMs of transformers 5 do): then only the
+    # positions a batch trains get logits.
+    keeps_logits = all(
+        "logits_to_keep" in inspect.signature(type(m).forward).parameters
+        for m in (target, draft.get_base_model() if recipe.lora else draft)
+    )
     on_policy_tokens = 0
     lengths = None
     if recipe.group_by_length:
@@ -509,16 +514,19 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         batch = to_device(batch, device)
         # No cache: a whole-sequence forward (a model of recurrent layers only cannot build a mask from one)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
+        width, first = batch["input_ids"].shape[1], first_trained(batch) if keeps_logits else 0
+        if keeps_logits:  # the logits of the positions from the first trained one on (the draft's and the target's)
+            inputs["logits_to_keep"] = width - first
         target_logits = topk = None
         if cache is not None:  # offline: the cached top-k teacher, no target forward
-            topk = cached_teacher(cache, index, batch["input_ids"].shape[1], device)
+            topk = tuple(t[:, first:] for t in cached_teacher(cache, index, width, device))
         elif recipe.loss != "ce":
             with torch.no_grad():
-                target_logits = target(**inputs).logits.float()
+                target_logits = target(**inputs).logits
             if recipe.teacher_topk:
                 topk, target_logits = topk_teacher(target_logits, recipe.teacher_topk), None
-        loss = draft_loss(model(**inputs).logits.float(), target_logits, batch, recipe, topk)
-        trained = (batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()).sum()
+        loss = draft_loss(model(**inputs).logits, target_logits, batch, recipe, topk, first)
+        trained = trained_positions(batch).sum()
         return loss * run.token_shares([trained])[0], batch, {}
 
     started = step
