@@ -585,3 +585,30 @@ def _speculators_blocks(head, inputs: dict, indices: torch.Tensor) -> dict:
         candidates = head.candidates(logits)
         scores = head.edge_scores(logits, h, prev, candidates)
     return {"hidden": h, "logits": logits, "candidates": candidates, "scores": scores}
+
+
+@pytest.mark.parametrize("weighting", ["decay", "dpace"])
+def test_a_walk_among_candidates_weighs_and_hits_as_its_vocabulary_wide_law(weighting):
+    """weighted_slots takes the walk as (candidates, scores): the same loss, weights and hits as the
+    law written over the whole vocabulary (-inf off the candidates), which it no longer builds."""
+    from types import SimpleNamespace
+
+    from draftsmith.train.dflash import weighted_slots
+
+    torch.manual_seed(3)
+    B, A, S, V, K = 2, 3, 4, 50, 5
+    recipe = SimpleNamespace(loss_weighting=weighting, dpace_alpha=0.5, decay_gamma=4.0)
+    targets = torch.randn(B, A, S, V)
+    label = torch.rand(B, A, S) > 0.2
+    candidates = torch.randn(B, A, S, V).topk(K, dim=-1).indices
+    best = targets.argmax(-1)
+    candidates[0, 0, 0, 2] = best[0, 0, 0]  # some slots hold the target's token among their candidates
+    scores = torch.randn(B, A, S, K)
+    scores[0, 0, 0, 2] = 10.0  # ... and draft it
+    dense = torch.full((B, A, S, V), float("-inf")).scatter(-1, candidates, scores)
+    per_slot = torch.rand(B, A, S, requires_grad=True)
+    loss, hits, weight_sum = weighted_slots(recipe, per_slot, (candidates, scores), targets, label)
+    expected = weighted_slots(recipe, per_slot, dense, targets, label)
+    torch.testing.assert_close(loss, expected[0])
+    assert torch.equal(hits, expected[1]) and hits[0, 0, 0] == label[0, 0, 0]
+    torch.testing.assert_close(weight_sum, expected[2])

@@ -174,19 +174,37 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return torch.where(k > 0, torch.exp(-(k - 1) / gamma), torch.zeros_like(k))
 
 
-def draft_weights(recipe: DFlashRecipe, logits, targets, label, best=None) -> torch.Tensor:
-    """[B, A, S] loss weights of the S drafting slots of each block (logits, targets [B, A, S, Vd],
-    label [B, A, S]), detached: `decay`, exp(-j/gamma) for the j-th draft; `dpace`, D-PACE's
+def draft_weights(recipe: DFlashRecipe, law, targets, label, best=None) -> torch.Tensor:
+    """[B, A, S] loss weights of the S drafting slots of each block (targets [B, A, S, Vd], label
+    [B, A, S]; `law`: the slots' drafting law, logits [B, A, S, Vd] or a walk among candidates, see
+    `weighted_slots`), detached: `decay`, exp(-j/gamma) for the j-th draft; `dpace`, D-PACE's
     (`dpace_weights`) from each draft's hard cross-entropy on the target's argmax, the token a
     greedy chain must match. Losses divide by the weights' sum (a weighted mean, so the loss keeps
     its scale whatever the weighting; speculators divides by the count of trained slots instead).
     `best`: targets.argmax(-1), when the caller has it."""
     if recipe.loss_weighting == "dpace":
         best = targets.argmax(-1) if best is None else best
-        hard = -torch.log_softmax(logits.detach().float(), -1).gather(-1, best[..., None])[..., 0]
-        return dpace_weights(hard, label, recipe.dpace_alpha)
+        return dpace_weights(_hard_cross_entropy(law, best), label, recipe.dpace_alpha)
     S = label.shape[-1]
     return slot_weights(S + 1, recipe.decay_gamma, label.device)[1:] * label
+
+
+def _hard_cross_entropy(law, tokens) -> torch.Tensor:
+    """-log q(tokens) [B, A, S] under a drafting law (`weighted_slots`), detached; +inf where a walk's
+    candidates lack the token."""
+    if isinstance(law, tuple):
+        candidates, scores = law
+        log_q = torch.log_softmax(scores.detach().float(), -1)
+        return -torch.where(candidates == tokens[..., None], log_q, float("-inf")).amax(-1)
+    return -torch.log_softmax(law.detach().float(), -1).gather(-1, tokens[..., None])[..., 0]
+
+
+def _greedy_drafts(law) -> torch.Tensor:
+    """The token [B, A, S] a greedy chain drafts at each slot under a drafting law (`weighted_slots`)."""
+    if isinstance(law, tuple):
+        candidates, scores = law
+        return candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+    return law.argmax(-1)
 
 
 def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, in_vocab):
@@ -242,15 +260,17 @@ def slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, block_size:
     return target_at, label, targets
 
 
-def weighted_slots(recipe: DFlashRecipe, per_slot, logits, targets, label):
+def weighted_slots(recipe: DFlashRecipe, per_slot, law, targets, label, best=None):
     """(the loss: `per_slot` [B, A, S] averaged by `draft_weights`, greedy hits [B, A, S], the weight
-    sum) of a DFlash-family head's drafting slots."""
-    best = targets.argmax(-1)
-    weights = draft_weights(recipe, logits, targets, label, best)
+    sum) of a DFlash-family head's drafting slots. `law`: how the head drafts each slot, its logits
+    [B, A, S, V], or (candidates, scores) [B, A, S, K] each for a walk among K candidates (DFlash2),
+    which never builds the vocabulary-wide law. `best`: targets.argmax(-1), when the caller has it."""
+    best = targets.argmax(-1) if best is None else best
+    weights = draft_weights(recipe, law, targets, label, best)
     weight_sum = weights.sum()
     loss = (per_slot * weights).sum() / weight_sum.clamp(min=1e-6)
     with torch.no_grad():
-        hits = (logits.argmax(-1) == best) & label
+        hits = (_greedy_drafts(law) == best) & label
     return loss, hits, weight_sum
 
 

@@ -109,14 +109,14 @@ def dflash2_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlash2R
     prev = ids.gather(1, target_at.flatten(1)).view_as(target_at)  # [B, A, Bs-1]: the data's token at p + k - 1
 
     serving = head.candidates(unary.detach())  # [B, A, Bs-1, K]: what the walk chooses among
-    training, where, _ = training_candidates(serving, targets.argmax(-1))
+    best = targets.argmax(-1)
+    training, where, _ = training_candidates(serving, best)
     scores = head.edge_scores(unary, h, prev, training).float()  # [B, A, Bs-1, K]
     selector = F.cross_entropy(scores.flatten(0, -2), where.flatten(), reduction="none").view_as(where)
     per_slot = divergence(recipe.loss, unary, targets, label, reduction="none") + recipe.selector_loss_alpha * selector
-    with torch.no_grad():  # the walk's law: the scores on the serving candidates, -inf elsewhere
-        walked = head.edge_scores(unary, h, prev, serving).float()
-        walk = torch.full_like(unary, float("-inf")).scatter_(-1, serving, walked)  # [B, A, Bs-1, V]
-    loss, hits, weight_sum = weighted_slots(recipe, per_slot, walk, targets, label)
+    with torch.no_grad():  # the walk's law: the scores on the serving candidates
+        walk = (serving, head.edge_scores(unary, h, prev, serving).float())
+    loss, hits, weight_sum = weighted_slots(recipe, per_slot, walk, targets, label, best)
     return loss, hits, label, weight_sum
 
 
