@@ -1,4 +1,4 @@
-"""The teacher of heads with a reduced draft vocabulary (`train.common.aux_states_and_teacher`).
+"""The teacher of heads with a reduced draft vocabulary (`train.teacher.aux_states_and_teacher`).
 
 Offline it is the cached last state projected on the lm_head rows of the draft tokens only, and the
 mask of positions whose target argmax lies outside the draft vocabulary comes from the cache's top-1
@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from draftsmith.distill.data import DistillData
 from draftsmith.distill.vocab import build_vocab_map
-from draftsmith.train.common import aux_states_and_teacher, collate_rows, draft_vocab_ids, vocab_argmax
+from draftsmith.train.common import collate_rows
+from draftsmith.train.teacher import aux_states_and_teacher, draft_vocab_ids, vocab_argmax
 
 VD = 12  # draft tokens: few enough that many of the target's argmaxes fall outside
 
@@ -180,3 +181,27 @@ def test_online_teacher_is_restricted_once(setup, toy_dir, toy_data):
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(teacher[real], want_teacher[real], atol=1e-4, rtol=1e-4)
     assert torch.equal(in_vocab[real], want_in_vocab[real])
+
+
+def test_the_lazy_teacher_projects_only_the_rows_read_and_gives_the_same_losses(setup, toy_dir, toy_data):
+    """`lazy=True` (the DFlash family, offline): TeacherStates instead of [B, T, Vd] logits; the rows
+    `teacher_rows` projects, and the block loss, hits and trained slots, are the dense teacher's."""
+    from draftsmith.train.teacher import TeacherStates, teacher_rows
+
+    target, data, batch, caches = setup
+    vocab_map, by_kind = heads(target, data)
+    head = by_kind["dflash"]
+    vocab = draft_vocab_ids(head, vocab_map, "cpu")
+    recipe = recipe_of("dflash", toy_dir, toy_data, caches["argmax"])
+    dense = aux_states_and_teacher(recipe, target, data, (0, 1), 2, torch.device("cpu"), vocab, head.t2d)(batch)
+    lazy = aux_states_and_teacher(recipe, target, data, (0, 1), 2, torch.device("cpu"), vocab, head.t2d, lazy=True)
+    feats, teacher, in_vocab = lazy(batch)
+    assert isinstance(teacher, TeacherStates) and torch.equal(in_vocab, dense[2])
+    index = torch.tensor([[3, 0, 5], [1, 1, 4]])[: batch["input_ids"].shape[0]]
+    want = dense[1].gather(1, index[..., None].expand(-1, -1, VD))
+    torch.testing.assert_close(teacher_rows(teacher, index), want)
+    torch.testing.assert_close(teacher_rows(dense[1], index), want)
+    got = losses_of("dflash", head, recipe, batch, feats, teacher, in_vocab)
+    expected = losses_of("dflash", head, recipe, batch, *dense)
+    torch.testing.assert_close(got[0], expected[0])
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2]) and got[2].any()

@@ -85,8 +85,8 @@ def build(method: str, recipe, data):
     if method == "eagle":
         from draftsmith.distill.vocab import build_vocab_map
         from draftsmith.heads.eagle import EagleHead
-        from draftsmith.train.common import on_draft_vocab
         from draftsmith.train.eagle import EagleObjective
+        from draftsmith.train.teacher import on_draft_vocab
 
         vocab_map = build_vocab_map(data.token_counts(), recipe.draft_vocab_size, data.data_hash)
         head = EagleHead.for_target(

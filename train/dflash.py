@@ -39,7 +39,6 @@ from draftsmith.train.common import (
     draft_vocab_map,
     finish_head,
     head_origin,
-    head_target_states,
     heldout_batches,
     mask_token,
     one_pass_evaluation,
@@ -52,6 +51,7 @@ from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
+from draftsmith.train.teacher import head_target_states, teacher_rows
 
 LOSS_WEIGHTINGS = ("decay", "dpace")
 
@@ -210,8 +210,9 @@ def _greedy_drafts(law) -> torch.Tensor:
 def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRecipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum)
     of one packed forward. `feats`: the aux states concatenated [B, T, n*H]; `teacher`: the
-    target's logits on the head's vocabulary [B, T, Vd] and `in_vocab` [B, T] (None: the whole
-    vocabulary), as `common.on_draft_vocab` makes them; anchors/valid from `sample_anchors` (on the
+    target's logits on the head's vocabulary [B, T, Vd] (or `teacher.TeacherStates`, projected at
+    the slots' positions only) and `in_vocab` [B, T] (None: the whole vocabulary), as
+    `teacher.aux_states_and_teacher` makes them; anchors/valid from `sample_anchors` (on the
     batch's device)."""
     h, slot_pos = block_hidden(head, batch, feats, anchors, recipe.block_size)  # [B, A*Bs, H], [B, A*Bs]
     B, A, Bs = *anchors.shape, recipe.block_size
@@ -253,8 +254,7 @@ def slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, block_size:
     target_at = (slot_pos.view(B, A, Bs)[:, :, 1:] - 1).clamp(max=T - 1)  # the target predicts p + k at p + k - 1
     label = loss_mask.gather(1, (target_at + 1).clamp(max=T - 1).flatten(1)).view_as(target_at) & valid[..., None]
     label = label & (target_at + 1 < T)  # a block running past the batch's columns drafts nothing there
-    targets = teacher.gather(1, target_at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
-    targets = targets.view(B, A, Bs - 1, -1)  # [B, A, Bs-1, Vd]
+    targets = teacher_rows(teacher, target_at.flatten(1)).view(B, A, Bs - 1, -1)  # [B, A, Bs-1, Vd]
     if in_vocab is not None:  # the target's distribution on the draft vocabulary; out-of-vocabulary argmax: masked
         label = label & in_vocab.gather(1, target_at.flatten(1)).view_as(target_at)
     return target_at, label, targets
@@ -337,7 +337,8 @@ def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, lo
     except head_class.error as err:
         raise RecipeError(str(err)) from None
     run.print(describe(head))
-    target_states = head_target_states(run, target, data, head, vocab_map)  # offline: hidden_cache
+    # offline (hidden_cache): the teacher projected at the slots' positions only (`teacher_rows`)
+    target_states = head_target_states(run, target, data, head, vocab_map, lazy=True)
 
     model, head = prepare_head(run, DFlashObjective(head, recipe, losses))
     run.start()

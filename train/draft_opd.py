@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.decoding.recorder import DraftCall
-from draftsmith.train.common import on_draft_vocab, target_forward
+from draftsmith.train.teacher import on_draft_vocab, target_forward
 
 LOG_FLOOR = -1e4  # log(1 - p) of a token the target is sure of (p = 1): its (1 - p) factor is 0 anyway
 K3_LOG_RATIO = (-100.0, 20.0)  # log r clamped only where exp(log r) would overflow fp32 (or log p is -inf)

@@ -32,6 +32,7 @@ from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
+from draftsmith.train.teacher import teacher_rows
 
 VARIANT = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
@@ -109,7 +110,7 @@ def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRec
     prev = ids.gather(1, at.flatten(1))  # [B, A*Bs]: the anchor, then the block's own tokens
     hb = h.view(B * A, Bs, -1)
     logits = head.block_logits(hb, prev.view(B * A, Bs)).view(B, A, Bs, -1).float()
-    targets = teacher.gather(1, at.flatten(1)[..., None].expand(-1, -1, teacher.shape[-1])).view(B, A, Bs, -1)
+    targets = teacher_rows(teacher, at.flatten(1)).view(B, A, Bs, -1)
 
     term = divergence(recipe.loss, logits, targets, label, reduction="none")  # [B, A, Bs]
     ce = F.cross_entropy(logits.flatten(0, 2), data.clamp(min=0).flatten(), reduction="none").view_as(term)

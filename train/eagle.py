@@ -44,7 +44,6 @@ from draftsmith.train.common import (
     draft_vocab_map,
     finish_head,
     head_origin,
-    head_target_states,
     heldout_batches,
     heldout_walks,
     prepare_head,
@@ -57,6 +56,7 @@ from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
+from draftsmith.train.teacher import head_target_states
 
 
 @dataclass(kw_only=True)
@@ -170,7 +170,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
     """Per-step losses and top-1 hits over `steps` unrolled draft steps. `feats`: eagle1 the
     post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
     target's logits on the head's vocabulary [B,T,Vd] and `in_vocab` [B,T] (None: the whole
-    vocabulary) as `common.on_draft_vocab` makes them. Unrolling is the training-time test for
+    vocabulary) as `teacher.on_draft_vocab` makes them. Unrolling is the training-time test for
     EAGLE-3 and, at evaluation, simply how both versions draft past the first token (own output
     fed back)."""
     from transformers import DynamicCache

@@ -41,14 +41,11 @@ from draftsmith.distill.losses import DIVERGENCES, Projected, cross_entropy, div
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     batch_rows,
-    cached_states,
     collate_rows,
     heldout_prompts,
     heldout_walks,
-    open_hidden_cache,
     serve_check,
     sync,
-    target_forward,
     to_device,
     walk_taus,
 )
@@ -57,6 +54,7 @@ from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
+from draftsmith.train.teacher import cached_states, open_hidden_cache, target_forward
 
 LOSSES = ("ce",) + DIVERGENCES
 

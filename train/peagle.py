@@ -37,7 +37,6 @@ from draftsmith.train.common import (
     draft_vocab_map,
     finish_head,
     head_origin,
-    head_target_states,
     heldout_batches,
     mask_token,
     one_pass_evaluation,
@@ -50,6 +49,7 @@ from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
+from draftsmith.train.teacher import head_target_states
 
 
 @dataclass(kw_only=True)
@@ -182,7 +182,7 @@ def peagle_losses(
 ):
     """(loss, hits [B, N], trained [B, N], anchor, depth) of one packed forward. `feats`: the aux
     states concatenated [B, T, n*H]; `teacher`: the target's logits on the head's vocabulary
-    [B, T, Vd] and `in_vocab` [B, T] (None: the whole vocabulary), as `common.on_draft_vocab` makes
+    [B, T, Vd] and `in_vocab` [B, T] (None: the whole vocabulary), as `teacher.on_draft_vocab` makes
     them; `drop`, `window`: `cod_sample`'s."""
     ids, valid = batch["input_ids"], batch["attention_mask"].bool()
     B, T = ids.shape
