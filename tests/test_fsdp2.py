@@ -118,20 +118,18 @@ def build(method: str, recipe, data):
         # The decoder layer runs ttt_steps times in one forward: FSDP2 gathers it for every call.
         return module, list(head.layers), loss_fn, {"betas": (0.9, 0.95)}
 
-    from draftsmith.train.draft import build_draft, draft_loss
+    from draftsmith.train.draft import build_draft, draft_loss, trained_rows
 
     module = build_draft(recipe, target, load_tokenizer(recipe.target), cpu)
 
     def loss_fn(batch, shares):
+        kept = trained_rows(batch)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        labels = torch.nn.functional.pad(batch["input_ids"][:, 1:], (0, 1))[kept]
         with torch.no_grad():
-            target_logits = (
-                None
-                if recipe.loss == "ce"
-                else target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-            )
-        logits = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        mask = batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
-        return draft_loss(logits, target_logits, batch, recipe) * shares([mask.sum()])[0]
+            teacher = None if recipe.loss == "ce" else target(**inputs).logits[kept]
+        student = module(**inputs).logits[kept]
+        return draft_loss(recipe, student, labels=labels, teacher=teacher) * shares([kept.sum()])[0]
 
     return module, list(module.model.layers), loss_fn, {}
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from lifecycle_helpers import launch_one_process, recipe_base, write_recipe
 
 from draftsmith.distill.acceptance import simulated_tau
@@ -170,12 +171,12 @@ def test_accelerate_launch_entry_point(toy_dir, toy_data, tmp_path):
 
 @pytest.mark.parametrize("loss", ["ce", "kl_tv", "topk"])
 def test_logits_of_the_trained_positions_only_give_the_same_loss_and_gradient(pairs, loss):
-    """The trainer asks both models for the logits from the batch's first trained position on
-    (`logits_to_keep`); the loss and the draft's gradient are those of the whole sequence's."""
+    """The trainer has both models project only the trained positions' states (`logits_at`); the
+    loss and the draft's gradient are the masked loss's over every position's logits."""
     from types import SimpleNamespace
 
-    from draftsmith.distill.losses import topk_teacher
-    from draftsmith.train.draft import draft_loss, first_trained
+    from draftsmith.distill.losses import cross_entropy, topk_divergence, topk_teacher
+    from draftsmith.train.draft import draft_loss, logits_at, rows_of, trained_rows
 
     target, draft = pairs("llama")
     torch.manual_seed(0)
@@ -185,23 +186,36 @@ def test_logits_of_the_trained_positions_only_give_the_same_loss_and_gradient(pa
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
     loss_mask[0, 6:], loss_mask[1, 8:], loss_mask[2, 5:9] = True, True, True  # answers after prompts of 6, 8, 5
     batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    first = first_trained(batch)
-    assert first == 4  # position 4 predicts token 5, the first answer token of row 2
-    recipe = SimpleNamespace(
-        loss="ce" if loss == "ce" else "kl_tv", chunk_size=None, beta=0.5, tv_weight=0.5, temperature=1.0
-    )
+    kind = "ce" if loss == "ce" else "kl_tv"
+    recipe = SimpleNamespace(loss=kind, chunk_size=None, beta=0.5, tv_weight=0.5, temperature=1.0)
     params = [p for p in draft.parameters() if p.requires_grad]
+    inputs = {"input_ids": ids, "attention_mask": attention, "use_cache": False}
 
-    def loss_and_grad(keep: int, at: int):
-        inputs = {"input_ids": ids, "attention_mask": attention, "use_cache": False, "logits_to_keep": keep}
-        with torch.no_grad():
-            teacher = target(**inputs).logits.float()
-        topk = topk_teacher(teacher, 5) if loss == "topk" else None
-        value = draft_loss(draft(**inputs).logits.float(), None if topk else teacher, batch, recipe, topk, at)
-        return value, torch.autograd.grad(value, params)
+    # the reference: every position's logits, the loss masked to the trained ones
+    mask = loss_mask[:, 1:] & attention[:, :-1].bool()
+    with torch.no_grad():
+        teacher = target(**inputs).logits[:, :-1].float()
+    student = draft(**inputs).logits[:, :-1].float()
+    if loss == "ce":
+        want = cross_entropy(student, ids[:, 1:], mask)
+    elif loss == "topk":
+        want = topk_divergence(kind, student, *topk_teacher(teacher, 5), mask, tv_weight=0.5)
+    else:
+        want = divergence(kind, student, teacher, mask, tv_weight=0.5)
+    want_grad = torch.autograd.grad(want, params)
 
-    whole, whole_grad = loss_and_grad(0, 0)  # logits_to_keep 0: every position
-    trimmed, trimmed_grad = loss_and_grad(ids.shape[1] - first, first)
-    torch.testing.assert_close(trimmed, whole)
-    for a, b in zip(trimmed_grad, whole_grad):
+    kept = trained_rows(batch)
+    assert kept.shape == ids.shape and int(kept.sum()) == int(mask.sum()) == 14
+    with torch.no_grad(), logits_at(target, kept):
+        rows = target(**inputs).logits
+    assert rows.shape == (14, target.config.vocab_size)  # the output layer saw the 14 trained states only
+    with logits_at(draft, kept):
+        student_rows = rows_of(draft(**inputs).logits, kept)
+    topk = topk_teacher(rows, 5) if loss == "topk" else None
+    got = draft_loss(
+        recipe, student_rows, labels=F.pad(ids[:, 1:], (0, 1))[kept], teacher=None if topk else rows, topk=topk
+    )
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, params), want_grad):
         torch.testing.assert_close(a, b)
+    assert draft(**inputs).logits.dim() == 3  # the hook is gone after the block

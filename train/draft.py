@@ -36,7 +36,7 @@ The result is `OUT/draft/`, a plain HF model (+ the target's tokenizer) for
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import json
 import math
 import shutil
@@ -258,28 +258,48 @@ def trained_positions(batch) -> torch.Tensor:
     return batch["loss_mask"][:, 1:] & batch["attention_mask"][:, :-1].bool()
 
 
-def first_trained(batch) -> int:
-    """The first position any row of the batch trains (0 when none does): the logits before it are
-    never read, so the models compute only the last T - first (`logits_to_keep`)."""
-    rows = trained_positions(batch).any(0).nonzero()
-    return int(rows[0]) if len(rows) else 0
+def trained_rows(batch) -> torch.Tensor:
+    """[B, T] bool over the positions' logits: those trained (the last position predicts no token)."""
+    return torch.nn.functional.pad(trained_positions(batch), (0, 1))
 
 
-def draft_loss(draft_logits, target_logits, batch, recipe: DraftRecipe, topk=None, first: int = 0) -> torch.Tensor:
-    """Position t predicts token t+1, trained when that token is under the loss mask. The logits
-    [B, T - first, V] are those of positions first.. (`first_trained`), and so is the teacher:
-    target_logits, or `topk` (values, ids, tail) [B, T - first, k], [B, T - first, k], [B, T - first].
-    Only the trained positions' rows are read (and cast to float32)."""
-    mask = trained_positions(batch)[:, first:]
-    student = draft_logits[:, :-1][mask].float()  # [N, V]
+@contextlib.contextmanager
+def logits_at(model, rows: torch.Tensor):
+    """Within the block, `model`'s output layer projects only its hidden states at `rows` [B, T]:
+    the model's logits come out [N, V] (N = rows.sum()), with whatever it applies after the
+    projection (soft-capping, logit scales) applied to those rows alone; `rows_of` reads them. A
+    model that feeds its output layer another shape keeps its logits whole."""
+
+    def at_rows(_, args):
+        hidden = args[0]
+        if tuple(hidden.shape[:-1]) != tuple(rows.shape):
+            return None
+        return (hidden[rows.to(hidden.device)], *args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(at_rows)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def rows_of(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The logits [N, V] at `rows` of a forward under `logits_at` (already those rows, or whole)."""
+    return logits if logits.dim() == 2 else logits[rows]
+
+
+def draft_loss(recipe: DraftRecipe, student, *, labels=None, teacher=None, topk=None) -> torch.Tensor:
+    """The draft's loss at its trained positions: its logits there, `student` [N, V], against the
+    data's next tokens `labels` [N] (`loss: ce`), the teacher's logits [N, V], or the teacher's top k
+    (values, ids, tail) [N, k], [N, k], [N] (`teacher_cache`, `teacher_topk`). Mean over the N."""
+    student = student.float()
     options = {"chunk_size": recipe.chunk_size}
     if recipe.loss == "ce":
-        return cross_entropy(student, batch["input_ids"][:, 1 + first :][mask], **options)
+        return cross_entropy(student, labels, **options)
     options.update(beta=recipe.beta, tv_weight=recipe.tv_weight)
     if topk is not None:
-        return topk_divergence(recipe.loss, student, *(t[:, :-1][mask] for t in topk), **options)
-    teacher = target_logits[:, :-1][mask].float()
-    return divergence(recipe.loss, student, teacher, temperature=recipe.temperature, **options)
+        return topk_divergence(recipe.loss, student, *topk, **options)
+    return divergence(recipe.loss, student, teacher.float(), temperature=recipe.temperature, **options)
 
 
 def chain_along_text(accept: torch.Tensor, valid: torch.Tensor, k: int) -> list[torch.Tensor]:
@@ -491,12 +511,6 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     else:  # resumed: the starting point was measured by the first run (re-measuring would move the RNG)
         initial = json.loads(initial_path.read_text()) if initial_path.is_file() else None
 
-    # Both models take HF's `logits_to_keep` (most causal LMs of transformers 5 do): then only the
-    # positions a batch trains get logits.
-    keeps_logits = all(
-        "logits_to_keep" in inspect.signature(type(m).forward).parameters
-        for m in (target, draft.get_base_model() if recipe.lora else draft)
-    )
     on_policy_tokens = 0
     lengths = None
     if recipe.group_by_length:
@@ -514,18 +528,20 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
         batch = to_device(batch, device)
         # No cache: a whole-sequence forward (a model of recurrent layers only cannot build a mask from one)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
-        width, first = batch["input_ids"].shape[1], first_trained(batch) if keeps_logits else 0
-        if keeps_logits:  # the logits of the positions from the first trained one on (the draft's and the target's)
-            inputs["logits_to_keep"] = width - first
-        target_logits = topk = None
-        if cache is not None:  # offline: the cached top-k teacher, no target forward
-            topk = tuple(t[:, first:] for t in cached_teacher(cache, index, width, device))
-        elif recipe.loss != "ce":
-            with torch.no_grad():
-                target_logits = target(**inputs).logits
+        kept = trained_rows(batch)  # both models project only these positions' states (`logits_at`)
+        labels = teacher = topk = None
+        if recipe.loss == "ce":
+            labels = torch.nn.functional.pad(batch["input_ids"][:, 1:], (0, 1))[kept]
+        elif cache is not None:  # offline: the cached top-k teacher, no target forward
+            topk = tuple(t[kept] for t in cached_teacher(cache, index, kept.shape[1], device))
+        else:
+            with torch.no_grad(), logits_at(target, kept):
+                teacher = rows_of(target(**inputs).logits, kept)
             if recipe.teacher_topk:
-                topk, target_logits = topk_teacher(target_logits, recipe.teacher_topk), None
-        loss = draft_loss(model(**inputs).logits, target_logits, batch, recipe, topk, first)
+                topk, teacher = topk_teacher(teacher, recipe.teacher_topk), None
+        with logits_at(draft, kept):
+            student = rows_of(model(**inputs).logits, kept)
+        loss = draft_loss(recipe, student, labels=labels, teacher=teacher, topk=topk)
         trained = trained_positions(batch).sum()
         return loss * run.token_shares([trained])[0], batch, {}
 
