@@ -106,7 +106,7 @@ def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
 
 def read_weights(file, what: str, error=ValueError) -> dict:
     """The tensors of the safetensors `file` ({name: tensor}, on CPU); a missing or unreadable file
-    raises `error` naming it as `what` (e.g. "EAGLE weights")."""
+    raises `error` naming it as `what` (e.g. "the head weights")."""
     file = Path(file)
     if not file.is_file():
         raise error(f"{what} {str(file)!r} are missing")
