@@ -219,3 +219,29 @@ def test_logits_of_the_trained_positions_only_give_the_same_loss_and_gradient(pa
     for a, b in zip(torch.autograd.grad(got, params), want_grad):
         torch.testing.assert_close(a, b)
     assert draft(**inputs).logits.dim() == 3  # the hook is gone after the block
+
+
+def test_a_model_that_feeds_its_output_layer_another_shape_keeps_its_logits_whole():
+    """`logits_at` acts only when the output layer gets [B, T, H]; otherwise the model's logits come
+    out whole and `rows_of` takes the trained rows from them."""
+    from types import SimpleNamespace
+
+    from draftsmith.train.draft import logits_at, rows_of
+
+    class Flattening(torch.nn.Module):  # projects [B * T, H], as a model of its own making might
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10)
+
+        def get_output_embeddings(self):
+            return self.out
+
+        def forward(self, ids):
+            return SimpleNamespace(logits=self.out(self.embed(ids).reshape(-1, 4)).reshape(*ids.shape, 10))
+
+    model, ids = Flattening(), torch.randint(0, 10, (2, 5))
+    rows = torch.rand(2, 5) > 0.5
+    with logits_at(model, rows):
+        logits = model(ids).logits
+    assert logits.shape == (2, 5, 10)
+    torch.testing.assert_close(rows_of(logits, rows), model(ids).logits[rows])
