@@ -90,8 +90,7 @@ def block_hidden(target, head, context, block_size: int):
     import torch
 
     n = len(context) - 1
-    hidden = target(torch.tensor([context]), output_hidden_states=True).hidden_states
-    feats = head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
+    feats = context_features(target, head, context)
     block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (block_size - 1)])
     mask = torch.zeros(1, 1, block_size, n + block_size)
     return head.hidden(block, feats, positions=torch.arange(n + block_size)[None], attention_mask=mask)
@@ -110,11 +109,228 @@ def path_of(proposal, tokens: list[int]) -> list[int]:
 def anchored_blocks(target, head, recipe, losses):
     """A block head's held-out blocks anchored at every position of the toy target's greedy
     answers (`every_block`, with the head's training `losses`): (chains, starts)."""
-    import torch
-
     from draftsmith.train.dflash import every_block
 
     _, batch, states = greedy_answers_batch(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
-    chains, starts, _, _ = every_block(head, batch, feats, states.logits, recipe, None, losses)
+    chains, starts, _, _ = every_block(head, batch, aux_features(states, head), states.logits, recipe, None, losses)
     return chains, starts
+
+
+def aux_features(states, head):
+    """The target's hidden states at the head's aux layers (`states` with every hidden state),
+    concatenated on the last dimension: a head's input features."""
+    import torch
+
+    return torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+
+
+def context_features(target, head, context):
+    """The head's projected features of every token of `context` but the last, from one full
+    target forward over the whole context."""
+    import torch
+
+    n = len(context) - 1
+    hidden = target(torch.tensor([context]), output_hidden_states=True).hidden_states
+    return head.project(torch.cat([hidden[i][:, :n] for i in head.config.aux_layer_ids], -1))
+
+
+def fit_steps(head, loss_of, steps: int, lr: float = 1e-2) -> list[float]:
+    """Fit `head`'s trainable parameters with AdamW at `lr` for `steps` steps, `loss_of(step)`
+    giving each step's loss; the losses, step by step."""
+    import torch
+
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for step in range(steps):
+        loss = loss_of(step)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def fit_block_head(
+    head, batch, states, recipe, losses_fn, steps: int, block_size: int, loss_mask=None, with_step=False
+):
+    """`fit_steps` of a block head on the target's greedy answers (`batch`, `states`): each step
+    `losses_fn` over 32 anchors drawn (seed: the step) where `loss_mask` (default: the batch's)
+    holds, the step handed in the batch when `with_step`; the losses."""
+    import torch
+
+    from draftsmith.train.dflash import sample_anchors
+
+    feats = aux_features(states, head)
+    mask = batch["loss_mask"] if loss_mask is None else loss_mask
+
+    def loss_of(step):
+        gen = torch.Generator().manual_seed(step)
+        anchors, valid = sample_anchors(mask, batch["attention_mask"], block_size, 32, gen)
+        rows = {**batch, "step": step} if with_step else batch
+        return losses_fn(head, rows, feats, states.logits, anchors, valid, recipe, None)[0]
+
+    return fit_steps(head, loss_of, steps)
+
+
+def checking_drafter_class(drafter_class, check_row, raw_logits: bool = False):
+    """A subclass of `drafter_class`, built as `(head, target)`, that after each proposal calls
+    `check_row(drafter, b, context, proposal, sampling)` on each row: `.checked` counts the rows
+    it reports checked (a true return), `.calls` the proposals; with `raw_logits`, `prepare` has
+    each proposal keep its raw logits."""
+
+    class Checked(drafter_class):
+        def __init__(self, head, target):
+            super().__init__(head)
+            self.target, self.checked, self.calls = target, 0, 0
+
+        if raw_logits:
+
+            def prepare(self, *args, **kwargs):
+                return super().prepare(*args[:5], logits=True)  # the check reads each proposal's raw logits
+
+        def propose(self, contexts, num_tokens, sampling, generators):
+            proposal = super().propose(contexts, num_tokens, sampling, generators)
+            for b, context in enumerate(contexts):
+                self.checked += bool(check_row(self, b, context, proposal, sampling))
+            self.calls += 1
+            return proposal
+
+    return Checked
+
+
+def decode_ragged_sampled(target, prompts, drafter, num_draft_tokens: int, sampling):
+    """Sampled decoding (seed 3, 12 new tokens, no gradients) of ragged rows at batch 3: prompts
+    0, the first 2 tokens of 1, and 5; the batch's output."""
+    import torch
+
+    from draftsmith.decoding import generate_batch
+
+    with torch.no_grad():
+        return generate_batch(
+            target,
+            [prompts[0], prompts[1][:2], prompts[5]],
+            drafter,
+            num_draft_tokens=num_draft_tokens,
+            max_new_tokens=12,
+            sampling=sampling,
+            seed=3,
+        )
+
+
+def assert_rows_leaving_are_checked(target, prompts, drafter, num_draft_tokens: int, temperature: float):
+    """Decoding at `temperature` of ragged rows (prompts 0, 1 and the first token of 2, 16 new
+    tokens) where row 1 leaves the batch early (its first token is the end token), with a
+    checking `drafter`: at least 5 proposals are checked and some drafts are accepted."""
+    from draftsmith.decoding import generate_batch
+    from draftsmith.decoding.sampling import SamplingConfig
+
+    rows = [prompts[0], prompts[1], prompts[2][:1]]
+    out = generate_batch(
+        target,
+        rows,
+        drafter,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=16,
+        sampling=SamplingConfig(temperature=temperature),
+        eos_token_id=rows[1][0].item(),
+    )
+    assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
+
+
+def parameter_counts(head) -> tuple[int, int]:
+    """(trained, frozen): how many of the head's parameters require gradients, and how many not."""
+    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in head.parameters() if not p.requires_grad)
+    return trained, frozen
+
+
+def assert_lossless(target, drafter, prompt, samples: int, batch_size: int, rate=(0.05, 0.95), **settings):
+    """`check_lossless` of `drafter` on `prompt` (2 drafts, no progress bar, `settings` on top):
+    its acceptance rate lies strictly inside `rate` and the chi-square test passes."""
+    from draftsmith.eval.lossless import check_lossless
+
+    result = check_lossless(
+        target, drafter, prompt, num_draft_tokens=2, samples=samples, progress=False, batch_size=batch_size, **settings
+    )
+    assert rate[0] < result.acceptance_rate < rate[1], result.describe()
+    assert result.passed, result.describe()
+
+
+def assert_walk_is_decoded(target, drafter, prompts, chains, starts, num_draft_tokens: int):
+    """The walk over the held-out `chains` anchored at `starts` makes the calls greedy decoding of
+    `prompts` (41 new tokens) with `drafter` makes, with the same tau, above 1.5."""
+    import pytest
+
+    from draftsmith.distill.acceptance import walk_tau
+    from draftsmith.train.common import decoded_tau
+
+    tokens, calls = walk_tau(chains, starts)
+    # The decoder leaves out calls cut short by the budget, the walk those running past the answer:
+    # 41 new tokens make them the same calls.
+    tau, decoder_calls = decoded_tau(target, drafter, [p.tolist() for p in prompts], num_draft_tokens, 41)
+    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+
+
+def assert_greedy_is_target_only(
+    target,
+    drafter_class,
+    head,
+    prompts,
+    num_draft_tokens: int,
+    rows: int = 4,
+    singles: int = 2,
+    min_accepted: int = 10,
+    min_batch_accepted: int = 0,
+    drafts_every_slot: bool = False,
+):
+    """Greedy decoding with a fresh `drafter_class(head)` gives the target-only tokens: each of the
+    first `singles` prompts alone (at least `min_accepted` drafts accepted in all, so the cache
+    moves run; with `drafts_every_slot`, each decode's widest proposal is `num_draft_tokens`),
+    the first `rows` as one batch (at least `min_batch_accepted` accepted), and that batch at a
+    budget of 2 below the block, where the drafter proposes only 2 tokens."""
+    from draftsmith.decoding import generate, generate_batch
+
+    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:rows]]
+    accepted = 0
+    for p, reference in zip(prompts[:singles], references):
+        out = generate(target, drafter_class(head), p, max_new_tokens=24, num_draft_tokens=num_draft_tokens)
+        assert out.tokens == reference
+        accepted += sum(out.stats.accepted)
+        if drafts_every_slot:
+            assert max(out.stats.proposed) == num_draft_tokens
+    assert accepted >= min_accepted, accepted
+    batch = generate_batch(
+        target, prompts[:rows], drafter_class(head), num_draft_tokens=num_draft_tokens, max_new_tokens=24
+    )
+    assert batch.tokens == references and sum(sum(r.accepted) for r in batch.rows) >= min_batch_accepted
+    out = generate_batch(target, prompts[:rows], drafter_class(head), num_draft_tokens=2, max_new_tokens=24)
+    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+
+
+def teacher_forced_blocks(head, batch, feats, anchors, block_size: int):
+    """(final-norm states [B*A, Bs, H], the block's data tokens [B*A, Bs]) of the head's
+    teacher-forced blocks at `anchors` of `batch`, over the target's features `feats`."""
+    import torch
+
+    from draftsmith.decoding.masks import additive
+    from draftsmith.train.dflash import anchor_block_mask, block_inputs
+
+    ids, (B, T), A = batch["input_ids"], batch["input_ids"].shape, anchors.shape[1]
+    block_ids, slot_pos = block_inputs(ids, anchors, block_size, head.config.mask_token_id)
+    positions = torch.cat([torch.arange(T)[None].expand(B, T), slot_pos], dim=1)
+    mask = additive(anchor_block_mask(anchors, batch["attention_mask"], block_size), head.dtype)[:, None]
+    with torch.no_grad():
+        h = head.hidden(block_ids, head.project(feats), positions=positions, attention_mask=mask)
+    return h.view(B * A, block_size, -1), ids.gather(1, slot_pos.clamp(max=T - 1)).view(B * A, block_size)
+
+
+def record_accepted(recorder, proposal, committed, n: int, observed) -> bool:
+    """Log one `accepted` call on a recording drafter (batch 1): the event, the target states it
+    was handed (`observed`), and, after a tree `proposal` that drafted, the node path spelled by
+    the `n` accepted tokens of `committed` (in `recorder.paths`); whether a path was logged."""
+    recorder.events.append("accepted")
+    recorder.observed.append(observed)
+    if proposal is not None and proposal.parents is not None and proposal.counts[0]:
+        recorder.paths.append(path_of(proposal, committed[0, :n].tolist()))
+        return True
+    return False

@@ -221,3 +221,45 @@ def eval_error_args(toy_dir: Path, *drafter_args, out) -> list:
     """A bare `draftsmith eval` command line over the toy target and its prompts (no quick
     settings: the tests of its argument errors stop before any decoding)."""
     return ["eval", "--target", toy_dir / "target", *drafter_args, "--prompts", toy_dir / "prompts.jsonl", "--out", out]
+
+
+def assert_loss_falls(out: Path, steps: int) -> None:
+    """The run in `out` logged `steps` losses, the mean of the last 3 below that of the first 3."""
+    logged = losses(out)
+    assert len(logged) == steps and sum(logged[-3:]) / 3 < sum(logged[:3]) / 3
+
+
+def assert_two_heads_evaluate(run_cli, toy_dir: Path, flag: str, head, second, out: Path, extra=()) -> dict:
+    """`draftsmith eval` over the toy target (2 prompts, 8 new tokens, k = 3, into `out`) of the
+    head folder `head` and of `second`, named "second", both under `flag` (`extra` flags on top):
+    it succeeds and reports both methods; the report."""
+    code, _, err = run_cli(
+        toy_eval_args(
+            "eval",
+            toy_dir,
+            *(flag, head, flag, f"second={second}"),
+            limit=2,
+            max_new_tokens=8,
+            k=3,
+            out=out,
+            extra=extra,
+        )
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    return report
+
+
+def generate_cli_args(toy_dir: Path, *flags, prompts=None, out=None, device="cpu", progress=False) -> list:
+    """A `draftsmith generate` command line over the toy target and its prompts (or the file
+    `prompts`): `flags`, then `--out out` when given, `--no-progress` unless `progress`, and
+    `--device device` unless `device` is None."""
+    args = ["generate", "--target", toy_dir / "target", "--prompts", prompts or toy_dir / "prompts.jsonl", *flags]
+    if out is not None:
+        args += ["--out", out]
+    if not progress:
+        args.append("--no-progress")
+    if device is not None:
+        args += ["--device", device]
+    return args

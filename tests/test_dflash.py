@@ -14,18 +14,33 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fixtures import VOCAB, fake_vocab_map, greedy_answers_batch, tiny_model
-from lifecycle_helpers import cache_hidden_args, eval_error_args, head_recipe, toy_eval_args
+from fixtures import (
+    VOCAB,
+    assert_greedy_is_target_only,
+    assert_lossless,
+    assert_rows_leaving_are_checked,
+    assert_walk_is_decoded,
+    aux_features,
+    checking_drafter_class,
+    context_features,
+    fake_vocab_map,
+    fit_block_head,
+    greedy_answers_batch,
+    tiny_model,
+)
+from lifecycle_helpers import (
+    assert_loss_falls,
+    assert_two_heads_evaluate,
+    cache_hidden_args,
+    eval_error_args,
+    head_recipe,
+)
 from safetensors.torch import load_file
 
-from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.dflash import DFlashDrafter
-from draftsmith.distill.acceptance import walk_tau
 from draftsmith.distill.losses import DIVERGENCES
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
-from draftsmith.train.common import decoded_tau
 from draftsmith.train.dflash import (
     DFlashRecipe,
     anchor_block_mask,
@@ -162,7 +177,7 @@ def _short_head(short_answers):
     target, batch, states = short_answers
     torch.manual_seed(0)
     head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     gen = torch.Generator().manual_seed(0)
     return head, feats, *sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 8, gen)
 
@@ -230,40 +245,22 @@ def test_an_unknown_loss_is_refused_naming_the_key(tmp_path):
 
 @pytest.fixture(scope="module")
 def fitted(pairs):
-    """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
+    """(target, a one-layer DFlash head fitted to the target's greedy continuations of `prompts`,
+    prompts): 20 AdamW steps of `dflash_losses`."""
     target, _ = pairs("llama")
     prompts, batch, states = greedy_answers_batch(target)
-    loss_mask, attention = batch["loss_mask"], batch["attention_mask"]
     torch.manual_seed(0)
     head = DFlashHead.for_target(
         target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2]
     )
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    for step in range(20):
-        anchors, valid = sample_anchors(loss_mask, attention, BLOCK, 32, torch.Generator().manual_seed(step))
-        loss, _, _, _ = dflash_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    fit_block_head(head, batch, states, recipe, dflash_losses, 20, BLOCK)
     return target, head.eval(), prompts
 
 
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     target, head, prompts = fitted
-    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
-    accepted = 0
-    for p, reference in zip(prompts[:2], references):
-        out = generate(target, DFlashDrafter(head), p, max_new_tokens=24, num_draft_tokens=BLOCK - 1)
-        assert out.tokens == reference
-        accepted += sum(out.stats.accepted)
-    assert accepted >= 10, accepted  # blocks are accepted, so the cache moves are exercised
-    out = generate_batch(target, prompts[:4], DFlashDrafter(head), num_draft_tokens=BLOCK - 1, max_new_tokens=24)
-    assert out.tokens == references
-    # A budget below the block (K = 2): the drafter proposes only K of its B - 1 tokens.
-    out = generate_batch(target, prompts[:4], DFlashDrafter(head), num_draft_tokens=2, max_new_tokens=24)
-    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+    assert_greedy_is_target_only(target, DFlashDrafter, head, prompts, BLOCK - 1)
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
@@ -271,7 +268,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     decoder walks: greedy decoding of the same prompts makes the same calls, so the same tau."""
     target, head, prompts = fitted
     _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=5)
     chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
@@ -283,59 +280,33 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     drafted = anchors[..., None] + torch.arange(1, BLOCK)  # slot k drafts the token at p + k: none past the batch
     padded = torch.nn.functional.pad(batch["loss_mask"], (0, BLOCK))
     assert torch.equal(label, padded.gather(1, drafted.flatten(1)).view_as(label) & valid[..., None])
-    tokens, calls = walk_tau(chains, starts)
-    # The decoder leaves out calls cut short by the budget, the walk those running past the answer:
-    # 41 new tokens make them the same calls.
-    tau, decoder_calls = decoded_tau(target, DFlashDrafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
-    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+    assert_walk_is_decoded(target, DFlashDrafter(head), prompts, chains, starts, BLOCK - 1)
 
 
-class Checked(DFlashDrafter):
-    """Compares every proposal's logits with the head run from scratch on the row's whole context
+def _check_row(drafter, b, context, proposal, sampling):
+    """Compares a proposal's logits (row b) with the head run from scratch on the row's whole context
     (the target's features of every token but the last, from one full target forward)."""
+    head, n = drafter.head, len(context) - 1
+    feats = context_features(drafter.target, head, context)
+    block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
+    positions = torch.arange(n + BLOCK)[None]
+    logits = head(block, feats, positions=positions, attention_mask=torch.zeros(1, 1, BLOCK, n + BLOCK))
+    err = (logits[0, 1:].float() - proposal.logits[b]).abs().max().item()
+    assert err < 1e-4, (drafter.calls, b, err)
+    return True
 
-    def __init__(self, head, target):
-        super().__init__(head)
-        self.target, self.calls = target, 0
 
-    def prepare(self, *args, **kwargs):
-        return super().prepare(*args[:5], logits=True)  # the check reads each proposal's raw logits
-
-    def propose(self, contexts, num_tokens, sampling, generators):
-        proposal = super().propose(contexts, num_tokens, sampling, generators)
-        head = self.head
-        for b, context in enumerate(contexts):
-            n = len(context) - 1
-            states = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
-            feats = head.project(torch.cat([states[i][:, :n] for i in head.config.aux_layer_ids], -1))
-            block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
-            positions = torch.arange(n + BLOCK)[None]
-            logits = head(block, feats, positions=positions, attention_mask=torch.zeros(1, 1, BLOCK, n + BLOCK))
-            err = (logits[0, 1:].float() - proposal.logits[b]).abs().max().item()
-            assert err < 1e-4, (self.calls, b, err)
-        self.calls += 1
-        return proposal
+#: A DFlash drafter (built as `(head, target)`) checking every proposal of every row from scratch.
+Checked = checking_drafter_class(DFlashDrafter, _check_row, raw_logits=True)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     blocks: every proposal equals the head's from-scratch forward on that row's context."""
-    from draftsmith.decoding.sampling import SamplingConfig
-
     target, head, prompts = fitted
     drafter = Checked(head, target)
-    rows = [prompts[0], prompts[1], prompts[2][:1]]
-    out = generate_batch(
-        target,
-        rows,
-        drafter,
-        num_draft_tokens=BLOCK - 1,
-        max_new_tokens=16,
-        sampling=SamplingConfig(temperature=temperature),
-        eos_token_id=rows[1][0].item(),
-    )
-    assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
+    assert_rows_leaving_are_checked(target, prompts, drafter, BLOCK - 1, temperature)
 
 
 @pytest.mark.slow
@@ -344,17 +315,7 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300  # ~12 s and ~7 s on a busy 2-core machine
-    result = check_lossless(
-        target,
-        DFlashDrafter(head),
-        prompts[0],
-        num_draft_tokens=2,
-        samples=samples,
-        progress=False,
-        batch_size=batch_size,
-    )
-    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
-    assert result.passed, result.describe()
+    assert_lossless(target, DFlashDrafter(head), prompts[0], samples, batch_size)
 
 
 # ------------------------------------------------------------------------- the trainer, end to end
@@ -366,8 +327,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
         **head_recipe(toy_dir, toy_data, out, block_size=BLOCK, max_anchors=16, draft_vocab_size=64, log_every=1)
     )
     summary = train(recipe, progress=False)
-    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
-    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert_loss_falls(out, 12)
     assert len(summary["eval"]["top1_per_slot"]) == BLOCK - 1 and 1.0 <= summary["eval"]["tau_simulated"] <= BLOCK
     assert summary["mask_token_source"] in ("tokenizer", "reserved")
     saved = load_file(str(out / "head" / "model.safetensors"))
@@ -386,20 +346,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     save_dflash(head, tmp_path / "again")
     again = load_dflash(tmp_path / "again", target=target).state_dict()
     assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
-    code, _, err = run_cli(
-        toy_eval_args(
-            "eval",
-            toy_dir,
-            *("--dflash", out / "head", "--dflash", f"second={tmp_path / 'again'}"),
-            limit=2,
-            max_new_tokens=8,
-            k=3,
-            out=tmp_path / "ev",
-        )
-    )
-    assert code == 0, err
-    report = json.loads((tmp_path / "ev" / "report.json").read_text())
-    assert {"head", "second"} <= {r["method"] for r in report["methods"]}
+    assert_two_heads_evaluate(run_cli, toy_dir, "--dflash", out / "head", tmp_path / "again", tmp_path / "ev")
     # The speculators layout: the key set vLLM loads, and it loads back with identical outputs.
     code, _, err = run_cli(
         ["export", out / "head", "--format", "vllm", "--target", toy_dir / "target", "--out", tmp_path / "v"]

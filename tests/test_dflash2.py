@@ -17,19 +17,31 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, anchored_blocks, block_hidden, greedy_answers_batch, tiny_model, tiny_tokenizer
+from fixtures import (
+    VOCAB,
+    anchored_blocks,
+    assert_lossless,
+    assert_walk_is_decoded,
+    aux_features,
+    block_hidden,
+    checking_drafter_class,
+    decode_ragged_sampled,
+    fit_block_head,
+    greedy_answers_batch,
+    parameter_counts,
+    teacher_forced_blocks,
+    tiny_model,
+    tiny_tokenizer,
+)
 from safetensors.torch import load_file, save_file
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.dflash2 import DFlash2Drafter
 from draftsmith.decoding.masks import additive
 from draftsmith.decoding.sampling import SamplingConfig
-from draftsmith.distill.acceptance import walk_tau
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Error, DFlash2Head, grouped_dynamic_conv
 from draftsmith.heads.dflash2_formats import export_dflash2, export_folder, load_dflash2, save_dflash2
-from draftsmith.train.common import decoded_tau
 from draftsmith.train.dflash import anchor_block_mask, block_inputs, dflash_losses, sample_anchors
 from draftsmith.train.dflash2 import DFlash2Recipe, dflash2_losses, head_parameters, training_candidates
 
@@ -201,17 +213,6 @@ def test_the_training_candidates_put_a_missing_target_last():
     assert where.tolist() == [2, 3] and inside.tolist() == [True, False]
 
 
-def _blocks(head, batch, feats, anchors):
-    """Final-norm states [B*A, Bs, H] of teacher-forced blocks."""
-    ids, (B, T), A = batch["input_ids"], batch["input_ids"].shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, BLOCK, head.config.mask_token_id)
-    positions = torch.cat([torch.arange(T)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, batch["attention_mask"], BLOCK), head.dtype)[:, None]
-    with torch.no_grad():
-        h = head.hidden(block_ids, head.project(feats), positions=positions, attention_mask=mask)
-    return h.view(B * A, BLOCK, -1)
-
-
 def test_the_loss_is_the_unary_term_plus_the_selector_ce(pairs):
     """selector_loss_alpha = 0: exactly DFlash's loss of the same backbone; alpha = 1 adds the decay-weighted
     mean of the K-way CE over the training candidates (written out here); hits are the walk's; gradients
@@ -219,7 +220,7 @@ def test_the_loss_is_the_unary_term_plus_the_selector_ce(pairs):
     target, _ = pairs("llama")
     _, batch, states = greedy_answers_batch(target)
     head = _off_identity(_head(target))
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     anchors, valid = sample_anchors(
         batch["loss_mask"], batch["attention_mask"], BLOCK, 6, torch.Generator().manual_seed(0)
     )
@@ -234,7 +235,7 @@ def test_the_loss_is_the_unary_term_plus_the_selector_ce(pairs):
     assert head.candidate_selector.predecessor_codebook.grad.abs().sum() > 0
     assert head.layers[0].mlp_conv.kernel_projection.weight.grad.abs().sum() > 0
     # by hand: slot k of the block at p drafts p + k; its predecessor is the data's token at p + k - 1
-    h = _blocks(head, batch, feats, anchors)  # [B*A, Bs, H]
+    h = teacher_forced_blocks(head, batch, feats, anchors, BLOCK)[0]  # [B*A, Bs, H]
     ids, T = batch["input_ids"], batch["input_ids"].shape[1]
     B, A = anchors.shape
     ce, walk_hits, weights = (
@@ -287,9 +288,7 @@ def test_the_parameter_count_is_the_built_heads(pairs, layers):
         conv_group_size=12,
         selector_rank=5,
     )
-    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    frozen = sum(p.numel() for p in head.parameters() if not p.requires_grad)
-    assert head_parameters(recipe, target) == (trained, frozen)
+    assert head_parameters(recipe, target) == parameter_counts(head)
 
 
 def test_bad_settings_are_refused_naming_the_key():
@@ -327,19 +326,8 @@ def fitted(pairs):
     target, _ = pairs("llama")
     prompts, batch, states = greedy_answers_batch(target)
     head = _off_identity(_head(target), scale=0.05)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = DFlash2Recipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for step in range(30):
-        anchors, valid = sample_anchors(
-            batch["loss_mask"], batch["attention_mask"], BLOCK, 32, torch.Generator().manual_seed(step)
-        )
-        loss, _, _, _ = dflash2_losses(head, batch, feats, states.logits, anchors, valid, recipe, None)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit_block_head(head, batch, states, recipe, dflash2_losses, 30, BLOCK)
     assert sum(losses[-3:]) < sum(losses[:3]) / 2, losses
     return target, head.eval(), prompts, recipe
 
@@ -366,42 +354,33 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     target, head, prompts, recipe = fitted
     chains, starts = anchored_blocks(target, head, recipe, dflash2_losses)
     assert chains.shape[-1] == BLOCK - 1 and starts.sum(1).tolist() == [40] * len(prompts)
-    tokens, calls = walk_tau(chains, starts)
-    tau, decoder_calls = decoded_tau(target, DFlash2Drafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
-    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+    assert_walk_is_decoded(target, DFlash2Drafter(head), prompts, chains, starts, BLOCK - 1)
 
 
-class Checked(DFlash2Drafter):
-    """Compares every sampled proposal's q with the head recomputed from scratch on the row's whole
+def _check_row(drafter, b, context, proposal, sampling):
+    """Compares a sampled proposal's q (row b) with the head recomputed from scratch on the row's whole
     context: the backbone over the target's features of every token but the last, then the walk over
     the drafts actually made, q_k = the target's law (temperature, top-k) of the edge scores on the
-    top-K backbone logits, zero elsewhere."""
+    top-K backbone logits, zero elsewhere. A row that drafts nothing is not checked."""
+    head, count = drafter.head, proposal.counts[b]
+    if not count:
+        return False
+    h = block_hidden(drafter.target, head, context, BLOCK)[0]  # [Bs, H]
+    prev = context[-1]
+    for k in range(1, 1 + count):
+        unary = head.lm_head(h[k])  # [V]
+        top = unary.topk(TOP_K).indices
+        z = _scores_by_hand(head, unary, h[k], prev, top) / sampling.temperature
+        if sampling.top_k:
+            z[z < z.topk(min(sampling.top_k, TOP_K)).values[-1]] = float("-inf")
+        law = torch.zeros(VOCAB, dtype=torch.float64)
+        law[top] = z.softmax(0)
+        torch.testing.assert_close(proposal.probs[b, k - 1].double(), law, atol=1e-5, rtol=1e-4)
+        prev = int(proposal.tokens[b, k - 1])
+    return True
 
-    def __init__(self, head, target):
-        super().__init__(head)
-        self.target, self.checked = target, 0
 
-    def propose(self, contexts, num_tokens, sampling, generators):
-        proposal = super().propose(contexts, num_tokens, sampling, generators)
-        head = self.head
-        for b, context in enumerate(contexts):
-            count = proposal.counts[b]
-            if not count:
-                continue
-            h = block_hidden(self.target, head, context, BLOCK)[0]  # [Bs, H]
-            prev = context[-1]
-            for k in range(1, 1 + count):
-                unary = head.lm_head(h[k])  # [V]
-                top = unary.topk(TOP_K).indices
-                z = _scores_by_hand(head, unary, h[k], prev, top) / sampling.temperature
-                if sampling.top_k:
-                    z[z < z.topk(min(sampling.top_k, TOP_K)).values[-1]] = float("-inf")
-                law = torch.zeros(VOCAB, dtype=torch.float64)
-                law[top] = z.softmax(0)
-                torch.testing.assert_close(proposal.probs[b, k - 1].double(), law, atol=1e-5, rtol=1e-4)
-                prev = int(proposal.tokens[b, k - 1])
-            self.checked += 1
-        return proposal
+Checked = checking_drafter_class(DFlash2Drafter, _check_row)
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 2)])
@@ -410,16 +389,7 @@ def test_each_draft_comes_from_the_law_it_reports(fitted, temperature, top_k):
     draft actually made before slot k, on slot k's candidates only."""
     target, head, prompts, _ = fitted
     drafter = Checked(head, target)
-    with torch.no_grad():
-        generate_batch(
-            target,
-            [prompts[0], prompts[1][:2], prompts[5]],
-            drafter,
-            num_draft_tokens=BLOCK - 1,
-            max_new_tokens=12,
-            sampling=SamplingConfig(temperature=temperature, top_k=top_k),
-            seed=3,
-        )
+    decode_ragged_sampled(target, prompts, drafter, BLOCK - 1, SamplingConfig(temperature=temperature, top_k=top_k))
     assert drafter.checked >= 6, drafter.checked
 
 
@@ -430,19 +400,16 @@ def test_sampled_decode_is_lossless(fitted, batch_size, temperature, top_k):
     top-4 candidates of 320 tokens only, so the target's other tokens arrive through the residual, and on
     this flat toy target about 5% of the drafts are accepted (both branches of the verifier run)."""
     target, head, prompts, _ = fitted
-    result = check_lossless(
+    assert_lossless(
         target,
         DFlash2Drafter(head),
         prompts[0],
-        num_draft_tokens=2,
+        200 * batch_size,
+        batch_size,
+        rate=(0.02, 0.95),
         temperature=temperature,
         top_k=top_k,
-        samples=200 * batch_size,
-        progress=False,
-        batch_size=batch_size,
     )
-    assert 0.02 < result.acceptance_rate < 0.95, result.describe()
-    assert result.passed, result.describe()
 
 
 # ---------------------------------------------------------------------- on disk

@@ -14,20 +14,30 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, anchored_blocks, block_hidden, greedy_answers_batch
+from fixtures import (
+    VOCAB,
+    anchored_blocks,
+    assert_greedy_is_target_only,
+    assert_lossless,
+    assert_walk_is_decoded,
+    aux_features,
+    block_hidden,
+    checking_drafter_class,
+    decode_ragged_sampled,
+    fit_block_head,
+    greedy_answers_batch,
+    parameter_counts,
+    teacher_forced_blocks,
+)
 
-from draftsmith.decoding import generate, generate_batch
+from draftsmith.decoding import generate
 from draftsmith.decoding.domino import DominoDrafter
-from draftsmith.decoding.masks import additive
 from draftsmith.decoding.sampling import SamplingConfig
-from draftsmith.distill.acceptance import walk_tau
 from draftsmith.distill.losses import divergence
 from draftsmith.distill.vocab import build_vocab_map
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.domino_formats import export_folder, export_specforge, load_domino, save_domino
-from draftsmith.train.common import decoded_tau
-from draftsmith.train.dflash import anchor_block_mask, block_inputs, sample_anchors
+from draftsmith.train.dflash import sample_anchors
 from draftsmith.train.domino import DominoRecipe, base_loss_weight, domino_losses, head_parameters
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block
@@ -138,9 +148,7 @@ def test_the_parameter_count_is_the_built_heads(pairs, draft_vocab):
         gru_hidden=12,
         proj_dim=recipe.proj_dim,
     )
-    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    frozen = sum(p.numel() for p in head.parameters() if not p.requires_grad)
-    assert head_parameters(recipe, target) == (trained, frozen)
+    assert head_parameters(recipe, target) == parameter_counts(head)
 
 
 def test_the_base_loss_weight_falls_from_1_to_0_over_its_fraction():
@@ -159,7 +167,7 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     target, _ = pairs("llama")
     _, batch, states = greedy_answers_batch(target)
     head = _head(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     recipe = DominoRecipe(target="t", data="d", out="o", block_size=BLOCK, max_steps=10, lambda_decay_fraction=0.5)
     anchors, valid = sample_anchors(
         batch["loss_mask"], batch["attention_mask"], BLOCK, 6, torch.Generator().manual_seed(0)
@@ -184,7 +192,7 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     torch.testing.assert_close(loss_at(2)[0], 0.4 * final_only + 0.6 * base_only)  # lambda(2) = 1 - 2/5
     # final-only is the soft CE of the corrected logits against the target, weighted exp(-(k-1)/gamma)
     with torch.no_grad():
-        base, final = head.block_logits(*_blocks(head, batch, feats, anchors))
+        base, final = head.block_logits(*teacher_forced_blocks(head, batch, feats, anchors, BLOCK))
     B, A = anchors.shape
     final = final.view(B, A, BLOCK, -1)[:, :, 1:]
     at = (anchors[..., None] + torch.arange(BLOCK - 1)).clamp(max=batch["input_ids"].shape[1] - 1)
@@ -194,17 +202,6 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     torch.testing.assert_close(final_only, (per_slot * weights).sum() / weights.sum())
 
 
-def _blocks(head, batch, feats, anchors):
-    """(final-norm states [B*A, Bs, H], the block's data tokens [B*A, Bs]) of teacher-forced blocks."""
-    ids, (B, T), A = batch["input_ids"], batch["input_ids"].shape, anchors.shape[1]
-    block_ids, slot_pos = block_inputs(ids, anchors, BLOCK, head.config.mask_token_id)
-    positions = torch.cat([torch.arange(T)[None].expand(B, T), slot_pos], dim=1)
-    mask = additive(anchor_block_mask(anchors, batch["attention_mask"], BLOCK), head.dtype)[:, None]
-    with torch.no_grad():
-        h = head.hidden(block_ids, head.project(feats), positions=positions, attention_mask=mask)
-    return h.view(B * A, BLOCK, -1), ids.gather(1, slot_pos.clamp(max=T - 1)).view(B * A, BLOCK)
-
-
 @pytest.fixture(scope="module")
 def fitted(pairs):
     """(target, a Domino head fitted to the target's greedy continuations of `prompts`, prompts, recipe),
@@ -212,20 +209,10 @@ def fitted(pairs):
     target, _ = pairs("llama")
     prompts, batch, states = greedy_answers_batch(target)
     head = _head(target)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
     recipe = DominoRecipe(
         target="t", data="d", out="o", block_size=BLOCK, max_anchors=32, max_steps=25, lambda_decay_fraction=0.4
     )
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for step in range(recipe.max_steps):
-        gen = torch.Generator().manual_seed(step)
-        anchors, valid = sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 32, gen)
-        loss, _, _, _ = domino_losses(head, {**batch, "step": step}, feats, states.logits, anchors, valid, recipe, None)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit_block_head(head, batch, states, recipe, domino_losses, recipe.max_steps, BLOCK, with_step=True)
     assert sum(losses[-3:]) < sum(losses[:3])
     head.eval()
     h, tokens = torch.randn(2, BLOCK, head.config.hidden_size), torch.randint(0, VOCAB, (2, BLOCK))
@@ -237,18 +224,19 @@ def fitted(pairs):
 
 def test_greedy_equals_target_only_at_b1_and_b3(fitted):
     target, head, prompts, _ = fitted
-    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:3]]
-    accepted = 0
-    for p, reference in zip(prompts[:1], references):
-        out = generate(target, DominoDrafter(head), p, max_new_tokens=24, num_draft_tokens=BLOCK - 1)
-        assert out.tokens == reference
-        accepted += sum(out.stats.accepted)
-        assert max(out.stats.proposed) == BLOCK - 1  # the anchor drafts nothing
-    assert accepted >= 5, accepted
-    out = generate_batch(target, prompts[:3], DominoDrafter(head), num_draft_tokens=BLOCK - 1, max_new_tokens=24)
-    assert out.tokens == references and sum(sum(r.accepted) for r in out.rows) >= 10
-    out = generate_batch(target, prompts[:3], DominoDrafter(head), num_draft_tokens=2, max_new_tokens=24)
-    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+    # the anchor drafts nothing: every call proposes at most BLOCK - 1
+    assert_greedy_is_target_only(
+        target,
+        DominoDrafter,
+        head,
+        prompts,
+        BLOCK - 1,
+        rows=3,
+        singles=1,
+        min_accepted=5,
+        min_batch_accepted=10,
+        drafts_every_slot=True,
+    )
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
@@ -257,33 +245,25 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     target, head, prompts, recipe = fitted
     chains, starts = anchored_blocks(target, head, recipe, domino_losses)
     assert chains.shape[-1] == BLOCK - 1 and starts.sum(1).tolist() == [40] * len(prompts)
-    tokens, calls = walk_tau(chains, starts)
-    tau, decoder_calls = decoded_tau(target, DominoDrafter(head), [p.tolist() for p in prompts], BLOCK - 1, 41)
-    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+    assert_walk_is_decoded(target, DominoDrafter(head), prompts, chains, starts, BLOCK - 1)
 
 
-class Checked(DominoDrafter):
-    """Compares every sampled proposal's q with the head recomputed from scratch on the row's whole
+def _check_row(drafter, b, context, proposal, sampling):
+    """Compares a sampled proposal's q (row b) with the head recomputed from scratch on the row's whole
     context: the backbone over the target's features of every token but the last, then one GRU
-    pass over [anchor, the drafts made], softmax of the corrected logits."""
+    pass over [anchor, the drafts made], softmax of the corrected logits. A row that drafts nothing
+    is not checked."""
+    head, count = drafter.head, proposal.counts[b]
+    if not count:
+        return False
+    h = block_hidden(drafter.target, head, context, BLOCK)  # [1, B, H]
+    tokens = torch.tensor([[context[-1], *proposal.tokens[b, :count].tolist()]])  # [1, 1 + count]
+    law = head.block_logits(h[:, : 1 + count], tokens)[1][0, 1:].float().softmax(-1)  # [count, V]
+    torch.testing.assert_close(proposal.probs[b, :count], law, atol=1e-5, rtol=1e-4)
+    return True
 
-    def __init__(self, head, target):
-        super().__init__(head)
-        self.target, self.checked = target, 0
 
-    def propose(self, contexts, num_tokens, sampling, generators):
-        proposal = super().propose(contexts, num_tokens, sampling, generators)
-        head = self.head
-        for b, context in enumerate(contexts):
-            count = proposal.counts[b]
-            if not count:
-                continue
-            h = block_hidden(self.target, head, context, BLOCK)  # [1, B, H]
-            tokens = torch.tensor([[context[-1], *proposal.tokens[b, :count].tolist()]])  # [1, 1 + count]
-            law = head.block_logits(h[:, : 1 + count], tokens)[1][0, 1:].float().softmax(-1)  # [count, V]
-            torch.testing.assert_close(proposal.probs[b, :count], law, atol=1e-5, rtol=1e-4)
-            self.checked += 1
-        return proposal
+Checked = checking_drafter_class(DominoDrafter, _check_row)
 
 
 def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
@@ -291,16 +271,7 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
     s_k the GRU state after the anchor and the drafts actually made before slot k."""
     target, head, prompts, _ = fitted
     drafter = Checked(head, target)
-    with torch.no_grad():
-        generate_batch(
-            target,
-            [prompts[0], prompts[1][:2], prompts[5]],
-            drafter,
-            num_draft_tokens=BLOCK - 1,
-            max_new_tokens=12,
-            sampling=SamplingConfig(temperature=1.0),
-            seed=3,
-        )
+    decode_ragged_sampled(target, prompts, drafter, BLOCK - 1, SamplingConfig(temperature=1.0))
     assert drafter.checked >= 6, drafter.checked
 
 
@@ -309,17 +280,7 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
 def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless at T = 1: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts, _ = fitted
-    result = check_lossless(
-        target,
-        DominoDrafter(head),
-        prompts[0],
-        num_draft_tokens=2,
-        samples=150 * batch_size,
-        progress=False,
-        batch_size=batch_size,
-    )
-    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
-    assert result.passed, result.describe()
+    assert_lossless(target, DominoDrafter(head), prompts[0], 150 * batch_size, batch_size)
 
 
 def test_both_layouts_round_trip_with_the_same_tokens(fitted, tmp_path):

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fixtures import VOCAB, path_of
+from fixtures import VOCAB, record_accepted
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 
@@ -210,11 +210,8 @@ class Recorder(EagleDrafter):
     def accepted(self, num_accepted, committed, hidden):
         super().accepted(num_accepted, committed, hidden)
         n = num_accepted[0]
-        self.events.append("accepted")
-        self.observed.append({i: h[0, : n + 1].clone() for i, h in hidden.items()})
         proposal = self.proposals[-1] if self.proposals else None
-        if proposal is not None and proposal.parents is not None and proposal.counts[0]:
-            self.paths.append(path_of(proposal, committed[0, :n].tolist()))
+        record_accepted(self, proposal, committed, n, {i: h[0, : n + 1].clone() for i, h in hidden.items()})
         assert self.kv.length == self._real[0], "speculative entries left in the draft cache"
 
 

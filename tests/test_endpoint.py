@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from lifecycle_helpers import generate_cli_args
 
 from draftsmith.distill import data as store
 from draftsmith.distill.data import DistillData
@@ -159,16 +160,7 @@ def test_events_a_lagging_server_joined_are_flagged_inexact(tok):
 
 
 def test_bad_endpoint_flags_and_a_down_endpoint_exit_2(run_cli, toy_dir, tmp_path, monkeypatch):
-    base = [
-        "generate",
-        "--target",
-        toy_dir / "target",
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--device",
-        "cpu",
-        "--no-progress",
-    ]
+    base = generate_cli_args(toy_dir)
     code, _, err = run_cli(base + ["--out", tmp_path / "a", "--endpoint", "ftp://x"])
     assert code == 2 and "--endpoint 'ftp://x' is not an http(s) URL" in err
     down = f"http://127.0.0.1:{free_port()}"

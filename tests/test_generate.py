@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from lifecycle_helpers import toy_generate_args
+from lifecycle_helpers import generate_cli_args, toy_generate_args
 from transformers import GenerationConfig
 
 from draftsmith.distill import data as store
@@ -133,26 +133,9 @@ def test_multi_turn_regenerates_every_assistant_turn(target, tokenizer, tmp_path
 def test_long_prompts_are_skipped_and_counted(toy_dir, tmp_path, run_cli):
     out = tmp_path / "d"
     code, stdout, err = run_cli(
-        [
-            "generate",
-            "--target",
-            toy_dir / "target",
-            "--prompts",
-            toy_dir / "prompts.jsonl",
-            "--limit",
-            4,
-            "--max-length",
-            40,
-            "--max-new-tokens",
-            4,
-            "--chat-template",
-            "none",
-            "--out",
-            out,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
+        generate_cli_args(
+            toy_dir, "--limit", 4, "--max-length", 40, "--max-new-tokens", 4, "--chat-template", "none", out=out
+        )
     )
     assert code == 0, err
     summary = DistillData(out).summary
@@ -219,9 +202,7 @@ def test_bad_sources_are_clear_errors_and_write_nothing(toy_dir, tmp_path, run_c
     src = tmp_path / name
     src.write_text(content)
     out = tmp_path / "out"
-    code, _, err = run_cli(
-        ["generate", "--target", toy_dir / "target", "--prompts", src, "--out", out, "--no-progress"]
-    )
+    code, _, err = run_cli(generate_cli_args(toy_dir, prompts=src, out=out, device=None))
     assert code == 2 and str(src) in err and message in err
     assert not out.exists()
 
@@ -230,16 +211,7 @@ def test_bad_template_and_settings(toy_dir, tmp_path, run_cli):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m['content'] }")
     out = tmp_path / "out"
-    base = [
-        "generate",
-        "--target",
-        toy_dir / "target",
-        "--prompts",
-        toy_dir / "prompts.jsonl",
-        "--out",
-        out,
-        "--no-progress",
-    ]
+    base = generate_cli_args(toy_dir, out=out, device=None)
     code, _, err = run_cli([*base, "--chat-template", bad])
     assert code == 2 and "template" in err.lower()
     assert not out.exists()
@@ -249,20 +221,7 @@ def test_bad_template_and_settings(toy_dir, tmp_path, run_cli):
     assert code == 2 and "temperature > 0" in err
     chats = tmp_path / "chats.jsonl"
     chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    code, _, err = run_cli(
-        [
-            "generate",
-            "--target",
-            toy_dir / "target",
-            "--prompts",
-            chats,
-            "--out",
-            out,
-            "--no-progress",
-            "--chat-template",
-            "none",
-        ]
-    )
+    code, _, err = run_cli(generate_cli_args(toy_dir, "--chat-template", "none", prompts=chats, out=out, device=None))
     assert code == 2 and "no chat template" in err
     assert not out.exists()
 
@@ -285,22 +244,7 @@ def test_toy_chats_through_the_command(toy_dir, tmp_path, run_cli):
     first turn is the target's; a turn cut at --max-new-tokens ends its conversation."""
     out = tmp_path / "chat-data"
     code, stdout, err = run_cli(
-        [
-            "generate",
-            "--target",
-            toy_dir / "target",
-            "--prompts",
-            toy_dir / "chats.jsonl",
-            "--limit",
-            3,
-            "--max-new-tokens",
-            6,
-            "--out",
-            out,
-            "--no-progress",
-            "--device",
-            "cpu",
-        ]
+        generate_cli_args(toy_dir, "--limit", 3, "--max-new-tokens", 6, prompts=toy_dir / "chats.jsonl", out=out)
     )
     assert code == 0, err
     data = DistillData(out)

@@ -12,16 +12,25 @@ import json
 
 import pytest
 import torch
-from fixtures import VOCAB, fake_vocab_map, greedy_answers_batch, tiny_model
-from lifecycle_helpers import eval_error_args, head_recipe, toy_eval_args
+from fixtures import (
+    VOCAB,
+    assert_greedy_is_target_only,
+    assert_lossless,
+    assert_rows_leaving_are_checked,
+    assert_walk_is_decoded,
+    aux_features,
+    checking_drafter_class,
+    context_features,
+    fake_vocab_map,
+    fit_steps,
+    greedy_answers_batch,
+    tiny_model,
+)
+from lifecycle_helpers import assert_loss_falls, assert_two_heads_evaluate, eval_error_args, head_recipe
 from safetensors.torch import load_file
 
-from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.peagle import PEagleDrafter
-from draftsmith.distill.acceptance import walk_tau
-from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.eagle import EagleError, PEagleConfig, PEagleHead, export_eagle, load_eagle, save_eagle
-from draftsmith.train.common import decoded_tau
 from draftsmith.train.peagle import (
     PEagleRecipe,
     chain_mask,
@@ -146,13 +155,14 @@ def test_the_chain_mask_matches_a_reference():
 
 @pytest.fixture(scope="module")
 def fitted(pairs):
-    """(target, head fitted to the target's greedy continuations of `prompts`, prompts)."""
+    """(target, a P-EAGLE head with q/k norms fitted to the target's greedy continuations of
+    `prompts`, prompts): 25 AdamW steps of `peagle_losses`, no chain dropped by down-sampling."""
     target, _ = pairs("llama")
     prompts, batch, states = greedy_answers_batch(target)
     torch.manual_seed(0)
     # q/k norms as the trainer's default: every decode test here and in test_onepass_static runs them
     head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], qk_norm=True)
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     recipe = PEagleRecipe(
         target="t",
         data="d",
@@ -162,15 +172,12 @@ def fitted(pairs):
         down_sample_ratio_min=1.0,
         max_anchors=None,
     )
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for step in range(25):
+
+    def loss_of(step):
         generator = torch.Generator().manual_seed(step)
-        loss, _, _, _, _ = peagle_losses(head, batch, feats, states.logits, recipe, None, generator)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        return peagle_losses(head, batch, feats, states.logits, recipe, None, generator)[0]
+
+    losses = fit_steps(head, loss_of, 25)
     assert losses[-1] < losses[0] / 2, losses  # the fixture's loss falls
     return target, head.eval(), prompts
 
@@ -180,7 +187,7 @@ def test_the_walk_over_every_chain_is_what_the_decoder_gets(fitted):
     walked as the decoder walks: greedy decoding of the same prompts makes the same calls."""
     target, head, prompts = fitted
     _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
-    feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)
+    feats = aux_features(states, head)
     recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=DEPTHS, max_anchors=7)
     chains, starts, hits, trained = every_chain(head, batch, feats, states.logits, recipe, None)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # pair P - 2 drafts the answer's first token
@@ -188,10 +195,7 @@ def test_the_walk_over_every_chain_is_what_the_decoder_gets(fitted):
     assert torch.equal(whole[0], chains) and torch.equal(whole[3], trained)  # chunks change nothing
     # every chain whole: depth d >= 1 at each trained position p (anchor p - d), so 40 - (d - 1) per row
     assert trained.tolist() == [len(prompts) * (40.0 - max(0, d - 1)) for d in range(DEPTHS)]
-    tokens, calls = walk_tau(chains, starts)
-    # 41 new tokens: the calls the decoder keeps (not cut by the budget) are the walk's (inside the answer).
-    tau, decoder_calls = decoded_tau(target, PEagleDrafter(head), [p.tolist() for p in prompts], DEPTHS, 41)
-    assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
+    assert_walk_is_decoded(target, PEagleDrafter(head), prompts, chains, starts, DEPTHS)
 
 
 def test_a_window_keeps_the_chains_anchored_in_it():
@@ -209,68 +213,36 @@ def test_a_window_keeps_the_chains_anchored_in_it():
 
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     target, head, prompts = fitted
-    references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:4]]
-    accepted = 0
-    for p, reference in zip(prompts[:2], references):
-        out = generate(target, PEagleDrafter(head), p, max_new_tokens=24, num_draft_tokens=DEPTHS)
-        assert out.tokens == reference
-        accepted += sum(out.stats.accepted)
-    assert accepted >= 10, accepted  # several depths are accepted, so the cache moves are exercised
-    out = generate_batch(target, prompts[:4], PEagleDrafter(head), num_draft_tokens=DEPTHS, max_new_tokens=24)
-    assert out.tokens == references
-    # A budget below the depths (K = 2): the drafter proposes only K of its tokens.
-    out = generate_batch(target, prompts[:4], PEagleDrafter(head), num_draft_tokens=2, max_new_tokens=24)
-    assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
+    assert_greedy_is_target_only(target, PEagleDrafter, head, prompts, DEPTHS)
 
 
-class Checked(PEagleDrafter):
-    """Compares every proposal's logits with the head run from scratch on the row's whole context
-    (every pair from one full target forward, then the placeholders)."""
+def _check_row(drafter, b, context, proposal, sampling):
+    """Compares a proposal's logits (row b) with the head run from scratch on the row's whole context
+    (every pair from one full target forward, then the placeholders). A row that drafts nothing is
+    not checked."""
+    head, n, k = drafter.head, len(context) - 1, proposal.counts[b]
+    if k == 0:
+        return False
+    feats = context_features(drafter.target, head, context)
+    hidden = torch.cat([feats, head.mask_features(1, k - 1)], dim=1)
+    ids = torch.tensor([context[1:] + [MASK] * (k - 1)])
+    _, logits = head(ids, hidden, position_ids=torch.arange(n + k - 1))
+    err = (logits[0, n - 1 :].float() - proposal.logits[b, :k]).abs().max().item()
+    assert err < 1e-4, (drafter.calls, b, err)
+    return True
 
-    def __init__(self, head, target):
-        super().__init__(head)
-        self.target, self.calls = target, 0
 
-    def prepare(self, *args, **kwargs):
-        return super().prepare(*args[:5], logits=True)  # the check reads each proposal's raw logits
-
-    def propose(self, contexts, num_tokens, sampling, generators):
-        proposal = super().propose(contexts, num_tokens, sampling, generators)
-        head = self.head
-        for b, context in enumerate(contexts):
-            n, k = len(context) - 1, proposal.counts[b]
-            if k == 0:
-                continue
-            states = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
-            feats = head.project(torch.cat([states[i][:, :n] for i in head.config.aux_layer_ids], -1))
-            hidden = torch.cat([feats, head.mask_features(1, k - 1)], dim=1)
-            ids = torch.tensor([context[1:] + [MASK] * (k - 1)])
-            _, logits = head(ids, hidden, position_ids=torch.arange(n + k - 1))
-            err = (logits[0, n - 1 :].float() - proposal.logits[b, :k]).abs().max().item()
-            assert err < 1e-4, (self.calls, b, err)
-        self.calls += 1
-        return proposal
+#: A P-EAGLE drafter (built as `(head, target)`) checking every proposal of every row from scratch.
+Checked = checking_drafter_class(PEagleDrafter, _check_row, raw_logits=True)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_cache_holds_each_rows_verified_pairs(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     drafts: every proposal equals the head's from-scratch forward on that row's context."""
-    from draftsmith.decoding.sampling import SamplingConfig
-
     target, head, prompts = fitted
     drafter = Checked(head, target)
-    rows = [prompts[0], prompts[1], prompts[2][:1]]
-    out = generate_batch(
-        target,
-        rows,
-        drafter,
-        num_draft_tokens=DEPTHS,
-        max_new_tokens=16,
-        sampling=SamplingConfig(temperature=temperature),
-        eos_token_id=rows[1][0].item(),
-    )
-    assert drafter.calls >= 5 and sum(sum(r.accepted) for r in out.rows) > 0
+    assert_rows_leaving_are_checked(target, prompts, drafter, DEPTHS, temperature)
 
 
 @pytest.mark.slow
@@ -279,17 +251,7 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless at T=1: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300
-    result = check_lossless(
-        target,
-        PEagleDrafter(head),
-        prompts[0],
-        num_draft_tokens=2,
-        samples=samples,
-        progress=False,
-        batch_size=batch_size,
-    )
-    assert 0.05 < result.acceptance_rate < 0.95, result.describe()
-    assert result.passed, result.describe()
+    assert_lossless(target, PEagleDrafter(head), prompts[0], samples, batch_size)
 
 
 # ------------------------------------------------------------------------- formats
@@ -351,8 +313,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
         **head_recipe(toy_dir, toy_data, out, num_depths=3, max_anchors=16, draft_vocab_size=64, log_every=1)
     )
     summary = train(recipe, progress=False)
-    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
-    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert_loss_falls(out, 12)
     assert len(summary["eval"]["top1_per_depth"]) == 3 and 1.0 <= summary["eval"]["tau_simulated"] <= 4
     assert summary["mask_token_source"] in ("tokenizer", "reserved")
     config = PEagleConfig.from_pretrained(out / "head")
@@ -368,21 +329,9 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):
         load_eagle(out / "head", target=tiny_model("llama", hidden=32))
-    code, _, err = run_cli(
-        toy_eval_args(
-            "eval",
-            toy_dir,
-            *("--peagle", out / "head", "--peagle", f"second={out / 'head'}"),
-            limit=2,
-            max_new_tokens=8,
-            k=3,
-            out=tmp_path / "ev",
-            extra=["--batch-sizes", "1,2"],
-        )
+    assert_two_heads_evaluate(
+        run_cli, toy_dir, "--peagle", out / "head", out / "head", tmp_path / "ev", extra=["--batch-sizes", "1,2"]
     )
-    assert code == 0, err
-    report = json.loads((tmp_path / "ev" / "report.json").read_text())
-    assert {"head", "second"} <= {r["method"] for r in report["methods"]}
     serving = json.loads((tmp_path / "ev" / "serving.json").read_text())["methods"]
     assert serving["head"]["batched"] and serving["second"]["batched"]  # rows of the serving sweep
     # `draftsmith export` takes P-EAGLE heads (the round trip above); the 2-layer toy target has no

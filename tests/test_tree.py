@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fixtures import FAMILIES, VOCAB, path_of, windowed_model
+from fixtures import FAMILIES, VOCAB, record_accepted, windowed_model
 
 from draftsmith.decoding import generate
 from draftsmith.decoding.drafters import Drafter, Proposal
@@ -273,11 +273,8 @@ class Recorder(MedusaDrafter):
     def accepted(self, num_accepted, committed, hidden):
         super().accepted(num_accepted, committed, hidden)
         n = num_accepted[0]
-        self.events.append("accepted")
-        self.observed.append(hidden[self.target_layers[0]][0, : n + 1].clone())
         proposal, self._last = self._last, None
-        if proposal is not None and proposal.parents is not None and proposal.counts[0]:
-            self.paths.append(path_of(proposal, committed[0, :n].tolist()))
+        if record_accepted(self, proposal, committed, n, hidden[self.target_layers[0]][0, : n + 1].clone()):
             end = self.paths[-1][-1] if self.paths[-1] else -1
             self.ends_inner.append(end in proposal.parents[0])  # the path's last node has children
 
