@@ -119,6 +119,8 @@ def divergence(
     sliced = vocab_chunk_size is not None and vocab_chunk_size < V
 
     def rows_fn(rows):
+        if kind == "soft_ce" and not sliced and isinstance(s, torch.Tensor):
+            return _soft_ce_rows(s, t, rows, temperature)
         if not sliced:
             lq = torch.log_softmax(_logits(s, rows, 0, V, temperature), -1)
             lp = torch.log_softmax(_logits(t, rows, 0, V, temperature), -1)
@@ -308,6 +310,54 @@ def _terms(kind, lp, lq, beta, tv_weight):
     if kind == "tv":
         return tv
     return (1 - tv_weight) * _xlogratio(p, lp, lq) + tv_weight * tv  # kl_tv
+
+
+def _soft_ce_rows(s, t, rows, T):
+    """soft_ce of `rows` of the logits tensors s (student) and t (teacher) [N, V], the one kind whose
+    gradient has a closed form worth its own backward: d/dz of -sum p log softmax(z / T) is
+    (q - p) / T. Autograd's path keeps log q, the mask of p > 0, their product and the float copy
+    of the rows, and walks each back through the vocabulary; `_SoftCrossEntropy` keeps log q and p,
+    writes the gradient of s in its own dtype, and so reads the vocabulary about half as often."""
+    with torch.no_grad():
+        p = torch.softmax(_logits(t, rows, 0, t.shape[-1], T), -1)
+    if not (torch.is_grad_enabled() and s.requires_grad):
+        return _soft_ce_values(torch.log_softmax(_logits(s, rows, 0, s.shape[-1], T), -1), p)
+    return _SoftCrossEntropy.apply(s, rows, p, T)
+
+
+def _soft_ce_values(lq, p):
+    """-sum p log q per row; where p = 0 meets log q = -inf (a token the student rules out and the
+    teacher never picks) the term is 0, not 0 x -inf, as `_terms` has it."""
+    values = -(p * lq).sum(-1)
+    bad = values.isnan()
+    if bad.any():
+        values[bad] = -(p[bad] * torch.where(p[bad] > 0, lq[bad], 0.0)).sum(-1)
+    return values
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """-sum p log softmax(s[rows] / T) per row, p fixed; the gradient (q - p) / T goes into s's rows."""
+
+    @staticmethod
+    def forward(ctx, s, rows, p, T):
+        lq = torch.log_softmax(_logits(s, rows, 0, s.shape[-1], T), -1)
+        ctx.save_for_backward(lq, p, *([rows] if isinstance(rows, torch.Tensor) else []))
+        ctx.rows, ctx.shape, ctx.dtype, ctx.T = rows, s.shape, s.dtype, T
+        return _soft_ce_values(lq, p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        lq, p, *index = ctx.saved_tensors
+        rows = index[0] if index else ctx.rows
+        dz = torch.exp(lq).sub_(p).mul_(grad[:, None] / ctx.T).to(ctx.dtype)
+        if isinstance(rows, slice) and rows == slice(0, ctx.shape[0]):
+            return dz, None, None, None
+        ds = dz.new_zeros(ctx.shape)
+        if isinstance(rows, slice):
+            ds[rows] = dz
+        else:
+            ds.index_copy_(0, rows, dz)
+        return ds, None, None, None
 
 
 def _merge(kind, parts):

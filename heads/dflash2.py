@@ -192,9 +192,10 @@ class CandidateSelector(nn.Module):
         return predecessor * self.hidden_projection(h.to(self.hidden_projection.weight.dtype)).to(predecessor.dtype)
 
     def scores(self, unary: torch.Tensor, h: torch.Tensor, prev_ids: torch.Tensor, candidates: torch.Tensor):
-        """s(c | p, h) [..., K] of the candidates [..., K] of slots with logits unary [..., V]."""
+        """s(c | p, h) [..., K] float32 of the candidates [..., K] of slots with logits unary [..., V]
+        (of any dtype: only the K candidates' logits are cast)."""
         transition = (self.context(h, prev_ids)[..., None, :] * self.successor_codebook[candidates]).sum(-1)
-        return unary.gather(-1, candidates) + transition.to(unary.dtype)
+        return unary.gather(-1, candidates).float() + transition.float()
 
 
 class DFlash2Head(DFlashHead):

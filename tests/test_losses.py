@@ -439,3 +439,21 @@ def test_sgd_on_student_logits_lowers_each_divergence(kind):
         loss.backward()
         opt.step()
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("chunk_size", [None, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_soft_ce_gradient_is_autograds_through_its_formula(dtype, chunk_size):
+    """soft_ce's own backward ((q - p) / T into the kept rows, in the student's dtype) against autograd
+    through -sum softmax(t / T) log_softmax(s / T), over kept rows only."""
+    s, t, mask = make(40).to(dtype).requires_grad_(), make(41).to(dtype), mask_of(42)
+    value = divergence("soft_ce", s, t, mask, temperature=0.7, chunk_size=chunk_size, reduction="none")
+    weights = make(43, SHAPE[:-1])  # an upstream gradient that differs per row
+    (grad,) = torch.autograd.grad((value * weights).sum(), s)
+    leaf = s.detach().float().requires_grad_()
+    ref = -(torch.softmax(t.float() / 0.7, -1) * torch.log_softmax(leaf / 0.7, -1)).sum(-1) * mask
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), leaf)
+    torch.testing.assert_close(value, ref, rtol=1e-5, atol=1e-5)
+    assert grad.dtype == dtype and not grad[~mask.bool()].any()
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
+    torch.testing.assert_close(grad.float(), ref_grad.to(dtype).float(), **tolerance)

@@ -104,18 +104,18 @@ def dflash2_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlash2R
     B, A = anchors.shape
     h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]
     h = h.view(B, A, Bs, -1)[:, :, 1:]  # [B, A, Bs-1, H]: slot k >= 1 drafts the token at p + k
-    unary = head.lm_head(h).float()  # [B, A, Bs-1, V]
+    unary = head.lm_head(h)  # [B, A, Bs-1, V] (the divergence casts the kept rows)
     target_at, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)
     prev = ids.gather(1, target_at.flatten(1)).view_as(target_at)  # [B, A, Bs-1]: the data's token at p + k - 1
 
     serving = head.candidates(unary.detach())  # [B, A, Bs-1, K]: what the walk chooses among
     best = targets.argmax(-1)
     training, where, _ = training_candidates(serving, best)
-    scores = head.edge_scores(unary, h, prev, training).float()  # [B, A, Bs-1, K]
+    scores = head.edge_scores(unary, h, prev, training)  # [B, A, Bs-1, K] float32
     selector = F.cross_entropy(scores.flatten(0, -2), where.flatten(), reduction="none").view_as(where)
     per_slot = divergence(recipe.loss, unary, targets, label, reduction="none") + recipe.selector_loss_alpha * selector
     with torch.no_grad():  # the walk's law: the scores on the serving candidates
-        walk = (serving, head.edge_scores(unary, h, prev, serving).float())
+        walk = (serving, head.edge_scores(unary, h, prev, serving))
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, walk, targets, label, best)
     return loss, hits, label, weight_sum
 

@@ -209,7 +209,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
                 cache=cache,
                 attention_mask=ttt_mask(n, j, ids.device, head.dtype),
             )
-        loss = divergence(recipe.loss, logits.float(), target_logits, label_mask)
+        loss = divergence(recipe.loss, logits, target_logits, label_mask)  # fp32 over the kept rows
         if recipe.version == "eagle1":
             feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
             loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(

@@ -203,7 +203,7 @@ def peagle_losses(
     targets = teacher[:, 1:][rows, position]  # [B, N, Vd]: the target's distribution for token position + 2
     if in_vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked
         label = label & in_vocab[:, 1:][rows, position]
-    loss = divergence(recipe.loss, logits.float(), targets, label)
+    loss = divergence(recipe.loss, logits, targets, label)  # fp32 over the kept rows
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & label
     return loss, hits, label, anchor, depth
