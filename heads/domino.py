@@ -4,7 +4,7 @@ target's embeddings of the tokens drafted before them (docs/domino.md).
     head = DominoHead.for_target(target, block_size=8, mask_token_id=mid, gru_hidden=1024, proj_dim=256)
     h = head.hidden(block_ids, ctx, positions=pos, attention_mask=mask)     # [N, B, H], one backbone pass
     logits, state = head.corrected(head.lm_head(h[:, k]), prev_ids, h[:, k], state)  # slot k >= 1, after x_{k-1}
-    base, final = head.block_logits(h, block_tokens)                         # teacher-forced blocks (training)
+    base, final = head.block_logits(h, block_tokens)                         # slots 1..B-1, teacher-forced (training)
     save_domino(head, "out/domino")                                          # draftsmith.heads.domino_formats
     head = load_domino("out/domino", target=target)
 
@@ -97,13 +97,14 @@ class DominoHead(DFlashHead):
         return base + self.correction(h, s).to(base.dtype), s
 
     def block_logits(self, h: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(base U [N, B, Vd], final [N, B, Vd]) of teacher-forced blocks: h [N, B, H] the backbone's
-        final-norm states, tokens [N, B] the block's tokens at p..p+B-1 (target ids; the last feeds no
-        slot). One GRU pass over tokens[:, :B-1] gives s_1..s_{B-1}; slot 0's final logits are U_0."""
-        base = self.lm_head(h)  # [N, B, Vd]
+        """(base U [N, B-1, Vd], final [N, B-1, Vd]) of the drafting slots 1..B-1 of teacher-forced
+        blocks: h [N, B, H] the backbone's final-norm states, tokens [N, B] the block's tokens at
+        p..p+B-1 (target ids; the last feeds no slot). One GRU pass over tokens[:, :B-1] gives
+        s_1..s_{B-1}. Slot 0, the anchor, drafts nothing and gets no logits."""
+        h = h[:, 1:]
+        base = self.lm_head(h)  # [N, B-1, Vd]
         states, _ = self.prefix_gru(self.gru_inputs(tokens[:, :-1]))  # [N, B-1, G]: s_k after tokens p..p+k-1
-        fixed = base[:, 1:] + self.correction(h[:, 1:], states).to(base.dtype)
-        return base, torch.cat([base[:, :1], fixed], dim=1)
+        return base, base + self.correction(h, states).to(base.dtype)
 
 
 def describe(head: DominoHead) -> str:

@@ -90,9 +90,10 @@ def test_the_gru_stepped_is_the_gru_over_the_block(pairs):
             states.append(state)
         reference = _gru_reference(head.prefix_gru, head.embed_tokens(tokens[:, :-1]))  # [N, B-1, G]
     torch.testing.assert_close(torch.stack(states, 1), reference, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(torch.stack(steps, 1), final[:, 1:], atol=1e-5, rtol=1e-5)
-    assert torch.equal(final[:, 0], base[:, 0])  # slot 0, the anchor's, is left uncorrected
-    assert not torch.allclose(final[:, 1:], base[:, 1:])  # the correction is there
+    torch.testing.assert_close(torch.stack(steps, 1), final, atol=1e-5, rtol=1e-5)
+    assert final.shape == (3, BLOCK - 1, VOCAB)  # the drafting slots only: the anchor's drafts nothing
+    torch.testing.assert_close(base, head.lm_head(h[:, 1:]))
+    assert not torch.allclose(final, base)  # the correction is there
     # the state after k tokens depends on all of them: change the anchor, every later slot moves
     other = tokens.clone()
     other[:, 0] = (other[:, 0] + 1) % VOCAB
@@ -194,7 +195,7 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     with torch.no_grad():
         base, final = head.block_logits(*teacher_forced_blocks(head, batch, feats, anchors, BLOCK))
     B, A = anchors.shape
-    final = final.view(B, A, BLOCK, -1)[:, :, 1:]
+    final = final.view(B, A, BLOCK - 1, -1)
     at = (anchors[..., None] + torch.arange(BLOCK - 1)).clamp(max=batch["input_ids"].shape[1] - 1)
     targets = states.logits.gather(1, at.flatten(1)[..., None].expand(-1, -1, VOCAB)).view(B, A, BLOCK - 1, -1)
     per_slot = divergence("soft_ce", final.float(), targets, label, reduction="none")
@@ -258,7 +259,7 @@ def _check_row(drafter, b, context, proposal, sampling):
         return False
     h = block_hidden(drafter.target, head, context, BLOCK)  # [1, B, H]
     tokens = torch.tensor([[context[-1], *proposal.tokens[b, :count].tolist()]])  # [1, 1 + count]
-    law = head.block_logits(h[:, : 1 + count], tokens)[1][0, 1:].float().softmax(-1)  # [count, V]
+    law = head.block_logits(h[:, : 1 + count], tokens)[1][0].float().softmax(-1)  # [count, V]
     torch.testing.assert_close(proposal.probs[b, :count], law, atol=1e-5, rtol=1e-4)
     return True
 

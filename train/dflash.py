@@ -216,7 +216,7 @@ def dflash_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlashRec
     batch's device)."""
     h, slot_pos = block_hidden(head, batch, feats, anchors, recipe.block_size)  # [B, A*Bs, H], [B, A*Bs]
     B, A, Bs = *anchors.shape, recipe.block_size
-    logits = head.lm_head(h).view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k
+    logits = head.lm_head(h.view(B, A, Bs, -1)[:, :, 1:])  # slot k >= 1 drafts the token at p + k
     _, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)
     per_slot = divergence(recipe.loss, logits, targets, label, reduction="none")  # fp32 over the kept rows
     loss, hits, weight_sum = weighted_slots(recipe, per_slot, logits, targets, label)

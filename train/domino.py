@@ -86,9 +86,8 @@ def domino_losses(head, batch, feats, teacher, anchors, valid, recipe: DominoRec
     (B, T), A = ids.shape, anchors.shape[1]
     h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]
     tokens = ids.gather(1, slot_pos.clamp(max=T - 1))  # [B, A*Bs]: the data's tokens at p..p+Bs-1
-    base, final = head.block_logits(h.view(B * A, Bs, -1), tokens.view(B * A, Bs))  # [B*A, Bs, Vd] each
-    base = base.view(B, A, Bs, -1)[:, :, 1:]  # slot k >= 1 drafts the token at p + k (divergence: fp32)
-    final = final.view(B, A, Bs, -1)[:, :, 1:]
+    base, final = head.block_logits(h.view(B * A, Bs, -1), tokens.view(B * A, Bs))  # [B*A, Bs-1, Vd] each
+    base, final = base.view(B, A, Bs - 1, -1), final.view(B, A, Bs - 1, -1)  # slot k >= 1: the token at p + k
     _, label, targets = slot_targets(batch, slot_pos, anchors, valid, teacher, in_vocab, Bs)  # [B, A, Bs-1(, Vd)]
     weight = base_loss_weight(recipe, batch.get("step"))
     per_slot = (1 - weight) * divergence(recipe.loss, final, targets, label, reduction="none")  # [B, A, Bs-1]
@@ -103,7 +102,7 @@ def _replayed_law(head, batch, kept, anchors, drafts):
     h, Bs = block_states(head, kept, anchors), head.config.block_size
     tokens = block_tokens(batch, anchors, Bs)
     _, final = head.block_logits(h.flatten(0, 1), tokens.flatten(0, 1))
-    return final.view(*anchors.shape, Bs, -1)[:, :, 1:]
+    return final.view(*anchors.shape, Bs - 1, -1)
 
 
 #: On-policy post-training (train/onpolicy.py) replays a head's calls at its blocks' anchors.
