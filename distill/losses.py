@@ -119,8 +119,8 @@ def divergence(
     sliced = vocab_chunk_size is not None and vocab_chunk_size < V
 
     def rows_fn(rows):
-        if kind == "soft_ce" and not sliced and isinstance(s, torch.Tensor):
-            return _soft_ce_rows(s, t, rows, temperature)
+        if kind in _CLOSED_FORM and not sliced and isinstance(s, torch.Tensor):
+            return _closed_form_rows(kind, s, t, rows, temperature, tv_weight)
         if not sliced:
             lq = torch.log_softmax(_logits(s, rows, 0, V, temperature), -1)
             lp = torch.log_softmax(_logits(t, rows, 0, V, temperature), -1)
@@ -312,52 +312,84 @@ def _terms(kind, lp, lq, beta, tv_weight):
     return (1 - tv_weight) * _xlogratio(p, lp, lq) + tv_weight * tv  # kl_tv
 
 
-def _soft_ce_rows(s, t, rows, T):
-    """soft_ce of `rows` of the logits tensors s (student) and t (teacher) [N, V], the one kind whose
-    gradient has a closed form worth its own backward: d/dz of -sum p log softmax(z / T) is
-    (q - p) / T. Autograd's path keeps log q, the mask of p > 0, their product and the float copy
-    of the rows, and walks each back through the vocabulary; `_SoftCrossEntropy` keeps log q and p,
-    writes the gradient of s in its own dtype, and so reads the vocabulary about half as often."""
+# The kinds whose gradient in the student's logits z has a closed form in q and p (q = softmax(z / T)):
+# soft_ce and forward_kl (q - p) / T, tv q (s - <q, s>) / 2T with s = sign(q - p), kl_tv their mix.
+_CLOSED_FORM = ("soft_ce", "forward_kl", "tv", "kl_tv")
+
+
+def _closed_form_rows(kind, s, t, rows, T, tv_weight):
+    """`kind` (one of _CLOSED_FORM) of `rows` of the logits tensors s (student) and t (teacher) [N, V]
+    with its own backward. Autograd's path keeps log q, masks, products and the float copy of the
+    rows, and walks each back through the vocabulary; `_ClosedForm` keeps log q and p, writes the
+    gradient of s in s's dtype, and reads the vocabulary about half as often."""
     with torch.no_grad():
-        p = torch.softmax(_logits(t, rows, 0, t.shape[-1], T), -1)
+        z = _logits(t, rows, 0, t.shape[-1], T)
+        if kind in ("forward_kl", "kl_tv"):  # log p for the KL's value
+            lp = torch.log_softmax(z, -1)
+            p = lp.exp()
+        else:
+            lp, p = None, torch.softmax(z, -1)
     if not (torch.is_grad_enabled() and s.requires_grad):
-        return _soft_ce_values(torch.log_softmax(_logits(s, rows, 0, s.shape[-1], T), -1), p)
-    return _SoftCrossEntropy.apply(s, rows, p, T)
+        lq = torch.log_softmax(_logits(s, rows, 0, s.shape[-1], T), -1)
+        return _closed_form_values(kind, lq, lp, p, tv_weight)
+    return _ClosedForm.apply(s, rows, lp, p, T, kind, tv_weight)
 
 
-def _soft_ce_values(lq, p):
-    """-sum p log q per row; where p = 0 meets log q = -inf (a token the student rules out and the
-    teacher never picks) the term is 0, not 0 x -inf, as `_terms` has it."""
-    values = -(p * lq).sum(-1)
+def _closed_form_values(kind, lq, lp, p, tv_weight, q=None):
+    """The per-row values of a _CLOSED_FORM kind from log q, log p (None for soft_ce and tv), p and q
+    (None: exp(log q)), as `_terms` has them."""
+    if kind == "soft_ce":
+        return _unguarded(
+            lambda r: -(p[r] * lq[r]).sum(-1), lambda r: -(p[r] * torch.where(p[r] > 0, lq[r], 0.0)).sum(-1)
+        )
+    kl = None
+    if kind != "tv":
+        kl = _unguarded(lambda r: (p[r] * (lp[r] - lq[r])).sum(-1), lambda r: _xlogratio(p[r], lp[r], lq[r]))
+    if kind == "forward_kl":
+        return kl
+    tv = 0.5 * (p - (lq.exp() if q is None else q)).abs().sum(-1)
+    return tv if kind == "tv" else (1 - tv_weight) * kl + tv_weight * tv
+
+
+def _unguarded(fast, guarded):
+    """fast(all rows), with guarded() redone on the rows where fast gave NaN: a term 0 x -inf, where
+    p = 0 meets log q = -inf (or log p = -inf), is 0 in `_xlogratio`'s guarded form."""
+    values = fast(slice(None))
     bad = values.isnan()
     if bad.any():
-        values[bad] = -(p[bad] * torch.where(p[bad] > 0, lq[bad], 0.0)).sum(-1)
+        values[bad] = guarded(bad)
     return values
 
 
-class _SoftCrossEntropy(torch.autograd.Function):
-    """-sum p log softmax(s[rows] / T) per row, p fixed; the gradient (q - p) / T goes into s's rows."""
+class _ClosedForm(torch.autograd.Function):
+    """A _CLOSED_FORM kind per row of s[rows] / T against the fixed p; its gradient goes into s's rows."""
 
     @staticmethod
-    def forward(ctx, s, rows, p, T):
+    def forward(ctx, s, rows, lp, p, T, kind, tv_weight):
         lq = torch.log_softmax(_logits(s, rows, 0, s.shape[-1], T), -1)
-        ctx.save_for_backward(lq, p, *([rows] if isinstance(rows, torch.Tensor) else []))
-        ctx.rows, ctx.shape, ctx.dtype, ctx.T = rows, s.shape, s.dtype, T
-        return _soft_ce_values(lq, p)
+        q = lq.exp()
+        ctx.save_for_backward(q, p, *([rows] if isinstance(rows, torch.Tensor) else []))
+        ctx.rows, ctx.shape, ctx.dtype, ctx.T, ctx.kind, ctx.w = rows, s.shape, s.dtype, T, kind, tv_weight
+        return _closed_form_values(kind, lq, lp, p, tv_weight, q)
 
     @staticmethod
     def backward(ctx, grad):
-        lq, p, *index = ctx.saved_tensors
-        rows = index[0] if index else ctx.rows
-        dz = torch.exp(lq).sub_(p).mul_(grad[:, None] / ctx.T).to(ctx.dtype)
+        q, p, *index = ctx.saved_tensors
+        rows, kind, w = index[0] if index else ctx.rows, ctx.kind, ctx.w
+        dz = q - p  # d KL / dz (T = 1)
+        if kind == "tv" or kind == "kl_tv":
+            sign = torch.sign(dz)
+            dtv = sign.sub_((q * sign).sum(-1, keepdim=True)).mul_(q)  # 2 d TV / dz
+            dz = dtv.mul_(0.5) if kind == "tv" else dz.mul_(1 - w).add_(dtv, alpha=0.5 * w)
+        dz = dz.mul_(grad[:, None] / ctx.T).to(ctx.dtype)
         if isinstance(rows, slice) and rows == slice(0, ctx.shape[0]):
-            return dz, None, None, None
+            return dz, None, None, None, None, None, None
         ds = dz.new_zeros(ctx.shape)
         if isinstance(rows, slice):
             ds[rows] = dz
         else:
             ds.index_copy_(0, rows, dz)
-        return ds, None, None, None
+        return ds, None, None, None, None, None, None
 
 
 def _merge(kind, parts):

@@ -441,17 +441,30 @@ def test_sgd_on_student_logits_lowers_each_divergence(kind):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def _written_out(kind, s, t, T, tv_weight):
+    """A divergence per row written out on probabilities, for autograd to differentiate."""
+    lq, lp = torch.log_softmax(s / T, -1), torch.log_softmax(t / T, -1)
+    p, q = lp.exp(), lq.exp()
+    kl, tv = (p * (lp - lq)).sum(-1), 0.5 * (p - q).abs().sum(-1)
+    return {"soft_ce": -(p * lq).sum(-1), "forward_kl": kl, "tv": tv, "kl_tv": (1 - tv_weight) * kl + tv_weight * tv}[
+        kind
+    ]
+
+
 @pytest.mark.parametrize("chunk_size", [None, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_soft_ce_gradient_is_autograds_through_its_formula(dtype, chunk_size):
-    """soft_ce's own backward ((q - p) / T into the kept rows, in the student's dtype) against autograd
-    through -sum softmax(t / T) log_softmax(s / T), over kept rows only."""
+@pytest.mark.parametrize("kind", ["soft_ce", "forward_kl", "tv", "kl_tv"])
+def test_closed_form_gradients_are_autograds_through_the_formula(kind, dtype, chunk_size):
+    """The kinds with their own backward (soft_ce, forward_kl: (q - p) / T; tv: q (s - <q, s>) / 2T;
+    kl_tv their mix; into the kept rows, in the student's dtype) against autograd through the
+    divergence written out on probabilities, over the kept rows only."""
     s, t, mask = make(40).to(dtype).requires_grad_(), make(41).to(dtype), mask_of(42)
-    value = divergence("soft_ce", s, t, mask, temperature=0.7, chunk_size=chunk_size, reduction="none")
+    kw = {"temperature": 0.7, "tv_weight": 0.3, "chunk_size": chunk_size, "reduction": "none"}
+    value = divergence(kind, s, t, mask, **kw)
     weights = make(43, SHAPE[:-1])  # an upstream gradient that differs per row
     (grad,) = torch.autograd.grad((value * weights).sum(), s)
     leaf = s.detach().float().requires_grad_()
-    ref = -(torch.softmax(t.float() / 0.7, -1) * torch.log_softmax(leaf / 0.7, -1)).sum(-1) * mask
+    ref = _written_out(kind, leaf, t.float(), 0.7, 0.3) * mask
     (ref_grad,) = torch.autograd.grad((ref * weights).sum(), leaf)
     torch.testing.assert_close(value, ref, rtol=1e-5, atol=1e-5)
     assert grad.dtype == dtype and not grad[~mask.bool()].any()
