@@ -253,6 +253,7 @@ class TuneJob:
     tree_budgets: tuple[int, ...] | None = (
         None  # tree node budgets to try (kinds with sized trees); None = 4, 8, 16, 32
     )
+    trees: tuple[str, ...] | None = None  # tree specs to decode (kinds with measured trees); None = the method's
     write: bool = False  # record the chosen setting in the drafter folder's config.json
     out: str | None = None  # folder for tuning.json and the speedup-vs-setting figures
     device: str = "auto"
@@ -271,7 +272,7 @@ def run_tune(job: TuneJob) -> dict:
     chosen setting, "recorded": the config.json written, or None}."""
     from draftsmith.decoding.target import max_positions
     from draftsmith.eval.sweep import measure_chain
-    from draftsmith.eval.tune import tune_chain, tune_medusa_tree
+    from draftsmith.eval.tune import tune_chain, tune_eagle_tree, tune_medusa_tree
 
     out = _out_folder(job.out)
     target, tokenizer, drafter, folder, kind = load_chain_drafter(
@@ -294,6 +295,9 @@ def run_tune(job: TuneJob) -> dict:
         print(
             f"note: {folder} records no head accuracies (train it with `draftsmith train {kind}`): the tree size is not tuned"
         )
+    if job.trees and not method.tune_trees:
+        raise SpecError(f"--trees applies to heads whose trees are decoded per setting (EAGLE), not {kind}")
+    trees = _tree_rows(method, drafter, target, job.trees or method.tune_trees)
 
     settings = replace(job.settings, num_draft_tokens=k_max)
     measured = measure_chain(
@@ -304,7 +308,7 @@ def run_tune(job: TuneJob) -> dict:
         settings,
         eos_token_id=eos,
         progress=job.progress,
-        verify_sizes=[b + 1 for b in budgets] if accuracies else (),
+        verify_sizes=[b + 1 for b in budgets] if accuracies else [t["total_tokens"] + 1 for t, _ in trees.values()],
     )
     try:
         draft_seconds = measured.draft_seconds
@@ -327,6 +331,10 @@ def run_tune(job: TuneJob) -> dict:
         tree = f"{kind}-tree"
         tunings[tree] = tune_medusa_tree(accuracies, budgets, measured.verify_seconds, draft_seconds=draft_seconds(1))
         print("\n" + tunings[tree].table())
+    if trees:
+        points = _measure_trees(job, target, trees, prompts, eos)
+        tunings[f"{kind}-tree"] = tune_eagle_tree(points, measured.verify_seconds)
+        print("\n" + tunings[f"{kind}-tree"].table())
     choice = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
     tuning = tunings[choice]
     setting = tuning.setting()
@@ -347,6 +355,40 @@ def run_tune(job: TuneJob) -> dict:
     return {"setting": setting, "folder": str(folder), "recorded": recorded}
 
 
+def _tree_rows(method, drafter, target, specs) -> dict:
+    """{spec: (its tree options, the drafter's tree row)} for each of `specs` (method.tree_spec's form)."""
+    rows = {}
+    for spec in specs:
+        try:
+            row = method.rows(drafter.head, target, method.kind, RowOptions(tree=spec))[f"{method.kind}-tree"]
+        except ValueError as err:
+            raise SpecError(f"--trees: {err}") from None
+        rows[spec] = (row.tree, row)
+    return rows
+
+
+def _measure_trees(job: TuneJob, target, trees: dict, prompts, eos) -> list[dict]:
+    """Each tree of `trees` (`_tree_rows`) decoded on the prompts beside target-only, in one
+    evaluation: its tau (counting the bonus token) and its drafting seconds per step, as
+    eval.tune.tune_eagle_tree takes them."""
+    from draftsmith.eval.evaluator import evaluate
+
+    named = {f"tree {spec}": row for spec, (_, row) in trees.items()}
+    k = {name: row.tree["depth"] + 1 for name, row in named.items()}  # the tree reaches depth + 1
+    report = evaluate(target, named, prompts, job.settings, eos_token_id=eos, progress=job.progress, num_draft_tokens=k)
+    rows = {row["method"]: row for row in report["methods"]}
+    points = []
+    for name, row in named.items():
+        measured = rows[name]
+        step = measured["drafter_seconds"] / max(1, measured["target_calls"])
+        points.append({**row.tree, "tau": measured["tau"], "draft_seconds": step})
+        print(
+            f"{name}: tau {measured['tau']:.2f} (counts the bonus token), drafting {1000 * step:.3f} ms per step, "
+            f"measured speedup {measured['speedup']:.2f}x"
+        )
+    return points
+
+
 def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, setting):
     """A timed decode at the chosen setting: (how it compares with the prediction, its speedup)."""
     from draftsmith.eval.evaluator import evaluate
@@ -360,6 +402,9 @@ def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, s
     if setting.get("tree"):
         rows = method.rows(drafter.heads, target, method.kind, RowOptions(tree=json.dumps(setting["tree"])))
         chosen = rows[f"{method.kind}-tree"]
+    elif "total_tokens" in setting:  # a tree decoded per setting (eval.tune.tune_eagle_tree)
+        spec = f"{setting['depth']},{setting['top_k']},{setting['total_tokens']}"
+        chosen = _tree_rows(method, drafter, target, [spec])[spec][1]
     settings = replace(job.settings, num_draft_tokens=k)
     report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
     speedup = report["methods"][1]["speedup"]
@@ -374,6 +419,7 @@ def _write_tuning(
     """tuning.json and one speedup-vs-setting figure per tuning."""
     from draftsmith.eval.plots import plot_speedup_vs_k
     from draftsmith.eval.report import dumps_strict, write_atomic
+    from draftsmith.eval.tune import TUNING_AXIS
 
     record = {
         "drafter": {"folder": str(folder), "name": drafter.name},
@@ -391,10 +437,9 @@ def _write_tuning(
     }
     write_atomic(out / "tuning.json", dumps_strict(record))
     figures = []
-    k = setting["num_speculative_tokens"]
     for name, t in tunings.items():
         label, axis = (drafter.name, "k") if name == "chain" else (name, "nodes")
-        x = k if name == "chain" else setting.get("num_nodes")
+        x = setting.get(TUNING_AXIS[t.kind][0])
         point = {label: {x: speedup}} if speedup is not None and name == kind else None
         figures.append(plot_speedup_vs_k({label: t}, out / f"speedup_vs_{axis}.png", measured=point))
     print(f"wrote {out / 'tuning.json'} and {', '.join(str(f) for f in figures)}")

@@ -55,6 +55,7 @@ class Method:
     precheck: str | None = None  # "module:function": (target_folder, folder, target_tokenizer=) before the target loads
     recipe_names: tuple[str, ...] = ()  # its recipes in a family folder (recipes/<family>/<name>.yaml); () = (kind,)
     default_tree: str | None = None  # the tree spec a report uses when it decodes this kind as a tree
+    tune_trees: tuple[str, ...] = ()  # the tree specs `tune` decodes (a tree whose tau is measured, not modelled)
     smoke_recipe: tuple[tuple[str, object], ...] = ()  # its own recipe keys of a seconds-long run on a toy target
     server: str | None = None  # "module:function": (folder, config, setting, k) -> how servers load it (publish.serve)
     format_tags: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (export format, its Hub tags) beyond vllm/sglang
@@ -178,6 +179,7 @@ METHODS: dict[str, Method] = {
             ),
             recipe_names=("eagle3", "eagle1", "eagle"),
             default_tree="3,4,16",
+            tune_trees=("2,4,8", "3,4,8", "3,4,16", "4,4,16", "5,8,32"),
             run_folder="head",
             model_types=("draftsmith_eagle",),
             speculators_types=("eagle", "eagle3"),

@@ -232,8 +232,11 @@ def add_commands(sub) -> None:
     ev.set_defaults(func=cmd_eval)
 
     sized = ", ".join(m.title for m in METHODS.values() if m.sized_trees)  # those whose trees tune sizes
+    decoded = [m for m in METHODS.values() if m.tune_trees]  # those whose trees tune decodes one by one
     tu = sub.add_parser(
-        "tune", help=f"choose K ({sized}: also the tree size) from measured acceptance and costs; --write records it"
+        "tune",
+        help=f"choose K ({sized}: also the tree size; {', '.join(m.title for m in decoded)}: also the tree) from "
+        "measured acceptance and costs; --write records it",
     )
     tu.add_argument("--target", required=True, help="folder of the target (HF format, with its tokenizer)")
     add_drafter_args(tu, one=True)
@@ -247,6 +250,13 @@ def add_commands(sub) -> None:
         help="measure acceptance at this K and search K = 0..k-max (at most what the drafter proposes, when it bounds it)",
     )
     tu.add_argument("--tree-budgets", type=TREE_BUDGETS, help=f"{sized}: tree sizes (nodes) to try (default 4,8,16,32)")
+    tu.add_argument(
+        "--trees",
+        nargs="+",
+        metavar="SPEC",
+        help="the trees to decode and choose among: "
+        + "; ".join(f"{m.title}: {m.tree_spec} (default {' '.join(m.tune_trees)})" for m in decoded),
+    )
     tuned = ("max_new_tokens", "temperature", "top_k", "top_p", "repeats", "seed", "ignore_eos")
     add_settings_args(tu.add_argument_group("decoding (eval.evaluator.EvalSettings)"), EvalSettings, only=tuned)
     tu.add_argument("--allow-target-mismatch", action="store_true", help=ALLOW_MISMATCH_HELP)
@@ -369,7 +379,13 @@ def cmd_tune(args) -> int:
 
     settings = _eval_settings(args, args.k_max, measure_distances=False)
     budgets = tuple(args.tree_budgets) if args.tree_budgets else None
-    given = {"drafter": drafter_values(args)[0], "tree_budgets": budgets, "progress": not args.no_progress}
+    trees = tuple(args.trees) if args.trees else None
+    given = {
+        "drafter": drafter_values(args)[0],
+        "tree_budgets": budgets,
+        "trees": trees,
+        "progress": not args.no_progress,
+    }
     job = settings_from_args(TuneJob, args, settings=settings, **given)  # the other fields: their flags
     try:
         result = run_tune(job)

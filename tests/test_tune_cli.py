@@ -150,10 +150,25 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
     torch.manual_seed(0)
     folder = tmp_path / "eagle"
     EagleHead.for_target(target, "eagle3", aux_layer_ids=[0, 1, 2]).save_pretrained(folder)
-    code, out, err = run_cli(tune_args(toy_dir, "--eagle", folder, tmp_path / "tune", "--k-max", 2))
+    code, out, err = run_cli(
+        tune_args(toy_dir, "--eagle", folder, tmp_path / "tune", "--k-max", 2, "--trees", "1,2,2", "2,2,4")
+    )
     assert code == 0, err
-    assert "== eagle-chain: K = 2 on 3 prompts" in out and "ms per drafted token" in out and flat_verify == [[1, 2, 3]]
+    assert "== eagle-chain: K = 2 on 3 prompts" in out and "ms per drafted token" in out
+    assert flat_verify == [[1, 2, 3, 5]]  # the chain's 1..3 and the trees' 2 + 1, 4 + 1
     assert "draftsmith" not in _config(folder)  # no --write: nothing recorded
+    # each tree decoded beside target-only: its measured tau and drafting time, v(nodes + 1) modelled
+    record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
+    chain, tree = record["tunings"]["chain"], record["tunings"]["eagle-tree"]
+    assert [c["setting"] for c in tree["candidates"]] == ["depth 1, top_k 2, 2 nodes", "depth 2, top_k 2, 4 nodes"]
+    for c, depth in zip(tree["candidates"], (1, 2)):
+        assert 1.0 <= c["tau"] <= depth + 2 and c["draft_ms"] > 0 and c["verify_ms"] == 1000.0
+        assert c["speedup"] == pytest.approx(c["tau"] / (c["draft_ms"] / 1000 + 1.0))  # v(1) = 1 s
+        assert f"tree {depth},2,{2 * depth}: tau {c['tau']:.2f} (counts the bonus token)" in out
+    best = max([chain, tree], key=lambda t: t["chosen"]["predicted_speedup"])  # a tie keeps the chain
+    assert record["chosen"] == best["chosen"]
+    code, _, err = run_cli(tune_args(toy_dir, "--eagle", folder, tmp_path / "t2", "--trees", "2,2"))
+    assert code == 2 and "--trees: tree '2,2': expected DEPTH,TOP_K,TOTAL_TOKENS, e.g. 4,4,16" in err, err
     write_setting(folder, {"num_speculative_tokens": 2, "kind": "chain"})
     head = load_eagle(folder, target=target)
     assert head.config.draftsmith == {"speculation": {"num_speculative_tokens": 2, "kind": "chain"}}
@@ -169,6 +184,10 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
         (
             ["--draft", "{draft}", "--tree-budgets", "4"],
             "--tree-budgets applies to heads whose trees are built from measured accuracies, not draft",
+        ),
+        (
+            ["--draft", "{draft}", "--trees", "2,4,8"],
+            "--trees applies to heads whose trees are decoded per setting (EAGLE), not draft",
         ),
         (["--medusa", "{missing}"], "does not exist or is not a directory"),
     ],
