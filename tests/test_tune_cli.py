@@ -198,3 +198,33 @@ def test_bad_tune_input(toy_dir, tmp_path, run_cli, args, message):
         ["tune", "--target", toy_dir / "target", "--prompts", toy_dir / "prompts.jsonl", "--device", "cpu", *args]
     )
     assert code == 2 and message in err, err
+
+
+def test_a_chosen_eagle_tree_is_checked_with_that_tree(toy_dir, monkeypatch):
+    """When a tree wins, the timed check decodes the head with the chosen (depth, top_k, total_tokens)
+    at K = depth + 1, and compares its speedup with the prediction."""
+    from draftsmith.decoding.eagle import EagleDrafter
+    from draftsmith.eval import evaluator
+    from draftsmith.eval.evaluator import EvalSettings
+    from draftsmith.eval.jobs import TuneJob, _check_choice
+    from draftsmith.eval.tune import tune_eagle_tree
+
+    target = load_causal_lm(toy_dir / "target", device=CPU, dtype=torch.float32, role="target")
+    torch.manual_seed(0)
+    head = EagleHead.for_target(target, "eagle3", aux_layer_ids=[0, 1, 2])
+    point = {"depth": 2, "top_k": 3, "total_tokens": 5, "tau": 2.0, "draft_seconds": 0.0}
+    tuning = tune_eagle_tree([point], {1: 1.0, 6: 1.0})  # predicted 2.0x
+    seen = {}
+
+    def fake_evaluate(target, drafters, prompts, settings, **kwargs):
+        seen.update(drafters=drafters, k=settings.num_draft_tokens)
+        return {"methods": [{"speedup": 1.0}, {"speedup": 1.8}]}
+
+    monkeypatch.setattr(evaluator, "evaluate", fake_evaluate)
+    job = TuneJob(target="t", prompts="p", settings=EvalSettings(num_draft_tokens=6, max_new_tokens=8))
+    check, speedup = _check_choice(
+        job, target, EagleDrafter(head), METHODS["eagle"], [], None, tuning, tuning.setting()
+    )
+    (row,) = seen["drafters"].values()
+    assert row.tree == {"depth": 2, "top_k": 3, "total_tokens": 5} and row.head is head and seen["k"] == 3
+    assert speedup == 1.8 and check.ratio == pytest.approx(0.9)
