@@ -25,7 +25,7 @@ from draftsmith.eval.drafter_specs import DrafterSpecs, SpecError, eos_token_id,
 from draftsmith.eval.evaluator import EvalSettings
 from draftsmith.eval.lossless import MIN_SAMPLES
 from draftsmith.heads.artifacts import check_writable_folder
-from draftsmith.heads.registry import RowOptions, get_method
+from draftsmith.heads.registry import METHODS, RowOptions, get_method
 
 
 def package_version() -> str:
@@ -296,7 +296,8 @@ def run_tune(job: TuneJob) -> dict:
             f"note: {folder} records no head accuracies (train it with `draftsmith train {kind}`): the tree size is not tuned"
         )
     if job.trees and not method.tune_trees:
-        raise SpecError(f"--trees applies to heads whose trees are decoded per setting (EAGLE), not {kind}")
+        decoded = ", ".join(m.title for m in METHODS.values() if m.tune_trees)
+        raise SpecError(f"--trees applies to heads whose trees are decoded per setting ({decoded}), not {kind}")
     trees = _tree_rows(method, drafter, target, job.trees or method.tune_trees)
 
     settings = replace(job.settings, num_draft_tokens=k_max)

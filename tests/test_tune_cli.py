@@ -187,7 +187,7 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
         ),
         (
             ["--draft", "{draft}", "--trees", "2,4,8"],
-            "--trees applies to heads whose trees are decoded per setting (EAGLE), not draft",
+            "--trees applies to heads whose trees are decoded per setting (EAGLE head), not draft",
         ),
         (["--medusa", "{missing}"], "does not exist or is not a directory"),
     ],
