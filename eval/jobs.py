@@ -309,7 +309,9 @@ def run_tune(job: TuneJob) -> dict:
         settings,
         eos_token_id=eos,
         progress=job.progress,
-        verify_sizes=[b + 1 for b in budgets] if accuracies else [t["total_tokens"] + 1 for t, _ in trees.values()],
+        verify_sizes=[b + 1 for b in budgets]
+        if accuracies
+        else [row.tree["total_tokens"] + 1 for row in trees.values()],
     )
     try:
         draft_seconds = measured.draft_seconds
@@ -357,14 +359,14 @@ def run_tune(job: TuneJob) -> dict:
 
 
 def _tree_rows(method, drafter, target, specs) -> dict:
-    """{spec: (its tree options, the drafter's tree row)} for each of `specs` (method.tree_spec's form)."""
+    """{spec: the tree row of the chain drafter's head} for each of `specs` (method.tree_spec's form);
+    a row's `tree` holds its options (depth, top_k, total_tokens)."""
     rows = {}
     for spec in specs:
         try:
-            row = method.rows(drafter.head, target, method.kind, RowOptions(tree=spec))[f"{method.kind}-tree"]
+            rows[spec] = method.rows(drafter.head, target, method.kind, RowOptions(tree=spec))[f"{method.kind}-tree"]
         except ValueError as err:
             raise SpecError(f"--trees: {err}") from None
-        rows[spec] = (row.tree, row)
     return rows
 
 
@@ -374,7 +376,7 @@ def _measure_trees(job: TuneJob, target, trees: dict, prompts, eos) -> list[dict
     eval.tune.tune_eagle_tree takes them."""
     from draftsmith.eval.evaluator import evaluate
 
-    named = {f"tree {spec}": row for spec, (_, row) in trees.items()}
+    named = {f"tree {spec}": row for spec, row in trees.items()}
     k = {name: row.tree["depth"] + 1 for name, row in named.items()}  # the tree reaches depth + 1
     report = evaluate(target, named, prompts, job.settings, eos_token_id=eos, progress=job.progress, num_draft_tokens=k)
     rows = {row["method"]: row for row in report["methods"]}
@@ -405,7 +407,7 @@ def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, s
         chosen = rows[f"{method.kind}-tree"]
     elif "total_tokens" in setting:  # a tree decoded per setting (eval.tune.tune_eagle_tree)
         spec = f"{setting['depth']},{setting['top_k']},{setting['total_tokens']}"
-        chosen = _tree_rows(method, drafter, target, [spec])[spec][1]
+        chosen = _tree_rows(method, drafter, target, [spec])[spec]
     settings = replace(job.settings, num_draft_tokens=k)
     report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
     speedup = report["methods"][1]["speedup"]
