@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from draftsmith.distill.losses import cross_entropy, divergence
+from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
 from draftsmith.train.dflash import DFlashRecipe, block_hidden, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
@@ -109,11 +109,11 @@ def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRec
     label = label & (data >= 0)
     prev = ids.gather(1, at.flatten(1))  # [B, A*Bs]: the anchor, then the block's own tokens
     hb = h.view(B * A, Bs, -1)
-    logits = head.block_logits(hb, prev.view(B * A, Bs)).view(B, A, Bs, -1)  # the losses cast the kept rows
+    logits = head.block_logits(hb, prev.view(B * A, Bs)).view(B, A, Bs, -1).float()
     targets = teacher_rows(teacher, at.flatten(1)).view(B, A, Bs, -1)
 
     term = divergence(recipe.loss, logits, targets, label, reduction="none")  # [B, A, Bs]
-    ce = cross_entropy(logits, data.clamp(min=0), label, reduction="none")  # 0 off the trained slots
+    ce = F.cross_entropy(logits.flatten(0, 2), data.clamp(min=0).flatten(), reduction="none").view_as(term)
     per_slot = recipe.divergence_weight * term + recipe.ce_weight * ce
     tv = term if recipe.loss == "tv" else divergence("tv", logits.detach(), targets, label, reduction="none")
     confidence = head.confidence(hb, prev.view(B * A, Bs))
