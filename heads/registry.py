@@ -116,6 +116,30 @@ class Method:
         )
 
 
+def _block_method(kind: str, title: str, recipe: str, **fields) -> Method:
+    """A DFlash-family method (a block drafter on DFlash's backbone), whose parts follow its kind:
+    heads/{kind}.py with heads/{kind}_formats.py (load_{kind}, export_folder, serving_facts),
+    decoding/{kind}.py ({kind}_rows) and train/{kind}.py (the recipe class, head_parameters, REPLAY).
+    Its head's errors derive from the backbone's DFlashError, which its checks raise."""
+    formats = f"draftsmith.heads.{kind}_formats"
+    return Method(
+        kind=kind,
+        title=title,
+        trainer=f"draftsmith.train.{kind}",
+        replay=f"draftsmith.train.{kind}:REPLAY",
+        recipe=f"draftsmith.train.{kind}:{recipe}",
+        loader=f"{formats}:load_{kind}",
+        error="draftsmith.heads.dflash:DFlashError",
+        rows_of=f"draftsmith.decoding.{kind}:{kind}_rows",
+        parameters=f"draftsmith.train.{kind}:head_parameters",
+        run_folder="head",
+        model_types=(f"draftsmith_{kind}",),
+        exporter=f"{formats}:export_folder",
+        server=f"{formats}:serving_facts",
+        **fields,
+    )
+
+
 METHODS: dict[str, Method] = {
     m.kind: m
     for m in (
@@ -211,71 +235,35 @@ METHODS: dict[str, Method] = {
             exporter="draftsmith.heads.eagle:export_folder",
             server="draftsmith.heads.eagle.peagle:serving_facts",
         ),
-        Method(
-            kind="dflash",
-            title="DFlash head",
-            trainer="draftsmith.train.dflash",
-            replay="draftsmith.train.dflash:REPLAY",
-            recipe="draftsmith.train.dflash:DFlashRecipe",
-            loader="draftsmith.heads.dflash_formats:load_dflash",
-            error="draftsmith.heads.dflash:DFlashError",
-            rows_of="draftsmith.decoding.dflash:dflash_rows",
-            parameters="draftsmith.train.dflash:head_parameters",
+        _block_method(
+            "dflash",
+            "DFlash head",
+            "DFlashRecipe",
             smoke_recipe=(("block_size", 4), ("max_anchors", 8), ("lr", 3e-3)),
-            run_folder="head",
-            model_types=("draftsmith_dflash",),
             speculators_types=("dflash",),
             export_formats=("vllm", "hf"),
-            exporter="draftsmith.heads.dflash_formats:export_folder",
-            server="draftsmith.heads.dflash_formats:serving_facts",
         ),
-        Method(
-            kind="dspark",
-            title="DSpark head",
-            trainer="draftsmith.train.dspark",
-            replay="draftsmith.train.dspark:REPLAY",
-            recipe="draftsmith.train.dspark:DSparkRecipe",
-            loader="draftsmith.heads.dspark_formats:load_dspark",
-            error="draftsmith.heads.dflash:DFlashError",  # DSparkError's base: the backbone's checks raise it
-            rows_of="draftsmith.decoding.dspark:dspark_rows",
-            parameters="draftsmith.train.dspark:head_parameters",
+        _block_method(
+            "dspark",
+            "DSpark head",
+            "DSparkRecipe",
             smoke_recipe=(("block_size", 3), ("max_anchors", 8), ("markov_rank", 8), ("lr", 3e-3)),
-            run_folder="head",
-            model_types=("draftsmith_dspark",),
             speculators_types=("dspark",),
             export_formats=("vllm", "hf"),
-            exporter="draftsmith.heads.dspark_formats:export_folder",
-            server="draftsmith.heads.dspark_formats:serving_facts",
         ),
-        Method(
-            kind="domino",
-            title="Domino head",
-            trainer="draftsmith.train.domino",
-            replay="draftsmith.train.domino:REPLAY",
-            recipe="draftsmith.train.domino:DominoRecipe",
-            loader="draftsmith.heads.domino_formats:load_domino",
-            error="draftsmith.heads.dflash:DFlashError",  # DominoError's base: the backbone's checks raise it
-            rows_of="draftsmith.decoding.domino:domino_rows",
-            parameters="draftsmith.train.domino:head_parameters",
+        _block_method(
+            "domino",
+            "Domino head",
+            "DominoRecipe",
             smoke_recipe=(("block_size", 4), ("max_anchors", 8), ("gru_hidden", 16), ("proj_dim", 8), ("lr", 3e-3)),
-            run_folder="head",
-            model_types=("draftsmith_domino",),
             architectures=("DominoDraftModel",),  # SpecForge's layout (no speculators class exists)
             export_formats=("hf", "specforge"),  # no server layout to default to: vLLM has no Domino drafter
-            exporter="draftsmith.heads.domino_formats:export_folder",
-            server="draftsmith.heads.domino_formats:serving_facts",
             format_tags=(("specforge", ("specforge",)),),
         ),
-        Method(
-            kind="dflash2",
-            title="DFlash2 head",
-            trainer="draftsmith.train.dflash2",
-            replay="draftsmith.train.dflash2:REPLAY",
-            recipe="draftsmith.train.dflash2:DFlash2Recipe",
-            loader="draftsmith.heads.dflash2_formats:load_dflash2",
-            error="draftsmith.heads.dflash:DFlashError",  # DFlash2Error's base: the backbone's checks raise it
-            rows_of="draftsmith.decoding.dflash2:dflash2_rows",
-            parameters="draftsmith.train.dflash2:head_parameters",
+        _block_method(
+            "dflash2",
+            "DFlash2 head",
+            "DFlash2Recipe",
             smoke_recipe=(
                 ("block_size", 4),
                 ("max_anchors", 8),
@@ -283,12 +271,8 @@ METHODS: dict[str, Method] = {
                 ("selector_top_k", 4),
                 ("lr", 3e-3),
             ),
-            run_folder="head",
-            model_types=("draftsmith_dflash2",),
             speculators_types=("dflash2",),
             export_formats=("vllm", "hf"),
-            exporter="draftsmith.heads.dflash2_formats:export_folder",
-            server="draftsmith.heads.dflash2_formats:serving_facts",
         ),
     )
 }
