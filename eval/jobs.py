@@ -272,7 +272,7 @@ def run_tune(job: TuneJob) -> dict:
     chosen setting, "recorded": the config.json written, or None}."""
     from draftsmith.decoding.target import max_positions
     from draftsmith.eval.sweep import measure_chain
-    from draftsmith.eval.tune import tune_chain, tune_eagle_tree, tune_medusa_tree
+    from draftsmith.eval.tune import tune_chain, tune_measured_trees, tune_medusa_tree
 
     out = _out_folder(job.out)
     target, tokenizer, drafter, folder, kind = load_chain_drafter(
@@ -311,7 +311,7 @@ def run_tune(job: TuneJob) -> dict:
         progress=job.progress,
         verify_sizes=[b + 1 for b in budgets]
         if accuracies
-        else [row.tree["total_tokens"] + 1 for row in trees.values()],
+        else [max(row.proposal_sizes(row.max_depth)) + 1 for row in trees.values()],
     )
     try:
         draft_seconds = measured.draft_seconds
@@ -336,14 +336,14 @@ def run_tune(job: TuneJob) -> dict:
         print("\n" + tunings[tree].table())
     if trees:
         points = _measure_trees(job, target, trees, prompts, eos)
-        tunings[f"{kind}-tree"] = tune_eagle_tree(points, measured.verify_seconds)
+        tunings[f"{kind}-tree"] = tune_measured_trees(points, measured.verify_seconds)
         print("\n" + tunings[f"{kind}-tree"].table())
     choice = max(tunings, key=lambda k: tunings[k].best.speedup)  # the chain first: a tie keeps it
     tuning = tunings[choice]
     setting = tuning.setting()
     best = tuning.best
     print(f"\nchosen: {choice} {best.label}, predicted speedup {best.speedup:.2f}x (tau {best.tau:.2f})")
-    check, speedup = _check_choice(job, target, drafter, method, prompts, eos, tuning, setting)
+    check, speedup = _check_choice(job, target, drafter, method, prompts, eos, tuning, setting, trees)
     if out is not None:
         _write_tuning(job, out, drafter, folder, measured, tunings, choice, setting, speedup, check, len(prompts))
     recorded = None
@@ -360,7 +360,7 @@ def run_tune(job: TuneJob) -> dict:
 
 def _tree_rows(method, drafter, target, specs) -> dict:
     """{spec: the tree row of the chain drafter's head} for each of `specs` (method.tree_spec's form);
-    a row's `tree` holds its options (depth, top_k, total_tokens)."""
+    a row's `tree` holds its options, its `max_depth` the depth it reaches (drafts plus one)."""
     rows = {}
     for spec in specs:
         try:
@@ -373,18 +373,22 @@ def _tree_rows(method, drafter, target, specs) -> dict:
 def _measure_trees(job: TuneJob, target, trees: dict, prompts, eos) -> list[dict]:
     """Each tree of `trees` (`_tree_rows`) decoded on the prompts beside target-only, in one
     evaluation: its tau (counting the bonus token) and its drafting seconds per step, as
-    eval.tune.tune_eagle_tree takes them."""
+    eval.tune.tune_measured_trees takes them (labelled by its spec)."""
     from draftsmith.eval.evaluator import evaluate
 
     named = {f"tree {spec}": row for spec, row in trees.items()}
-    k = {name: row.tree["depth"] + 1 for name, row in named.items()}  # the tree reaches depth + 1
+    k = {name: row.max_depth for name, row in named.items()}
     report = evaluate(target, named, prompts, job.settings, eos_token_id=eos, progress=job.progress, num_draft_tokens=k)
     rows = {row["method"]: row for row in report["methods"]}
     points = []
     for name, row in named.items():
         measured = rows[name]
         step = measured["drafter_seconds"] / max(1, measured["target_calls"])
-        points.append({**row.tree, "tau": measured["tau"], "draft_seconds": step})
+        setting = {"num_speculative_tokens": row.max_depth, **row.tree}
+        nodes = max(row.proposal_sizes(row.max_depth))
+        points.append(
+            {"label": name, "setting": setting, "num_nodes": nodes, "tau": measured["tau"], "draft_seconds": step}
+        )
         print(
             f"{name}: tau {measured['tau']:.2f} (counts the bonus token), drafting {1000 * step:.3f} ms per step, "
             f"measured speedup {measured['speedup']:.2f}x"
@@ -392,8 +396,9 @@ def _measure_trees(job: TuneJob, target, trees: dict, prompts, eos) -> list[dict
     return points
 
 
-def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, setting):
-    """A timed decode at the chosen setting: (how it compares with the prediction, its speedup)."""
+def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, setting, trees):
+    """A timed decode at the chosen setting: (how it compares with the prediction, its speedup);
+    `trees`: the rows `_measure_trees` decoded, by spec."""
     from draftsmith.eval.evaluator import evaluate
     from draftsmith.eval.tune import compare_prediction
 
@@ -405,9 +410,8 @@ def _check_choice(job: TuneJob, target, drafter, method, prompts, eos, tuning, s
     if setting.get("tree"):
         rows = method.rows(drafter.heads, target, method.kind, RowOptions(tree=json.dumps(setting["tree"])))
         chosen = rows[f"{method.kind}-tree"]
-    elif "total_tokens" in setting:  # a tree decoded per setting (eval.tune.tune_eagle_tree)
-        spec = f"{setting['depth']},{setting['top_k']},{setting['total_tokens']}"
-        chosen = _tree_rows(method, drafter, target, [spec])[spec]
+    elif tuning.kind == "tree":  # a tree decoded per setting (eval.tune.tune_measured_trees)
+        chosen = {f"tree {spec}": row for spec, row in trees.items()}[tuning.best.label]
     settings = replace(job.settings, num_draft_tokens=k)
     report = evaluate(target, {chosen.name: chosen}, prompts, settings, eos_token_id=eos, progress=job.progress)
     speedup = report["methods"][1]["speedup"]

@@ -20,13 +20,12 @@ The models (tau counts the bonus token everywhere: target-only decoding = 1):
 - Medusa tree of N nodes from the rank-wise head accuracies (decoding/medusa_tree.py): the best
   tree of N nodes, tau(N) = 1 + its expected accepted length, time(N) = draft(N) + v(N + 1); draft is the
   heads' cost per step (one forward of all heads, whatever the tree).
-- EAGLE dynamic tree (depth, top_k, total_tokens, as `EagleDrafter(tree=...)` takes them:
-  total_tokens counts draft nodes only, the tree reaches depth + 1): its acceptance depends on
-  the draft's confidence along the way, which no per-position table captures, so tau is
-  MEASURED per setting (the decoder's tau at that setting) and only the verify cost is modelled:
-      time = draft_seconds (measured, the whole tree's drafting) + v(total_tokens + 1)
-  (the verify forward holds the last committed token and the total_tokens nodes; SafeAILab's
-  `total_token` counts differently, see decoding/eagle.py).
+- a tree decoded per setting (a method whose registry entry lists `tune_trees`: a dynamic tree,
+  grown by the draft's confidence): its acceptance depends on that confidence, which no per-position
+  table captures, so tau is MEASURED per setting (the decoder's tau there) and only the verify cost
+  is modelled, over N = the draft nodes one step verifies (the drafter's proposal size):
+      time = draft_seconds (measured, the whole tree's drafting) + v(N + 1)
+  (the verify forward holds the last committed token and the N nodes).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class Candidate:
 TUNING_AXIS = {
     "chain": ("num_speculative_tokens", "K (drafts per step)"),
     "medusa-tree": ("num_nodes", "N (tree nodes)"),
-    "eagle-tree": ("total_tokens", "total_tokens (draft nodes)"),
+    "tree": ("num_nodes", "N (draft nodes)"),
 }
 
 
@@ -86,7 +85,7 @@ class Tuning:
     """Every candidate of one search and the chosen one (highest predicted speedup; a tie goes
     to the smaller setting, listed first: less drafting for the same speed)."""
 
-    kind: str  # "chain", "medusa-tree" or "eagle-tree"
+    kind: str  # "chain", "medusa-tree" (sized from accuracies) or "tree" (decoded per setting)
     candidates: list[Candidate]
     baseline_step_seconds: float  # v(1): one target-only step
     model: str  # the formulas used, one line
@@ -166,7 +165,7 @@ def tune_chain(alpha_per_position, draft_seconds, verify_seconds, *, k_max: int 
         if row.get("tree"):
             raise ValueError(
                 f"report row {row.get('method')!r} is a tree drafter: its alpha_per_position is per tree depth, "
-                "not a chain; use tune_medusa_tree or tune_eagle_tree"
+                "not a chain; use tune_medusa_tree or tune_measured_trees"
             )
         if not row.get("alpha_per_position"):
             raise ValueError(f"report row {row.get('method')!r} has no alpha_per_position (target-only?)")
@@ -268,15 +267,16 @@ def tune_medusa_tree(
     )
 
 
-# ---------------------------------------------------------------------- EAGLE dynamic tree
-EAGLE_POINT_KEYS = ("depth", "top_k", "total_tokens", "tau", "draft_seconds")
+# ---------------------------------------------------------------------- trees decoded per setting
+TREE_POINT_KEYS = ("label", "setting", "num_nodes", "tau", "draft_seconds")
 
 
-def tune_eagle_tree(points: Sequence[Mapping], verify_seconds) -> Tuning:
-    """The (depth, top_k, total_tokens) with the highest predicted tokens per second among
-    measured points, each {"depth", "top_k", "total_tokens" (EagleDrafter's tree keys), "tau"
-    (measured, counting the bonus token), "draft_seconds" (measured drafting time per step)}.
-    Model: module docstring. The recorded K (num_speculative_tokens) is the tree's depth + 1."""
+def tune_measured_trees(points: Sequence[Mapping], verify_seconds) -> Tuning:
+    """The tree with the highest predicted tokens per second among measured points, each
+    {"label": how the table names it, "setting": what write_setting records (its
+    "num_speculative_tokens" is the depth the tree reaches, drafts plus one), "num_nodes": the draft
+    nodes one step verifies, "tau" (measured, counting the bonus token), "draft_seconds" (measured
+    drafting time per step)}. Model: module docstring."""
     if isinstance(points, Mapping) or not isinstance(points, Sequence) or not points:
         raise ValueError(f"points = {points!r}; expected a non-empty list of measured settings")
     verify = _verify_curve(verify_seconds)
@@ -284,28 +284,29 @@ def tune_eagle_tree(points: Sequence[Mapping], verify_seconds) -> Tuning:
     candidates = []
     for i, point in enumerate(points):
         if not isinstance(point, Mapping):
-            raise TypeError(f"points[{i}] = {point!r}; expected a mapping with {', '.join(EAGLE_POINT_KEYS)}")
-        missing = [k for k in EAGLE_POINT_KEYS if k not in point]
+            raise TypeError(f"points[{i}] = {point!r}; expected a mapping with {', '.join(TREE_POINT_KEYS)}")
+        missing = [k for k in TREE_POINT_KEYS if k not in point]
         if missing:
-            raise ValueError(f"points[{i}] lacks {', '.join(missing)}; expected {', '.join(EAGLE_POINT_KEYS)}")
-        depth, top_k, total = point["depth"], point["top_k"], point["total_tokens"]
-        for key, value, minimum in (("depth", depth, 0), ("top_k", top_k, 1), ("total_tokens", total, 1)):
-            if not _is_count(value, minimum):
-                raise ValueError(f"points[{i}].{key} = {value!r}; expected an int >= {minimum}")
+            raise ValueError(f"points[{i}] lacks {', '.join(missing)}; expected {', '.join(TREE_POINT_KEYS)}")
+        setting, nodes = point["setting"], point["num_nodes"]
+        k = setting.get("num_speculative_tokens") if isinstance(setting, Mapping) else None
+        if not _is_count(k):
+            raise ValueError(f"points[{i}].setting = {setting!r}; expected a mapping with num_speculative_tokens >= 1")
+        if not _is_count(nodes):
+            raise ValueError(f"points[{i}].num_nodes = {nodes!r}; expected an int >= 1")
         tau, d = point["tau"], point["draft_seconds"]
-        if not _is_number(tau) or not 1.0 <= tau <= depth + 2:
-            raise ValueError(f"points[{i}].tau = {tau!r}; expected the measured tau in [1, depth + 2 = {depth + 2}]")
+        if not _is_number(tau) or not 1.0 <= tau <= k + 1:
+            raise ValueError(f"points[{i}].tau = {tau!r}; expected the measured tau in [1, K + 1 = {k + 1}]")
         if not _is_number(d) or d < 0:
             raise ValueError(f"points[{i}].draft_seconds = {d!r}; expected seconds >= 0")
-        v = verify(total + 1)
-        setting = {"num_speculative_tokens": depth + 1, "depth": depth, "top_k": top_k, "total_tokens": total}
-        label = f"depth {depth}, top_k {top_k}, {total} nodes"
-        candidates.append(Candidate(label, setting, float(tau), float(d), v, (tau / (d + v)) * v1))
+        v = verify(nodes + 1)
+        setting = {**setting, "num_nodes": nodes}
+        candidates.append(Candidate(str(point["label"]), setting, float(tau), float(d), v, (tau / (d + v)) * v1))
     return Tuning(
-        "eagle-tree",
+        "tree",
         candidates,
         v1,
-        "tau measured per setting; time = draft_seconds (measured) + v(total_tokens + 1); speedup = tau/time x v(1)",
+        "tau measured per setting; time = draft_seconds (measured) + v(N + 1); speedup = tau/time x v(1)",
     )
 
 
@@ -456,7 +457,7 @@ __all__ = [
     "Tuning",
     "compare_prediction",
     "tune_chain",
-    "tune_eagle_tree",
+    "tune_measured_trees",
     "tune_medusa_tree",
     "write_setting",
 ]

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from draftsmith.eval.tune import compare_prediction, tune_chain, tune_eagle_tree, tune_medusa_tree, write_setting
+from draftsmith.eval.tune import compare_prediction, tune_chain, tune_measured_trees, tune_medusa_tree, write_setting
 
 ALPHAS = [0.8] * 7
 FLAT = {1: 1.0, 8: 1.0}  # verifying up to 8 tokens costs one target step
@@ -104,29 +104,47 @@ def test_medusa_tree_budget_on_an_injected_accuracy_table():
     assert [c.setting["num_nodes"] for c in capped.candidates] == [10] and "skipped" in capped.notes[0]
 
 
-def test_eagle_tree_points():
-    """EagleDrafter's convention: total_tokens draft nodes, verified with the last committed
-    token (v(total_tokens + 1)); the tree reaches depth + 1, the K recorded."""
+def test_measured_tree_points():
+    """A tree decoded per setting (EAGLE-2's): its N draft nodes are verified with the last committed
+    token (v(N + 1)); its setting, with the depth it reaches as K, is recorded as measured."""
     points = [
-        {"depth": 5, "top_k": 8, "total_tokens": 48, "tau": 4.0, "draft_seconds": 0.5},
-        {"depth": 4, "top_k": 4, "total_tokens": 16, "tau": 3.4, "draft_seconds": 0.4},
+        {
+            "label": "tree 5,8,48",
+            "setting": {"num_speculative_tokens": 6, "depth": 5, "top_k": 8, "total_tokens": 48},
+            "num_nodes": 48,
+            "tau": 4.0,
+            "draft_seconds": 0.5,
+        },
+        {
+            "label": "tree 4,4,16",
+            "setting": {"num_speculative_tokens": 5, "depth": 4, "top_k": 4, "total_tokens": 16},
+            "num_nodes": 16,
+            "tau": 3.4,
+            "draft_seconds": 0.4,
+        },
     ]
     verify = {1: 1.0, 17: 1.1, 49: 1.9}
-    tuning = tune_eagle_tree(points, verify)
+    tuning = tune_measured_trees(points, verify)
     assert [c.speedup for c in tuning.candidates] == pytest.approx([4.0 / 2.4, 3.4 / 1.5])
+    assert [c.label for c in tuning.candidates] == ["tree 5,8,48", "tree 4,4,16"]
     assert tuning.setting() == {
         "num_speculative_tokens": 5,
         "depth": 4,
         "top_k": 4,
         "total_tokens": 16,
-        "kind": "eagle-tree",
+        "num_nodes": 16,
+        "kind": "tree",
         "predicted_tau": 3.4,
         "predicted_speedup": pytest.approx(3.4 / 1.5),
     }
     with pytest.raises(ValueError, match=re.escape("points[0].tau = 8.0")):
-        tune_eagle_tree([dict(points[0], tau=8.0)], verify)
+        tune_measured_trees([dict(points[0], tau=8.0)], verify)  # past K + 1 = 7
     with pytest.raises(ValueError, match="lacks draft_seconds"):
-        tune_eagle_tree([{k: v for k, v in points[0].items() if k != "draft_seconds"}], verify)
+        tune_measured_trees([{k: v for k, v in points[0].items() if k != "draft_seconds"}], verify)
+    with pytest.raises(ValueError, match=re.escape("points[0].num_nodes = 0")):
+        tune_measured_trees([dict(points[0], num_nodes=0)], verify)
+    with pytest.raises(ValueError, match="expected a mapping with num_speculative_tokens >= 1"):
+        tune_measured_trees([dict(points[0], setting={"depth": 5})], verify)
 
 
 def test_compare_prediction():

@@ -160,7 +160,7 @@ def test_eagle_tune_and_a_recorded_setting_loads(toy_dir, tmp_path, run_cli, fla
     # each tree decoded beside target-only: its measured tau and drafting time, v(nodes + 1) modelled
     record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
     chain, tree = record["tunings"]["chain"], record["tunings"]["eagle-tree"]
-    assert [c["setting"] for c in tree["candidates"]] == ["depth 1, top_k 2, 2 nodes", "depth 2, top_k 2, 4 nodes"]
+    assert [c["setting"] for c in tree["candidates"]] == ["tree 1,2,2", "tree 2,2,4"]
     for c, depth in zip(tree["candidates"], (1, 2)):
         assert 1.0 <= c["tau"] <= depth + 2 and c["draft_ms"] > 0 and c["verify_ms"] == 1000.0
         assert c["speedup"] == pytest.approx(c["tau"] / (c["draft_ms"] / 1000 + 1.0))  # v(1) = 1 s
@@ -201,19 +201,21 @@ def test_bad_tune_input(toy_dir, tmp_path, run_cli, args, message):
 
 
 def test_a_chosen_eagle_tree_is_checked_with_that_tree(toy_dir, monkeypatch):
-    """When a tree wins, the timed check decodes the head with the chosen (depth, top_k, total_tokens)
-    at K = depth + 1, and compares its speedup with the prediction."""
+    """When a tree wins, the timed check decodes the very row that was measured (the chosen depth,
+    top_k, total_tokens) at K = depth + 1, and compares its speedup with the prediction."""
     from draftsmith.decoding.eagle import EagleDrafter
     from draftsmith.eval import evaluator
     from draftsmith.eval.evaluator import EvalSettings
     from draftsmith.eval.jobs import TuneJob, _check_choice
-    from draftsmith.eval.tune import tune_eagle_tree
+    from draftsmith.eval.tune import tune_measured_trees
 
     target = load_causal_lm(toy_dir / "target", device=CPU, dtype=torch.float32, role="target")
     torch.manual_seed(0)
     head = EagleHead.for_target(target, "eagle3", aux_layer_ids=[0, 1, 2])
-    point = {"depth": 2, "top_k": 3, "total_tokens": 5, "tau": 2.0, "draft_seconds": 0.0}
-    tuning = tune_eagle_tree([point], {1: 1.0, 6: 1.0})  # predicted 2.0x
+    trees = {"2,3,5": EagleDrafter(head, tree={"depth": 2, "top_k": 3, "total_tokens": 5})}
+    setting = {"num_speculative_tokens": 3, **trees["2,3,5"].tree}
+    point = {"label": "tree 2,3,5", "setting": setting, "num_nodes": 5, "tau": 2.0, "draft_seconds": 0.0}
+    tuning = tune_measured_trees([point], {1: 1.0, 6: 1.0})  # predicted 2.0x
     seen = {}
 
     def fake_evaluate(target, drafters, prompts, settings, **kwargs):
@@ -223,8 +225,8 @@ def test_a_chosen_eagle_tree_is_checked_with_that_tree(toy_dir, monkeypatch):
     monkeypatch.setattr(evaluator, "evaluate", fake_evaluate)
     job = TuneJob(target="t", prompts="p", settings=EvalSettings(num_draft_tokens=6, max_new_tokens=8))
     check, speedup = _check_choice(
-        job, target, EagleDrafter(head), METHODS["eagle"], [], None, tuning, tuning.setting()
+        job, target, EagleDrafter(head), METHODS["eagle"], [], None, tuning, tuning.setting(), trees
     )
     (row,) = seen["drafters"].values()
-    assert row.tree == {"depth": 2, "top_k": 3, "total_tokens": 5} and row.head is head and seen["k"] == 3
+    assert row is trees["2,3,5"] and row.tree == {"depth": 2, "top_k": 3, "total_tokens": 5} and seen["k"] == 3
     assert speedup == 1.8 and check.ratio == pytest.approx(0.9)
