@@ -120,38 +120,14 @@ def generate(
 
 
 def generate_batch(
-    target: PreTrainedModel,
-    prompts: list[torch.Tensor],
-    drafter: Drafter | None = None,
-    *,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    max_new_tokens: int,
-    sampling: SamplingConfig | None = None,
-    eos_token_id=None,
-    seed: int = 0,
-    static_cache: bool = False,
-    compile: bool | str = False,
-    measure_distances: bool = False,
-    typical: tuple[float, float] | None = None,
+    target: PreTrainedModel, prompts: list[torch.Tensor], drafter: Drafter | None = None, *, seed: int = 0, **options
 ) -> BatchResult:
-    """Decode every prompt in one batch, row b with the generator of `row_seed(seed, b)`."""
+    """Decode every prompt in one batch, row b with the generator of `row_seed(seed, b)`: `decode`
+    with one seed for the batch; every other keyword (`max_new_tokens`, `sampling`, ...) is `decode`'s."""
     if not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     seeds = [row_seed(seed, b) for b in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
-    return decode(
-        target,
-        prompts,
-        drafter,
-        num_draft_tokens=num_draft_tokens,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        eos_token_id=eos_token_id,
-        seeds=seeds,
-        static_cache=static_cache,
-        compile=compile,
-        measure_distances=measure_distances,
-        typical=typical,
-    )
+    return decode(target, prompts, drafter, seeds=seeds, **options)
 
 
 def _typical(drafter, typical, sampling: SamplingConfig):

@@ -8,6 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 
+def _per_position(sums: str, counts: str, doc: str) -> property:
+    """A read-only per-draft-position list of `DecodeStats`: sums[i] / counts[i], None where counts[i] is 0."""
+
+    def mean(self) -> list[float | None]:
+        return [s / c if c else None for s, c in zip(getattr(self, sums), getattr(self, counts))]
+
+    return property(mean, doc=doc)
+
+
 @dataclass
 class DecodeStats:
     """Counters of one or more decodes. Merge with `+`.
@@ -100,40 +109,25 @@ class DecodeStats:
         """Conditional acceptance over all reached positions (Leviathan's alpha, pooled)."""
         return sum(self.accepted_at) / max(1, sum(self.reached))
 
-    @property
-    def alpha_per_position(self) -> list[float | None]:
-        """alpha_i = P(draft i accepted | drafts 1..i-1 accepted); None if never reached."""
-        return [a / r if r else None for a, r in zip(self.accepted_at, self.reached)]
+    alpha_per_position = _per_position(
+        "accepted_at", "reached", "alpha_i = P(draft i accepted | drafts 1..i-1 accepted); None if never reached."
+    )
 
     @property
     def lossy_kl_per_token(self) -> float:
         """Estimated KL(emitted || target) per emitted token (0 for lossless decoding)."""
         return self.lossy_kl_sum / max(1, sum(a + 1 for a in self.accepted))
 
-    @staticmethod
-    def _mean(sums, counts) -> list[float | None]:
-        return [s / c if c else None for s, c in zip(sums, counts)]
-
-    @property
-    def kl_per_position(self):
-        return self._mean(self.kl_sum, self.kl_count)
-
-    @property
-    def oov_per_position(self):
-        return self._mean(self.oov_sum, self.kl_count)
-
-    @property
-    def kl_vocab_per_position(self):
-        return self._mean(self.kl_vocab_sum, self.kl_count)
-
-    @property
-    def tv_per_position(self):
-        return self._mean(self.tv_sum, self.kl_count)
-
-    @property
-    def expected_alpha_per_position(self):
-        """Mean of sum_x min(p, q) at reached positions: the theory for alpha_per_position."""
-        return self._mean(self.accept_prob_sum, self.distance_count)
+    # Distances per draft position: means over the calls that measured them there (None: no call did).
+    kl_per_position = _per_position("kl_sum", "kl_count", "Mean KL(p || q) of the raw distributions.")
+    oov_per_position = _per_position("oov_sum", "kl_count", "Mean target mass outside the draft vocabulary.")
+    kl_vocab_per_position = _per_position("kl_vocab_sum", "kl_count", "Mean KL on the draft vocabulary (`split_kl`).")
+    tv_per_position = _per_position("tv_sum", "kl_count", "Mean TV(p, q) of the raw distributions.")
+    expected_alpha_per_position = _per_position(
+        "accept_prob_sum",
+        "distance_count",
+        "Mean of sum_x min(p, q) at reached positions: the theory for alpha_per_position.",
+    )
 
 
 @dataclass

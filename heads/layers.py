@@ -52,25 +52,31 @@ def rope_of(text_config) -> dict:
     return rope
 
 
+# A head config's fields that shape its decoder layers, named as a llama config names them.
+LAYER_FIELDS = (
+    "vocab_size",  # the TARGET's
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "attention_bias",
+    "initializer_range",
+)
+
+
 def llama_layer_config(config, num_layers: int) -> LlamaConfig:
-    """A head config's decoder layers as a llama config (RoPE and the MLP are built from it).
-    vocab_size is the TARGET's."""
+    """A head config's decoder layers as a llama config (RoPE and the MLP are built from it):
+    its `LAYER_FIELDS`, `num_layers` layers, its RoPE, no MLP bias, untied embeddings."""
     return LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
+        **{name: getattr(config, name) for name in LAYER_FIELDS},
         num_hidden_layers=num_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        hidden_act=config.hidden_act,
-        max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.rms_norm_eps,
         rope_parameters=copy.deepcopy(config.rope_parameters),
-        attention_bias=config.attention_bias,
         mlp_bias=False,
         tie_word_embeddings=False,
-        initializer_range=config.initializer_range,
     )
 
 
@@ -167,11 +173,23 @@ def check_vocab_map(vocab_map, vocab_size: int, error: type[Exception]) -> None:
         raise error(f"vocab_map is inconsistent: {err}") from None
 
 
-def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_name_or_path, data_hash) -> dict:
-    """The config fields a head built for `target` takes from it: the layers' shapes, RoPE, the
-    vocabularies and the provenance (name, revision, fingerprint, depth, data hashes)."""
+def target_provenance(target: PreTrainedModel, target_name_or_path, data_hash) -> dict:
+    """The provenance every head records of the target it is built for: its name, revision,
+    fingerprint and depth, and the hash of the training data."""
     from draftsmith.heads.models import target_fingerprint
 
+    return dict(
+        target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
+        target_revision=getattr(target.config, "_commit_hash", None),
+        target_fingerprint=target_fingerprint(target),
+        target_num_layers=target.config.get_text_config().num_hidden_layers,
+        data_hash=data_hash,
+    )
+
+
+def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_name_or_path, data_hash) -> dict:
+    """The config fields a head built for `target` takes from it: the layers' shapes, RoPE, the
+    vocabularies and the provenance (`target_provenance`, the architectures, the vocabulary's data hash)."""
     tc = target.config.get_text_config()
     return dict(
         hidden_size=tc.hidden_size,
@@ -186,12 +204,8 @@ def target_shape(target: PreTrainedModel, vocab_size: int, vocab_map, target_nam
         vocab_size=vocab_size,
         draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else vocab_size,
         initializer_range=getattr(tc, "initializer_range", 0.02),
-        target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
-        target_revision=getattr(target.config, "_commit_hash", None),
-        target_fingerprint=target_fingerprint(target),
-        target_num_layers=tc.num_hidden_layers,
+        **target_provenance(target, target_name_or_path, data_hash),
         target_architectures=list(getattr(target.config, "architectures", None) or [type(target).__name__]),
-        data_hash=data_hash,
         vocab_map_data_hash=vocab_map.data_hash if vocab_map is not None else None,
     )
 

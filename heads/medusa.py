@@ -47,6 +47,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
 from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
+from draftsmith.heads.layers import target_provenance
 
 EXPORT_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
@@ -56,6 +57,9 @@ VLLM_WEIGHTS = "model.safetensors"
 # top-level key containing "num" and "heads"/"layers" to num_heads/num_hidden_layers (a
 # top-level `target_num_layers` would silently overwrite the head depth).
 PROVENANCE_KEY = "draftsmith"
+# MedusaConfig's provenance fields (None when not given): the target's name, revision, fingerprint
+# (draftsmith.heads.models.target_fingerprint) and depth, the training data's hash, and the measured
+# top-k accuracy of each head, [head][rank] (what the tree builder reads).
 _PROVENANCE_FIELDS = (
     "target_name_or_path",
     "target_revision",
@@ -80,29 +84,19 @@ class MedusaConfig(PretrainedConfig):
         hidden_size: int = 4096,
         vocab_size: int = 32000,
         share_lm_head: bool = False,  # True: every head projects with the target's frozen lm_head (saves K*V*H params)
-        target_name_or_path: str | None = None,
-        target_revision: str | None = None,
-        target_fingerprint: str | None = None,  # draftsmith.heads.models.target_fingerprint of the target
-        target_num_layers: int | None = None,
-        data_hash: str | None = None,  # hash of the training data
-        head_accuracies: list[list[float]] | None = None,  # [head][rank] measured top-k accuracy (for the tree builder)
-        **kwargs,
+        **kwargs,  # the provenance (_PROVENANCE_FIELDS), then PretrainedConfig's
     ):
         if num_heads < 1 or num_layers < 0:
             raise MedusaError(
                 f"MedusaConfig: num_heads={num_heads}, num_layers={num_layers}; expected num_heads >= 1, num_layers >= 0"
             )
+        for name in _PROVENANCE_FIELDS:
+            setattr(self, name, kwargs.pop(name, None))
         self.num_heads = num_heads
         self.num_layers = num_layers
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.share_lm_head = share_lm_head
-        self.target_name_or_path = target_name_or_path
-        self.target_revision = target_revision
-        self.target_fingerprint = target_fingerprint
-        self.target_num_layers = target_num_layers
-        self.data_hash = data_hash
-        self.head_accuracies = head_accuracies
         super().__init__(**kwargs)
 
 
@@ -173,11 +167,8 @@ class MedusaHeads(PreTrainedModel):
     ) -> MedusaHeads:
         """Heads sized for `target`, on its device, each projection a trainable copy of its lm_head
         (or, with `share_lm_head`, the frozen lm_head itself)."""
-        from draftsmith.heads.models import target_fingerprint
-
-        text_config = target.config.get_text_config()
         lm_weight = _output_weight(target)
-        H, V = text_config.hidden_size, lm_weight.shape[0]
+        H, V = target.config.get_text_config().hidden_size, lm_weight.shape[0]
         if lm_weight.shape[1] != H:
             raise MedusaError(
                 f"target's output embeddings are {tuple(lm_weight.shape)}, but its config says hidden_size={H}"
@@ -188,11 +179,7 @@ class MedusaHeads(PreTrainedModel):
             hidden_size=H,
             vocab_size=V,
             share_lm_head=share_lm_head,
-            target_name_or_path=target_name_or_path or getattr(target.config, "_name_or_path", None) or None,
-            target_revision=getattr(target.config, "_commit_hash", None),
-            target_fingerprint=target_fingerprint(target),
-            target_num_layers=text_config.num_hidden_layers,
-            data_hash=data_hash,
+            **target_provenance(target, target_name_or_path, data_hash),
         )
         heads = cls(config).to(device=lm_weight.device, dtype=dtype or lm_weight.dtype)
         with torch.no_grad():

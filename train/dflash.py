@@ -54,6 +54,8 @@ from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 from draftsmith.train.teacher import head_target_states, teacher_rows
 
 LOSS_WEIGHTINGS = ("decay", "dpace")
+#: The summary keys `main` prints, for every trainer of the DFlash family (dflash2, domino, dspark too).
+SHOWN = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
 
 
 @dataclass(kw_only=True)
@@ -317,10 +319,12 @@ def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
     return train_blocks(recipe, progress, "dflash", DFlashHead, dflash_losses, save_dflash, describe)
 
 
-def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, losses, save, describe, **variant):
+def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, losses, save, describe, variant_keys=()):
     """The loop of every head of the DFlash family: `head_class.for_target` (with the recipe's block,
-    mask token, vocabulary and the `variant` config keys), its `losses` (`dflash_losses`'s form) over
-    anchored blocks, held-out blocks at every position, `save`, and the serve check as `kind`."""
+    mask token, vocabulary and its values of `variant_keys`, the head config's own keys), its `losses`
+    (`dflash_losses`'s form) over anchored blocks, held-out blocks at every position, `save`, and the
+    serve check as `kind`."""
+    variant = {key: getattr(recipe, key) for key in variant_keys}
     run = TrainingRun(recipe, kind, progress)
     device = run.device
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
@@ -383,8 +387,7 @@ def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, lo
 
 
 def main(argv=None) -> int:
-    shown = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
-    return trainer_main("train/dflash.py", __doc__, DFlashRecipe, train, argv, result="head", shown=shown)
+    return trainer_main("train/dflash.py", __doc__, DFlashRecipe, train, argv, result="head", shown=SHOWN)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
@@ -143,13 +143,11 @@ def train(recipe: DFlash2Recipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.dflash2 import DFlash2Head, describe
     from draftsmith.heads.dflash2_formats import save_dflash2
 
-    variant = {key: getattr(recipe, key) for key in VARIANT}
-    return train_blocks(recipe, progress, "dflash2", DFlash2Head, dflash2_losses, save_dflash2, describe, **variant)
+    return train_blocks(recipe, progress, "dflash2", DFlash2Head, dflash2_losses, save_dflash2, describe, VARIANT)
 
 
 def main(argv=None) -> int:
-    shown = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
-    return trainer_main("train/dflash2.py", __doc__, DFlash2Recipe, train, argv, result="head", shown=shown)
+    return trainer_main("train/dflash2.py", __doc__, DFlash2Recipe, train, argv, result="head", shown=SHOWN)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
@@ -114,13 +114,11 @@ def train(recipe: DominoRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.domino import DominoHead, describe
     from draftsmith.heads.domino_formats import save_domino
 
-    variant = {key: getattr(recipe, key) for key in VARIANT}
-    return train_blocks(recipe, progress, "domino", DominoHead, domino_losses, save_domino, describe, **variant)
+    return train_blocks(recipe, progress, "domino", DominoHead, domino_losses, save_domino, describe, VARIANT)
 
 
 def main(argv=None) -> int:
-    shown = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
-    return trainer_main("train/domino.py", __doc__, DominoRecipe, train, argv, result="head", shown=shown)
+    return trainer_main("train/domino.py", __doc__, DominoRecipe, train, argv, result="head", shown=SHOWN)
 
 
 if __name__ == "__main__":

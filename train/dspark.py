@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import DFlashRecipe, block_hidden, train_blocks, weighted_slots
+from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, train_blocks, weighted_slots
 from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
@@ -141,13 +141,11 @@ def train(recipe: DSparkRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.dspark import DSparkHead, describe
     from draftsmith.heads.dspark_formats import save_dspark
 
-    variant = {key: getattr(recipe, key) for key in VARIANT}
-    return train_blocks(recipe, progress, "dspark", DSparkHead, dspark_losses, save_dspark, describe, **variant)
+    return train_blocks(recipe, progress, "dspark", DSparkHead, dspark_losses, save_dspark, describe, VARIANT)
 
 
 def main(argv=None) -> int:
-    shown = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
-    return trainer_main("train/dspark.py", __doc__, DSparkRecipe, train, argv, result="head", shown=shown)
+    return trainer_main("train/dspark.py", __doc__, DSparkRecipe, train, argv, result="head", shown=SHOWN)
 
 
 if __name__ == "__main__":

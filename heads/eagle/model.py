@@ -143,17 +143,9 @@ class EagleConfig(PretrainedConfig):
             )
         if not 1 <= draft_vocab_size <= vocab_size:
             raise EagleError(f"EagleConfig: draft_vocab_size={draft_vocab_size}; expected 1..vocab_size ({vocab_size})")
-        variants = {
-            "norm_before_fc": norm_before_fc,
-            "fc_norm": fc_norm,
-            "norm_output": norm_output,
-            "qk_norm": qk_norm,
-        }
-        for name, value in {
-            **variants,
-            "norm_before_residual": norm_before_residual,
-            "embed_requires_grad": embed_requires_grad,
-        }.items():
+        variants = dict(norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output, qk_norm=qk_norm)
+        flags = dict(variants, norm_before_residual=norm_before_residual, embed_requires_grad=embed_requires_grad)
+        for name, value in flags.items():
             if not isinstance(value, bool):
                 raise EagleError(f"EagleConfig: {name}={value!r}; expected true or false")
         if version == "eagle1" and (any(variants.values()) or target_hidden_size is not None):
