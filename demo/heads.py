@@ -40,20 +40,10 @@ class HeadsBudget:
 
 # Sized for 2 CPU cores (see README "draftsmith demo" for the measured times); `long` shows how
 # acceptance grows with the tokens trained. The micro target (a toy) takes the same recipes, made small.
+_SMOLLM2 = HeadsBudget("smollm2", prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8)
 BUDGETS = {
-    ("smollm2", "default"): HeadsBudget(
-        "smollm2", prompts=512, max_new_tokens=128, generate_batch=16, max_length=512, batch_size=8
-    ),
-    ("smollm2", "long"): HeadsBudget(
-        "smollm2",
-        prompts=1024,
-        max_new_tokens=128,
-        generate_batch=16,
-        max_length=512,
-        batch_size=8,
-        steps_scale=4.0,
-        evals=5,
-    ),
+    ("smollm2", "default"): _SMOLLM2,
+    ("smollm2", "long"): replace(_SMOLLM2, prompts=1024, steps_scale=4.0, evals=5),  # 2x prompts, 4x steps
     ("micro", "default"): HeadsBudget(
         "smollm2",
         prompts=32,

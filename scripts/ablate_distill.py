@@ -8,34 +8,19 @@ The runs, the evaluation and the table are `draftsmith.demo.ablate`; this parses
 
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import fields
 
 from draftsmith.demo.ablate import AblationSettings, run_ablation
+from draftsmith.scripts._ablate_args import DEMO_HELP, parse_settings
 
-HELP = {
-    "target": "demo target (smollm2, micro)",
+HELP = DEMO_HELP | {
     "steps": "training steps per run (the shared budget)",
-    "prompts": "held-out prompts for the evaluation",
-    "cache_dir": "demo cache (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)",
     "only": "comma-separated run names to train (e.g. ce/fixed,tv/generated); default all",
 }
 
 
 def main(argv=None) -> int:
-    defaults = {f.name: f.default for f in fields(AblationSettings)}
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in defaults.items():
-        flags = ["-k", "--num-draft-tokens"] if name == "num_draft_tokens" else ["--" + name.replace("_", "-")]
-        kind = type(default) if isinstance(default, (int, float)) else None
-        parser.add_argument(*flags, type=kind, default=default, help=HELP.get(name))
-    args = parser.parse_args(argv)
-    try:
-        settings = AblationSettings(**vars(args))
-    except ValueError as err:
-        parser.error(str(err))
-    run_ablation(settings)
+    run_ablation(parse_settings(AblationSettings, __doc__, HELP, argv, short={"num_draft_tokens": "-k"}))
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.scripts._args import add_count, add_device_args, positive_int
+from draftsmith.scripts._args import add_count, add_device_args, positive_int, settings_from_args
 
 
 def main(argv=None) -> int:
@@ -41,20 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--chat-template", default="auto")
     add_device_args(p)
     a = p.parse_args(argv)
-    job = EndpointCheckJob(
-        target=a.target,
-        prompts=a.prompts,
-        out=a.out,
-        limit=a.limit,
-        max_new_tokens=a.max_new_tokens,
-        batch_size=a.batch_size,
-        concurrency=a.concurrency,
-        endpoints=tuple(a.endpoint),
-        continuous_batching=a.continuous_batching,
-        chat_template=a.chat_template,
-        device=a.device,
-        dtype=a.dtype,
-    )
+    job = settings_from_args(EndpointCheckJob, a, endpoints=tuple(a.endpoint))  # each other field: its flag
     print(describe_check(check_endpoint(job)))
     return 0
 

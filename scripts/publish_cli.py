@@ -18,6 +18,18 @@ def _layouts() -> str:
     return "; ".join(f"{m.title}: {', '.join(m.export_formats)}" for m in METHODS.values())
 
 
+#: The push flags that take one string and reach `push_run` under their own names (--eval-report is
+#: eval_report): name -> help.
+_PUSH_STRINGS = {
+    "eval_report": "a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)",
+    "revision": "branch to push to, created from main when missing (default: main)",
+    "endpoint": "Hub URL (default: $HF_ENDPOINT, else https://huggingface.co)",
+    "base_model": "the target's Hub id (ORG/NAME) when the run loaded it from a local folder",
+    "license": "the target's license as a Hub license id (default: read from the target's model card when it is on this machine)",
+    "commit_message": "message of the Hub commit (default: the method and its steps)",
+}
+
+
 def add_commands(sub) -> None:
     layouts = _layouts()
     ex = sub.add_parser("export", help=f"write a trained drafter in the layout a server loads ({layouts})")
@@ -52,18 +64,8 @@ def add_commands(sub) -> None:
         "--format",
         help=f"pushed layout, the first the default: {layouts} (a head without that layout is refused, saying which it takes)",
     )
-    pu.add_argument(
-        "--eval-report",
-        help="a `draftsmith eval` report.json for the card (default: RUN/eval/report.json or RUN/report.json)",
-    )
-    pu.add_argument("--revision", help="branch to push to, created from main when missing (default: main)")
-    pu.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
-    pu.add_argument("--base-model", help="the target's Hub id (ORG/NAME) when the run loaded it from a local folder")
-    pu.add_argument(
-        "--license",
-        help="the target's license as a Hub license id (default: read from the target's model card when it is on this machine)",
-    )
-    pu.add_argument("--commit-message", help="message of the Hub commit (default: the method and its steps)")
+    for name, text in _PUSH_STRINGS.items():
+        pu.add_argument("--" + name.replace("_", "-"), help=text)
     pu.add_argument("--dry-run", action="store_true", help="write what would be pushed to --out and push nothing")
     pu.add_argument(
         "--out", help="with --dry-run: the folder to write (must not exist or be empty, or hold an earlier dry run)"
@@ -99,23 +101,9 @@ def cmd_push(args) -> int:
         raise UsageError("--dry-run writes what would be pushed to --out DIR: give --out")
     if args.out and not args.dry_run:
         raise UsageError("--out applies to --dry-run (a push stages in a temporary folder): add --dry-run")
-    options = {
-        "format": args.format,
-        "eval_report": args.eval_report,
-        "base_model": args.base_model,
-        "revision": args.revision,
-        "license": args.license,
-    }
+    strings = {name: getattr(args, name) for name in _PUSH_STRINGS}
     try:
-        push_run(
-            args.run,
-            args.repo_id,
-            dry_run_out=args.out,
-            private=args.private,
-            endpoint=args.endpoint,
-            commit_message=args.commit_message,
-            **options,
-        )
+        push_run(args.run, args.repo_id, dry_run_out=args.out, private=args.private, format=args.format, **strings)
     except HubError as err:
         raise UsageError(str(err)) from None
     return 0
