@@ -324,6 +324,31 @@ def teacher_forced_blocks(head, batch, feats, anchors, block_size: int):
     return h.view(B * A, block_size, -1), ids.gather(1, slot_pos.clamp(max=T - 1)).view(B * A, block_size)
 
 
+def speculators_blocks(head, inputs: dict, indices) -> dict:
+    """A DFlash-family head over the blocks speculators anchored (`indices`: the blocks' token
+    positions in `inputs`' one row) as the judge's `_block_outputs` lays them out: the slots'
+    final-norm states and logits; DSpark's corrected and confidence logits, the block's own tokens
+    the previous ones; DFlash2's top-K candidates of each slot and their edge scores after the
+    block's previous token (the anchor for slot 0, as speculators' `_predecessor_ids`)."""
+    import torch
+
+    B, ids = head.config.block_size, inputs["input_ids"]
+    anchors = indices.view(-1, B)[:, 0][None]  # [1, A]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    blocks, _ = teacher_forced_blocks(head, batch, inputs["hidden_states"], anchors, B)  # [A, Bs, H]
+    h, tokens = blocks.reshape(-1, blocks.shape[-1]), ids[0, indices].view(-1, B)
+    with torch.no_grad():
+        out = {"hidden": h, "logits": head.lm_head(h)}
+        if getattr(head, "markov_head", None) is not None:
+            out["corrected"] = head.block_logits(blocks, tokens).reshape(-1, head.config.draft_vocab_size)
+            out["confidence"] = head.confidence(blocks, tokens).reshape(-1)
+        if hasattr(head, "edge_scores"):
+            prev = torch.cat([tokens[:, :1], tokens[:, :-1]], 1).reshape(-1)  # [A*Bs]
+            out["candidates"] = head.candidates(out["logits"])
+            out["scores"] = head.edge_scores(out["logits"], h, prev, out["candidates"])
+    return out
+
+
 def record_accepted(recorder, proposal, committed, n: int, observed) -> bool:
     """Log one `accepted` call on a recording drafter (batch 1): the event, the target states it
     was handed (`observed`), and, after a tree `proposal` that drafted, the node path spelled by

@@ -1,6 +1,6 @@
 """Recipes, launches, command lines and weight readers shared by the tests: one tiny recipe per
-method, so every lifecycle test runs for Medusa, EAGLE-3 and the draft model alike, and the
-`draftsmith eval`/`tune` command line over the toy target."""
+method, so every lifecycle test runs for Medusa, EAGLE-3 and the draft model alike, the
+`draftsmith eval`/`tune` command line over the toy target, and the interruption of a run."""
 
 from __future__ import annotations
 
@@ -33,39 +33,27 @@ def recipe_base(target, data, out, **values) -> dict:
     return dict(target=str(target), data=str(data), out=str(out), device="cpu") | values
 
 
+# The toy training the tests share: 2 rows of up to 128 tokens a step, 12 steps (2 of warm-up)
+# evaluated after the last on a third of the data, no checkpoint before the end; each method's lr.
+TOY_TRAINING = dict(
+    batch_size=2, max_length=128, max_steps=12, warmup_steps=2, eval_every=12, save_every=100, heldout_fraction=0.34
+)
+
+
+def toy_recipe(toy_dir: Path, toy_data: Path, out, **values) -> dict:
+    """`recipe_base` over the toy target with `TOY_TRAINING`, the test's own keys (`values`, any of
+    `TOY_TRAINING`'s among them) on top."""
+    return recipe_base(toy_dir / "target", toy_data, out, **(TOY_TRAINING | values))
+
+
 def head_recipe(toy_dir: Path, toy_data: Path, out, **values) -> dict:
-    """`recipe_base` over the toy target with the training the EAGLE, DFlash and P-EAGLE tests
-    share (12 steps of 2 rows at lr 3e-3, evaluated at the end on a third of the data)."""
-    return recipe_base(
-        toy_dir / "target",
-        toy_data,
-        out,
-        batch_size=2,
-        max_length=128,
-        max_steps=12,
-        warmup_steps=2,
-        eval_every=12,
-        save_every=100,
-        heldout_fraction=0.34,
-        lr=3e-3,
-        **values,
-    )
+    """`toy_recipe` at lr 3e-3: the training the EAGLE, DFlash and P-EAGLE tests share."""
+    return toy_recipe(toy_dir, toy_data, out, **({"lr": 3e-3} | values))
 
 
 def recipe_values(method: str, toy_dir: Path, toy_data: Path, out: Path, **extra) -> dict:
-    values = recipe_base(
-        toy_dir / "target",
-        toy_data,
-        out,
-        batch_size=2,
-        max_length=64,
-        max_steps=6,
-        warmup_steps=2,
-        log_every=1,
-        eval_every=1000,
-        save_every=1000,
-        heldout_fraction=0.2,
-    )
+    quick = dict(max_length=64, max_steps=6, log_every=1, eval_every=1000, save_every=1000, heldout_fraction=0.2)
+    values = toy_recipe(toy_dir, toy_data, out, **quick)
     values.update(METHODS[method][2])
     if method == "draft":
         values["draft_path"] = str(toy_dir / "draft")
@@ -191,28 +179,25 @@ def cache_hidden_args(toy_dir: Path, data, out, layers: str, *extra, dtype: str 
     return [*args, *extra, "--out", out, "--no-progress", "--device", "cpu"]
 
 
-def launch_one_process(script: str, recipe, cwd) -> subprocess.CompletedProcess:
+def launch_one_process(script: str, values: dict, cwd: Path) -> str:
     """Run the command users run, `accelerate launch --cpu <script> --recipe <recipe>`, with one
-    process from the folder `cwd`, in a subprocess: its completed process (output captured)."""
+    process from the folder `cwd`, in a subprocess, the recipe `values` written to
+    `cwd/launched.yaml`: it succeeds; its stdout."""
+    recipe = write_recipe(cwd / "launched.yaml", values)
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
     cmd = accelerate_args(
         REPO / script, "--recipe", recipe, "--no-progress", processes=1, port=False, options=["--cpu"]
     )
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def smoke_recipe(method, target, data, out, **values) -> dict:
     """The recipe of a registered method's two-step smoke run: `recipe_base` with 2 steps of 2
     rows, the test's own `values`, then the method's own `smoke_recipe` keys on top."""
-    common = dict(
-        batch_size=2,
-        max_length=64,
-        max_steps=2,
-        warmup_steps=1,
-        log_every=1,
-        eval_every=1000,
-        save_every=1000,
-        heldout_fraction=0.34,
+    common = TOY_TRAINING | dict(
+        max_length=64, max_steps=2, warmup_steps=1, log_every=1, eval_every=1000, save_every=1000
     )
     return recipe_base(target, data, out, **common) | values | dict(method.smoke_recipe)
 
@@ -249,6 +234,41 @@ def assert_two_heads_evaluate(run_cli, toy_dir: Path, flag: str, head, second, o
     report = json.loads((out / "report.json").read_text())
     assert {"head", "second"} <= {r["method"] for r in report["methods"]}
     return report
+
+
+def interrupt_call(monkeypatch, owner, name: str, n: int):
+    """Make the `n`-th call of `owner.name` raise KeyboardInterrupt (a Ctrl-C in the middle of a
+    run), every other call running as it did; the function as it was, to put back."""
+    real, calls = getattr(owner, name), []
+
+    def dies_on_nth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, dies_on_nth)
+    return real
+
+
+def assert_fast_path_decodes_the_same(run_cli, toy_dir: Path, flag: str, out: Path, *drafter_args, **settings):
+    """`draftsmith eval` over the toy target of `drafter_args` (`settings` as `toy_eval_args` takes
+    them, `--no-distances`), into `out/plain`, then with `flag` (a fast path) into `out/fast`: both
+    succeed and every method makes the same new tokens in as many target calls (greedy decoding);
+    (the plain report, the fast report, the fast run's stdout)."""
+    reports = {}
+    for name, extra in (("plain", ()), ("fast", (flag,))):
+        args = toy_eval_args(
+            "eval", toy_dir, *drafter_args, out=out / name, extra=("--no-distances", *extra), **settings
+        )
+        code, stdout, err = run_cli(args)
+        assert code == 0, err
+        reports[name] = json.loads((out / name / "report.json").read_text())
+    rows = {r["method"]: r for r in reports["plain"]["methods"]}
+    for row in reports["fast"]["methods"]:
+        same = (rows[row["method"]]["new_tokens"], rows[row["method"]]["target_calls"])
+        assert (row["new_tokens"], row["target_calls"]) == same, row["method"]
+    return reports["plain"], reports["fast"], stdout
 
 
 def generate_cli_args(toy_dir: Path, *flags, prompts=None, out=None, device="cpu", progress=False) -> list:

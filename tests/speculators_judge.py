@@ -201,27 +201,15 @@ def build(folder: str, verifier: str, flags: str, inputs_file: str, out_file: st
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[target_ids] = True
     d2t = target_ids - torch.arange(draft_vocab)
+    # the DFlash family attends eagerly; EAGLE-3 and P-EAGLE take 3 TTT steps, the norm before the
+    # residual off unless FLAGS turn it on
     if block:
-        model = cls.from_training_args(
-            layer_config,
-            t2d=t2d,
-            d2t=d2t,
-            draft_vocab_size=draft_vocab,
-            verifier_name_or_path=verifier,
-            draft_attn_impl="eager",
-            **flags,
-        )
+        variant = dict(draft_attn_impl="eager", **flags)
     else:
-        model = cls.from_training_args(
-            layer_config,
-            t2d=t2d,
-            d2t=d2t,
-            draft_vocab_size=draft_vocab,
-            ttt_steps=3,
-            verifier_name_or_path=verifier,
-            draft_attn_impl=ATTENTION,
-            **{"norm_before_residual": False, **flags},
-        )
+        variant = dict(ttt_steps=3, draft_attn_impl=ATTENTION, **{"norm_before_residual": False, **flags})
+    model = cls.from_training_args(
+        layer_config, t2d=t2d, d2t=d2t, draft_vocab_size=draft_vocab, verifier_name_or_path=verifier, **variant
+    )
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # off the init (norms at 1, small weights), so that loading is tested
         for name, p in model.named_parameters():

@@ -22,6 +22,22 @@ ATTN = ("sdpa", "eager")
 STORES = ("grown", "sized")
 
 
+# A test runs on every family, attention implementation and store that its arguments name.
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.fixture(params=ATTN)
+def attn(request):
+    return request.param
+
+
+@pytest.fixture(params=STORES)
+def store(request):
+    return request.param
+
+
 def _model(family: str, attn: str):
     model = tiny_model(family)
     model.set_attn_implementation(attn)
@@ -55,9 +71,6 @@ def _feed(model, kv, ids, **kwargs):
     return kv.forward(model, ids, positions[None], **kwargs)
 
 
-@pytest.mark.parametrize("store", STORES)
-@pytest.mark.parametrize("attn", ATTN)
-@pytest.mark.parametrize("family", FAMILIES)
 def test_incremental_feeding_matches_full_forward(family, attn, store):
     model = _model(family, attn)
     ids = _random_ids(30, seed=1)
@@ -110,8 +123,6 @@ def test_incremental_feeding_matches_full_forward(family, attn, store):
             )
 
 
-@pytest.mark.parametrize("store", STORES)
-@pytest.mark.parametrize("family", FAMILIES)
 def test_drop_everything_and_logits_to_keep(family, store):
     model = tiny_model(family)
     ids = _random_ids(12, seed=3)
@@ -159,9 +170,6 @@ def _tree_forward(model, kv, past, *, attend=None, hidden_layers=()):
     return out, depths[0]
 
 
-@pytest.mark.parametrize("store", STORES)
-@pytest.mark.parametrize("attn", ATTN)
-@pytest.mark.parametrize("family", FAMILIES)
 def test_tree_verification_matches_path_recompute(family, attn, store):
     model = _model(family, attn)
     past = _random_ids(10, seed=4)
@@ -190,8 +198,6 @@ def test_tree_verification_matches_path_recompute(family, attn, store):
     _close(_feed(model, kv, after).logits, full.logits[:, -2:], "chain after the tree")
 
 
-@pytest.mark.parametrize("store", STORES)
-@pytest.mark.parametrize("family", FAMILIES)
 def test_tree_mask_matters(family, store):
     """Control: without the tree mask (all visible) node 2 would see its sibling-branch node 1."""
     model = tiny_model(family)
@@ -223,7 +229,6 @@ def test_errors_leave_the_cache_untouched():
         tree_attend([[-1, 2, 0]], 4, model.device)  # parents come first
 
 
-@pytest.mark.parametrize("store", STORES)
 def test_an_unsupported_layer_kind_is_refused(store):
     """Full and sliding-window layers are taken (tests/test_sliding_window.py); any other kind
     (here Llama-4's chunked attention) is refused, naming it."""

@@ -34,6 +34,7 @@ from lifecycle_helpers import (
     cache_hidden_args,
     eval_error_args,
     head_recipe,
+    toy_recipe,
 )
 from safetensors.torch import load_file
 
@@ -376,22 +377,14 @@ def test_offline_hidden_cache(toy_dir, toy_data, tmp_path, run_cli):
     cache = tmp_path / "cache"
     code, _, err = run_cli(cache_hidden_args(toy_dir, toy_data, cache, "1,last"))
     assert code == 0, err
-    base = dict(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        device="cpu",
-        batch_size=2,
-        max_length=128,
-        max_steps=2,
-        warmup_steps=1,
-        heldout_fraction=0.34,
-        block_size=BLOCK,
-        max_anchors=8,
-        hidden_cache=str(cache),
-    )
-    summary = train(DFlashRecipe(out=str(tmp_path / "offline"), **base), progress=False)
+
+    def recipe(out, **values):
+        offline = dict(max_steps=2, warmup_steps=1, block_size=BLOCK, max_anchors=8, hidden_cache=str(cache))
+        return DFlashRecipe(**toy_recipe(toy_dir, toy_data, tmp_path / out, **offline, **values))
+
+    summary = train(recipe("offline"), progress=False)
     assert summary["aux_layers"] == [1] and summary["steps"] == 2  # a 2-layer target: aux (1), teacher from `last`
     with pytest.raises(CacheError, match="the trainer needs"):
-        train(DFlashRecipe(out=str(tmp_path / "o2"), aux_layers=[0], **base), progress=False)
+        train(recipe("o2", aux_layers=[0]), progress=False)
     with pytest.raises(RecipeError, match=f"mask_token_id = {VOCAB} is outside the target's vocabulary 0..{VOCAB - 1}"):
-        train(DFlashRecipe(out=str(tmp_path / "o3"), mask_token_id=VOCAB, **base), progress=False)
+        train(recipe("o3", mask_token_id=VOCAB), progress=False)

@@ -29,6 +29,7 @@ from fixtures import (
     fit_block_head,
     greedy_answers_batch,
     parameter_counts,
+    speculators_blocks,
     teacher_forced_blocks,
     tiny_model,
     tiny_tokenizer,
@@ -42,7 +43,7 @@ from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Error, DFlash2Head, grouped_dynamic_conv
 from draftsmith.heads.dflash2_formats import export_dflash2, export_folder, load_dflash2, save_dflash2
-from draftsmith.train.dflash import anchor_block_mask, block_inputs, dflash_losses, sample_anchors
+from draftsmith.train.dflash import anchor_block_mask, dflash_losses, sample_anchors
 from draftsmith.train.dflash2 import DFlash2Recipe, dflash2_losses, head_parameters, training_candidates
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block
@@ -268,26 +269,9 @@ def test_the_parameter_count_is_the_built_heads(pairs, layers):
     """`head_parameters` (the memory estimate's count, before the target loads) against the head
     `train` builds: backbone, convolutions and selector trained; the target's embeddings and lm_head frozen."""
     target, _ = pairs("llama")
-    recipe = DFlash2Recipe(
-        target="t",
-        data="d",
-        out="o",
-        num_layers=layers,
-        aux_layers=[0, 2],
-        conv_kernel_size=3,
-        conv_group_size=12,
-        selector_rank=5,
-    )
-    head = DFlash2Head.for_target(
-        target,
-        num_layers=layers,
-        block_size=BLOCK,
-        mask_token_id=VOCAB - 1,
-        aux_layer_ids=[0, 2],
-        conv_kernel_size=3,
-        conv_group_size=12,
-        selector_rank=5,
-    )
+    shape = dict(num_layers=layers, conv_kernel_size=3, conv_group_size=12, selector_rank=5)
+    recipe = DFlash2Recipe(target="t", data="d", out="o", aux_layers=[0, 2], **shape)
+    head = DFlash2Head.for_target(target, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2], **shape)
     assert head_parameters(recipe, target) == parameter_counts(head)
 
 
@@ -522,7 +506,7 @@ def test_speculators_judges_the_export_and_builds_a_checkpoint_draftsmith_loads(
     assert isinstance(built, DFlash2Head) and built.config.aux_layer_ids == [1, 2, 3]
     for name, ours in (("export", head), ("built", built)):
         theirs = load_file(str(tmp_path / f"{name}.out"))
-        mine = _speculators_blocks(ours, inputs, theirs["indices"])
+        mine = speculators_blocks(ours, inputs, theirs["indices"])
         assert torch.equal(theirs["candidates"], mine.pop("candidates")), name
         for key, value in mine.items():
             torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=1e-4, msg=f"{name} {key}")
@@ -532,26 +516,6 @@ def test_speculators_judges_the_export_and_builds_a_checkpoint_draftsmith_loads(
         generate(target, DFlash2Drafter(built), prompt, max_new_tokens=24, num_draft_tokens=BLOCK - 1).tokens
         == reference
     )
-
-
-def _speculators_blocks(head, inputs: dict, indices: torch.Tensor) -> dict:
-    """The head over the blocks speculators anchored (`indices`: the blocks' token positions) as the
-    judge lays them out: final-norm states, logits, each slot's top-K and its edge scores after the
-    block's previous token (the anchor for slot 0, as speculators' `_predecessor_ids`)."""
-    ids = inputs["input_ids"]
-    T = ids.shape[1]
-    anchors = indices.view(-1, BLOCK)[:, 0][None]  # [1, A]
-    block_ids, slot_pos = block_inputs(ids, anchors, BLOCK, head.config.mask_token_id)
-    positions = torch.cat([torch.arange(T)[None], slot_pos], 1)
-    mask = additive(anchor_block_mask(anchors, torch.ones_like(ids), BLOCK), torch.float32)[:, None]
-    with torch.no_grad():
-        h = head.hidden(block_ids, head.project(inputs["hidden_states"]), positions=positions, attention_mask=mask)[0]
-        logits = head.lm_head(h)  # [A*Bs, V]
-        tokens = ids[0, indices].view(-1, BLOCK)
-        prev = torch.cat([tokens[:, :1], tokens[:, :-1]], 1).reshape(-1)  # [A*Bs]
-        candidates = head.candidates(logits)
-        scores = head.edge_scores(logits, h, prev, candidates)
-    return {"hidden": h, "logits": logits, "candidates": candidates, "scores": scores}
 
 
 @pytest.mark.parametrize("weighting", ["decay", "dpace"])

@@ -29,6 +29,7 @@ from fixtures import (
     parameter_counts,
     teacher_forced_blocks,
 )
+from lifecycle_helpers import toy_recipe
 
 from draftsmith.decoding import generate
 from draftsmith.decoding.domino import DominoDrafter
@@ -368,25 +369,11 @@ def test_the_trainer_hands_each_micro_batch_its_step(toy_dir, toy_data, tmp_path
         return domino_losses(head, batch, *args)
 
     monkeypatch.setattr(trainer, "domino_losses", watch)
-    recipe = DominoRecipe(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(tmp_path / "run"),
-        device="cpu",
-        batch_size=2,
-        grad_accum=2,
-        max_length=64,
-        max_steps=3,
-        warmup_steps=1,
-        eval_every=3,
-        save_every=1000,
-        heldout_fraction=0.34,
-        block_size=BLOCK,
-        max_anchors=8,
-        gru_hidden=8,
-        proj_dim=4,
-        serve_check_prompts=1,
+    run = dict(
+        grad_accum=2, max_length=64, max_steps=3, warmup_steps=1, eval_every=3, save_every=1000, serve_check_prompts=1
     )
+    head = dict(block_size=BLOCK, max_anchors=8, gru_hidden=8, proj_dim=4)
+    recipe = DominoRecipe(**toy_recipe(toy_dir, toy_data, tmp_path / "run", **run, **head))
     trainer.train(recipe, progress=False)
     assert seen[:6] == [0, 0, 1, 1, 2, 2] and seen[6:] and set(seen[6:]) == {None}, seen
     assert (tmp_path / "run" / "head" / "config.json").is_file()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from lifecycle_helpers import generate_cli_args, toy_generate_args
+from lifecycle_helpers import generate_cli_args, interrupt_call, toy_generate_args
 from transformers import GenerationConfig
 
 from draftsmith.distill import data as store
@@ -161,16 +161,7 @@ def test_interrupted_run_resumes_to_the_same_dataset(target, tokenizer, toy_dir,
         return generate_dataset(target, tokenizer, source, out, settings, template=None, progress=False, log=quiet)
 
     whole = run(tmp_path / "whole")
-    real = store.write_shard
-    calls = []
-
-    def dies_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store, "write_shard", dies_on_third)
+    real = interrupt_call(monkeypatch, store, "write_shard", 3)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "part")
     with pytest.raises(DataError, match="incomplete.*rerun"):

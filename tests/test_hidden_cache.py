@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from lifecycle_helpers import cache_hidden_args
+from lifecycle_helpers import cache_hidden_args, interrupt_call
 from safetensors.torch import load_file
 
 from draftsmith.distill import hidden_cache
@@ -140,16 +140,7 @@ def test_resume_after_an_interruption(toy_data, target, tmp_path, monkeypatch):
     cache_hidden_states(
         target, data, whole, layers_spec="1", dtype=torch.float32, shard_size=2, progress=False, log=lambda *a: None
     )
-    real = hidden_cache._write_safetensors_atomic
-    calls = []
-
-    def dies_on_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hidden_cache, "_write_safetensors_atomic", dies_on_second)
+    real = interrupt_call(monkeypatch, hidden_cache, "_write_safetensors_atomic", 2)
     part = tmp_path / "part"
     with pytest.raises(KeyboardInterrupt):
         cache_hidden_states(

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from lifecycle_helpers import toy_eval_args
+from lifecycle_helpers import toy_eval_args, toy_recipe
 
 from draftsmith.heads.medusa import load_medusa
 from draftsmith.heads.toy import tiny_model, tiny_tokenizer
@@ -14,21 +14,8 @@ from draftsmith.train.medusa import MedusaRecipe, train
 @pytest.fixture(scope="module")
 def heads_dir(toy_dir, toy_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("medusa") / "run"
-    recipe = MedusaRecipe(
-        target=str(toy_dir / "target"),
-        data=str(toy_data),
-        out=str(out),
-        num_heads=3,
-        batch_size=2,
-        max_length=128,
-        max_steps=8,
-        eval_every=8,
-        save_every=100,
-        heldout_fraction=0.2,
-        device="cpu",
-        lr=1e-2,
-    )
-    train(recipe, progress=False)
+    values = toy_recipe(toy_dir, toy_data, out, num_heads=3, max_steps=8, eval_every=8, heldout_fraction=0.2, lr=1e-2)
+    train(MedusaRecipe(**values | dict(warmup_steps=MedusaRecipe.warmup_steps)), progress=False)  # its 20-step warm-up
     return out / "heads"
 
 

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import torch
 import yaml
-from lifecycle_helpers import toy_eval_args
+from lifecycle_helpers import TOY_TRAINING, recipe_base, toy_eval_args
 
 from draftsmith.heads.registry import get_method
 from draftsmith.publish import HubError, check_repo_id, is_secret_key, model_card, push, scrub, stage_run
@@ -152,19 +152,8 @@ def hub(monkeypatch):
 
 # ---------------------------------------------------------------------- tiny runs
 def _common(**extra):
-    values = dict(
-        device="cpu",
-        batch_size=2,
-        max_length=128,
-        max_steps=3,
-        warmup_steps=1,
-        log_every=1,
-        eval_every=3,
-        save_every=100,
-        heldout_fraction=0.34,
-    )
-    values.update(extra)
-    return values
+    """`TOY_TRAINING` cut to 3 steps (1 of warm-up), every loss logged, on the CPU; `extra` on top."""
+    return TOY_TRAINING | dict(device="cpu", max_steps=3, warmup_steps=1, log_every=1, eval_every=3) | extra
 
 
 @pytest.fixture(scope="module")
@@ -507,18 +496,8 @@ def test_eagle3_on_a_two_layer_target_has_no_server_layout(tmp_path, toy_dir, to
     from draftsmith.train.eagle import EagleRecipe, train
 
     out = tmp_path / "e3"
-    train(
-        EagleRecipe(
-            target=str(toy_dir / "target"),
-            data=str(toy_data),
-            out=str(out),
-            draft_vocab_size=64,
-            ttt_steps=2,
-            eval_depth=2,
-            **_common(),
-        ),
-        progress=False,
-    )
+    values = recipe_base(toy_dir / "target", toy_data, out, **_common(draft_vocab_size=64, ttt_steps=2, eval_depth=2))
+    train(EagleRecipe(**values), progress=False)
     with pytest.raises(HubError, match="exactly 3 aux hidden states.*push with format 'hf'"):
         stage_run(out, tmp_path / "staged", repo_id="toy-org/x")
     assert not (tmp_path / "staged").exists()  # nothing half-written

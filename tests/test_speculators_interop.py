@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import tiny_model, tiny_tokenizer
+from fixtures import speculators_blocks, tiny_model, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
@@ -64,7 +64,6 @@ from draftsmith.heads.dflash_formats import export_dflash, load_dflash
 from draftsmith.heads.dspark import DSparkHead
 from draftsmith.heads.dspark_formats import export_dspark, load_dspark
 from draftsmith.heads.eagle import EagleHead, PEagleHead, export_eagle, load_eagle
-from draftsmith.train.dflash import anchor_block_mask, block_inputs
 from draftsmith.train.eagle import shifted, ttt_mask
 from draftsmith.train.peagle import chain_mask
 
@@ -399,26 +398,6 @@ def test_speculators_checkpoints_load_compute_the_same_and_decode_losslessly(jud
     lossless(head, target)
 
 
-def block_outputs(head, inputs: dict, indices: torch.Tensor) -> dict:
-    """A DFlash-family head over the blocks speculators anchored (`indices`, the blocks' token
-    positions): the slots' final-norm states and logits, and (DSpark) the corrected and confidence
-    logits with the block's own tokens as the previous ones, as the judge's `_block_outputs` lays them out."""
-    B, ids = head.config.block_size, inputs["input_ids"]
-    T = ids.shape[1]
-    anchors = indices.view(-1, B)[:, 0][None]  # [1, A]
-    block_ids, slot_pos = block_inputs(ids, anchors, B, head.config.mask_token_id)
-    positions = torch.cat([torch.arange(T)[None], slot_pos], 1)
-    mask = additive(anchor_block_mask(anchors, torch.ones_like(ids), B), torch.float32)[:, None]
-    with torch.no_grad():
-        h = head.hidden(block_ids, head.project(inputs["hidden_states"]), positions=positions, attention_mask=mask)[0]
-        out = {"hidden": h, "logits": head.lm_head(h)}
-        if getattr(head, "markov_head", None) is not None:
-            prev, blocks = ids[0, indices].view(-1, B), h.view(-1, B, h.shape[-1])
-            out["corrected"] = head.block_logits(blocks, prev).reshape(-1, head.config.draft_vocab_size)
-            out["confidence"] = head.confidence(blocks, prev).reshape(-1)
-    return out
-
-
 def _same_outputs(theirs: dict, ours: dict, name: str) -> None:
     assert set(ours) <= set(theirs), (name, sorted(theirs))
     for key, value in ours.items():
@@ -438,7 +417,7 @@ def test_block_exports_are_what_speculators_builds_and_computes(judged, name):
     if dspark:
         assert report["flags"]["markov_head_type"] == BLOCK_HEADS[name][2]["markov_head_type"]
     theirs = load_file(str(judged["tmp"] / f"export-{name}.out"))
-    _same_outputs(theirs, block_outputs(judged["heads"][name], judged["inputs"], theirs["indices"]), name)
+    _same_outputs(theirs, speculators_blocks(judged["heads"][name], judged["inputs"], theirs["indices"]), name)
 
 
 @pytest.mark.parametrize("name", BLOCK_HEADS)
@@ -450,7 +429,7 @@ def test_speculators_block_checkpoints_load_compute_the_same_and_decode_lossless
     head = (load_dspark if dspark else load_dflash)(folder, target=target)
     assert isinstance(head, DSparkHead if dspark else DFlashHead) and head.config.draft_vocab_size == VD
     theirs = load_file(str(judged["tmp"] / f"built-{name}.out"))
-    _same_outputs(theirs, block_outputs(head, judged["inputs"], theirs["indices"]), name)
+    _same_outputs(theirs, speculators_blocks(head, judged["inputs"], theirs["indices"]), name)
     prompt = torch.randint(3, 320, (10,), generator=torch.Generator().manual_seed(7))
     reference = generate(target, None, prompt, max_new_tokens=24).tokens
     drafter = DSparkDrafter(head) if dspark else DFlashDrafter(head)

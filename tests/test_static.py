@@ -22,7 +22,7 @@ import warnings
 import pytest
 import torch
 from fixtures import VOCAB, first_line_prompts, windowed_model
-from lifecycle_helpers import toy_eval_args
+from lifecycle_helpers import assert_fast_path_decodes_the_same
 from test_decoder import _exact_joint, _sample_first_two
 from test_eagle_drafter import _oracle_head
 from test_tree import NUM_HEADS, _oracle, informed_medusa
@@ -579,34 +579,10 @@ def test_eval_command_on_the_fast_path(flag, toy_dir, tmp_path, run_cli):
     (greedy: the same acceptance counts) and says which path it timed. The prompts are the first
     lines of the toy prompts: their requests fit the 128-slot cache of the compiled tests above,
     so that `--compile` builds the graphs they built (found in inductor's cache)."""
-    import json
-
     prompts = first_line_prompts(toy_dir, tmp_path / "prompts.jsonl", 3)
-
-    def evaluate(out, *extra):
-        args = toy_eval_args(
-            "eval",
-            toy_dir,
-            *("--draft", toy_dir / "draft"),
-            prompts=prompts,
-            limit=3,
-            max_new_tokens=12,
-            k=3,
-            out=out,
-            progress=True,
-            extra=("--no-distances", *extra),
-        )
-        code, stdout, _ = run_cli(args)
-        assert code == 0
-        return json.loads((out / "report.json").read_text()), stdout
-
-    plain, _ = evaluate(tmp_path / "plain")
-    fast, stdout = evaluate(tmp_path / "fast", flag)
+    settings = dict(prompts=prompts, limit=3, max_new_tokens=12, k=3, progress=True)
+    _, fast, stdout = assert_fast_path_decodes_the_same(
+        run_cli, toy_dir, flag, tmp_path, "--draft", toy_dir / "draft", **settings
+    )
     assert ("compiled (default): compile time" if flag == "--compile" else "static KV cache") in stdout
-    rows = {r["method"]: r for r in plain["methods"]}
-    for row in fast["methods"]:
-        assert (row["new_tokens"], row["target_calls"]) == (
-            rows[row["method"]]["new_tokens"],
-            rows[row["method"]]["target_calls"],
-        )
     assert fast["settings"]["static_cache"] is True

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from lifecycle_helpers import cache_hidden_args, losses, recipe_base, write_recipe
+from lifecycle_helpers import cache_hidden_args, losses, toy_recipe, write_recipe
 
 from draftsmith.distill.losses import DIVERGENCES, divergence, topk_buckets, topk_divergence, topk_teacher
 from draftsmith.train.draft import main
@@ -49,26 +49,9 @@ def test_the_tail_bucket_holds_the_rest_of_the_mass_and_bounds_the_kl():
 
 
 def _recipe(path, toy_dir, toy_data, out, **extra):
-    values = recipe_base(
-        toy_dir / "target",
-        toy_data,
-        out,
-        draft_init="checkpoint",
-        draft_path=str(toy_dir / "draft"),
-        batch_size=2,
-        max_length=128,
-        max_steps=8,
-        warmup_steps=1,
-        log_every=1,
-        eval_every=100,
-        save_every=100,
-        heldout_fraction=0.34,
-        lr=1e-3,
-        num_draft_tokens=2,
-        loss="forward_kl",
-    )
-    values.update(extra)
-    return write_recipe(path, values)
+    values = toy_recipe(toy_dir, toy_data, out, max_steps=8, warmup_steps=1, log_every=1, eval_every=100, lr=1e-3)
+    draft = dict(draft_init="checkpoint", draft_path=str(toy_dir / "draft"), num_draft_tokens=2, loss="forward_kl")
+    return write_recipe(path, values | draft | extra)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from lifecycle_helpers import cache_hidden_args, eval_error_args, head_recipe, losses, toy_eval_args
+from lifecycle_helpers import cache_hidden_args, eval_error_args, head_recipe, losses, recipe_base, toy_eval_args
 
 from draftsmith.distill.data import DistillData
 from draftsmith.distill.hidden_cache import CacheError
@@ -220,25 +220,14 @@ def test_training_time_test_helps_deeper_drafts(tmp_path):
         progress=False,
         log=lambda *a: None,
     )
+    # 60 steps of 8 rows at lr 3e-3, evaluated after the last on a quarter of the data
+    training = dict(
+        batch_size=8, max_length=64, max_steps=60, warmup_steps=5, eval_every=60, save_every=1000, heldout_fraction=0.25
+    )
     deep = {}
     for n in (1, 3):
-        r = EagleRecipe(
-            target=str(tmp_path / "target"),
-            data=str(tmp_path / "data"),
-            out=str(tmp_path / f"e{n}"),
-            version="eagle3",
-            ttt_steps=n,
-            eval_depth=3,
-            device="cpu",
-            batch_size=8,
-            max_length=64,
-            max_steps=60,
-            warmup_steps=5,
-            eval_every=60,
-            save_every=1000,
-            heldout_fraction=0.25,
-            lr=3e-3,
-        )
+        values = recipe_base(tmp_path / "target", tmp_path / "data", tmp_path / f"e{n}", lr=3e-3, **training)
+        r = EagleRecipe(**values, version="eagle3", ttt_steps=n, eval_depth=3)
         top1 = train(r, progress=False)["eval"]["top1_per_step"]
         deep[n] = sum(top1[1:]) / 2
     print("depth >= 2 top-1, n = 1 vs n = 3:", deep)
