@@ -54,7 +54,7 @@ from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 from draftsmith.train.teacher import head_target_states, teacher_rows
 
 LOSS_WEIGHTINGS = ("decay", "dpace")
-#: The summary keys `main` prints, for every trainer of the DFlash family (dflash2, domino, dspark too).
+#: The summary keys `main` prints, for every trainer of the DFlash family.
 SHOWN = ("steps", "block_size", "mask_token_id", "train_tokens_per_second")
 
 
