@@ -65,6 +65,11 @@ def add_count(p, flag: str, default: int | None = None, help: str | None = None)
     p.add_argument(flag, type=positive_int(flag), default=default, help=help)
 
 
+def add_whole(p, flag: str, default: int | None = None, help: str | None = None, note: str = "") -> None:
+    """A whole-number flag >= 0 whose error names it (`int_at_least`; `note` follows the bound)."""
+    p.add_argument(flag, type=int_at_least(flag, 0, note), default=default, help=help)
+
+
 def add_seconds(p, flag: str, default: float | None = None, help: str | None = None) -> None:
     """A duration flag, seconds > 0, whose error names it (`float_in`)."""
     p.add_argument(flag, type=float_in(flag, 0.0, None, True, "> 0 seconds"), default=default, help=help)
@@ -155,3 +160,32 @@ def settings_from_args(settings_class, args, **values):
         return settings_class(**{**given, **values})
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+# ---------------------------------------------------------------------- the ablation scripts
+#: The help of the flags every ablation on the demo target takes (scripts/ablate_*.py).
+ABLATION_HELP = {
+    "target": "demo target (smollm2, micro)",
+    "prompts": "held-out prompts for the evaluation",
+    "cache_dir": "demo cache (default $DRAFTSMITH_CACHE, else ~/.cache/draftsmith)",
+}
+
+
+def parse_settings(settings_class, doc: str, helps: dict, argv=None, short: dict | None = None):
+    """`settings_class` from a script's own command line: a flag per field (--field-name, and
+    `short[name]` before it where given), typed as its default when that is a number, with that
+    default and `helps[name]`. A ValueError of the class's own checks exits with status 2, as a bad
+    flag does."""
+    from dataclasses import fields
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for f in fields(settings_class):
+        flag = "--" + f.name.replace("_", "-")
+        names = [short[f.name], flag] if f.name in (short or {}) else [flag]
+        kind = type(f.default) if isinstance(f.default, (int, float)) else None
+        parser.add_argument(*names, type=kind, default=f.default, help=helps.get(f.name))
+    args = parser.parse_args(argv)
+    try:
+        return settings_class(**vars(args))
+    except ValueError as err:
+        parser.error(str(err))

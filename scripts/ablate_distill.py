@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 
 from draftsmith.demo.ablate import AblationSettings, run_ablation
-from draftsmith.scripts._ablate_args import DEMO_HELP, parse_settings
+from draftsmith.scripts._args import ABLATION_HELP, parse_settings
 
-HELP = DEMO_HELP | {
+HELP = ABLATION_HELP | {
     "steps": "training steps per run (the shared budget)",
     "only": "comma-separated run names to train (e.g. ce/fixed,tv/generated); default all",
 }

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 
 from draftsmith.demo.ablate_heads import HeadAblationSettings, head_recipes, run_head_ablation
-from draftsmith.scripts._ablate_args import DEMO_HELP, parse_settings
+from draftsmith.scripts._args import ABLATION_HELP, parse_settings
 
-HELP = DEMO_HELP | {
+HELP = ABLATION_HELP | {
     "losses": "comma-separated divergences, one head per loss and seed",
     "seeds": "comma-separated seeds (the spread of each loss)",
     "steps": "training steps per head (the shared budget)",

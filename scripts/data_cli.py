@@ -23,6 +23,7 @@ from draftsmith.scripts._args import (
     add_device_args,
     add_no_progress,
     add_seconds,
+    add_whole,
     float_in,
     int_at_least,
     positive_int,
@@ -51,7 +52,7 @@ def add_commands(sub) -> None:
         "--temperature", type=float_in("--temperature", 0.0, None, False, ">= 0 (0 = greedy)"), default=0.0
     )
     gen.add_argument("--top-p", type=float_in("--top-p", 0.0, 1.0, True, "in (0, 1]"), default=1.0)
-    _add_at_least_zero(gen, "--top-k", default=0, note=" (0 = off)")
+    add_whole(gen, "--top-k", default=0, note=" (0 = off)")
     add_count(gen, "--num-samples", default=1, help="answers per prompt (needs --temperature > 0)")
     gen.add_argument("--batch-size", type=positive_int("--batch-size"), default=8)
     add_count(gen, "--shard-size", default=256, help="samples per shard (the unit of resumption)")
@@ -116,7 +117,7 @@ def add_commands(sub) -> None:
         default="50GB",
         help="refuse to start when the estimate exceeds this (e.g. 500MB, 2TB); default 50GB",
     )
-    _add_at_least_zero(
+    add_whole(
         ch,
         "--topk-logits",
         default=0,
@@ -134,16 +135,11 @@ def add_commands(sub) -> None:
     )
     mp.add_argument("--out", required=True, help="folder to write train.jsonl and heldout.jsonl into")
     add_count(mp, "--train", default=1024, help="rows of train.jsonl")
-    _add_at_least_zero(mp, "--heldout", default=128, help="rows of heldout.jsonl (from sources train never sees)")
+    add_whole(mp, "--heldout", default=128, help="rows of heldout.jsonl (from sources train never sees)")
     mp.add_argument(
         "--seed", type=int, default=0, help="picks the items and the wording; the held-out sources stay the same"
     )
     mp.set_defaults(func=cmd_make_prompts)
-
-
-def _add_at_least_zero(p, flag: str, default: int, help: str | None = None, note: str = "") -> None:
-    """A whole-number flag >= 0 whose error names it (`int_at_least`; `note` follows the bound)."""
-    p.add_argument(flag, type=int_at_least(flag, 0, note), default=default, help=help)
 
 
 def _add_endpoint_args(gen) -> None:
@@ -162,9 +158,7 @@ def _add_endpoint_args(gen) -> None:
     )
     add_count(ep, "--concurrency", default=8, help="requests in flight over all endpoints")
     add_seconds(ep, "--request-timeout", default=600.0)
-    _add_at_least_zero(
-        ep, "--retries", default=4, help="tries after the first, each on the next endpoint, with backoff"
-    )
+    add_whole(ep, "--retries", default=4, help="tries after the first, each on the next endpoint, with backoff")
     ep.add_argument(
         "--send",
         choices=("auto", "ids", "text"),
