@@ -43,7 +43,7 @@ class VocabMap:
     def describe(self) -> str:
         return (
             f"draft vocabulary {self.draft_vocab_size} of {self.target_vocab_size} target tokens, "
-            f"covering {100 * self.coverage:.2f}% of trained tokens (data {self.data_hash[:12]})"
+            f"covering {100 * self.coverage:.2f}% of the answer tokens (data {self.data_hash[:12]})"
         )
 
 

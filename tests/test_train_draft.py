@@ -86,6 +86,20 @@ def test_distillation_raises_held_out_acceptance(toy_dir, toy_data, tmp_path):
     assert s["draft"]["parameters"] > 0 and s["on_policy_steps"] == 0
 
 
+def test_train_on_all_trains_every_token_but_the_first(toy_dir, toy_data, tmp_path):
+    from draftsmith.distill.data import DistillData
+    from draftsmith.train.draft import generated_rows
+
+    rows = generated_rows(DistillData(toy_data))
+    every = rows.every_token()
+    assert every.ids is rows.ids and [sum(m) for m in every.masks] == [len(ids) - 1 for ids in rows.ids]
+    assert all(m[0] == 0 for m in every.masks) and sum(map(sum, every.masks)) > sum(map(sum, rows.masks))
+    out = tmp_path / "all"
+    recipe = write_recipe(tmp_path / "r.yaml", **base(toy_dir, toy_data, out, train_on="all", max_steps=4))
+    assert main(["--recipe", str(recipe), "--no-progress"]) == 0
+    assert summary(out)["eval"]["tau_simulated"] >= 1.0
+
+
 def test_on_policy_uses_the_draft_and_records_it(toy_dir, toy_data, tmp_path):
     out = tmp_path / "op"
     recipe = write_recipe(

@@ -53,6 +53,28 @@ def test_training_lowers_the_loss_and_saves_a_loadable_head(toy_dir, toy_data, t
         assert head.config.draft_vocab_size == 64 and summary["vocab_coverage"] > 0.5
 
 
+def test_train_on_all_reads_the_prompts_too_and_holds_out_the_answers(toy_dir, toy_data, tmp_path):
+    """`train_on: all`: a training batch's loss reads every token after a row's first (a superset of
+    the answers); the held-out batches still read the answers only; a value not known is refused."""
+    from draftsmith.train.common import collate_rows, heldout_batches
+
+    data = DistillData(toy_data)
+    rows = list(range(len(data)))
+    answers, every = collate_rows(data, rows, 64, 0), collate_rows(data, rows, 64, 0, every_token=True)
+    real = every["attention_mask"].bool()
+    assert (every["loss_mask"] == real & (torch.arange(real.shape[1]) > 0)).all()
+    assert (every["loss_mask"] | ~answers["loss_mask"]).all() and every["loss_mask"].sum() > answers["loss_mask"].sum()
+    ((_, held),) = heldout_batches(data, rows, len(rows), 64, 0, "cpu")
+    assert (held["loss_mask"] == answers["loss_mask"]).all()
+
+    out = tmp_path / "all"
+    summary = train(recipe(toy_dir, toy_data, out, train_on="all", draft_vocab_size=64, ttt_steps=2), progress=False)
+    assert json.loads((out / "recipe.json").read_text())["train_on"] == "all"
+    assert 1.0 <= summary["eval"]["tau_simulated"] <= 3.0
+    with pytest.raises(ValueError, match="train_on = 'prompts': expected one of answers, all"):
+        EagleRecipe(target="t", data="d", out="o", train_on="prompts")
+
+
 def test_eagle31_with_an_lk_loss_trains_decodes_and_saves(toy_dir, toy_data, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -158,9 +158,10 @@ def warmup_cosine(warmup_steps: int, max_steps: int):
     return factor
 
 
-def collate_rows(data, rows: list[int], max_length: int, pad_id: int) -> dict:
+def collate_rows(data, rows: list[int], max_length: int, pad_id: int, every_token: bool = False) -> dict:
     """Rows of a `DistillData` as right-padded tensors: input_ids, attention_mask, loss_mask
-    (cut to `max_length`), plus the row indices (offline caches look states up by row)."""
+    (cut to `max_length`; `every_token`: every token but a row's first, the prompt's too), plus the
+    row indices (offline caches look states up by row)."""
     items = [data[i] for i in rows]
     width = min(max_length, max(len(it["input_ids"]) for it in items))
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
@@ -170,7 +171,10 @@ def collate_rows(data, rows: list[int], max_length: int, pad_id: int) -> dict:
         n = min(width, len(it["input_ids"]))
         ids[r, :n] = torch.tensor(it["input_ids"][:n])
         attention[r, :n] = 1
-        mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
+        if every_token:
+            mask[r, 1:n] = True
+        else:
+            mask[r, :n] = torch.tensor(it["loss_mask"][:n], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "rows": rows}
 
 
@@ -211,7 +215,10 @@ def training_rows(recipe, data, first: int) -> tuple[list[int], list[int]]:
     train_rows, heldout_rows = split_rows(len(data), recipe.heldout_fraction)
     if not train_rows:
         raise RecipeError(f"{recipe.data} has no training rows")
-    check_trains_tokens(read_answer_starts(data, train_rows), recipe.max_length, first, f"data {recipe.data!r}")
+    starts = read_answer_starts(data, train_rows)  # reads every shard the rows live in
+    if recipe.train_on == "all":  # every token after a row's first
+        starts = [1] * len(starts)
+    check_trains_tokens(starts, recipe.max_length, first, f"data {recipe.data!r}")
     return train_rows, heldout_rows
 
 

@@ -154,6 +154,10 @@ class Rows:
     def __len__(self):
         return len(self.ids)
 
+    def every_token(self) -> Rows:
+        """The same rows with every token but each row's first trained (recipe `train_on: all`)."""
+        return Rows(self.ids, [[0] + [1] * (len(ids) - 1) for ids in self.ids], self.prompt_lengths, self.origin)
+
 
 def generated_rows(data: DistillData) -> Rows:
     with reading(data):
@@ -460,6 +464,8 @@ def train(recipe: DraftRecipe, *, progress: bool = True) -> dict:
     rows = generated if recipe.data_mode == "generated" else fixed_rows(recipe.fixed_data, tokenizer, recipe.max_length)
     # Held out from the target's answers when there are some: that is what decoding will see.
     eval_rows = generated if generated is not None else rows
+    if recipe.train_on == "all":
+        rows = rows.every_token()
     # With generated data, rows and eval_rows are the same rows split the same way: the
     # held-out rows are never trained on.
     train_index, _ = split_rows(len(rows), recipe.heldout_fraction)

@@ -28,6 +28,7 @@ TRACKERS = ("wandb", "tensorboard")
 
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+TRAIN_ON = ("answers", "all")  # `train_on`: the positions a training batch's loss reads
 
 
 class RecipeError(ValueError):
@@ -53,6 +54,10 @@ class RunRecipe:
     grad_clip: float = 1.0  # clip the gradient norm at this (0: no clipping)
     # evaluation, checkpoints, logging
     heldout_fraction: float = 0.05  # every 1/f-th row is held out (0 = no evaluation)
+    # the positions a training batch's loss reads: "answers" (the data's loss mask: the assistant's
+    # tokens) or "all" (every token after a row's first, the prompt's too: the target's own
+    # distribution there, for the same compute per step). Held-out figures read the answers either way.
+    train_on: str = "answers"
     eval_every: int = 100  # held-out evaluation every N optimizer steps (and at the end)
     save_every: int = 100  # checkpoint every N optimizer steps
     keep_checkpoints: int = 3  # the newest K checkpoints stay on disk (0 keeps every one)
@@ -103,6 +108,8 @@ class RunRecipe:
         for name in ("weight_decay", "warmup_steps", "grad_clip", "serve_check_prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 0")
+        if self.train_on not in TRAIN_ON:
+            raise ValueError(f"train_on = {self.train_on!r}: expected one of {', '.join(TRAIN_ON)}")
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction = {self.heldout_fraction} must be in [0, 1)")
         if self.keep_checkpoints < 0:

@@ -254,14 +254,15 @@ class TrainingRun:
     def batch(self, data, train_rows: list[int], step: int, micro: int, pad_id: int) -> dict:
         """Micro-batch `micro` of step `step`: this process's rows (`batch_rows`, grouped by length when
         the recipe says `group_by_length`) of a `DistillData`, collated (`collate_rows`, with their row
-        ids) and on the device."""
+        ids; the loss on the positions `train_on` names) and on the device."""
         lengths = None
         if self.recipe.group_by_length:
             if self._lengths is None or self._lengths[0] is not train_rows:
                 self._lengths = (train_rows, length_bytes(data.lengths()[train_rows], self.recipe.max_length))
             lengths = self._lengths[1]
         rows = self.batch_rows(train_rows, step, micro, lengths)
-        return to_device(collate_rows(data, rows, self.recipe.max_length, pad_id), self.device)
+        every_token = self.recipe.train_on == "all"
+        return to_device(collate_rows(data, rows, self.recipe.max_length, pad_id, every_token), self.device)
 
     # ---------------------------------------------------------------- engine
 
