@@ -10,7 +10,8 @@ from lifecycle_helpers import launch_one_process, toy_recipe, write_recipe
 
 from draftsmith.distill.acceptance import simulated_tau
 from draftsmith.distill.losses import divergence
-from draftsmith.train.draft import DraftRecipe, chain_along_text, is_on_policy_step, main
+from draftsmith.train.draft import DraftRecipe, chain_along_text, main
+from draftsmith.train.draft_rows import generated_rows, is_on_policy_step
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 
@@ -88,7 +89,6 @@ def test_distillation_raises_held_out_acceptance(toy_dir, toy_data, tmp_path):
 
 def test_train_on_all_trains_every_token_but_the_first(toy_dir, toy_data, tmp_path):
     from draftsmith.distill.data import DistillData
-    from draftsmith.train.draft import generated_rows
 
     rows = generated_rows(DistillData(toy_data))
     every = rows.every_token()

@@ -15,9 +15,10 @@ trained to match the target's distribution p, not just its argmax:
   of this data, is read instead of a target forward per step: p on its top k tokens plus one
   bucket for the tail (`distill.losses.topk_divergence`); `teacher_topk: k` truncates the online
   teacher the same way (what such a cache trains, for comparison). Both at temperature 1.
-- data, per step: `data_mode: generated` reads the target's own answers (`draftsmith generate`,
-  loss on the answer tokens), `data_mode: fixed` reads fixed text (`fixed_data`: JSONL with
-  "text" or "prompt", cut into `max_length` windows, loss on every token); with
+- data, per step (`train/draft_rows.py`): `data_mode: generated` reads the target's own answers
+  (`draftsmith generate`, loss on the answer tokens; `train_on: all` on every token but a row's
+  first), `data_mode: fixed` reads fixed text (`fixed_data`: JSONL with "text" or "prompt", cut
+  into `max_length` windows, loss on every token); with
   `on_policy_fraction` f, a share f of the steps is on-policy instead: the draft samples
   `on_policy_new_tokens` continuations of the rows' prompts and the target scores them.
 - the draft: `draft_init: checkpoint` (`draft_path`, an existing small model), `truncate` (the
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -55,12 +55,12 @@ from draftsmith.train.common import (
     check_trains_tokens,
     heldout_walks,
     length_bytes,
-    reading,
     serve_check,
     split_rows,
     to_device,
     walk_taus,
 )
+from draftsmith.train.draft_rows import Rows, collate, fixed_rows, generated_rows, is_on_policy_step, on_policy_batch
 from draftsmith.train.loop import evaluate_now, train_loop
 from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun
@@ -140,118 +140,6 @@ class DraftRecipe(RunRecipe):
         for name in ("num_draft_tokens", "draft_layers", "on_policy_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
-
-
-# --------------------------------------------------------------------------- data
-
-
-class Rows:
-    """Token rows and loss masks (1 = the draft learns to predict this token)."""
-
-    def __init__(self, ids: list[list[int]], masks: list[list[int]], prompt_lengths: list[int], origin: str):
-        self.ids, self.masks, self.prompt_lengths, self.origin = ids, masks, prompt_lengths, origin
-
-    def __len__(self):
-        return len(self.ids)
-
-    def every_token(self) -> Rows:
-        """The same rows with every token but each row's first trained (recipe `train_on: all`)."""
-        return Rows(self.ids, [[0] + [1] * (len(ids) - 1) for ids in self.ids], self.prompt_lengths, self.origin)
-
-
-def generated_rows(data: DistillData) -> Rows:
-    with reading(data):
-        ds = data.dataset
-        ids, masks, prompt_lengths = (
-            [list(r) for r in ds["input_ids"]],
-            [list(m) for m in ds["loss_mask"]],
-            list(ds["prompt_length"]),
-        )
-    return Rows(ids, masks, prompt_lengths, f"generated:{data.data_hash[:12]}")
-
-
-def fixed_rows(path: str, tokenizer, max_length: int) -> Rows:
-    """Fixed text cut into windows of `max_length` tokens; every token trained but the first."""
-    from draftsmith.distill.sources import load_source
-
-    source = load_source(path)
-    if source.format != "prompt":
-        raise RecipeError(f'fixed_data {path!r} holds {source.format} conversations; give text rows ({{"text": ...}})')
-    ids, masks = [], []
-    for record in source.records:
-        tokens = tokenizer(record.prompt).input_ids
-        for start in range(0, max(1, len(tokens) - 1), max_length):
-            window = tokens[start : start + max_length]
-            if len(window) >= 2:
-                ids.append(window)
-                masks.append([0] + [1] * (len(window) - 1))
-    if not ids:
-        raise RecipeError(f"fixed_data {path!r} has no text of 2 or more tokens")
-    return Rows(ids, masks, [min(32, len(w) // 2) for w in ids], f"fixed:{source.fingerprint[:12]}")
-
-
-def collate(rows: Rows, index: list[int], max_length: int, pad_id: int) -> dict:
-    width = min(max_length, max(len(rows.ids[i]) for i in index))
-    ids = torch.full((len(index), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(index), width), dtype=torch.long)
-    mask = torch.zeros((len(index), width), dtype=torch.bool)
-    for r, i in enumerate(index):
-        n = min(width, len(rows.ids[i]))
-        ids[r, :n] = torch.tensor(rows.ids[i][:n])
-        attention[r, :n] = 1
-        mask[r, :n] = torch.tensor(rows.masks[i][:n], dtype=torch.bool)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask}
-
-
-@torch.no_grad()
-def on_policy_batch(draft, rows: Rows, index: list[int], recipe: DraftRecipe, pad_id: int, eos_ids, device) -> dict:
-    """The draft continues each row's prompt by sampling at the serving temperature; the loss
-    then covers exactly the tokens the draft produced (what it will propose when serving)."""
-    from transformers import GenerationConfig
-
-    prompts = [
-        rows.ids[i][: max(1, min(rows.prompt_lengths[i], recipe.max_length - recipe.on_policy_new_tokens))]
-        for i in index
-    ]
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):  # left padding for generation
-        ids[r, width - len(p) :] = torch.tensor(p)
-        attention[r, width - len(p) :] = 1
-    config = GenerationConfig(
-        max_new_tokens=recipe.on_policy_new_tokens,
-        do_sample=True,
-        temperature=recipe.temperature,
-        top_k=None,
-        top_p=None,
-        eos_token_id=eos_ids or None,
-        pad_token_id=pad_id,
-    )
-    was_training = draft.training
-    draft.eval()
-    out = draft.generate(input_ids=ids.to(device), attention_mask=attention.to(device), generation_config=config).cpu()
-    draft.train(was_training)
-    new = out[:, width:]
-    samples = []
-    for r, p in enumerate(prompts):
-        answer = new[r].tolist()
-        stop = next((j for j, t in enumerate(answer) if t in set(eos_ids)), None)
-        samples.append(p + answer[: stop + 1 if stop is not None else len(answer)])
-    batch_rows_ = Rows(
-        samples,
-        [[0] * len(p) + [1] * (len(s) - len(p)) for p, s in zip(prompts, samples)],
-        [len(p) for p in prompts],
-        "on-policy",
-    )
-    return collate(batch_rows_, list(range(len(samples))), recipe.max_length, pad_id) | {
-        "generated_tokens": sum(len(s) - len(p) for p, s in zip(prompts, samples))
-    }
-
-
-def is_on_policy_step(step: int, fraction: float) -> bool:
-    """Spread the on-policy steps evenly: step s is on-policy when floor((s+1) f) > floor(s f)."""
-    return math.floor((step + 1) * fraction + 1e-9) > math.floor(step * fraction + 1e-9)
 
 
 # --------------------------------------------------------------------------- loss and metrics
