@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from draftsmith.demo.heads import (
     train_demo_drafter,
     training_speeds,
 )
+from draftsmith.demo.reuse import measured_inputs, reusable_report
 from draftsmith.demo.target import DemoTarget, DemoTargetError, describe_build, ensure_demo_target, get_target
 from draftsmith.eval.evaluator import BASELINE
 
@@ -193,13 +195,16 @@ def run_demo(
     device: str | None = "auto",
     dtype: str | None = "auto",
     force_build: bool = False,
+    remeasure: bool = False,
     progress: bool = True,
     log=print,
 ) -> tuple[dict, Path]:
-    """Build/load, prepare, evaluate, report. Returns (report, output folder)."""
+    """Build/load, prepare, evaluate, report. Returns (report, output folder). The report already
+    in `out` is printed again instead when everything it was measured from is unchanged
+    (`draftsmith.demo.reuse`), unless `remeasure`."""
     from draftsmith.distill.chat import resolve_chat_template
     from draftsmith.eval.evaluator import EvalSettings, describe_target, evaluate, load_prompt_file
-    from draftsmith.eval.report import compact_table, plot_acceptance, render_markdown, write_atomic, write_report
+    from draftsmith.eval.report import dumps_strict, plot_acceptance, render_markdown, write_atomic
     from draftsmith.heads.models import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 
     started = time.perf_counter()
@@ -229,6 +234,25 @@ def run_demo(
         prepare_s[method.name] = time.perf_counter() - t
 
     # the held-out instructions through the target's chat template (its system line included), first user turn
+    inputs = measured_inputs(
+        settings=asdict(settings),
+        budget=asdict(budget),
+        target=target,
+        folders=ctx.folders,
+        prompts_file=built.heldout_prompts,
+        device=device_t,
+        dtype=dtype_t,
+    )
+    reused = None if remeasure else reusable_report(out, inputs)
+    if reused is not None:
+        log(
+            f"\n{out / 'report.json'}: measured at {reused['demo']['measured_at']} from the same settings, target, "
+            "drafters, prompts, code and versions; printed again (--remeasure times it again)"
+        )
+        print_summary(reused, log)
+        log(f"({time.perf_counter() - started:.0f} s this run; the measurement took {reused['demo']['seconds']['total']:.0f} s)")
+        return reused, out
+
     template = resolve_chat_template("auto", tokenizer)
     prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=settings.num_prompts, template=template)
     eval_settings = EvalSettings(
@@ -288,28 +312,45 @@ def run_demo(
             "total": time.perf_counter() - started,
         },
         "torch_version": torch.__version__,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
     }
-    json_path, md_path = write_report(report, out)
+    # report.json last: a report without its report.md and plot is never reused
+    out.mkdir(parents=True, exist_ok=True)
     png_path = plot_acceptance(report, out / "acceptance.png")
+    md_path = out / "report.md"
     write_atomic(md_path, render_markdown(report) + demo_markdown(report))
-    log("")
-    log(
-        f"draftsmith demo - {spec.what}, {report['mode']}, K = {settings.num_draft_tokens}, "
-        f"{len(prompts)} held-out prompts x {settings.max_new_tokens} new tokens, budget {settings.budget}"
-    )
-    log(f"the target's {repetition_line(repetition)}: loops inflate every drafter's acceptance, prompt lookup's most")
-    log(compact_table(report))
-    if tuned is not None:
-        log(f"\ngreedy, each chain drafter at the K `tune` picks (measured at K <= {TUNE_K_MAX}):")
-        log(tuned_table(tuned))
-    if sampled is not None:
-        log(f"\n{sampled['mode']}, the same prompts, {settings.sampled_repeats} timed pass(es):")
-        log(compact_table(sampled))
-    log(TABLE_NOTE)
-    log(speeds_line(report["demo"]["training_tokens_per_second"]))
-    log(identity_line(report["demo"]["greedy_identity"]))
+    json_path = out / "report.json"
+    write_atomic(json_path, dumps_strict(report))
+    print_summary(report, log)
     log(f"\nwrote {json_path}, {md_path} and {png_path} ({report['demo']['seconds']['total']:.0f} s in all)")
     return report, out
+
+
+def print_summary(report: dict, log=print) -> None:
+    """The demo's tables and the lines under them, from its report."""
+    from draftsmith.eval.report import compact_table
+
+    demo, settings = report["demo"], report["demo"]["settings"]
+    log("")
+    log(
+        f"draftsmith demo - {demo['demo_target']['what']}, {report['mode']}, K = {settings['num_draft_tokens']}, "
+        f"{report['num_prompts']} held-out prompts x {settings['max_new_tokens']} new tokens, budget {settings['budget']}"
+    )
+    log(
+        f"the target's {repetition_line(demo['target_repetition'])}: loops inflate every drafter's acceptance, "
+        "prompt lookup's most"
+    )
+    log(compact_table(report))
+    if demo["tuned"] is not None:
+        log(f"\ngreedy, each chain drafter at the K `tune` picks (measured at K <= {TUNE_K_MAX}):")
+        log(tuned_table(demo["tuned"]))
+    if demo["sampled"] is not None:
+        log(f"\n{demo['sampled']['mode']}, the same prompts, {demo['sampled']['repeats']} timed pass(es):")
+        log(compact_table(demo["sampled"]))
+    log(TABLE_NOTE)
+    log(speeds_line(demo["training_tokens_per_second"]))
+    log(identity_line(demo["greedy_identity"]))
 
 
 TUNE_K_MAX = 6  # acceptance per position measured this deep predicts every K <= 6

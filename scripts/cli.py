@@ -7,7 +7,7 @@
                     [--latency-target S] [--compare-serving SERVING_JSON]      (load test of a running server)
     draftsmith tune --target DIR --drafter KIND=DIR --prompts FILE.jsonl [--k-max 8] [--write] [--out DIR]
     draftsmith check-lossless --target DIR (--drafter KIND=DIR | --prompt-lookup) [--temperature 1.0]
-    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
+    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR] [--remeasure]
     draftsmith train KIND --recipe NAME|FILE [key=value ...] [--accelerate-config NAME --num-processes N]
     draftsmith export HEADS_DIR --format FORMAT --out DIR      (the formats of its method)
     draftsmith push RUN_DIR --repo-id ORG/NAME [--private] [--format ...] [--dry-run --out DIR]

@@ -1,6 +1,6 @@
 """The commands of `draftsmith` that bring their own models: the demo and a toy pair.
 
-    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR]
+    draftsmith demo [--quick] [--budget default|long] [--out DIR] [--target smollm2|micro] [--cache-dir DIR] [--remeasure]
     draftsmith make-toy --out DIR [--family llama]
 
 The work is `draftsmith.demo.run`, `draftsmith.demo.target` and `draftsmith.heads.toy`.
@@ -44,6 +44,11 @@ def add_commands(sub) -> None:
     )
     demo.add_argument(
         "--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists"
+    )
+    demo.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="evaluate again even when --out holds a report measured from the same settings, drafters, code and versions",
     )
     add_count(demo, "--prompts", help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
@@ -111,7 +116,9 @@ def cmd_demo(args) -> int:
     return _building(
         "demo",
         "nothing half-built was cached (an unfinished target build is removed)",
-        lambda: run_demo(settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, **options),
+        lambda: run_demo(
+            settings, out=args.out, dtype=args.dtype, force_build=args.rebuild, remeasure=args.remeasure, **options
+        ),
     )
 
 

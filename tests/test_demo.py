@@ -196,6 +196,41 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert all(rate > 0 for rate in speeds.values())
     curves = report["demo"]["learning_curves"]
     assert all(curves[name] for name in ("eagle3", "dflash", "peagle", "dspark", "domino", "dflash2"))
-    # a second run reuses everything: no training, no data
+    # a second run reuses everything: no training, no data, and the report measured from the same inputs
     code, stdout, _ = run_cli(quick)
     assert code == 0 and "self-distillation data" not in stdout and "recipes/smollm2/" not in stdout
+    assert f"measured at {report['demo']['measured_at']}" in stdout and "--remeasure" in stdout
+    assert "| method | alpha | acc. rate | tau | speedup | OOV | KL |" in stdout and "every greedy row" in stdout
+    assert json.loads((out / "report.json").read_text()) == report
+    # --remeasure evaluates again, from the same inputs
+    code, stdout, _ = run_cli([*quick, "--remeasure"])
+    assert code == 0 and "printed again" not in stdout and "wrote" in stdout
+    again = json.loads((out / "report.json").read_text())
+    assert again["demo"]["inputs"] == report["demo"]["inputs"]
+    assert [r["method"] for r in again["methods"]] == names
+
+
+def test_a_report_is_reused_only_for_the_same_inputs(tmp_path):
+    from draftsmith.demo.reuse import code_sha256, folder_sha256, reusable_report
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "model.safetensors").write_bytes(b"weights")
+    before = folder_sha256(head)
+    (head / "model.safetensors").write_bytes(b"weightz")
+    assert folder_sha256(head) != before and code_sha256() == code_sha256()
+
+    out = tmp_path / "out"
+    out.mkdir()
+    inputs = {"drafters": {"eagle3": before}, "settings": {"max_new_tokens": 64}}
+    report = {"methods": [], "demo": {"inputs": inputs, "measured_at": "2026-12-07T00:00:00+00:00"}}
+    (out / "report.json").write_text(json.dumps(report))
+    (out / "report.md").write_text("# report")
+    assert reusable_report(out, inputs) is None  # no plot: never written last, so never complete
+    (out / "acceptance.png").write_bytes(b"\x89PNG")
+    assert reusable_report(out, inputs) == report
+    assert reusable_report(out, {**inputs, "drafters": {"eagle3": folder_sha256(head)}}) is None
+    assert reusable_report(out, {**inputs, "settings": {"max_new_tokens": 32}}) is None
+    (out / "report.json").write_text("{not json")
+    assert reusable_report(out, inputs) is None
+    assert reusable_report(tmp_path / "nowhere", inputs) is None
