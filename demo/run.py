@@ -250,7 +250,7 @@ def run_demo(
             "drafters, prompts, code and versions; printed again (--remeasure times it again)"
         )
         print_summary(reused, log)
-        log(f"({time.perf_counter() - started:.0f} s this run; the measurement took {reused['demo']['seconds']['total']:.0f} s)")
+        log(f"{time.perf_counter() - started:.0f} s this run; the measurement's: {seconds_line(reused['demo']['seconds'])}")
         return reused, out
 
     template = resolve_chat_template("auto", tokenizer)
@@ -263,14 +263,24 @@ def run_demo(
         seed=settings.seed,
         **settings.fast_path,
     )
+    eval_s = {}  # each pass's seconds
     t = time.perf_counter()
+
+    def lap(name):
+        nonlocal t
+        eval_s[name] = time.perf_counter() - t
+        t = time.perf_counter()
+
     eos = tokenizer.eos_token_id
     # The target alone, greedy, on the demo's prompts: how much of what is drafted is a loop.
     repetition = greedy_repetition(target, prompts, settings.max_new_tokens, eos)
+    lap("repetition")
     report = evaluate(target, drafters, prompts, eval_settings, eos_token_id=eos, progress=progress, tasks=tasks)
-    tuned = (
-        tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log) if settings.tune else None
-    )
+    lap("greedy")
+    tuned = None
+    if settings.tune:
+        tuned = tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log)
+        lap("tune")
     sampled = None
     if settings.second_temperature is not None:
         # the KL/TV pass is the greedy table's: this one measures acceptance and speed
@@ -281,7 +291,7 @@ def run_demo(
             measure_distances=False,
         )
         sampled = evaluate(target, drafters, prompts, sampled_settings, eos_token_id=eos, progress=progress)
-    eval_s = time.perf_counter() - t
+        lap("sampled")
 
     report["target"] = describe_target(built.target, target, device_t, dtype_t)
     report["drafts"] = {name: str(folder) for name, folder in ctx.folders.items()}
@@ -323,8 +333,22 @@ def run_demo(
     json_path = out / "report.json"
     write_atomic(json_path, dumps_strict(report))
     print_summary(report, log)
-    log(f"\nwrote {json_path}, {md_path} and {png_path} ({report['demo']['seconds']['total']:.0f} s in all)")
+    log(f"\nwrote {json_path}, {md_path} and {png_path}")
+    log(f"seconds: {seconds_line(report['demo']['seconds'])}")
     return report, out
+
+
+def seconds_line(seconds: dict) -> str:
+    """Where a demo run's time went: each step, the evaluation's passes in brackets."""
+    parts = []
+    for step, value in seconds.items():
+        if step == "prepare":  # per drafter: their sum
+            value = sum(value.values())
+        if step == "evaluate" and isinstance(value, dict):
+            passes = ", ".join(f"{name} {s:.0f}" for name, s in value.items())
+            value = f"{sum(value.values()):.0f} ({passes})"
+        parts.append(f"{step} {value if isinstance(value, str) else f'{value:.0f}'}")
+    return ", ".join(parts)
 
 
 def print_summary(report: dict, log=print) -> None:
@@ -519,10 +543,7 @@ def demo_markdown(report: dict) -> str:
         "",
         f"{target['what']}: `{target['folder']}` ({origin}; see target/MODEL_CARD.md).",
         "",
-        "Seconds: "
-        + ", ".join(
-            f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {sum(v.values()):.0f}" for k, v in demo["seconds"].items()
-        ),
+        f"Seconds: {seconds_line(demo['seconds'])}.",
         "",
     ]
     return "\n".join(lines)

@@ -167,6 +167,8 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert md.startswith("# draftsmith evaluation") and "## Demo target" in md and "acceptance.png" in md
     assert "## The same methods at sampling" in md and "## Training" in md
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(report["demo"]["seconds"]["evaluate"]) == ["repetition", "greedy", "tune", "sampled"]
+    assert "seconds: build_or_load " in stdout and "evaluate " in stdout and "(repetition " in stdout
     # the data, one hidden-state cache and every drafter, trained once and cached beside the target
     heads = tmp_path / "cache" / "demo-heads-micro-default"
     assert (heads / "data" / "summary.json").is_file() and (heads / "hidden" / "manifest.json").is_file()
