@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -250,7 +250,9 @@ def run_demo(
             "drafters, prompts, code and versions; printed again (--remeasure times it again)"
         )
         print_summary(reused, log)
-        log(f"{time.perf_counter() - started:.0f} s this run; the measurement's: {seconds_line(reused['demo']['seconds'])}")
+        log(
+            f"{time.perf_counter() - started:.0f} s this run; the measurement's: {seconds_line(reused['demo']['seconds'])}"
+        )
         return reused, out
 
     template = resolve_chat_template("auto", tokenizer)
