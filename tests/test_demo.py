@@ -159,7 +159,8 @@ def test_demo_quick_end_to_end(tmp_path, run_cli):
     assert [r["method"] for r in tuned["methods"]] == [n for n in chains if tuned["chosen"][n]["k"] > 0]
     assert all(c["verdict"] == "identical" for c in identical.values()) and set(names[1:]) <= set(identical)
     assert len(identical) == len(names) - 1 + len(tuned["methods"])
-    assert "at the K `tune` picks" in stdout
+    assert "at the K `tune` picks" in stdout and "| predicted by tune | from its tau |" in stdout
+    assert all(row["predicted_speedup_measured_costs"] > 0 for row in tuned["methods"])
     sampled = report["demo"]["sampled"]
     assert [r["method"] for r in sampled["methods"]] == names and sampled["repeats"] == 1
     assert 0.0 <= report["demo"]["target_repetition"]["pooled"] <= 1.0
