@@ -233,7 +233,7 @@ def run_demo(
         drafters[method.name] = method.prepare(ctx)
         prepare_s[method.name] = time.perf_counter() - t
 
-    # the held-out instructions through the target's chat template (its system line included), first user turn
+    # a report in `out` measured from these very inputs is printed again (demo/reuse.py)
     inputs = measured_inputs(
         settings=asdict(settings),
         budget=asdict(budget),
@@ -255,6 +255,7 @@ def run_demo(
         )
         return reused, out
 
+    # the held-out instructions through the target's chat template (its system line included), first user turn
     template = resolve_chat_template("auto", tokenizer)
     prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=settings.num_prompts, template=template)
     eval_settings = EvalSettings(
