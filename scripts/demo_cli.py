@@ -48,7 +48,7 @@ def add_commands(sub) -> None:
     demo.add_argument(
         "--remeasure",
         action="store_true",
-        help="evaluate again even when --out holds a report measured from the same settings, drafters, code and versions",
+        help="evaluate again even when --out holds a report measured from the same inputs",
     )
     add_count(demo, "--prompts", help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
