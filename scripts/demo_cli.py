@@ -46,9 +46,7 @@ def add_commands(sub) -> None:
         "--rebuild", action="store_true", help="rebuild the demo target even when a valid cached one exists"
     )
     demo.add_argument(
-        "--remeasure",
-        action="store_true",
-        help="evaluate again even when --out holds a report measured from the same inputs",
+        "--remeasure", action="store_true", help="evaluate again even if --out has a report measured from these inputs"
     )
     add_count(demo, "--prompts", help="number of held-out prompts")
     demo.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"))
