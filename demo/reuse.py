@@ -24,12 +24,9 @@ MEASURING_PACKAGES = ("decoding", "eval", "heads", "distill", "demo")
 
 def folder_sha256(folder: Path) -> str:
     """sha256 over every file below `folder`: its relative path and its bytes."""
-    from draftsmith.heads.artifacts import file_sha256
+    from draftsmith.heads.artifacts import files_sha256
 
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}\0".encode())
-    return digest.hexdigest()
+    return hashlib.sha256(json.dumps(files_sha256(folder)).encode()).hexdigest()
 
 
 def code_sha256() -> str:

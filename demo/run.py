@@ -347,7 +347,7 @@ def seconds_line(seconds: dict) -> str:
     for step, value in seconds.items():
         if step == "prepare":  # per drafter: their sum
             value = sum(value.values())
-        if step == "evaluate" and isinstance(value, dict):
+        if step == "evaluate":  # per pass: their sum, then each
             passes = ", ".join(f"{name} {s:.0f}" for name, s in value.items())
             value = f"{sum(value.values()):.0f} ({passes})"
         parts.append(f"{step} {value if isinstance(value, str) else f'{value:.0f}'}")

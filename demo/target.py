@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.heads.artifacts import file_sha256
+from draftsmith.heads.artifacts import file_sha256, files_sha256
 
 CACHE_ENV = "DRAFTSMITH_CACHE"
 MANIFEST = "manifest.json"
@@ -259,7 +259,7 @@ def build_into(out: Path, spec: TargetSpec, source: dict, key: str, *, progress:
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    manifest["files"] = {p.relative_to(out).as_posix(): file_sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest["files"] = files_sha256(out)
     # Last: only a folder with this file is ever loaded.
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest

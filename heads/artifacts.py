@@ -45,6 +45,12 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
+def files_sha256(folder) -> dict[str, str]:
+    """{relative path: sha256} of every file below `folder`, in path order."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def write_text_atomic(path, text: str) -> None:
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

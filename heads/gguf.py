@@ -31,7 +31,7 @@ from unittest import mock
 
 import torch
 
-from draftsmith.heads.artifacts import check_writable_folder, file_sha256, write_folder_atomic
+from draftsmith.heads.artifacts import check_writable_folder, file_sha256, files_sha256, write_folder_atomic
 from draftsmith.heads.models import ModelLoadError
 
 RECORD = "import.json"
@@ -234,7 +234,7 @@ def _write_import(tmp: Path, source: dict, check_tokens: int, provenance: dict, 
     os.umask(umask)
     for file in files:  # safetensors writes 0600: a shared checkpoint should be readable like any other file
         file.chmod(0o666 & ~umask)
-    record["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in files}
+    record["files"] = files_sha256(tmp)
     (tmp / RECORD).write_text(
         json.dumps(record, indent=2) + "\n", encoding="utf-8"
     )  # last: it marks the import complete
