@@ -379,8 +379,7 @@ class DFlashHead(Fp32Rope, PreTrainedModel):
                 stacklevel=2,
             )
 
-
-def describe(head: DFlashHead) -> str:
-    c = head.config
-    blocks = f"block {c.block_size} ({c.block_size - 1} drafts per forward)"
-    return describe_mask_head(head, f"DFlash head: {c.num_hidden_layers} layer(s), {blocks}")
+    def describe(self) -> str:
+        c = self.config
+        blocks = f"block {c.block_size} ({c.block_size - 1} drafts per forward)"
+        return describe_mask_head(self, f"DFlash head: {c.num_hidden_layers} layer(s), {blocks}")

@@ -227,11 +227,8 @@ class DFlash2Head(DFlashHead):
         candidates = self.candidates(unary)
         return candidates, self.edge_scores(unary, h, prev_ids, candidates)
 
-
-def describe(head: DFlash2Head) -> str:
-    c = head.config
-    title = (
-        f"DFlash2 head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward)"
-    )
-    convs = f"convolutions kernel {c.conv_kernel_size} group {c.conv_group_size}"
-    return describe_mask_head(head, f"{title}, {convs}, selector top-{c.selector_top_k} rank {c.selector_rank}")
+    def describe(self) -> str:
+        c = self.config
+        title = f"DFlash2 head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward)"
+        convs = f"convolutions kernel {c.conv_kernel_size} group {c.conv_group_size}"
+        return describe_mask_head(self, f"{title}, {convs}, selector top-{c.selector_top_k} rank {c.selector_rank}")

@@ -18,12 +18,8 @@ draft layers here are full attention, which it does not affect); tensors, per dr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Head
-from draftsmith.heads.dflash_formats import BlockLayout, export_dflash, load_dflash, save_dflash
-from draftsmith.heads.dflash_formats import export_folder as export_block_folder
-from draftsmith.heads.dflash_formats import serving_facts as block_serving_facts
+from draftsmith.heads.dflash_formats import BlockLayout
 
 VARIANT_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SELECTOR_KEYS = ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")
@@ -55,28 +51,13 @@ DFLASH2 = BlockLayout(
 )
 
 
-def save_dflash2(head: DFlash2Head, out_dir, *, overwrite: bool = False) -> Path:
-    return save_dflash(head, out_dir, overwrite=overwrite)
-
-
-def load_dflash2(path, *, target, device=None, dtype=None) -> DFlash2Head:
-    """A DFlash2 head of either layout, completed with `target`'s embeddings and lm_head (`load_dflash`)."""
-    return load_dflash(path, target=target, device=device, dtype=dtype, layout=DFLASH2)
-
-
-def export_dflash2(head: DFlash2Head, out_dir, *, overwrite: bool = False) -> Path:
-    return export_dflash(head, out_dir, overwrite=overwrite, layout=DFLASH2)
-
-
-def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
-    """The registry's exporter ("vllm": the speculators `dflash2` layout; "hf": draftsmith's)."""
-    return export_block_folder(
-        folder, out, fmt, num_speculative_tokens=num_speculative_tokens, target=target, layout=DFLASH2
-    )
+# the formats of the family (`heads.dflash_formats`) for DFlash2's layout
+save_dflash2, load_dflash2, export_dflash2 = DFLASH2.save, DFLASH2.load, DFLASH2.export
+export_folder = DFLASH2.export_folder  # the registry's exporter ("vllm": the speculators `dflash2` layout)
 
 
 def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
     """How servers load a DFlash2 head: vLLM's `dflash2` method on the speculators layout (not run here)."""
-    facts = block_serving_facts(folder, config, setting, k, layout=DFLASH2)
+    facts = DFLASH2.serving_facts(folder, config, setting, k)
     facts["notes"].append("vLLM's dflash2 method has not been run on this export by draftsmith (no GPU server)")
     return facts

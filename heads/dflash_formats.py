@@ -73,6 +73,29 @@ class BlockLayout:
     def error(self) -> type:
         return self.head.error
 
+    @property
+    def kind(self) -> str:  # its registry kind: the family names each layout's speculators type after it
+        return self.speculators_type
+
+    # The family's formats for this layout: what heads/<kind>_formats.py names as its own
+    # (save_<kind>, load_<kind>, export_<kind>) and gives the registry (export_folder, serving_facts).
+    def save(self, head, out_dir, *, overwrite: bool = False) -> Path:
+        return save_dflash(head, out_dir, overwrite=overwrite)
+
+    def load(self, path, *, target, device=None, dtype: torch.dtype | None = None):
+        return load_dflash(path, target=target, device=device, dtype=dtype, layout=self)
+
+    def export(self, head, out_dir, *, overwrite: bool = False) -> Path:
+        return export_dflash(head, out_dir, overwrite=overwrite, layout=self)
+
+    def export_folder(self, folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
+        return export_folder(
+            folder, out, fmt, num_speculative_tokens=num_speculative_tokens, target=target, layout=self
+        )
+
+    def serving_facts(self, folder, config: dict, setting: dict, k: int) -> dict:
+        return serving_facts(folder, config, setting, k, layout=self)
+
 
 DFLASH = BlockLayout(DFlashHead, "dflash", SPECULATORS_ARCHITECTURE, "DFlash head")
 

@@ -106,8 +106,9 @@ class DominoHead(DFlashHead):
         states, _ = self.prefix_gru(self.gru_inputs(tokens[:, :-1]))  # [N, B-1, G]: s_k after tokens p..p+k-1
         return base, base + self.correction(h, states).to(base.dtype)
 
-
-def describe(head: DominoHead) -> str:
-    c = head.config
-    title = f"Domino head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward)"
-    return describe_mask_head(head, f"{title}, GRU {c.gru_hidden} -> {c.proj_dim} correction")
+    def describe(self) -> str:
+        c = self.config
+        title = (
+            f"Domino head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size - 1} drafts per forward)"
+        )
+        return describe_mask_head(self, f"{title}, GRU {c.gru_hidden} -> {c.proj_dim} correction")

@@ -38,14 +38,7 @@ from safetensors.torch import save_file
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import read_config, read_weights, write_folder_atomic
-from draftsmith.heads.dflash_formats import (
-    PROVENANCE_KEY,
-    WEIGHTS,
-    BlockLayout,
-    load_dflash,
-    required_keys,
-    save_dflash,
-)
+from draftsmith.heads.dflash_formats import PROVENANCE_KEY, WEIGHTS, BlockLayout, load_dflash, required_keys
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.layers import PROVENANCE, target_weights
 from draftsmith.heads.speculators import draft_layer_fields
@@ -63,8 +56,7 @@ DOMINO = BlockLayout(
 )
 
 
-def save_domino(head: DominoHead, out_dir, *, overwrite: bool = False) -> Path:
-    return save_dflash(head, out_dir, overwrite=overwrite)
+save_domino = DOMINO.save  # the family's (`heads.dflash_formats`)
 
 
 def is_specforge(raw: dict) -> bool:

@@ -166,10 +166,9 @@ class DSparkHead(DFlashHead):
             return base
         return base + self.markov_head.block(e.to(h.dtype), h).to(base.dtype)
 
-
-def describe(head: DSparkHead) -> str:
-    c = head.config
-    seq = f"{c.markov_head_type} Markov bias (rank {c.markov_rank})" if c.markov_rank else "no sequential head"
-    conf = "a confidence head" if c.enable_confidence_head else "no confidence head"
-    title = f"DSpark head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size} drafts per forward)"
-    return describe_mask_head(head, f"{title}, {seq}, {conf}")
+    def describe(self) -> str:
+        c = self.config
+        seq = f"{c.markov_head_type} Markov bias (rank {c.markov_rank})" if c.markov_rank else "no sequential head"
+        conf = "a confidence head" if c.enable_confidence_head else "no confidence head"
+        title = f"DSpark head: {c.num_hidden_layers} layer(s), block {c.block_size} ({c.block_size} drafts per forward)"
+        return describe_mask_head(self, f"{title}, {seq}, {conf}")

@@ -15,11 +15,7 @@ config keys `markov_rank`, `markov_head_type`, `enable_confidence_head`,
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from draftsmith.heads.dflash_formats import BlockLayout, export_dflash, load_dflash, save_dflash
-from draftsmith.heads.dflash_formats import export_folder as export_block_folder
-from draftsmith.heads.dflash_formats import serving_facts as block_serving_facts
+from draftsmith.heads.dflash_formats import BlockLayout
 from draftsmith.heads.dspark import DSparkConfig, DSparkHead
 
 VARIANT_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
@@ -48,26 +44,6 @@ DSPARK = BlockLayout(
 )
 
 
-def save_dspark(head: DSparkHead, out_dir, *, overwrite: bool = False) -> Path:
-    return save_dflash(head, out_dir, overwrite=overwrite)
-
-
-def load_dspark(path, *, target, device=None, dtype=None) -> DSparkHead:
-    """A DSpark head of either layout, completed with `target`'s tensors (`load_dflash`)."""
-    return load_dflash(path, target=target, device=device, dtype=dtype, layout=DSPARK)
-
-
-def export_dspark(head: DSparkHead, out_dir, *, overwrite: bool = False) -> Path:
-    return export_dflash(head, out_dir, overwrite=overwrite, layout=DSPARK)
-
-
-def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, target=None) -> Path:
-    """The registry's exporter ("vllm": the speculators `dspark` layout; "hf": draftsmith's)."""
-    return export_block_folder(
-        folder, out, fmt, num_speculative_tokens=num_speculative_tokens, target=target, layout=DSPARK
-    )
-
-
-def serving_facts(folder, config: dict, setting: dict, k: int) -> dict:
-    """How servers load a DSpark head: vLLM's `dspark` method reads the speculators layout."""
-    return block_serving_facts(folder, config, setting, k, layout=DSPARK)
+# the formats of the family (`heads.dflash_formats`) for DSpark's layout
+save_dspark, load_dspark, export_dspark = DSPARK.save, DSPARK.load, DSPARK.export
+export_folder, serving_facts = DSPARK.export_folder, DSPARK.serving_facts  # the registry's exporter and server

@@ -313,19 +313,18 @@ class DFlashObjective(torch.nn.Module):
 
 @cleaned_up_on_error
 def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dflash import DFlashHead, describe
-    from draftsmith.heads.dflash_formats import save_dflash
+    from draftsmith.heads.dflash_formats import DFLASH
 
-    return train_blocks(recipe, progress, "dflash", DFlashHead, dflash_losses, save_dflash, describe)
+    return train_blocks(recipe, progress, DFLASH, dflash_losses)
 
 
-def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, losses, save, describe, variant_keys=()):
-    """The loop of every head of the DFlash family: `head_class.for_target` (with the recipe's block,
-    mask token, vocabulary and its values of `variant_keys`, the head config's own keys), its `losses`
-    (`dflash_losses`'s form) over anchored blocks, held-out blocks at every position, `save`, and the
-    serve check as `kind`."""
+def train_blocks(recipe: DFlashRecipe, progress: bool, layout, losses, variant_keys=()):
+    """The loop of every head of the DFlash family: `layout.head.for_target` (`heads.dflash_formats.
+    BlockLayout`, with the recipe's block, mask token, vocabulary and its values of `variant_keys`, the
+    head config's own keys), its `losses` (`dflash_losses`'s form) over anchored blocks, held-out
+    blocks at every position, `layout.save`, and the serve check as `layout.kind`."""
     variant = {key: getattr(recipe, key) for key in variant_keys}
-    run = TrainingRun(recipe, kind, progress)
+    run = TrainingRun(recipe, layout.kind, progress)
     device = run.device
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
     target, data, train_rows, heldout_rows = run.load_training(first=1)
@@ -337,10 +336,10 @@ def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, lo
         mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
         block = {"block_size": recipe.block_size, "num_layers": recipe.num_layers}
         origin = head_origin(recipe, data, vocab_map)
-        head = head_class.for_target(target, **block, **mask, **origin, **variant).to(device)
-    except head_class.error as err:
+        head = layout.head.for_target(target, **block, **mask, **origin, **variant).to(device)
+    except layout.error as err:
         raise RecipeError(str(err)) from None
-    run.print(describe(head))
+    run.print(head.describe())
     # offline (hidden_cache): the teacher projected at the slots' positions only (`teacher_rows`)
     target_states = head_target_states(run, target, data, head, vocab_map, lazy=True)
 
@@ -383,7 +382,7 @@ def train_blocks(recipe: DFlashRecipe, progress: bool, kind: str, head_class, lo
     done = train_loop(
         run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot")
     )
-    return finish_head(run, done, model, head, save, target, K, data, heldout_rows, vocab_map, **block, **mask)
+    return finish_head(run, done, model, head, layout.save, target, K, data, heldout_rows, vocab_map, **block, **mask)
 
 
 def main(argv=None) -> int:

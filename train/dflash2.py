@@ -140,10 +140,9 @@ REPLAY = block_replay(dflash2_losses, _replayed_law, "draftsmith.heads.dflash2_f
 
 @cleaned_up_on_error
 def train(recipe: DFlash2Recipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dflash2 import DFlash2Head, describe
-    from draftsmith.heads.dflash2_formats import save_dflash2
+    from draftsmith.heads.dflash2_formats import DFLASH2
 
-    return train_blocks(recipe, progress, "dflash2", DFlash2Head, dflash2_losses, save_dflash2, describe, VARIANT)
+    return train_blocks(recipe, progress, DFLASH2, dflash2_losses, VARIANT)
 
 
 def main(argv=None) -> int:

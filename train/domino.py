@@ -111,10 +111,9 @@ REPLAY = block_replay(domino_losses, _replayed_law, "draftsmith.heads.domino_for
 
 @cleaned_up_on_error
 def train(recipe: DominoRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.domino import DominoHead, describe
-    from draftsmith.heads.domino_formats import save_domino
+    from draftsmith.heads.domino_formats import DOMINO
 
-    return train_blocks(recipe, progress, "domino", DominoHead, domino_losses, save_domino, describe, VARIANT)
+    return train_blocks(recipe, progress, DOMINO, domino_losses, VARIANT)
 
 
 def main(argv=None) -> int:

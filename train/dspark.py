@@ -138,10 +138,9 @@ REPLAY = block_replay(dspark_losses, _replayed_law, "draftsmith.heads.dspark_for
 
 @cleaned_up_on_error
 def train(recipe: DSparkRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dspark import DSparkHead, describe
-    from draftsmith.heads.dspark_formats import save_dspark
+    from draftsmith.heads.dspark_formats import DSPARK
 
-    return train_blocks(recipe, progress, "dspark", DSparkHead, dspark_losses, save_dspark, describe, VARIANT)
+    return train_blocks(recipe, progress, DSPARK, dspark_losses, VARIANT)
 
 
 def main(argv=None) -> int:
