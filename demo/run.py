@@ -55,7 +55,7 @@ class DemoSettings:
     seed: int = 0
     compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and every drafter
     tune: bool = True  # a third table: each chain drafter at the K `tune` picks (acceptance measured at K <= 6)
-    tune_prompts: int = 4  # prompts the acceptance per position and the costs are measured on
+    tune_prompts: int = 4  # the held-out prompts after the evaluated ones: `tune` measures acceptance and costs there
 
     @property
     def fast_path(self) -> dict:
@@ -210,6 +210,14 @@ def run_demo(
     started = time.perf_counter()
     spec = get_target(settings.target)  # unknown target or budget: a clear error before any work
     budget = get_budget(spec.name, settings.budget)
+    # `tune` picks each K on the held-out prompts after the evaluated ones: a K chosen on the prompts
+    # it is then timed on would be fitted to them (tuning on the test set)
+    wanted = settings.num_prompts + (settings.tune_prompts if settings.tune else 0)
+    if wanted > spec.heldout_prompts:
+        raise DemoTargetError(
+            f"the {spec.name} target has {spec.heldout_prompts} held-out prompts: {settings.num_prompts} to evaluate "
+            f"and {wanted - settings.num_prompts} others to tune on need {wanted} (lower --prompts, or --no-tune)"
+        )
     device_t = resolve_device(device)
     # bf16 wherever it is native, CPUs with AVX512-BF16/AMX too: the precision targets are served in,
     # and there a verify of K + 1 tokens costs about one target step (fp32: 1.4-1.8 on such a CPU)
@@ -257,7 +265,12 @@ def run_demo(
 
     # the held-out instructions through the target's chat template (its system line included), first user turn
     template = resolve_chat_template("auto", tokenizer)
-    prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=settings.num_prompts, template=template)
+    prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=wanted, template=template)
+    prompts, tune_prompts, tasks = (
+        prompts[: settings.num_prompts],
+        prompts[settings.num_prompts :],
+        tasks[: settings.num_prompts],
+    )
     eval_settings = EvalSettings(
         num_draft_tokens=settings.num_draft_tokens,
         max_new_tokens=settings.max_new_tokens,
@@ -282,7 +295,7 @@ def run_demo(
     lap("greedy")
     tuned = None
     if settings.tune:
-        tuned = tuned_pass(target, drafters, prompts, eval_settings, settings, eos, progress, log)
+        tuned = tuned_pass(target, drafters, prompts, tune_prompts, eval_settings, eos, progress, log)
         lap("tune")
     sampled = None
     if settings.second_temperature is not None:
@@ -372,7 +385,7 @@ def print_summary(report: dict, log=print) -> None:
     if demo["tuned"] is not None:
         log(
             f"\ngreedy, each chain drafter at the K `tune` picks from the acceptance and costs it measured at "
-            f"K <= {TUNE_K_MAX} on the first {settings['tune_prompts']} prompts (from its tau: the same accounting "
+            f"K <= {TUNE_K_MAX} on {settings['tune_prompts']} other held-out prompts (from its tau: the same accounting "
             "with the row's own tau and costs):"
         )
         log(tuned_table(demo["tuned"]))
@@ -387,10 +400,11 @@ def print_summary(report: dict, log=print) -> None:
 TUNE_K_MAX = 6  # acceptance per position measured this deep predicts every K <= 6
 
 
-def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSettings, eos, progress, log) -> dict:
+def tuned_pass(target, drafters: dict, prompts, tune_prompts, eval_settings, eos, progress, log) -> dict:
     """Each chain drafter at the K that `tune` picks: acceptance per position at K_max and the
-    measured costs (draft time, the verify curve v(n)) on `tune_prompts` prompts, `tune_chain`'s
-    choice, then one greedy evaluation of them all, each at its K, with target-only in the same pass."""
+    measured costs (draft time, the verify curve v(n)) on `tune_prompts` (not the evaluated ones),
+    `tune_chain`'s choice, then one greedy evaluation of them all on `prompts`, each at its K, with
+    target-only in the same pass."""
     from draftsmith.eval.evaluator import evaluate
     from draftsmith.eval.sweep import measure_chain
     from draftsmith.eval.tune import tune_chain
@@ -403,7 +417,7 @@ def tuned_pass(target, drafters: dict, prompts, eval_settings, settings: DemoSet
         measured = measure_chain(
             target,
             drafter,
-            prompts[: settings.tune_prompts],
+            tune_prompts,
             k_max,
             replace(eval_settings, num_draft_tokens=k_max),
             eos_token_id=eos,

@@ -110,6 +110,10 @@ def test_unwritable_cache_dir(tmp_path, run_cli):
         (["--target", "huge"], "unknown demo target 'huge': expected one of smollm2, micro"),
         (["--quick", "--budget", "huge"], "unknown budget 'huge' for the micro target: expected one of default"),
         (["--sampled-temperature", "-1"], "--sampled-temperature must be >= 0 (0 = no second table), got -1"),
+        (
+            ["--quick", "--prompts", "15"],
+            "the micro target has 16 held-out prompts: 15 to evaluate and 2 others to tune",
+        ),
     ],
 )
 def test_bad_demo_flags(tmp_path, run_cli, flags, message):
