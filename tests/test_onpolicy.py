@@ -29,7 +29,7 @@ from draftsmith.train.draft_opd import (
     replay_batch,
     replay_losses,
 )
-from draftsmith.train.onpolicy import KINDS, OnPolicyRecipe, main, method_recipe, rollout
+from draftsmith.train.onpolicy import KINDS, OnPolicyRecipe, heldout_tau, main, method_recipe, rollout
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 BLOCK = 4
@@ -303,6 +303,10 @@ def test_two_rounds_write_loadable_heads_and_a_report(kind, toy_dir, toy_data, s
     assert all(r["tau_decoded"] >= 1.0 and r["target_calls"] > 0 for r in report["rounds"])
     assert all(r["rollout"]["prompts"] == 3 and r["replay"]["steps"] == 2 for r in report["rounds"][1:])
     assert "held-out tau" in printed and "bonus token counted" in printed
+    # sampled rollouts are measured at their temperature (eval_temperature unset), every round on the same streams
+    assert (
+        report["eval_temperature"] == 1.0 and "at T = 1 (the same seeded streams (seed 0) each round)" in report["tau"]
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(math.isfinite(m["loss"]) for m in metrics)
     assert json.loads((out / "recipe.json").read_text())["method_recipe_resolved"]["loss"] == "forward_kl"
@@ -322,6 +326,20 @@ def test_two_rounds_write_loadable_heads_and_a_report(kind, toy_dir, toy_data, s
         n for (n, a), b in zip(after.state_dict().items(), before.state_dict().values()) if not torch.equal(a, b)
     ]
     assert changed, "two rounds of replay left the head as it was"
+
+
+def test_a_sampled_held_out_tau_decodes_the_same_streams_each_time(toy_dir, toy_data, saved_heads, tmp_path):
+    """Rounds are compared at T > 0 on the same seeded draws: one head measured twice gives one tau."""
+    from draftsmith.eval.drafter_specs import chain_drafter
+    from draftsmith.heads.models import load_causal_lm
+
+    recipe = OnPolicyRecipe(**_run_values(toy_dir, toy_data, saved_heads["dflash"], tmp_path / "run"), temperature=1.0)
+    target = load_causal_lm(toy_dir / "target", device=torch.device("cpu"), dtype=torch.float32, role="target")
+    drafter = chain_drafter("dflash", saved_heads["dflash"], target, torch.device("cpu"), torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (4, 7, 6)]
+    first = heldout_tau(target, drafter, prompts, 3, recipe)
+    assert heldout_tau(target, drafter, prompts, 3, recipe) == first and first["target_calls"] > 0
 
 
 def test_a_run_stopped_by_a_nan_keeps_its_finished_rounds(
@@ -356,6 +374,7 @@ def test_a_run_stopped_by_a_nan_keeps_its_finished_rounds(
             "kind = 'medusa': on-policy post-training supports eagle, dflash, dspark, domino, dflash2",
         ),
         ({"rejected_decay": 1.5}, "rejected_decay = 1.5 must be in [0, 1]"),
+        ({"eval_temperature": -1.0}, "eval_temperature = -1.0 must be >= 0"),
         ({"method_recipe": {"los": "tv"}}, "method_recipe: unknown key(s) los for dflash (DFlashRecipe's own keys: "),
         ({"method_recipe": {"lr": 1.0}}, "method_recipe: unknown key(s) lr for dflash"),
         ({"method_recipe": {"loss": "kl"}}, "method_recipe: loss = 'kl': expected one of"),

@@ -388,16 +388,26 @@ def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: 
     }
 
 
-def decoded_tau(target, drafter, prompts: list[list[int]], k: int, new_tokens: int) -> tuple[float, int]:
-    """(tokens per target call, calls counted) of greedy chain decoding of `prompts` with `drafter`
-    at K = `k`, over the calls that drafted as many tokens as any call did (see above)."""
-    from draftsmith.decoding import generate_batch
+def decoded_tau(
+    target, drafter, prompts: list[list[int]], k: int, new_tokens: int, temperature: float = 0.0, seed: int = 0
+) -> tuple[float, int]:
+    """(tokens per target call, calls counted) of chain decoding of `prompts` with `drafter` at K = `k`
+    (greedy, or sampled at `temperature` from `seed`'s streams), over the calls that drafted as many
+    tokens as any call did (see above)."""
+    from draftsmith.decoding import SamplingConfig, generate_batch
     from draftsmith.eval.drafter_specs import eos_token_id
 
     device = target.get_output_embeddings().weight.device
     ids = [torch.tensor(p, dtype=torch.long, device=device) for p in prompts]
     result = generate_batch(
-        target, ids, drafter, num_draft_tokens=k, max_new_tokens=new_tokens, eos_token_id=eos_token_id(target, None)
+        target,
+        ids,
+        drafter,
+        num_draft_tokens=k,
+        max_new_tokens=new_tokens,
+        sampling=SamplingConfig(temperature=temperature),
+        eos_token_id=eos_token_id(target, None),
+        seed=seed,
     )
     calls = [(p, a) for row in result.rows for p, a in zip(row.proposed, row.accepted)]
     full = max((p for p, _ in calls), default=0)

@@ -15,9 +15,10 @@ folder) is post-trained in rounds; round r:
    Draft-OPD's terms on their accepted and rejected drafts (`train/draft_opd.py`; the maths, in
    docs/onpolicy.md);
 3. the head saved to OUT/round-r in its method's own layout (`draftsmith eval --drafter KIND=OUT/round-r`),
-   then decoded greedily on held-out prompts of `data` (its held-out split, `heldout_fraction`).
+   then decoded on held-out prompts of `data` (its held-out split, `heldout_fraction`) at `eval_temperature`
+   (unset: the rollouts' `temperature`).
 OUT/report.json (and the printed table) hold each round's held-out decoded tau, round 0 being the
-starting head: tokens per target call of greedy chain decoding at K = `num_draft_tokens`, the bonus
+starting head: tokens per target call of chain decoding at K = `num_draft_tokens`, the bonus
 token counted, over the calls that could draft all K (`train.common.decoded_tau`, the serve check's).
 """
 
@@ -57,7 +58,9 @@ class OnPolicyRecipe:
     prompts_per_round: int = 64  # training prompts each rollout decodes (fresh ones each round while they last)
     max_new_tokens: int = 128  # tokens decoded per prompt, rollouts and held-out evaluation alike
     num_draft_tokens: int | None = None  # K; None: a block head's drafts per block, else its registry default_k
-    temperature: float = 0.0  # the rollouts' sampling (0: greedy); the held-out evaluation is greedy
+    temperature: float = 0.0  # the rollouts' sampling (0: greedy)
+    eval_temperature: float | None = None  # the held-out decode's (None: the rollouts': a head post-trained on
+    # sampled rollouts is measured where it is meant to serve); sampled: the same seeded streams each round
     rollout_batch_size: int = 16  # prompts decoded together
     batch_size: int = 8  # rollout rows per replay step (every call of a row is replayed)
     lr: float = 1e-4  # constant; post-training nudges a trained head (not tuned here)
@@ -74,6 +77,10 @@ class OnPolicyRecipe:
     seed: int = 0
     device: str = "auto"  # auto: CUDA when available
     dtype: str = "auto"  # the target's (and the decoded head's): auto = bf16 on CUDA, fp32 on CPU
+
+    @property
+    def held_out_temperature(self) -> float:
+        return self.temperature if self.eval_temperature is None else self.eval_temperature
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # nan <= 0 is False: a nan would pass every check below
@@ -93,6 +100,10 @@ class OnPolicyRecipe:
             raise ValueError(f"num_draft_tokens = {self.num_draft_tokens} must be >= 1 (or unset: the head's)")
         if self.kind is not None and self.kind not in KINDS:
             raise ValueError(f"kind = {self.kind!r}: on-policy post-training supports {', '.join(KINDS)}")
+        if self.eval_temperature is not None and self.eval_temperature < 0:
+            raise ValueError(
+                f"eval_temperature = {self.eval_temperature} must be >= 0 (0: greedy; unset: temperature's)"
+            )
         if self.temperature < 0 or self.lr <= 0 or self.grad_clip < 0:
             raise ValueError(
                 f"need temperature >= 0, lr > 0, grad_clip >= 0; got {self.temperature}, {self.lr}, {self.grad_clip}"
@@ -198,10 +209,12 @@ def rollout_summary(episodes: list[Episode], k: int) -> dict:
     }
 
 
-def heldout_tau(target, drafter, prompts, k: int, new_tokens: int) -> dict:
+def heldout_tau(target, drafter, prompts, k: int, recipe: OnPolicyRecipe) -> dict:
     from draftsmith.train.common import decoded_tau
 
-    tau, calls = decoded_tau(target, drafter, prompts, k, new_tokens)
+    tau, calls = decoded_tau(
+        target, drafter, prompts, k, recipe.max_new_tokens, recipe.held_out_temperature, recipe.seed
+    )
     return {"tau_decoded": tau, "target_calls": calls}
 
 
@@ -278,7 +291,7 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
     resolved = recipe_dict(recipe) | {"kind": method.kind, "num_draft_tokens": k}
     write_json_atomic(out / "recipe.json", resolved | {"method_recipe_resolved": recipe_dict(losses_recipe)})
     print(f"on-policy post-training of {method.title} {recipe.head!r}: {recipe.rounds} rounds, K = {k}")
-    rounds = [{"round": 0, "head": str(recipe.head), **heldout_tau(target, drafter, heldout, k, recipe.max_new_tokens)}]
+    rounds = [{"round": 0, "head": str(recipe.head), **heldout_tau(target, drafter, heldout, k, recipe)}]
     report = {
         "kind": method.kind,
         "start": str(recipe.head),
@@ -286,8 +299,10 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
         "rollout_temperature": recipe.temperature,
         "heldout_prompts": len(heldout),
         "new_tokens": recipe.max_new_tokens,
-        "tau": "held-out tau_decoded: greedy chain decoding by draftsmith's decoder, tokens per target call "
-        "over the calls that drafted all K, the bonus token counted (plain decoding scores 1.00)",
+        "eval_temperature": recipe.held_out_temperature,
+        "tau": f"held-out tau_decoded: chain decoding by draftsmith's decoder at T = {recipe.held_out_temperature:g} "
+        f"({'greedy' if recipe.held_out_temperature == 0 else f'the same seeded streams (seed {recipe.seed}) each round'}), "
+        "tokens per target call over the calls that drafted all K, the bonus token counted (plain decoding scores 1.00)",
         "rounds": rounds,
         "complete": False,
     }
@@ -337,7 +352,7 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
             {
                 "round": r,
                 "head": str(folder),
-                **heldout_tau(target, drafter, heldout, k, recipe.max_new_tokens),
+                **heldout_tau(target, drafter, heldout, k, recipe),
                 "rollout": rollout_summary(episodes, k),
                 "replay": {"steps": len(parts), **means},
             }
