@@ -251,7 +251,6 @@ class PEagleObjective(torch.nn.Module):
 @cleaned_up_on_error
 def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
     from draftsmith.heads.eagle import EagleError, PEagleHead, save_eagle
-    from draftsmith.heads.eagle.peagle import describe
 
     run = TrainingRun(recipe, "peagle", progress)
     device = run.device
@@ -266,7 +265,7 @@ def train(recipe: PEagleRecipe, *, progress: bool = True) -> dict:
         head = PEagleHead.for_target(target, num_depths=recipe.num_depths, **mask, **options, **origin).to(device)
     except EagleError as err:
         raise RecipeError(str(err)) from None
-    run.print(describe(head))
+    run.print(head.describe())
     target_states = head_target_states(run, target, data, head, vocab_map)  # offline: hidden_cache
 
     model, head = prepare_head(run, PEagleObjective(head, recipe))

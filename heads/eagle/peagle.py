@@ -138,9 +138,8 @@ class PEagleHead(EagleHead):
         """[rows, count, H]: the placeholders' feature, project(mask_hidden), for every slot."""
         return self.project(self.mask_hidden).expand(rows, count, -1)
 
-
-def describe(head: PEagleHead) -> str:
-    return describe_mask_head(head, f"P-EAGLE head: {head.config.num_depths} depths per forward")
+    def describe(self) -> str:
+        return describe_mask_head(self, f"P-EAGLE head: {self.config.num_depths} depths per forward")
 
 
 def _speculators_keys(config: PEagleConfig) -> dict:
