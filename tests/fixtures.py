@@ -267,7 +267,7 @@ def assert_walk_is_decoded(target, drafter, prompts, chains, starts, num_draft_t
     tokens, calls = walk_tau(chains, starts)
     # The decoder leaves out calls cut short by the budget, the walk those running past the answer:
     # 41 new tokens make them the same calls.
-    tau, decoder_calls = decoded_tau(target, drafter, [p.tolist() for p in prompts], num_draft_tokens, 41)
+    tau, decoder_calls, _ = decoded_tau(target, drafter, [p.tolist() for p in prompts], num_draft_tokens, 41)
     assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
 
 

@@ -328,6 +328,24 @@ def test_two_rounds_write_loadable_heads_and_a_report(kind, toy_dir, toy_data, s
     assert changed, "two rounds of replay left the head as it was"
 
 
+def test_decoded_tau_counts_the_full_calls_with_their_standard_error(monkeypatch):
+    """Calls that drafted fewer than the most drafted (cut by the budget) are left out; the standard error
+    is the sample standard deviation of the counted calls' tokens over the square root of their number."""
+    from types import SimpleNamespace
+
+    import draftsmith.decoding
+    from draftsmith.train.common import decoded_tau
+
+    rows = [SimpleNamespace(proposed=[3, 3, 1], accepted=[0, 3, 1]), SimpleNamespace(proposed=[3, 3], accepted=[1, 2])]
+    monkeypatch.setattr(draftsmith.decoding, "generate_batch", lambda *a, **k: SimpleNamespace(rows=rows))
+    target = torch.nn.Linear(2, 2)
+    target.get_output_embeddings = lambda: target
+    target.generation_config = SimpleNamespace(eos_token_id=None)
+    tau, calls, se = decoded_tau(target, None, [[1, 2]], 3, 8)
+    kept = torch.tensor([1.0, 4.0, 2.0, 3.0])  # accepted + 1 of the calls that proposed 3
+    assert (tau, calls) == (2.5, 4) and se == pytest.approx(float(kept.std()) / 2)
+
+
 def test_a_sampled_held_out_tau_decodes_the_same_streams_each_time(toy_dir, toy_data, saved_heads, tmp_path):
     """Rounds are compared at T > 0 on the same seeded draws: one head measured twice gives one tau."""
     from draftsmith.eval.drafter_specs import chain_drafter

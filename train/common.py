@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -388,12 +389,18 @@ def one_pass_evaluation(batches, target_states, every, width: int, recipe, per: 
     }
 
 
+class DecodedTau(NamedTuple):
+    tau: float  # tokens per target call, the bonus token counted
+    calls: int  # the calls counted
+    standard_error: float  # of tau, over those calls taken as independent (0 for fewer than 2)
+
+
 def decoded_tau(
     target, drafter, prompts: list[list[int]], k: int, new_tokens: int, temperature: float = 0.0, seed: int = 0
-) -> tuple[float, int]:
-    """(tokens per target call, calls counted) of chain decoding of `prompts` with `drafter` at K = `k`
-    (greedy, or sampled at `temperature` from `seed`'s streams), over the calls that drafted as many
-    tokens as any call did (see above)."""
+) -> DecodedTau:
+    """Tokens per target call of chain decoding of `prompts` with `drafter` at K = `k` (greedy, or
+    sampled at `temperature` from `seed`'s streams), over the calls that drafted as many tokens as any
+    call did (see above)."""
     from draftsmith.decoding import SamplingConfig, generate_batch
     from draftsmith.eval.drafter_specs import eos_token_id
 
@@ -411,8 +418,11 @@ def decoded_tau(
     )
     calls = [(p, a) for row in result.rows for p, a in zip(row.proposed, row.accepted)]
     full = max((p for p, _ in calls), default=0)
-    kept = [a + 1 for p, a in calls if p == full] or [a + 1 for _, a in calls]
-    return sum(kept) / max(1, len(kept)), len(kept)
+    kept = torch.tensor([a + 1 for p, a in calls if p == full] or [a + 1 for _, a in calls], dtype=torch.float64)
+    if len(kept) == 0:
+        return DecodedTau(0.0, 0, 0.0)  # no call: nothing measured
+    spread = float(kept.std() / len(kept) ** 0.5) if len(kept) > 1 else 0.0
+    return DecodedTau(float(kept.mean()), len(kept), spread)
 
 
 def serve_check(
@@ -441,7 +451,7 @@ def serve_check(
             # the trainer's own target: the heads were made from it (a trainer that fine-tunes the target
             # changes its fingerprint, hence the mismatch allowed)
             drafter = chain_drafter(kind, folder, target, run.device, target.dtype, allow_target_mismatch=True)
-            tau, calls = decoded_tau(target, drafter, prompts, k, r.serve_check_new_tokens)
+            tau, calls, _ = decoded_tau(target, drafter, prompts, k, r.serve_check_new_tokens)
         except (SpecError, ValueError) as err:
             skipped = f"the decoder refused ({err})"
     if skipped is not None:

@@ -212,10 +212,10 @@ def rollout_summary(episodes: list[Episode], k: int) -> dict:
 def heldout_tau(target, drafter, prompts, k: int, recipe: OnPolicyRecipe) -> dict:
     from draftsmith.train.common import decoded_tau
 
-    tau, calls = decoded_tau(
+    tau, calls, se = decoded_tau(
         target, drafter, prompts, k, recipe.max_new_tokens, recipe.held_out_temperature, recipe.seed
     )
-    return {"tau_decoded": tau, "target_calls": calls}
+    return {"tau_decoded": tau, "tau_standard_error": se, "target_calls": calls}
 
 
 def round_rows(train_rows: list[int], recipe: OnPolicyRecipe, r: int) -> list[int]:
@@ -392,7 +392,8 @@ def _log(out: Path, record: dict) -> None:
 def _row(entry: dict) -> str:
     rollout, replay = entry.get("rollout"), entry.get("replay")
     return (
-        f"round {entry['round']}: held-out tau {entry['tau_decoded']:.3f} ({entry['target_calls']} calls)"
+        f"round {entry['round']}: held-out tau {entry['tau_decoded']:.3f} +- {entry['tau_standard_error']:.3f} "
+        f"({entry['target_calls']} calls)"
         + (f", rollout tau {rollout['tau']:.3f} over {rollout['calls']} calls" if rollout else "")
         + (f", replay loss {replay['loss']:.4f}" if replay else "")
     )
@@ -400,13 +401,13 @@ def _row(entry: dict) -> str:
 
 def table(report: dict) -> str:
     """The report as a table: one line per round."""
-    lines = [f"{'round':>5}  {'held-out tau':>12}  {'calls':>6}  {'rollout tau':>11}  {'replay loss':>11}  head"]
+    lines = [f"{'round':>5}  {'held-out tau':>15}  {'calls':>6}  {'rollout tau':>11}  {'replay loss':>11}  head"]
     for e in report["rounds"]:
         rollout = f"{e['rollout']['tau']:.3f}" if "rollout" in e else "-"
         loss = f"{e['replay']['loss']:.4f}" if "replay" in e else "-"
-        tau, calls = f"{e['tau_decoded']:.3f}", e["target_calls"]
-        lines.append(f"{e['round']:>5}  {tau:>12}  {calls:>6}  {rollout:>11}  {loss:>11}  {e['head']}")
-    return "\n".join(lines) + f"\n(tau: {report['tau']})"
+        tau, calls = f"{e['tau_decoded']:.3f} +- {e['tau_standard_error']:.3f}", e["target_calls"]
+        lines.append(f"{e['round']:>5}  {tau:>15}  {calls:>6}  {rollout:>11}  {loss:>11}  {e['head']}")
+    return "\n".join(lines) + f"\n(tau: {report['tau']}; +-: its standard error over the calls, taken as independent)"
 
 
 def main(argv=None) -> int:
