@@ -49,7 +49,8 @@ ACCEPTANCE_NOTE = (
     "proposed counts its nodes)."
 )
 KL_NOTE = (
-    "OOV: target probability outside the draft's vocabulary (0 for a full-vocabulary draft). "
+    "OOV: target probability outside the tokens the draft can propose (0 for a full-vocabulary draft; "
+    "a reduced vocabulary or a candidate set, as DFlash2's, leaves some out). "
     "KL: KL(target || draft) on the draft's vocabulary (the target restricted to it and "
     "renormalised); report.json keeps the full KL as kl_mean (null when infinite)."
 )
