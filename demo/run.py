@@ -182,7 +182,7 @@ alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pool
 acc. rate: the share of drafted tokens the target accepted (accepted / proposed; a tree proposes all its nodes).
 tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
 speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes).
-OOV: target probability outside the draft's vocabulary (a head's reduced draft vocabulary; else 0).
+OOV: target probability outside the tokens the draft can propose (a reduced draft vocabulary, or DFlash2's candidates; else 0).
 KL: KL(target || draft) on the draft's vocabulary, raw distributions along the decoded text (- : none).
 Every row decodes the target's own greedy tokens (lossless; in bf16 up to rounding at near-ties: eval/identity.py)."""
 
