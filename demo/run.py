@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -55,7 +56,7 @@ class DemoSettings:
     seed: int = 0
     compile: bool | str = False  # static KV cache + torch.compile'd steps for the target and every drafter
     tune: bool = True  # a third table: each chain drafter at the K `tune` picks (acceptance measured at K <= 6)
-    tune_prompts: int = 4  # the held-out prompts after the evaluated ones: `tune` measures acceptance and costs there
+    tune_prompts: int = 4  # held-out prompts besides the evaluated ones, in their task mix: `tune` measures there
 
     @property
     def fast_path(self) -> dict:
@@ -265,12 +266,9 @@ def run_demo(
 
     # the held-out instructions through the target's chat template (its system line included), first user turn
     template = resolve_chat_template("auto", tokenizer)
-    prompts, tasks = load_prompt_file(built.heldout_prompts, tokenizer, limit=wanted, template=template)
-    prompts, tune_prompts, tasks = (
-        prompts[: settings.num_prompts],
-        prompts[settings.num_prompts :],
-        tasks[: settings.num_prompts],
-    )
+    held_out, held_out_tasks = load_prompt_file(built.heldout_prompts, tokenizer, template=template)
+    prompts, tasks = held_out[: settings.num_prompts], held_out_tasks[: settings.num_prompts]
+    tune_prompts = [held_out[i] for i in tune_rows(held_out_tasks, settings.num_prompts, wanted - settings.num_prompts)]
     eval_settings = EvalSettings(
         num_draft_tokens=settings.num_draft_tokens,
         max_new_tokens=settings.max_new_tokens,
@@ -398,6 +396,25 @@ def print_summary(report: dict, log=print) -> None:
 
 
 TUNE_K_MAX = 6  # acceptance per position measured this deep predicts every K <= 6
+
+
+def tune_rows(tasks: list, num_evaluated: int, n: int) -> list[int]:
+    """The `n` held-out prompts `tune` measures on: none of the first `num_evaluated` (the evaluated ones),
+    with their task mix, for four prompts of one kind predict the speedups of another badly (a head accepts
+    far more on code than on prose). Each pick is the first unused prompt of the task furthest below its
+    share of the evaluated prompts; file order breaks ties, and a task they lack waits while the others
+    are below their share."""
+    share = Counter(tasks[:num_evaluated])
+    unused = list(range(num_evaluated, len(tasks)))
+    picked, have = [], Counter()
+    while unused and len(picked) < n:
+        step = len(picked) + 1  # the prompt whose task is furthest below its share once it is picked:
+        _, first = max((share[tasks[i]] / num_evaluated * step - have[tasks[i]], -i) for i in unused)
+        best = -first
+        unused.remove(best)
+        picked.append(best)
+        have[tasks[best]] += 1
+    return picked
 
 
 def tuned_pass(target, drafters: dict, prompts, tune_prompts, eval_settings, eos, progress, log) -> dict:

@@ -122,6 +122,19 @@ def test_bad_demo_flags(tmp_path, run_cli, flags, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_tune_measures_on_other_prompts_with_the_evaluated_task_mix():
+    from draftsmith.demo.run import tune_rows
+
+    tasks = ["explain", "code", "code", "writing", "code", "code", "code", "explain", "writing", "other", "code"]
+    rows = tune_rows(tasks, 4, 4)  # evaluated: explain 1, code 2, writing 1
+    assert all(r >= 4 for r in rows) and len(set(rows)) == 4
+    assert sorted(tasks[r] for r in rows) == ["code", "code", "explain", "writing"]
+    assert rows[0] == 4  # the furthest-behind task first (code, half the mix), its first prompt in file order
+    assert 9 not in rows  # a task the evaluated prompts lack: not while the others are below their share
+    assert sorted(tune_rows(tasks, 4, 20)) == list(range(4, 11))  # every other prompt, once
+    assert tune_rows([None] * 6, 2, 3) == [2, 3, 4]  # no tasks: the next prompts in file order
+
+
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path, run_cli):
     # fp32 pinned: the token identity below is then exact on every CPU (auto is bf16 where native)
