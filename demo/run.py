@@ -183,7 +183,7 @@ alpha: conditional acceptance P(draft i accepted | drafts 1..i-1 accepted), pool
 acc. rate: the share of drafted tokens the target accepted (accepted / proposed; a tree proposes all its nodes).
 tau: tokens per target call, counting the bonus token (target-only = 1.00; at most K + 1).
 speedup: tokens/s over target-only tokens/s in the same timed pass (median over passes).
-OOV: target probability outside the tokens the draft can propose (a reduced draft vocabulary, or DFlash2's candidates; else 0).
+OOV: target probability outside the tokens the draft can propose (a reduced draft vocabulary or a candidate set; else 0).
 KL: KL(target || draft) on the draft's vocabulary, raw distributions along the decoded text (- : none).
 Every row decodes the target's own greedy tokens (lossless; in bf16 up to rounding at near-ties: eval/identity.py)."""
 
@@ -408,7 +408,7 @@ def tune_rows(tasks: list, num_evaluated: int, n: int) -> list[int]:
     unused = list(range(num_evaluated, len(tasks)))
     picked, have = [], Counter()
     while unused and len(picked) < n:
-        step = len(picked) + 1  # the prompt whose task is furthest below its share once it is picked:
+        step = len(picked) + 1  # the first prompt of the task furthest below its share once it is picked
         _, first = max((share[tasks[i]] / num_evaluated * step - have[tasks[i]], -i) for i in unused)
         best = -first
         unused.remove(best)

@@ -50,7 +50,7 @@ ACCEPTANCE_NOTE = (
 )
 KL_NOTE = (
     "OOV: target probability outside the tokens the draft can propose (0 for a full-vocabulary draft; "
-    "a reduced vocabulary or a candidate set, as DFlash2's, leaves some out). "
+    "a reduced vocabulary or a per-slot candidate set leaves some out). "
     "KL: KL(target || draft) on the draft's vocabulary (the target restricted to it and "
     "renormalised); report.json keeps the full KL as kl_mean (null when infinite)."
 )
