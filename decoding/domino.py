@@ -1,8 +1,8 @@
-"""The Domino drafter for B rows: one backbone forward per call (the DFlash drafter's `_block`), then
+"""The Domino drafter for B rows: one backbone forward per call (the block drafter's `_block`), then
 a left-to-right pass of the head's GRU correction over the block's drafting slots.
 
 Row b's block [anchor, mask, ...] drafts block_size - 1 tokens: slot k >= 1 the token at anchor + k
-(slot 0 is the anchor, as in DFlash). The backbone gives every slot's logits U_k and state h_k at
+(slot 0 is the anchor, as in the backbone). The backbone gives every slot's logits U_k and state h_k at
 once; then, for k = 1, 2, ...:
     s_k = GRU(E[x_{k-1}], s_{k-1})                      x_0 = the anchor, s_0 = 0; E the target's embeddings
     logits_k = U_k + W2 SiLU(W1 [h_k; s_k])
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.decoding.blocks import BlockDrafter
 from draftsmith.decoding.drafters import Proposal
 
 
-class DominoDrafter(DFlashDrafter):
-    """Domino drafting (a chain): `DFlashDrafter`'s block forward and the GRU-corrected pass."""
+class DominoDrafter(BlockDrafter):
+    """Domino drafting (a chain): `BlockDrafter`'s block forward and the GRU-corrected pass."""
 
     def __init__(self, head: torch.nn.Module, *, name: str = "domino"):
         super().__init__(head, name=name, kind="Domino")

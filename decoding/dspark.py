@@ -1,4 +1,4 @@
-"""The DSpark drafter for B rows: one backbone forward per call (the DFlash drafter's `_block`), then
+"""The DSpark drafter for B rows: one backbone forward per call (the block drafter's `_block`), then
 a left-to-right pass of the head's sequential correction over the block's slots.
 
 Row b's block [anchor, mask, ...] drafts block_size tokens: slot k the token at anchor + k + 1. The
@@ -21,13 +21,13 @@ import dataclasses
 import torch
 
 from draftsmith.decoding.admission import ConfidenceAdmission
-from draftsmith.decoding.dflash import DFlashDrafter
+from draftsmith.decoding.blocks import BlockDrafter
 from draftsmith.decoding.drafters import Proposal
 from draftsmith.decoding.target import timed
 
 
-class DSparkDrafter(DFlashDrafter):
-    """DSpark drafting (a chain): `DFlashDrafter`'s block forward and the sequential correction;
+class DSparkDrafter(BlockDrafter):
+    """DSpark drafting (a chain): `BlockDrafter`'s block forward and the sequential correction;
     with `admission`, the confidence-admitted drafts of each call."""
 
     def __init__(self, head: torch.nn.Module, *, name: str = "dspark", admission: ConfidenceAdmission | None = None):

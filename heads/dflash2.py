@@ -1,4 +1,4 @@
-"""DFlash2 heads: the DFlash backbone with grouped dynamic causal convolutions around each sublayer
+"""DFlash2 heads: the block backbone with grouped dynamic causal convolutions around each sublayer
 and a candidate selector that walks a chain through each slot's top candidates (docs/dflash2.md).
 
     head = DFlash2Head.for_target(target, block_size=8, mask_token_id=mid)       # full vocabulary only
@@ -8,8 +8,8 @@ and a candidate selector that walks a chain through each slot's top candidates (
     save_dflash2(head, "out/dflash2")                                            # draftsmith.heads.dflash2_formats
     head = load_dflash2("out/dflash2", target=target)
 
-What it adds to `DFlashHead` (speculators 0.9.0's `dflash2` model type, `DFlash2DraftModel`, adapted
-there from z-lab/dflash; slots as DFlash's, `sample_from_anchor: false`: the block [anchor, mask, ...]
+What it adds to `BlockHead` (speculators 0.9.0's `dflash2` model type, `DFlash2DraftModel`, adapted
+there from z-lab's release; slots as the backbone's, `sample_from_anchor: false`: the block [anchor, mask, ...]
 at positions p..p+B-1 drafts B - 1 tokens, slot k >= 1 the token at p + k):
 - the convolutions: in every draft layer, each sublayer (attention, MLP) is wrapped as
       a = conv_in(x), y = sublayer(a), out = conv_out(y)
@@ -18,7 +18,7 @@ at positions p..p+B-1 drafts B - 1 tokens, slot k >= 1 the token at p + k):
   `base` [2, kernel, H] is a per-channel kernel per side, delta_k [2, kernel, H / group] a dynamic
   kernel per group of `conv_group_size` channels, projected from the sublayer's (normed) input at
   slot k by `kernel_projection` [H -> 2 kernel H/group]. Init: base[:, 0] = 1, the rest and the
-  projection 0, so conv is the identity and a new head computes exactly its DFlash backbone;
+  projection 0, so conv is the identity and a new head computes exactly its block backbone;
 - the candidate selector: slot k's candidates are the `selector_top_k` largest of its backbone logits
   U_k (the target's lm_head of the final-norm state h_k); candidate c after the token p is scored
       s(c | p, h_k) = U_k(c) + <A[p] * (W h_k), B[c]>          A, B [V, rank], W [H -> rank]
@@ -38,15 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.heads.dflash import DFlashConfig, DFlashDecoderLayer, DFlashError, DFlashHead
+from draftsmith.heads.blocks import BlockConfig, BlockDecoderLayer, BlockError, BlockHead
 from draftsmith.heads.layers import describe_mask_head
 
 
-class DFlash2Error(DFlashError):
+class DFlash2Error(BlockError):
     """A DFlash2 head that cannot be built, loaded or used; the message says why."""
 
 
-class DFlash2Config(DFlashConfig):
+class DFlash2Config(BlockConfig):
     model_type = "draftsmith_dflash2"
 
     def __init__(
@@ -90,7 +90,7 @@ class DFlash2Config(DFlashConfig):
                 f"DFlash2Config: selector_top_k={selector_top_k} exceeds the vocabulary ({self.vocab_size})"
             )
 
-    # sample_from_anchor stays DFlash's False: slot 0 is the anchor, block_size - 1 drafts per block
+    # sample_from_anchor stays the backbone's False: slot 0 is the anchor, block_size - 1 drafts per block
 
 
 # ---------------------------------------------------------------------- the convolutions
@@ -152,10 +152,10 @@ class GroupedDynamicCausalConv(nn.Module):
 
 
 class DFlash2DecoderLayer(nn.Module):
-    """A DFlash decoder layer (its attention, MLP and norms, taken over with their weights) with a
+    """A block decoder layer (its attention, MLP and norms, taken over with their weights) with a
     convolution around each sublayer: the parameter names stay the backbone's (`self_attn.*`, ...)."""
 
-    def __init__(self, layer: DFlashDecoderLayer, config: DFlash2Config):
+    def __init__(self, layer: BlockDecoderLayer, config: DFlash2Config):
         super().__init__()
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
@@ -198,16 +198,17 @@ class CandidateSelector(nn.Module):
         return unary.gather(-1, candidates).float() + transition.float()
 
 
-class DFlash2Head(DFlashHead):
+class DFlash2Head(BlockHead):
     """A DFlash2 block drafter for one target (module docstring)."""
 
     config_class = DFlash2Config
     base_model_prefix = "dflash2"
     error = DFlash2Error
+    title = "DFlash2 head"
 
     def __init__(self, config: DFlash2Config):
         super().__init__(config)
-        # the backbone's layers (initialised by DFlashHead) wrapped, so no layer is built twice
+        # the backbone's layers (initialised by BlockHead) wrapped, so no layer is built twice
         self.layers = nn.ModuleList([DFlash2DecoderLayer(layer, config) for layer in self.layers])
         self.candidate_selector = CandidateSelector(config)
         self._freeze()

@@ -1,4 +1,4 @@
-"""DFlash2 heads on disk: the DFlash family's formats (`heads.dflash_formats`, one mechanism) with
+"""DFlash2 heads on disk: the block heads' formats (`heads.block_formats`, one mechanism) with
 DFlash2's layout: draftsmith's (`model_type: draftsmith_dflash2`) and the vLLM speculators `dflash2`
 one (`speculators_model_type: dflash2`, `DFlash2DraftModel`, `sample_from_anchor: false`).
 
@@ -6,7 +6,7 @@ one (`speculators_model_type: dflash2`, `DFlash2DraftModel`, `sample_from_anchor
     export_folder("out/dflash2", "out/dflash2-vllm", "vllm", num_speculative_tokens=7)
     head = load_dflash2("out/dflash2-vllm", target=target)
 
-What the speculators `dflash2` layout adds to `dflash`'s (speculators 0.9.0's DFlash2SpeculatorConfig,
+What the speculators `dflash2` layout adds to the backbone's (speculators 0.9.0's DFlash2SpeculatorConfig,
 speculators/models/dflash2/config.py): config keys `conv_kernel_size`, `conv_group_size`,
 `selector_rank`, `selector_top_k`, and `sliding_window_non_causal: true` (its default for dflash2; the
 draft layers here are full attention, which it does not affect); tensors, per draft layer i,
@@ -18,8 +18,8 @@ draft layers here are full attention, which it does not affect); tensors, per dr
 
 from __future__ import annotations
 
+from draftsmith.heads.block_formats import BlockLayout
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Head
-from draftsmith.heads.dflash_formats import BlockLayout
 
 VARIANT_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SELECTOR_KEYS = ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")
@@ -51,7 +51,7 @@ DFLASH2 = BlockLayout(
 )
 
 
-# the formats of the family (`heads.dflash_formats`) for DFlash2's layout
+# the block heads' formats (`heads.block_formats`) for DFlash2's layout
 save_dflash2, load_dflash2, export_dflash2 = DFLASH2.save, DFLASH2.load, DFLASH2.export
 export_folder = DFLASH2.export_folder  # the registry's exporter ("vllm": the speculators `dflash2` layout)
 

@@ -1,4 +1,4 @@
-"""Domino heads: a DFlash backbone whose drafts are corrected left to right by a GRU over the
+"""Domino heads: the block backbone whose drafts are corrected left to right by a GRU over the
 target's embeddings of the tokens drafted before them (docs/domino.md).
 
     head = DominoHead.for_target(target, block_size=8, mask_token_id=mid, gru_hidden=1024, proj_dim=256)
@@ -8,8 +8,8 @@ target's embeddings of the tokens drafted before them (docs/domino.md).
     save_domino(head, "out/domino")                                          # draftsmith.heads.domino_formats
     head = load_domino("out/domino", target=target)
 
-What it adds to `DFlashHead` (Domino, arXiv 2605.29707; SpecForge's `DominoDraftModel`):
-- slots as DFlash's (`sample_from_anchor: false`): the block [anchor, mask, ..., mask] at positions
+What it adds to `BlockHead` (Domino, arXiv 2605.29707; SpecForge's `DominoDraftModel`):
+- slots as the backbone's (`sample_from_anchor: false`): the block [anchor, mask, ..., mask] at positions
   p..p+B-1, slot k >= 1 drafts the token at p + k; slot 0 (the anchor) drafts nothing;
 - the GRU: a 1-layer bias-free GRU (`prefix_gru`, hidden `gru_hidden`) over E[x], E the target's
   (frozen) input embeddings, run over the tokens before each slot's target:
@@ -29,15 +29,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
+from draftsmith.heads.blocks import BlockConfig, BlockError, BlockHead
 from draftsmith.heads.layers import describe_mask_head
 
 
-class DominoError(DFlashError):
+class DominoError(BlockError):
     """A Domino head that cannot be built, loaded or used; the message says why."""
 
 
-class DominoConfig(DFlashConfig):
+class DominoConfig(BlockConfig):
     model_type = "draftsmith_domino"
 
     def __init__(
@@ -53,15 +53,16 @@ class DominoConfig(DFlashConfig):
         self.proj_dim = proj_dim
         super().__init__(**kwargs)
 
-    # sample_from_anchor stays DFlash's False: slot 0 is the anchor, block_size - 1 drafts per block
+    # sample_from_anchor stays the backbone's False: slot 0 is the anchor, block_size - 1 drafts per block
 
 
-class DominoHead(DFlashHead):
+class DominoHead(BlockHead):
     """A Domino block drafter for one target (module docstring)."""
 
     config_class = DominoConfig
     base_model_prefix = "domino"
     error = DominoError
+    title = "Domino head"
 
     def __init__(self, config: DominoConfig):
         super().__init__(config)

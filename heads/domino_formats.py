@@ -1,5 +1,5 @@
-"""Domino heads on disk: draftsmith's layout (`model_type: draftsmith_domino`, the DFlash family's
-`save_dflash` / `load_dflash` with Domino's `BlockLayout`) and SpecForge's (`DominoDraftModel`, what
+"""Domino heads on disk: draftsmith's layout (`model_type: draftsmith_domino`, the block heads'
+formats, `heads.block_formats`, with Domino's `BlockLayout`) and SpecForge's (`DominoDraftModel`, what
 SpecForge's `export/to_hf.py` writes); `load_domino` reads both, told apart by config.json.
 
     save_domino(head, "out/domino")                       # config.json + weights, without the target's tensors
@@ -8,7 +8,7 @@ SpecForge's `export/to_hf.py` writes); `load_domino` reads both, told apart by c
     head = load_domino("out/domino-specforge", target=target)
 
 SpecForge's layout, as read from its source (sgl-project/SpecForge `specforge/modeling/draft/domino.py`
-and `dflash.py`, `configs/qwen3-8b-domino.json`, commit a6b6b023); no speculators class exists:
+and its base class's module, `configs/qwen3-8b-domino.json`, commit a6b6b023); no speculators class exists:
 - config.json: a qwen3 config of the draft layers (`hidden_size`, `num_hidden_layers` = draft layers,
   `layer_types`, RoPE, the target's `vocab_size`), `architectures: ["DominoDraftModel"]`, `block_size`,
   `num_target_layers`, and `dflash_config`: `mask_token_id`, `target_layer_ids`, `projector_type:
@@ -17,11 +17,11 @@ and `dflash.py`, `configs/qwen3-8b-domino.json`, commit a6b6b023); no speculator
 - layer ids: SpecForge reads `hidden_states[layer_id + 1]` (the output of decoder layer `layer_id`),
   draftsmith the HF id itself: target_layer_ids = aux_layer_ids - 1 (the embeddings, id 0, and the
   final norm's output, id L, are refused on export, as a server captures neither);
-- slots: `shift_label: false` with `pure_draft_prefix_len: 0` is DFlash's convention (slot 0 is
+- slots: `shift_label: false` with `pure_draft_prefix_len: 0` is the backbone's convention (slot 0 is
   the anchor, the GRU reads the anchor first, slot 1 on are corrected), the one draftsmith builds.
   SpecForge's shipped Qwen3 configs set `shift_label: true, pure_draft_prefix_len: 1` (slot 0
   drafts the token after the anchor, uncorrected); such a folder is refused naming the key;
-- weights: the DFlash backbone's (`fc`, `hidden_norm`, `layers.{i}.*` with Qwen3's q/k norms,
+- weights: the block backbone's (`fc`, `hidden_norm`, `layers.{i}.*` with Qwen3's q/k norms,
   `norm`) and `prefix_gru.weight_ih_l0`, `prefix_gru.weight_hh_l0`, `embed_proj.0.weight`,
   `embed_proj.2.weight` (early checkpoints nest the last two under `logit_head.`); no embeddings
   and no lm_head: both are the target's, so the correction covers the whole vocabulary and a head
@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from draftsmith.heads.artifacts import read_config, read_weights, write_folder_atomic
-from draftsmith.heads.dflash_formats import PROVENANCE_KEY, WEIGHTS, BlockLayout, load_dflash, required_keys
+from draftsmith.heads.block_formats import PROVENANCE_KEY, WEIGHTS, BlockLayout, load_head, required_keys
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.layers import PROVENANCE, target_weights
 from draftsmith.heads.speculators import draft_layer_fields
@@ -50,17 +50,17 @@ _OLD_PREFIX = "logit_head."  # SpecForge's early checkpoints: logit_head.prefix_
 _PROVENANCE_FIELDS = (*PROVENANCE, "mask_token_source")
 
 # The family's layout of a Domino head. Its speculators type is never read or written: Domino has no
-# speculators class, and `load_domino` refuses a speculators folder before `load_dflash` sees one.
+# speculators class, and `load_domino` refuses a speculators folder before `load_head` sees one.
 DOMINO = BlockLayout(
     DominoHead, "domino", SPECFORGE_ARCHITECTURE, "Domino head", extra_keys=lambda config: set(CORRECTION_KEYS)
 )
 
 
-save_domino = DOMINO.save  # the family's (`heads.dflash_formats`)
+save_domino = DOMINO.save  # the block heads' (`heads.block_formats`)
 
 
 def is_specforge(raw: dict) -> bool:
-    """Whether a config.json is SpecForge's Domino layout (its class, or its DFlash class told
+    """Whether a config.json is SpecForge's Domino layout (its class, or its base block class told
     `projector_type: domino` as SpecForge's SGLang normaliser writes it)."""
     flash = raw.get("dflash_config")
     return isinstance(flash, dict) and (
@@ -78,7 +78,7 @@ def load_domino(path, *, target, device=None, dtype: torch.dtype | None = None) 
     folder, raw = read_config(path, DOMINO.title, DominoError)
     if not is_specforge(raw):
         _check_draftsmith(folder, raw)
-        return load_dflash(folder, target=target, device=device, dtype=dtype, layout=DOMINO)
+        return load_head(folder, target=target, device=device, dtype=dtype, layout=DOMINO)
     folder, config, state = read_folder(folder)
     with torch.device("meta"):
         head = DominoHead(config)
@@ -150,7 +150,7 @@ def config_from_specforge(path: Path, raw: dict) -> DominoConfig:
         if flash.get(key, built) != built:
             raise DominoError(
                 f"{where}: dflash_config.{key}={flash[key]!r}; draftsmith builds Domino with {key}={built!r} "
-                "(DFlash's slots: slot 0 the anchor, every later slot corrected)"
+                "(the backbone's slots: slot 0 the anchor, every later slot corrected)"
             )
     if any(t != "full_attention" for t in raw.get("layer_types") or []):
         raise DominoError(

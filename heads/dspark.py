@@ -1,4 +1,4 @@
-"""DSpark heads: a DFlash backbone whose block is corrected left to right by a cheap sequential
+"""DSpark heads: the block backbone whose block is corrected left to right by a cheap sequential
 head, with a confidence head that predicts each draft's survival (docs/dspark.md).
 
     head = DSparkHead.for_target(target, block_size=7, mask_token_id=mid, vocab_map=vmap, markov_rank=256)
@@ -7,9 +7,9 @@ head, with a confidence head that predicts each draft's survival (docs/dspark.md
     save_dspark(head, "out/dspark")                    # draftsmith.heads.dflash_formats
     head = load_dspark("out/dspark", target=target)
 
-What it adds to `DFlashHead` (DSpark, arXiv 2607.05147; the speculators `dspark` model type):
+What it adds to `BlockHead` (DSpark, arXiv 2607.05147; the speculators `dspark` model type):
 - slots: `sample_from_anchor`: the block [anchor, mask, ..., mask] at positions p..p+B-1 drafts
-  B tokens, slot k the token at p + k + 1 (DFlash's slot 0 drafts nothing);
+  B tokens, slot k the token at p + k + 1 (the backbone's slot 0 drafts nothing);
 - the Markov bias (`markov_head`, rank r): logits_k = U_k + bias_k, U_k = lm_head(h_k) the
   backbone's, bias_k from the token before slot k's target (the anchor for slot 0, then the
   previous draft), e_k = W1[x_{k-1}] ([V, r], indexed by target ids):
@@ -29,22 +29,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
+from draftsmith.heads.blocks import BlockConfig, BlockError, BlockHead
 from draftsmith.heads.layers import describe_mask_head
 
 MARKOV_HEADS = ("vanilla", "gated", "rnn")
 
 
-class DSparkError(DFlashError):
+class DSparkError(BlockError):
     """A DSpark head that cannot be built, loaded or used; the message says why."""
 
 
-class DSparkConfig(DFlashConfig):
+class DSparkConfig(BlockConfig):
     model_type = "draftsmith_dspark"
 
     def __init__(
         self,
-        markov_rank: int = 256,  # r of the bias W2 W1[x]: 0 = no sequential head (a DFlash backbone drafting B)
+        markov_rank: int = 256,  # r of the bias W2 W1[x]: 0 = no sequential head (the block backbone drafting B)
         markov_head_type: str = "vanilla",  # vanilla | gated | rnn (module docstring)
         enable_confidence_head: bool = True,
         confidence_head_with_markov: bool = True,  # the confidence head reads [h_k; W1[x_{k-1}]], else h_k
@@ -117,12 +117,13 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)  # logits: sigmoid is the predicted acceptance
 
 
-class DSparkHead(DFlashHead):
+class DSparkHead(BlockHead):
     """A DSpark block drafter for one target (module docstring)."""
 
     config_class = DSparkConfig
     base_model_prefix = "dspark"
     error = DSparkError
+    title = "DSpark head"
 
     def __init__(self, config: DSparkConfig):
         super().__init__(config)

@@ -1,4 +1,4 @@
-"""DSpark heads on disk: the DFlash family's formats (`heads.dflash_formats`, one mechanism) with
+"""DSpark heads on disk: the block heads' formats (`heads.block_formats`, one mechanism) with
 DSpark's layout: draftsmith's (`model_type: draftsmith_dspark`) and the vLLM speculators `dspark`
 one (`speculators_model_type: dspark`, `sample_from_anchor: true`: block_size drafts per block).
 
@@ -6,7 +6,7 @@ one (`speculators_model_type: dspark`, `sample_from_anchor: true`: block_size dr
     export_folder("out/dspark", "out/dspark-vllm", "vllm", num_speculative_tokens=7)
     head = load_dspark("out/dspark-vllm", target=target)
 
-What the speculators `dspark` layout adds to `dflash`'s (speculators 0.9.0's DSparkSpeculatorConfig):
+What the speculators `dspark` layout adds to the backbone's (speculators 0.9.0's DSparkSpeculatorConfig):
 config keys `markov_rank`, `markov_head_type`, `enable_confidence_head`,
 `confidence_head_with_markov`; tensors `markov_head.markov_w1.weight` [V_target, r],
 `markov_head.markov_w2.weight` [V_draft, r], `markov_head.gate_proj.{weight,bias}` (gated) or
@@ -15,7 +15,7 @@ config keys `markov_rank`, `markov_head_type`, `enable_confidence_head`,
 
 from __future__ import annotations
 
-from draftsmith.heads.dflash_formats import BlockLayout
+from draftsmith.heads.block_formats import BlockLayout
 from draftsmith.heads.dspark import DSparkConfig, DSparkHead
 
 VARIANT_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
@@ -44,6 +44,6 @@ DSPARK = BlockLayout(
 )
 
 
-# the formats of the family (`heads.dflash_formats`) for DSpark's layout
+# the block heads' formats (`heads.block_formats`) for DSpark's layout
 save_dspark, load_dspark, export_dspark = DSPARK.save, DSPARK.load, DSPARK.export
 export_folder, serving_facts = DSPARK.export_folder, DSPARK.serving_facts  # the registry's exporter and server

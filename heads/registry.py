@@ -117,10 +117,10 @@ class Method:
 
 
 def _block_method(kind: str, title: str, recipe: str, **fields) -> Method:
-    """A DFlash-family method (a block drafter on DFlash's backbone), whose parts follow its kind:
-    heads/{kind}.py with heads/{kind}_formats.py (load_{kind}, export_folder, serving_facts),
+    """A block head's method (a drafter on the block backbone, `heads.blocks`), whose parts follow its
+    kind: heads/{kind}.py with heads/{kind}_formats.py (load_{kind}, export_folder, serving_facts),
     decoding/{kind}.py ({kind}_rows) and train/{kind}.py (the recipe class, head_parameters, REPLAY).
-    Its head's errors derive from the backbone's DFlashError, which its checks raise."""
+    Its head's errors derive from the backbone's BlockError, which its checks raise."""
     formats = f"draftsmith.heads.{kind}_formats"
     return Method(
         kind=kind,
@@ -129,7 +129,7 @@ def _block_method(kind: str, title: str, recipe: str, **fields) -> Method:
         replay=f"draftsmith.train.{kind}:REPLAY",
         recipe=f"draftsmith.train.{kind}:{recipe}",
         loader=f"{formats}:load_{kind}",
-        error="draftsmith.heads.dflash:DFlashError",
+        error="draftsmith.heads.blocks:BlockError",
         rows_of=f"draftsmith.decoding.{kind}:{kind}_rows",
         parameters=f"draftsmith.train.{kind}:head_parameters",
         run_folder="head",

@@ -109,7 +109,7 @@ def path_of(proposal, tokens: list[int]) -> list[int]:
 def anchored_blocks(target, head, recipe, losses):
     """A block head's held-out blocks anchored at every position of the toy target's greedy
     answers (`every_block`, with the head's training `losses`): (chains, starts)."""
-    from draftsmith.train.dflash import every_block
+    from draftsmith.train.blocks import every_block
 
     _, batch, states = greedy_answers_batch(target)
     chains, starts, _, _ = every_block(head, batch, aux_features(states, head), states.logits, recipe, None, losses)
@@ -158,7 +158,7 @@ def fit_block_head(
     holds, the step handed in the batch when `with_step`; the losses."""
     import torch
 
-    from draftsmith.train.dflash import sample_anchors
+    from draftsmith.train.blocks import sample_anchors
 
     feats = aux_features(states, head)
     mask = batch["loss_mask"] if loss_mask is None else loss_mask
@@ -313,7 +313,7 @@ def teacher_forced_blocks(head, batch, feats, anchors, block_size: int):
     import torch
 
     from draftsmith.decoding.masks import additive
-    from draftsmith.train.dflash import anchor_block_mask, block_inputs
+    from draftsmith.train.blocks import anchor_block_mask, block_inputs
 
     ids, (B, T), A = batch["input_ids"], batch["input_ids"].shape, anchors.shape[1]
     block_ids, slot_pos = block_inputs(ids, anchors, block_size, head.config.mask_token_id)

@@ -40,20 +40,18 @@ from safetensors.torch import load_file
 
 from draftsmith.decoding.dflash import DFlashDrafter
 from draftsmith.distill.losses import DIVERGENCES
-from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead, choose_mask_token
+from draftsmith.heads.blocks import choose_mask_token
+from draftsmith.heads.dflash import DFlashConfig, DFlashError, DFlashHead
 from draftsmith.heads.dflash_formats import load_dflash, save_dflash
-from draftsmith.train.dflash import (
-    DFlashRecipe,
+from draftsmith.train.blocks import (
     anchor_block_mask,
     anchor_chunks,
     block_inputs,
-    dflash_losses,
     every_block,
-    main,
     sample_anchors,
     slot_weights,
-    train,
 )
+from draftsmith.train.dflash import DFlashRecipe, dflash_losses, main, train
 from draftsmith.train.recipe import RecipeError, load_recipe
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -209,7 +207,7 @@ def test_dpace_weights_are_the_drafts_survival_and_train(short_answers):
     """loss_weighting: dpace: each draft weighs the survival it carries (draft_weights, from the
     hard CE on the target's argmax), the loss is their weighted mean, and it trains."""
     from draftsmith.distill.losses import dpace_weights
-    from draftsmith.train.dflash import draft_weights
+    from draftsmith.train.blocks import draft_weights
 
     _, batch, states = short_answers
     head, feats, anchors, valid = _short_head(short_answers)
@@ -271,7 +269,7 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
     feats = aux_features(states, head)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=5)
-    chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None)
+    chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None, dflash_losses)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
     assert all(starts[b, len(p) - 1] and not starts[b, len(p) - 2] for b, p in enumerate(prompts))
     ((anchors, valid),) = anchor_chunks(batch["loss_mask"], batch["attention_mask"], starts.shape[1])[1]

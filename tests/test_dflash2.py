@@ -43,7 +43,8 @@ from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.heads.dflash import DFlashHead
 from draftsmith.heads.dflash2 import DFlash2Config, DFlash2Error, DFlash2Head, grouped_dynamic_conv
 from draftsmith.heads.dflash2_formats import export_dflash2, export_folder, load_dflash2, save_dflash2
-from draftsmith.train.dflash import anchor_block_mask, dflash_losses, sample_anchors
+from draftsmith.train.blocks import anchor_block_mask, sample_anchors
+from draftsmith.train.dflash import dflash_losses
 from draftsmith.train.dflash2 import DFlash2Recipe, dflash2_losses, head_parameters, training_candidates
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block
@@ -524,7 +525,7 @@ def test_a_walk_among_candidates_weighs_and_hits_as_its_vocabulary_wide_law(weig
     law written over the whole vocabulary (-inf off the candidates), which it no longer builds."""
     from types import SimpleNamespace
 
-    from draftsmith.train.dflash import weighted_slots
+    from draftsmith.train.blocks import weighted_slots
 
     torch.manual_seed(3)
     B, A, S, V, K = 2, 3, 4, 50, 5

@@ -38,7 +38,7 @@ from draftsmith.distill.losses import divergence
 from draftsmith.distill.vocab import build_vocab_map
 from draftsmith.heads.domino import DominoConfig, DominoError, DominoHead
 from draftsmith.heads.domino_formats import export_folder, export_specforge, load_domino, save_domino
-from draftsmith.train.dflash import sample_anchors
+from draftsmith.train.blocks import sample_anchors
 from draftsmith.train.domino import DominoRecipe, base_loss_weight, domino_losses, head_parameters
 
 BLOCK = 4  # slot 0 the anchor, 3 drafts per block

@@ -104,7 +104,8 @@ def recipe_of(kind, toy_dir, toy_data, cache):
 
 def losses_of(kind, head, recipe, batch, feats, teacher, in_vocab):
     """(loss, hits, trained mask) of one forward of the head's loss, seeded alike for every call."""
-    from draftsmith.train.dflash import dflash_losses, sample_anchors
+    from draftsmith.train.blocks import sample_anchors
+    from draftsmith.train.dflash import dflash_losses
     from draftsmith.train.eagle import eagle_losses
     from draftsmith.train.peagle import peagle_losses
 

@@ -29,7 +29,7 @@ from draftsmith.distill.losses import dpace_weights
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dspark import MARKOV_HEADS, DSparkConfig, DSparkError, DSparkHead
 from draftsmith.heads.dspark_formats import export_dspark, load_dspark, save_dspark
-from draftsmith.train.dflash import anchor_chunks
+from draftsmith.train.blocks import anchor_chunks
 from draftsmith.train.dspark import DSparkRecipe, dspark_losses
 
 BLOCK = 4

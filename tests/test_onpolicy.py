@@ -69,7 +69,7 @@ def _method(kind: str):
 
 def _fit(kind: str, head, target, steps: int = 20):
     """`steps` of the method's own loss on the target's greedy answers, so that the head drafts right often."""
-    from draftsmith.train.dflash import sample_anchors
+    from draftsmith.train.blocks import sample_anchors
 
     _, batch, states = greedy_answers_batch(target)
     feats = torch.cat([states.hidden_states[i] for i in head.config.aux_layer_ids], -1)

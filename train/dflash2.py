@@ -4,10 +4,10 @@
     accelerate launch train/dflash2.py --recipe recipes/smollm2/dflash2.yaml selector_loss_alpha=0.5 selector_rank=128
     python train/dflash2.py --recipe recipes/smollm2/dflash2.yaml          # one process, same loop
 
-The DFlash loop (`train.dflash.train_blocks`: anchored blocks packed in one forward, held-out blocks
+The block heads' loop (`train.blocks.train_blocks`: anchored blocks packed in one forward, held-out blocks
 at every position, the serve check) with DFlash2's head and loss (speculators 0.9.0's
 `DFlash2DraftModel.forward` and `models/dflash2/metrics.py`):
-- slots as DFlash's: the block anchored at p drafts slots 1..B-1, slot k the token at p + k, its
+- slots as the backbone's: the block anchored at p drafts slots 1..B-1, slot k the token at p + k, its
   target the target's distribution there (the teacher logits at p + k - 1);
 - the unary term: D(U_k, p_k), D the recipe's `loss` (soft CE by default; speculators' default
   kl_div has the same gradient), on the backbone's logits U_k = lm_head(h_k) over the full vocabulary;
@@ -17,7 +17,7 @@ at every position, the serve check) with DFlash2's head and loss (speculators 0.
   with x the data's token at p + k - 1 (teacher forcing: for greedy self-distillation data, the draft
   a correct chain has made);
 - per slot: unary + `selector_loss_alpha` x selector, weighted exp(-(k-1)/gamma) (or by D-PACE's
-  weights, `loss_weighting: dpace`, from the walk's law) and averaged by those weights, as DFlash's;
+  weights, `loss_weighting: dpace`, from the walk's law) and averaged by those weights (`weighted_slots`);
 - hits (the held-out per-slot top-1 and the simulated tau) are the walk's: the selector's argmax over
   the unary top-K alone (no target put in), what the decoder drafts.
 The result is `OUT/head/` (`save_dflash2`), for `draftsmith eval --drafter dflash2=DIR`.
@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
+from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.train.blocks import head_parameters as backbone_parameters
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
-from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
@@ -43,8 +43,8 @@ VARIANT = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top
 
 
 @dataclass(kw_only=True)
-class DFlash2Recipe(DFlashRecipe):
-    """DFlashRecipe's keys (block, anchors, decay or D-PACE weights, loss, ...; the full vocabulary
+class DFlash2Recipe(BlockRecipe):
+    """BlockRecipe's keys (block, anchors, decay or D-PACE weights, loss, ...; the full vocabulary
     only) and DFlash2's."""
 
     conv_kernel_size: int = 2  # causal taps of each convolution (speculators' default)
@@ -74,8 +74,8 @@ class DFlash2Recipe(DFlashRecipe):
 
 
 def head_parameters(recipe: DFlash2Recipe, target) -> tuple[int, int]:
-    """(trainable, frozen) parameters: the DFlash backbone's with the full vocabulary
-    (`train.dflash.head_parameters`: the target's embeddings and lm_head frozen), then per draft layer
+    """(trainable, frozen) parameters: the backbone's with the full vocabulary
+    (`train.blocks.head_parameters`: the target's embeddings and lm_head frozen), then per draft layer
     two convolutions (base kernels 2 K H and the projection H x 2 K H/group each) and the selector
     (codebooks 2 V r, projection H r), every one trained."""
     trained, frozen = backbone_parameters(recipe, target)
@@ -99,7 +99,7 @@ def training_candidates(candidates: torch.Tensor, wanted: torch.Tensor):
 
 def dflash2_losses(head, batch, feats, teacher, anchors, valid, recipe: DFlash2Recipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum) of
-    one packed forward (`train.dflash.dflash_losses`'s form; `in_vocab` is None: the full vocabulary)."""
+    one packed forward (`train.blocks.BlockLosses`; `in_vocab` is None: the full vocabulary)."""
     ids, Bs = batch["input_ids"], recipe.block_size
     B, A = anchors.shape
     h, slot_pos = block_hidden(head, batch, feats, anchors, Bs)  # [B, A*Bs, H], [B, A*Bs]

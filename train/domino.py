@@ -4,19 +4,19 @@
     accelerate launch train/domino.py --recipe recipes/smollm2/domino.yaml gru_hidden=512 lambda_decay_fraction=0.25
     python train/domino.py --recipe recipes/smollm2/domino.yaml          # one process, same loop
 
-The DFlash loop (`train.dflash.train_blocks`: anchored blocks packed in one forward, held-out blocks
+The block heads' loop (`train.blocks.train_blocks`: anchored blocks packed in one forward, held-out blocks
 at every position, the serve check) with Domino's head and loss (Domino, arXiv 2605.29707):
-- slots as DFlash's: the block anchored at p drafts slots 1..B-1, slot k the token at p + k, its
+- slots as the backbone's: the block anchored at p drafts slots 1..B-1, slot k the token at p + k, its
   target the target's distribution there (the teacher logits at p + k - 1);
 - the GRU correction is trained teacher-forced: slot k's GRU state has read the data's tokens at
   p..p+k-1 (the anchor, then the block's own tokens), which for greedy self-distillation data are
   the drafts a correct chain has made;
-- loss per slot: (1 - lambda) D(final_k) + lambda D(base_k), D the recipe's `loss` (DFlash's soft
-  CE by default) against the target's distribution, final = base + correction; lambda falls
+- loss per slot: (1 - lambda) D(final_k) + lambda D(base_k), D the recipe's `loss` (soft CE by
+  default) against the target's distribution, final = base + correction; lambda falls
   linearly from 1 at step 0 to 0 at `lambda_decay_fraction` of `max_steps` and stays 0 (SpecForge's
   `linear_lambda_base`): the backbone learns to draft alone first, then the correction takes over.
   Slots are weighted exp(-(k-1)/gamma) (or by D-PACE's weights, `loss_weighting: dpace`), a
-  weighted mean, as DFlash's.
+  weighted mean (`train.blocks.weighted_slots`).
 The result is `OUT/head/` (`save_domino`), for `draftsmith eval --drafter domino=DIR`.
 """
 
@@ -26,9 +26,9 @@ import sys
 from dataclasses import dataclass
 
 from draftsmith.distill.losses import divergence
+from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.train.blocks import head_parameters as backbone_parameters
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
-from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
@@ -37,8 +37,8 @@ VARIANT = ("gru_hidden", "proj_dim")  # the recipe keys the head's config takes
 
 
 @dataclass(kw_only=True)
-class DominoRecipe(DFlashRecipe):
-    """DFlashRecipe's keys (block, anchors, decay or D-PACE weights, vocabulary, loss, ...) and Domino's."""
+class DominoRecipe(BlockRecipe):
+    """BlockRecipe's keys (block, anchors, decay or D-PACE weights, vocabulary, loss, ...) and Domino's."""
 
     gru_hidden: int = 1024  # the GRU's state width (the paper's and SpecForge's 1024)
     proj_dim: int = 256  # the correction MLP's bottleneck, Linear(H + gru_hidden -> proj_dim) (SpecForge's emb_dim)
@@ -68,7 +68,7 @@ def base_loss_weight(recipe: DominoRecipe, step: int | None) -> float:
 
 
 def head_parameters(recipe: DominoRecipe, target) -> tuple[int, int]:
-    """(trainable, frozen) parameters: the DFlash backbone's (`train.dflash.head_parameters`), then the
+    """(trainable, frozen) parameters: the backbone's (`train.blocks.head_parameters`), then the
     bias-free GRU (input and hidden weights of its 3 gates: 3 G (H + G)) and the correction MLP
     ((H + G) P + P Vd), every one trained."""
     trained, frozen = backbone_parameters(recipe, target)
@@ -79,7 +79,7 @@ def head_parameters(recipe: DominoRecipe, target) -> tuple[int, int]:
 
 def domino_losses(head, batch, feats, teacher, anchors, valid, recipe: DominoRecipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs-1], per-slot trained mask [B, A, Bs-1], weight sum) of
-    one packed forward (`train.dflash.dflash_losses`'s form): slot k of the block anchored at p drafts
+    one packed forward (`train.blocks.BlockLosses`): slot k of the block anchored at p drafts
     the token at p + k, corrected by the GRU over the data's tokens at p..p+k-1; hits are the final
     logits'. `batch["step"]` (the training step, None held out) sets the base loss's weight."""
     ids, Bs = batch["input_ids"], recipe.block_size

@@ -4,7 +4,7 @@
     accelerate launch train/dspark.py --recipe recipes/smollm2/dspark.yaml markov_head_type=rnn loss_weighting=dpace
     python train/dspark.py --recipe recipes/smollm2/dspark.yaml          # one process, same loop
 
-The DFlash loop (`train.dflash.train_blocks`: anchored blocks packed in one forward, held-out blocks
+The block heads' loop (`train.blocks.train_blocks`: anchored blocks packed in one forward, held-out blocks
 at every position, the serve check) with DSpark's head and loss (DSpark, arXiv 2607.05147):
 - slots: the block anchored at p drafts every slot, slot k the token at p + k + 1 (anchors are the
   positions before trained tokens); the teacher is the target's distribution there;
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
+from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, train_blocks, weighted_slots
+from draftsmith.train.blocks import head_parameters as backbone_parameters
 from draftsmith.train.command_line import trainer_main
-from draftsmith.train.dflash import SHOWN, DFlashRecipe, block_hidden, train_blocks, weighted_slots
-from draftsmith.train.dflash import head_parameters as backbone_parameters
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
@@ -38,11 +38,11 @@ VARIANT = ("markov_rank", "markov_head_type", "enable_confidence_head", "confide
 
 
 @dataclass(kw_only=True)
-class DSparkRecipe(DFlashRecipe):
-    """DFlashRecipe's keys (block, anchors, decay or D-PACE weights, vocabulary, ...) and DSpark's."""
+class DSparkRecipe(BlockRecipe):
+    """BlockRecipe's keys (block, anchors, decay or D-PACE weights, vocabulary, ...) and DSpark's."""
 
     block_size: int = 7  # slots per block, every one drafting (DeepSpec's Qwen3-4B recipe: 7)
-    markov_rank: int = 256  # rank r of the Markov bias W2 W1[x] (0: none, a DFlash backbone drafting from its anchor)
+    markov_rank: int = 256  # rank r of the Markov bias W2 W1[x] (0: none, the bare backbone drafting from its anchor)
     markov_head_type: str = "vanilla"  # vanilla | gated | rnn (heads/dspark.py)
     enable_confidence_head: bool = True  # c_k predicts each draft's acceptance (dynamic draft length)
     confidence_head_with_markov: bool = True  # c_k reads [h_k; W1[x_{k-1}]], else h_k
@@ -68,7 +68,7 @@ class DSparkRecipe(DFlashRecipe):
 
 
 def head_parameters(recipe: DSparkRecipe, target) -> tuple[int, int]:
-    """(trainable, frozen) parameters: the DFlash backbone's (`train.dflash.head_parameters`), then the
+    """(trainable, frozen) parameters: the backbone's (`train.blocks.head_parameters`), then the
     Markov head (W1 [V, r], W2 [r, Vd], gated: G [H + r -> r], rnn: J [2r + H -> 3r]) and the
     confidence head ([H (+ r) -> 1])."""
     trained, frozen = backbone_parameters(recipe, target)
@@ -94,7 +94,7 @@ def _draft_ids(head, token_ids: torch.Tensor) -> torch.Tensor:
 
 def dspark_losses(head, batch, feats, teacher, anchors, valid, recipe: DSparkRecipe, in_vocab):
     """(weighted loss, per-slot hits [B, A, Bs], per-slot trained mask [B, A, Bs], weight sum) of one
-    packed forward (`train.dflash.dflash_losses`'s form): slot k of the block anchored at p drafts
+    packed forward (`train.blocks.BlockLosses`): slot k of the block anchored at p drafts
     the token at p + k + 1, corrected by the bias of the data's token at p + k."""
     ids, loss_mask = batch["input_ids"], batch["loss_mask"]
     Bs, (B, T), A = recipe.block_size, ids.shape, anchors.shape[1]
