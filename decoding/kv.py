@@ -190,19 +190,8 @@ class KVStore(CompiledSteps):
         kv_heads = tuple(layer_value(text, "num_key_value_heads", i) or text.num_attention_heads for i in layers)
         shape, param = (text.num_hidden_layers, kv_heads, head_dim), next(model.parameters())
         where = {"dtype": getattr(model, "dtype", param.dtype), "device": getattr(model, "device", param.device)}
-        return cls(
-            shape,
-            batch,
-            capacity,
-            **where,
-            window=window,
-            mixed=mixed,
-            model=model,
-            compile=compile,
-            owner=owner,
-            layer_types=layer_types,
-            states=states,
-        )
+        facts = {"window": window, "mixed": mixed, "layer_types": layer_types, "states": states}
+        return cls(shape, batch, capacity, **where, **facts, model=model, compile=compile, owner=owner)
 
     @torch.inference_mode(False)  # plain tensors, written in place in and out of inference mode
     def _allocate(self, batch: int, capacity: int) -> None:

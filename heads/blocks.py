@@ -45,23 +45,6 @@ from transformers import Cache, LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from draftsmith.heads import layers
-from draftsmith.heads.layers import (
-    MASK_SOURCES,
-    Fp32Rope,
-    attend,
-    check_target_weights,
-    check_vocab_map,
-    describe_mask_head,
-    draft_to_target_ids,
-    draft_to_target_logits,
-    head_on_target,
-    llama_layer_config,
-    qkvo_projections,
-    record_target,
-    rope_of,
-    target_shape,
-    target_weights,
-)
 
 
 class BlockError(ValueError):
@@ -110,7 +93,7 @@ class BlockConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         **kwargs,  # the provenance (layers.PROVENANCE: target, data hashes), then PretrainedConfig's
     ):
-        record_target(self, kwargs)
+        layers.record_target(self, kwargs)
         target_num_layers = self.target_num_layers
         kwargs.setdefault("tie_word_embeddings", False)
         draft_vocab_size = vocab_size if draft_vocab_size is None else int(draft_vocab_size)
@@ -122,9 +105,9 @@ class BlockConfig(PretrainedConfig):
             raise BlockError(
                 f"{type(self).__name__}: mask_token_id={mask_token_id} is outside the vocabulary 0..{vocab_size - 1}"
             )
-        if mask_token_source is not None and mask_token_source not in MASK_SOURCES:
+        if mask_token_source is not None and mask_token_source not in layers.MASK_SOURCES:
             raise BlockError(
-                f"{type(self).__name__}: mask_token_source={mask_token_source!r}; expected one of {MASK_SOURCES}"
+                f"{type(self).__name__}: mask_token_source={mask_token_source!r}; expected one of {layers.MASK_SOURCES}"
             )
         if not 1 <= draft_vocab_size <= vocab_size:
             raise BlockError(
@@ -172,7 +155,7 @@ class BlockConfig(PretrainedConfig):
 
     def layer_config(self) -> LlamaConfig:
         """The draft layers as a llama config (RoPE and the MLP are built from it)."""
-        return llama_layer_config(self, self.num_hidden_layers)
+        return layers.llama_layer_config(self, self.num_hidden_layers)
 
 
 # ---------------------------------------------------------------------- the decoder layer
@@ -187,7 +170,7 @@ class BlockAttention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(c, c.hidden_size, BlockError)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = layers.qkvo_projections(c, c.hidden_size, BlockError)
         self.q_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
         self.k_norm = LlamaRMSNorm(self.head_dim, eps=c.rms_norm_eps)
 
@@ -199,7 +182,7 @@ class BlockAttention(nn.Module):
         v = self.v_proj(fed).view(N, fed.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, C + Q, hd]
         q, k = _rotate(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rotate(k, cos, sin)  # keys cached after RoPE
-        return self.o_proj(attend(q, k, v, mask, cache, layer_idx))
+        return self.o_proj(layers.attend(q, k, v, mask, cache, layer_idx))
 
 
 class BlockDecoderLayer(nn.Module):
@@ -219,7 +202,7 @@ class BlockDecoderLayer(nn.Module):
 
 
 # ---------------------------------------------------------------------- the head
-class BlockHead(Fp32Rope, PreTrainedModel):
+class BlockHead(layers.Fp32Rope, PreTrainedModel):
     """A block drafter for one target (module docstring); a method's head subclasses it."""
 
     config_class = BlockConfig
@@ -278,8 +261,8 @@ class BlockHead(Fp32Rope, PreTrainedModel):
         of a head built on this one (its `config_class`'s)."""
         tc = target.config.get_text_config()
         L = tc.num_hidden_layers
-        lm_weight, embed_weight = target_weights(target, BlockError)
-        check_target_weights(lm_weight, embed_weight, tc.hidden_size, BlockError)
+        lm_weight, embed_weight = layers.target_weights(target, BlockError)
+        layers.check_target_weights(lm_weight, embed_weight, tc.hidden_size, BlockError)
         V = lm_weight.shape[0]
         aux = [int(i) for i in (aux_layer_ids if aux_layer_ids is not None else default_aux_layer_ids(L, num_layers))]
         bad = [i for i in aux if not 0 <= i <= L]
@@ -289,9 +272,9 @@ class BlockHead(Fp32Rope, PreTrainedModel):
                 f"(0 = embeddings, {L} = last layer after the final norm)"
             )
         if vocab_map is not None:
-            check_vocab_map(vocab_map, V, BlockError)
+            layers.check_vocab_map(vocab_map, V, BlockError)
         config = cls.config_class(
-            **target_shape(target, V, vocab_map, target_name_or_path, data_hash),
+            **layers.target_shape(target, V, vocab_map, target_name_or_path, data_hash),
             num_hidden_layers=num_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
@@ -299,7 +282,7 @@ class BlockHead(Fp32Rope, PreTrainedModel):
             aux_layer_ids=aux,
             **variant,
         )
-        return head_on_target(cls, config, embed_weight, lm_weight, vocab_map)
+        return layers.head_on_target(cls, config, embed_weight, lm_weight, vocab_map)
 
     # ------------------------------------------------------------------ computation
     def project(self, aux_hidden: torch.Tensor) -> torch.Tensor:
@@ -348,13 +331,13 @@ class BlockHead(Fp32Rope, PreTrainedModel):
         """Target ids of draft ids (target = draft + d2t[draft]); the identity for a full vocabulary."""
         if not self.config.reduced_vocab:
             return draft_ids
-        return draft_to_target_ids(draft_ids, self.d2t)
+        return layers.draft_to_target_ids(draft_ids, self.d2t)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., Vd] placed into the target vocabulary [..., V], -inf elsewhere."""
         if not self.config.reduced_vocab:
             return logits
-        return draft_to_target_logits(logits, self.d2t, self.config.vocab_size)
+        return layers.draft_to_target_logits(logits, self.d2t, self.config.vocab_size)
 
     def check_target(self, target: PreTrainedModel) -> None:
         """BlockError when the head cannot serve `target`; a warning when only the fingerprint differs."""
@@ -362,13 +345,13 @@ class BlockHead(Fp32Rope, PreTrainedModel):
 
         c, tc = self.config, target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or type(target).__name__
-        vocab = target_weights(target, BlockError)[0].shape[0]
+        vocab = layers.target_weights(target, BlockError)[0].shape[0]
         for what, ours, theirs in (
             ("hidden size", c.hidden_size, tc.hidden_size),
             ("vocab size", c.vocab_size, vocab),
             ("num_hidden_layers", c.target_num_layers, tc.num_hidden_layers),
             ("max_position_embeddings", c.max_position_embeddings, tc.max_position_embeddings),
-            ("rope_parameters", c.rope_parameters, rope_of(tc)),
+            ("rope_parameters", c.rope_parameters, layers.rope_of(tc)),
         ):
             if ours is not None and ours != theirs:
                 raise BlockError(
@@ -390,4 +373,4 @@ class BlockHead(Fp32Rope, PreTrainedModel):
     def describe(self) -> str:
         c = self.config
         blocks = f"block {c.block_size} ({c.block_size - 1} drafts per forward)"
-        return describe_mask_head(self, f"{self.title}: {c.num_hidden_layers} layer(s), {blocks}")
+        return layers.describe_mask_head(self, f"{self.title}: {c.num_hidden_layers} layer(s), {blocks}")

@@ -12,27 +12,16 @@ from draftsmith.publish.scrub import scrub_text
 from draftsmith.publish.stage import stage_run
 
 
-def push(
-    run_dir,
-    repo_id,
-    *,
-    private=False,
-    token=None,
-    endpoint=None,
-    revision=None,
-    commit_message=None,
-    format=None,
-    eval_report=None,
-    base_model=None,
-    license=None,
-) -> str:
-    """Stage `run_dir` (see `stage_run`) and upload it to the Hub model repo `repo_id`; return its URL.
+def push(run_dir, repo_id, *, private=False, token=None, endpoint=None, commit_message=None, **staging) -> str:
+    """Stage `run_dir` (`stage_run`, with `staging`: its format, eval_report, revision, base_model and
+    license) and upload it to the Hub model repo `repo_id`; return its URL.
 
     The repo is created when missing (`private` applies to a new repo; pushing with
     private=True into an existing public repo is refused). `token`: the argument, else HF_TOKEN
     or the stored login. `endpoint`: the argument, else HF_ENDPOINT, else the Hub. `revision`: a
     branch, created from main when missing."""
     check_repo_id(repo_id)
+    revision = staging.get("revision")
     from huggingface_hub import HfApi, constants, get_token
 
     if constants.HF_HUB_OFFLINE:
@@ -43,17 +32,7 @@ def push(
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     tmp = Path(tempfile.mkdtemp(prefix="draftsmith-push-"))
     try:
-        folder = stage_run(
-            run_dir,
-            tmp / "stage",
-            format=format,
-            eval_report=eval_report,
-            repo_id=repo_id,
-            base_model=base_model,
-            revision=revision,
-            license=license,
-            _secrets=(token,),
-        )
+        folder = stage_run(run_dir, tmp / "stage", repo_id=repo_id, _secrets=(token,), **staging)
         if commit_message is None:
             artifact = find_artifact(run_dir)
             steps = artifact.summary.get("steps")

@@ -357,10 +357,12 @@ def test_what_specforge_cannot_hold_is_refused_before_writing(fitted, tmp_path):
         export_folder(folder, tmp_path / "vllm", "vllm", num_speculative_tokens=3)
 
 
-def test_the_trainer_hands_each_micro_batch_its_step(toy_dir, toy_data, tmp_path, monkeypatch):
-    """`train.dflash.train_blocks` passes the optimizer step to the loss (what lambda reads): every
+def test_the_trainer_hands_each_micro_batch_its_step(toy_dir, toy_data, tmp_path):
+    """`train.blocks.train_blocks` passes the optimizer step to the loss (what lambda reads): every
     micro-batch of step s sees s; held-out blocks see None (the final logits only)."""
-    import draftsmith.train.domino as trainer
+    from draftsmith.heads.domino_formats import DOMINO
+    from draftsmith.train.blocks import train_blocks
+    from draftsmith.train.domino import VARIANT
 
     seen = []
 
@@ -368,12 +370,11 @@ def test_the_trainer_hands_each_micro_batch_its_step(toy_dir, toy_data, tmp_path
         seen.append(batch.get("step"))
         return domino_losses(head, batch, *args)
 
-    monkeypatch.setattr(trainer, "domino_losses", watch)
     run = dict(
         grad_accum=2, max_length=64, max_steps=3, warmup_steps=1, eval_every=3, save_every=1000, serve_check_prompts=1
     )
     head = dict(block_size=BLOCK, max_anchors=8, gru_hidden=8, proj_dim=4)
     recipe = DominoRecipe(**toy_recipe(toy_dir, toy_data, tmp_path / "run", **run, **head))
-    trainer.train(recipe, progress=False)
+    train_blocks(recipe, False, DOMINO, watch, VARIANT)
     assert seen[:6] == [0, 0, 1, 1, 2, 2] and seen[6:] and set(seen[6:]) == {None}, seen
     assert (tmp_path / "run" / "head" / "config.json").is_file()

@@ -32,20 +32,12 @@ import torch
 from draftsmith.decoding.masks import additive
 from draftsmith.distill.losses import dpace_weights
 from draftsmith.heads.layers import layer_value
-from draftsmith.train.common import (
-    describe_top1,
-    draft_vocab_map,
-    finish_head,
-    head_origin,
-    heldout_batches,
-    mask_token,
-    one_pass_evaluation,
-    prepare_head,
-    target_sizes,
-)
+from draftsmith.train import common
+from draftsmith.train.command_line import trainer_main
 from draftsmith.train.loop import train_loop
 from draftsmith.train.recipe import MaskedHeadRecipe, RecipeError
 from draftsmith.train.run import TrainingRun
+from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, layer_params, target_dims
 from draftsmith.train.teacher import head_target_states, teacher_rows
 
@@ -291,6 +283,21 @@ class BlockObjective(torch.nn.Module):
         return self.losses(self.head, batch, feats, teacher, anchors, valid, self.recipe, in_vocab)
 
 
+def block_trainer(path: str, doc: str, recipe_class: type, layout, losses: BlockLosses, variant_keys=()):
+    """A block method's entry points (train/<kind>.py): `train(recipe, progress=True)`, `train_blocks`
+    with its `layout`, `losses` and the recipe keys `variant_keys` its head config takes, which leaves
+    `recipe.out` as it was when it fails; and `main(argv)`, the command line of `path` (`doc` its help)."""
+
+    @cleaned_up_on_error
+    def train(recipe, *, progress: bool = True) -> dict:
+        return train_blocks(recipe, progress, layout, losses, variant_keys)
+
+    def main(argv=None) -> int:
+        return trainer_main(path, doc, recipe_class, train, argv, result="head", shown=SHOWN)
+
+    return train, main
+
+
 def train_blocks(recipe: BlockRecipe, progress: bool, layout, losses: BlockLosses, variant_keys=()):
     """The loop of every block head: `layout.head.for_target` (`heads.block_formats.BlockLayout`, with the recipe's block, mask token, vocabulary and its values of `variant_keys`, the
     head config's own keys), its `losses` (`BlockLosses`) over anchored blocks, held-out
@@ -300,14 +307,14 @@ def train_blocks(recipe: BlockRecipe, progress: bool, layout, losses: BlockLosse
     device = run.device
     # an anchor at a trained position t drafts t+1 onwards: position 1 is the first trained
     target, data, train_rows, heldout_rows = run.load_training(first=1)
-    _, V, pad_id = target_sizes(target)
+    _, V, pad_id = common.target_sizes(target)
 
-    vocab_map = draft_vocab_map(recipe, data, V)
-    mask_id, mask_source = mask_token(recipe, data, V)
+    vocab_map = common.draft_vocab_map(recipe, data, V)
+    mask_id, mask_source = common.mask_token(recipe, data, V)
     try:
         mask = {"mask_token_id": mask_id, "mask_token_source": mask_source}
         block = {"block_size": recipe.block_size, "num_layers": recipe.num_layers}
-        origin = head_origin(recipe, data, vocab_map)
+        origin = common.head_origin(recipe, data, vocab_map)
         head = layout.head.for_target(target, **block, **mask, **origin, **variant).to(device)
     except layout.error as err:
         raise RecipeError(str(err)) from None
@@ -315,7 +322,7 @@ def train_blocks(recipe: BlockRecipe, progress: bool, layout, losses: BlockLosse
     # offline (hidden_cache): the teacher projected at the slots' positions only (`teacher_rows`)
     target_states = head_target_states(run, target, data, head, vocab_map, lazy=True)
 
-    model, head = prepare_head(run, BlockObjective(head, recipe, losses))
+    model, head = common.prepare_head(run, BlockObjective(head, recipe, losses))
     run.start()
     rank = run.accelerator.process_index
 
@@ -343,15 +350,17 @@ def train_blocks(recipe: BlockRecipe, progress: bool, layout, losses: BlockLosse
         """Per-slot top-1 of held-out blocks anchored at every position the decoder could call at
         (`max_anchors` per forward) and their greedy tau along the decoder's walk: a block's chain
         ends at its first miss (context features are the target's, as in decoding)."""
-        batches = heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
+        batches = common.heldout_batches(data, heldout_rows, recipe.batch_size, recipe.max_length, pad_id, device)
 
         def every(batch, feats, teacher, in_vocab):
             return every_block(head, batch, feats, teacher, recipe, in_vocab, losses)
 
-        return one_pass_evaluation(batches, target_states, every, K, recipe, "slot", "blocks")
+        return common.one_pass_evaluation(batches, target_states, every, K, recipe, "slot", "blocks")
 
     K = head.config.drafts_per_block  # the held-out tau's
     done = train_loop(
-        run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=describe_top1("slot")
+        run, model, micro_step, evaluate=evaluate if heldout_rows else None, describe=common.describe_top1("slot")
     )
-    return finish_head(run, done, model, head, layout.save, target, K, data, heldout_rows, vocab_map, **block, **mask)
+    return common.finish_head(
+        run, done, model, head, layout.save, target, K, data, heldout_rows, vocab_map, **block, **mask
+    )

@@ -21,11 +21,10 @@ import sys
 from dataclasses import dataclass
 
 from draftsmith.distill.losses import divergence
-from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.heads.dflash_formats import DFLASH
+from draftsmith.train.blocks import BlockRecipe, block_hidden, block_trainer, slot_targets, weighted_slots
 from draftsmith.train.blocks import head_parameters as backbone_parameters
-from draftsmith.train.command_line import trainer_main
 from draftsmith.train.draft_opd import block_replay, block_states
-from draftsmith.train.run_folder import cleaned_up_on_error
 
 #: (trainable, frozen) parameters of a DFlash head: the backbone's, nothing added (the memory estimate).
 head_parameters = backbone_parameters
@@ -58,15 +57,7 @@ def _replayed_law(head, batch, kept, anchors, drafts):
 REPLAY = block_replay(dflash_losses, _replayed_law, "draftsmith.heads.dflash_formats:save_dflash")
 
 
-@cleaned_up_on_error
-def train(recipe: DFlashRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dflash_formats import DFLASH
-
-    return train_blocks(recipe, progress, DFLASH, dflash_losses)
-
-
-def main(argv=None) -> int:
-    return trainer_main("train/dflash.py", __doc__, DFlashRecipe, train, argv, result="head", shown=SHOWN)
+train, main = block_trainer("train/dflash.py", __doc__, DFlashRecipe, DFLASH, dflash_losses)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
-from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.heads.dflash2_formats import DFLASH2
+from draftsmith.train.blocks import BlockRecipe, block_hidden, block_trainer, slot_targets, weighted_slots
 from draftsmith.train.blocks import head_parameters as backbone_parameters
-from draftsmith.train.command_line import trainer_main
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
-from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
 
 VARIANT = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # the head config's keys
@@ -138,15 +137,7 @@ def _replayed_law(head, batch, kept, anchors, drafts):
 REPLAY = block_replay(dflash2_losses, _replayed_law, "draftsmith.heads.dflash2_formats:save_dflash2")
 
 
-@cleaned_up_on_error
-def train(recipe: DFlash2Recipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dflash2_formats import DFLASH2
-
-    return train_blocks(recipe, progress, DFLASH2, dflash2_losses, VARIANT)
-
-
-def main(argv=None) -> int:
-    return trainer_main("train/dflash2.py", __doc__, DFlash2Recipe, train, argv, result="head", shown=SHOWN)
+train, main = block_trainer("train/dflash2.py", __doc__, DFlash2Recipe, DFLASH2, dflash2_losses, VARIANT)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,10 @@ import sys
 from dataclasses import dataclass
 
 from draftsmith.distill.losses import divergence
-from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, slot_targets, train_blocks, weighted_slots
+from draftsmith.heads.domino_formats import DOMINO
+from draftsmith.train.blocks import BlockRecipe, block_hidden, block_trainer, slot_targets, weighted_slots
 from draftsmith.train.blocks import head_parameters as backbone_parameters
-from draftsmith.train.command_line import trainer_main
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
-from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
 
 VARIANT = ("gru_hidden", "proj_dim")  # the recipe keys the head's config takes
@@ -109,15 +108,7 @@ def _replayed_law(head, batch, kept, anchors, drafts):
 REPLAY = block_replay(domino_losses, _replayed_law, "draftsmith.heads.domino_formats:save_domino")
 
 
-@cleaned_up_on_error
-def train(recipe: DominoRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.domino_formats import DOMINO
-
-    return train_blocks(recipe, progress, DOMINO, domino_losses, VARIANT)
-
-
-def main(argv=None) -> int:
-    return trainer_main("train/domino.py", __doc__, DominoRecipe, train, argv, result="head", shown=SHOWN)
+train, main = block_trainer("train/domino.py", __doc__, DominoRecipe, DOMINO, domino_losses, VARIANT)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.distill.losses import divergence
-from draftsmith.train.blocks import SHOWN, BlockRecipe, block_hidden, train_blocks, weighted_slots
+from draftsmith.heads.dspark_formats import DSPARK
+from draftsmith.train.blocks import BlockRecipe, block_hidden, block_trainer, weighted_slots
 from draftsmith.train.blocks import head_parameters as backbone_parameters
-from draftsmith.train.command_line import trainer_main
 from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
-from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import draft_vocab, target_dims
 from draftsmith.train.teacher import teacher_rows
 
@@ -136,15 +135,7 @@ def _replayed_law(head, batch, kept, anchors, drafts):
 REPLAY = block_replay(dspark_losses, _replayed_law, "draftsmith.heads.dspark_formats:save_dspark")
 
 
-@cleaned_up_on_error
-def train(recipe: DSparkRecipe, *, progress: bool = True) -> dict:
-    from draftsmith.heads.dspark_formats import DSPARK
-
-    return train_blocks(recipe, progress, DSPARK, dspark_losses, VARIANT)
-
-
-def main(argv=None) -> int:
-    return trainer_main("train/dspark.py", __doc__, DSparkRecipe, train, argv, result="head", shown=SHOWN)
+train, main = block_trainer("train/dspark.py", __doc__, DSparkRecipe, DSPARK, dspark_losses, VARIANT)
 
 
 if __name__ == "__main__":
