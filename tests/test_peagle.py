@@ -1,9 +1,8 @@
 """P-EAGLE heads: the head, the packed chains of its training, the drafter in the one decoder.
 
-The decoder tests use a head fitted in-process (a few dozen steps of `peagle_losses`) to the toy
-target's own greedy continuations of a few prompts, then decode those prompts: the head is right
-often enough that several depths are accepted, so identity and losslessness are tested where the
-verifier's every branch (accept, reject, bonus) runs.
+Decoding is tested with a head fitted (`fixtures.fit_steps` of `peagle_losses`) to the toy target's
+greedy answers to the prompts it then decodes: several depths get accepted, so identity and
+losslessness are checked where every branch of the verifier (accept, reject, bonus) runs.
 """
 
 from __future__ import annotations
