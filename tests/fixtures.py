@@ -217,13 +217,16 @@ def decode_ragged_sampled(target, prompts, drafter, num_draft_tokens: int, sampl
         )
 
 
-def assert_rows_leaving_are_checked(target, prompts, drafter, num_draft_tokens: int, temperature: float):
+def assert_rows_leaving_are_checked(fitted, drafter_class, check_row, num_draft_tokens: int, temperature: float):
     """Decoding at `temperature` of ragged rows (prompts 0, 1 and the first token of 2, 16 new
     tokens) where row 1 leaves the batch early (its first token is the end token), with a
-    checking `drafter`: at least 5 proposals are checked and some drafts are accepted."""
+    `drafter_class` drafter of the fitted `(target, head, prompts)` whose every proposal of every
+    row `check_row` checks on its raw logits: at least 5 proposals, and some drafts accepted."""
     from draftsmith.decoding import generate_batch
     from draftsmith.decoding.sampling import SamplingConfig
 
+    target, head, prompts = fitted
+    drafter = checking_drafter_class(drafter_class, check_row, raw_logits=True)(head, target)
     rows = [prompts[0], prompts[1], prompts[2][:1]]
     out = generate_batch(
         target,
@@ -286,8 +289,9 @@ def assert_greedy_is_target_only(
     """Greedy decoding with a fresh `drafter_class(head)` gives the target-only tokens: each of the
     first `singles` prompts alone (at least `min_accepted` drafts accepted in all, so the cache
     moves run; with `drafts_every_slot`, each decode's widest proposal is `num_draft_tokens`),
-    the first `rows` as one batch (at least `min_batch_accepted` accepted), and that batch at a
-    budget of 2 below the block, where the drafter proposes only 2 tokens."""
+    the first `rows` as one batch (at least `min_batch_accepted` accepted) on the growing store and
+    on the preallocated one (the same accepted drafts per row), and that batch at a budget of 2
+    below the block, where the drafter proposes only 2 tokens."""
     from draftsmith.decoding import generate, generate_batch
 
     references = [generate(target, None, p, max_new_tokens=24).tokens for p in prompts[:rows]]
@@ -299,10 +303,11 @@ def assert_greedy_is_target_only(
         if drafts_every_slot:
             assert max(out.stats.proposed) == num_draft_tokens
     assert accepted >= min_accepted, accepted
-    batch = generate_batch(
-        target, prompts[:rows], drafter_class(head), num_draft_tokens=num_draft_tokens, max_new_tokens=24
-    )
+    sized = dict(num_draft_tokens=num_draft_tokens, max_new_tokens=24)
+    batch = generate_batch(target, prompts[:rows], drafter_class(head), **sized)
     assert batch.tokens == references and sum(sum(r.accepted) for r in batch.rows) >= min_batch_accepted
+    static = generate_batch(target, prompts[:rows], drafter_class(head), **sized, static_cache=True)
+    assert static.tokens == references and [r.accepted for r in static.rows] == [r.accepted for r in batch.rows]
     out = generate_batch(target, prompts[:rows], drafter_class(head), num_draft_tokens=2, max_new_tokens=24)
     assert out.tokens == references and max(max(r.proposed) for r in out.rows) == 2
 

@@ -12,22 +12,10 @@ import json
 import math
 from dataclasses import replace
 
+import fixtures
 import pytest
 import torch
-from fixtures import (
-    VOCAB,
-    assert_greedy_is_target_only,
-    assert_lossless,
-    assert_rows_leaving_are_checked,
-    assert_walk_is_decoded,
-    aux_features,
-    checking_drafter_class,
-    context_features,
-    fake_vocab_map,
-    fit_block_head,
-    greedy_answers_batch,
-    tiny_model,
-)
+from fixtures import VOCAB
 from lifecycle_helpers import (
     assert_loss_falls,
     assert_two_heads_evaluate,
@@ -72,7 +60,7 @@ def test_shapes_and_parameter_counts(family, pairs):
         block_size=BLOCK,
         mask_token_id=VOCAB - 1,
         aux_layer_ids=[0, 2],
-        vocab_map=fake_vocab_map(Vd),
+        vocab_map=fixtures.fake_vocab_map(Vd),
     )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     per_layer = 2 * H * H + 2 * H * kv + 3 * H * c.intermediate_size + 2 * H + 2 * (H // c.num_attention_heads)
@@ -167,7 +155,7 @@ def test_anchors_and_the_anchor_block_mask_match_a_reference():
 def short_answers(pairs):
     """(target, batch, states): three short greedy answers of the tiny llama target."""
     target, _ = pairs("llama")
-    _, batch, states = greedy_answers_batch(target, lengths=(4, 6, 3), new_tokens=12)
+    _, batch, states = fixtures.greedy_answers_batch(target, lengths=(4, 6, 3), new_tokens=12)
     return target, batch, states
 
 
@@ -176,7 +164,7 @@ def _short_head(short_answers):
     target, batch, states = short_answers
     torch.manual_seed(0)
     head = DFlashHead.for_target(target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 2])
-    feats = aux_features(states, head)
+    feats = fixtures.aux_features(states, head)
     gen = torch.Generator().manual_seed(0)
     return head, feats, *sample_anchors(batch["loss_mask"], batch["attention_mask"], BLOCK, 8, gen)
 
@@ -247,27 +235,27 @@ def fitted(pairs):
     """(target, a one-layer DFlash head fitted to the target's greedy continuations of `prompts`,
     prompts): 20 AdamW steps of `dflash_losses`."""
     target, _ = pairs("llama")
-    prompts, batch, states = greedy_answers_batch(target)
+    prompts, batch, states = fixtures.greedy_answers_batch(target)
     torch.manual_seed(0)
     head = DFlashHead.for_target(
         target, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, aux_layer_ids=[0, 1, 2]
     )
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32)
-    fit_block_head(head, batch, states, recipe, dflash_losses, 20, BLOCK)
+    fixtures.fit_block_head(head, batch, states, recipe, dflash_losses, 20, BLOCK)
     return target, head.eval(), prompts
 
 
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     target, head, prompts = fitted
-    assert_greedy_is_target_only(target, DFlashDrafter, head, prompts, BLOCK - 1)
+    fixtures.assert_greedy_is_target_only(target, DFlashDrafter, head, prompts, BLOCK - 1)
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out evaluation's blocks, one anchored at every position (in chunks), walked as the
     decoder walks: greedy decoding of the same prompts makes the same calls, so the same tau."""
     target, head, prompts = fitted
-    _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
-    feats = aux_features(states, head)
+    _, batch, states = fixtures.greedy_answers_batch(target)  # the prompts' 40-token answers
+    feats = fixtures.aux_features(states, head)
     recipe = DFlashRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=5)
     chains, starts, hits, trained = every_block(head, batch, feats, states.logits, recipe, None, dflash_losses)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # the last prompt token (drafting the answer's first) on
@@ -279,33 +267,26 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     drafted = anchors[..., None] + torch.arange(1, BLOCK)  # slot k drafts the token at p + k: none past the batch
     padded = torch.nn.functional.pad(batch["loss_mask"], (0, BLOCK))
     assert torch.equal(label, padded.gather(1, drafted.flatten(1)).view_as(label) & valid[..., None])
-    assert_walk_is_decoded(target, DFlashDrafter(head), prompts, chains, starts, BLOCK - 1)
+    fixtures.assert_walk_is_decoded(target, DFlashDrafter(head), prompts, chains, starts, BLOCK - 1)
 
 
 def _check_row(drafter, b, context, proposal, sampling):
     """Compares a proposal's logits (row b) with the head run from scratch on the row's whole context
     (the target's features of every token but the last, from one full target forward)."""
     head, n = drafter.head, len(context) - 1
-    feats = context_features(drafter.target, head, context)
+    feats = fixtures.context_features(drafter.target, head, context)
     block = torch.tensor([[context[-1]] + [head.config.mask_token_id] * (BLOCK - 1)])
     positions = torch.arange(n + BLOCK)[None]
     logits = head(block, feats, positions=positions, attention_mask=torch.zeros(1, 1, BLOCK, n + BLOCK))
-    err = (logits[0, 1:].float() - proposal.logits[b]).abs().max().item()
-    assert err < 1e-4, (drafter.calls, b, err)
+    torch.testing.assert_close(logits[0, 1:].float(), proposal.logits[b], atol=1e-4, rtol=0)
     return True
-
-
-#: A DFlash drafter (built as `(head, target)`) checking every proposal of every row from scratch.
-Checked = checking_drafter_class(DFlashDrafter, _check_row, raw_logits=True)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_cache_holds_each_rows_verified_context(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     blocks: every proposal equals the head's from-scratch forward on that row's context."""
-    target, head, prompts = fitted
-    drafter = Checked(head, target)
-    assert_rows_leaving_are_checked(target, prompts, drafter, BLOCK - 1, temperature)
+    fixtures.assert_rows_leaving_are_checked(fitted, DFlashDrafter, _check_row, BLOCK - 1, temperature)
 
 
 @pytest.mark.slow
@@ -314,7 +295,7 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300  # ~12 s and ~7 s on a busy 2-core machine
-    assert_lossless(target, DFlashDrafter(head), prompts[0], samples, batch_size)
+    fixtures.assert_lossless(target, DFlashDrafter(head), prompts[0], samples, batch_size)
 
 
 # ------------------------------------------------------------------------- the trainer, end to end
@@ -334,7 +315,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     config = DFlashConfig.from_pretrained(out / "head")
     assert config.mask_token_id == summary["mask_token_id"] and config.block_size == BLOCK
     with pytest.raises(DFlashError, match="has hidden size 48 .* but target .* has 32"):
-        load_dflash(out / "head", target=tiny_model("llama", hidden=32))
+        load_dflash(out / "head", target=fixtures.tiny_model("llama", hidden=32))
     from draftsmith.heads.models import load_causal_lm
 
     target = load_causal_lm(toy_dir / "target", device=torch.device("cpu"), dtype=torch.float32, role="target")

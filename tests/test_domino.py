@@ -12,23 +12,10 @@ from __future__ import annotations
 
 import json
 
+import fixtures
 import pytest
 import torch
-from fixtures import (
-    VOCAB,
-    anchored_blocks,
-    assert_greedy_is_target_only,
-    assert_lossless,
-    assert_walk_is_decoded,
-    aux_features,
-    block_hidden,
-    checking_drafter_class,
-    decode_ragged_sampled,
-    fit_block_head,
-    greedy_answers_batch,
-    parameter_counts,
-    teacher_forced_blocks,
-)
+from fixtures import VOCAB
 from lifecycle_helpers import toy_recipe
 
 from draftsmith.decoding import generate
@@ -150,7 +137,7 @@ def test_the_parameter_count_is_the_built_heads(pairs, draft_vocab):
         gru_hidden=12,
         proj_dim=recipe.proj_dim,
     )
-    assert head_parameters(recipe, target) == parameter_counts(head)
+    assert head_parameters(recipe, target) == fixtures.parameter_counts(head)
 
 
 def test_the_base_loss_weight_falls_from_1_to_0_over_its_fraction():
@@ -167,9 +154,9 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     """At lambda = 1 the loss is the backbone's alone (the correction gets no gradient), at 0 the
     corrected logits' alone, and in between the mix (1 - lambda) final + lambda base."""
     target, _ = pairs("llama")
-    _, batch, states = greedy_answers_batch(target)
+    _, batch, states = fixtures.greedy_answers_batch(target)
     head = _head(target)
-    feats = aux_features(states, head)
+    feats = fixtures.aux_features(states, head)
     recipe = DominoRecipe(target="t", data="d", out="o", block_size=BLOCK, max_steps=10, lambda_decay_fraction=0.5)
     anchors, valid = sample_anchors(
         batch["loss_mask"], batch["attention_mask"], BLOCK, 6, torch.Generator().manual_seed(0)
@@ -194,7 +181,7 @@ def test_the_loss_mixes_the_final_and_base_terms_by_the_schedule(pairs):
     torch.testing.assert_close(loss_at(2)[0], 0.4 * final_only + 0.6 * base_only)  # lambda(2) = 1 - 2/5
     # final-only is the soft CE of the corrected logits against the target, weighted exp(-(k-1)/gamma)
     with torch.no_grad():
-        base, final = head.block_logits(*teacher_forced_blocks(head, batch, feats, anchors, BLOCK))
+        base, final = head.block_logits(*fixtures.teacher_forced_blocks(head, batch, feats, anchors, BLOCK))
     B, A = anchors.shape
     final = final.view(B, A, BLOCK - 1, -1)
     at = (anchors[..., None] + torch.arange(BLOCK - 1)).clamp(max=batch["input_ids"].shape[1] - 1)
@@ -209,12 +196,14 @@ def fitted(pairs):
     """(target, a Domino head fitted to the target's greedy continuations of `prompts`, prompts, recipe),
     trained with the schedule: lambda falls to 0 at step 10 of 25."""
     target, _ = pairs("llama")
-    prompts, batch, states = greedy_answers_batch(target)
+    prompts, batch, states = fixtures.greedy_answers_batch(target)
     head = _head(target)
     recipe = DominoRecipe(
         target="t", data="d", out="o", block_size=BLOCK, max_anchors=32, max_steps=25, lambda_decay_fraction=0.4
     )
-    losses = fit_block_head(head, batch, states, recipe, domino_losses, recipe.max_steps, BLOCK, with_step=True)
+    losses = fixtures.fit_block_head(
+        head, batch, states, recipe, domino_losses, recipe.max_steps, BLOCK, with_step=True
+    )
     assert sum(losses[-3:]) < sum(losses[:3])
     head.eval()
     h, tokens = torch.randn(2, BLOCK, head.config.hidden_size), torch.randint(0, VOCAB, (2, BLOCK))
@@ -227,7 +216,7 @@ def fitted(pairs):
 def test_greedy_equals_target_only_at_b1_and_b3(fitted):
     target, head, prompts, _ = fitted
     # the anchor drafts nothing: every call proposes at most BLOCK - 1
-    assert_greedy_is_target_only(
+    fixtures.assert_greedy_is_target_only(
         target,
         DominoDrafter,
         head,
@@ -245,9 +234,9 @@ def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out blocks anchored at every position, walked as the decoder walks them: the same calls
     and the same tau as greedy decoding (the teacher-forced GRU reads what a correct chain drafted)."""
     target, head, prompts, recipe = fitted
-    chains, starts = anchored_blocks(target, head, recipe, domino_losses)
+    chains, starts = fixtures.anchored_blocks(target, head, recipe, domino_losses)
     assert chains.shape[-1] == BLOCK - 1 and starts.sum(1).tolist() == [40] * len(prompts)
-    assert_walk_is_decoded(target, DominoDrafter(head), prompts, chains, starts, BLOCK - 1)
+    fixtures.assert_walk_is_decoded(target, DominoDrafter(head), prompts, chains, starts, BLOCK - 1)
 
 
 def _check_row(drafter, b, context, proposal, sampling):
@@ -258,14 +247,14 @@ def _check_row(drafter, b, context, proposal, sampling):
     head, count = drafter.head, proposal.counts[b]
     if not count:
         return False
-    h = block_hidden(drafter.target, head, context, BLOCK)  # [1, B, H]
+    h = fixtures.block_hidden(drafter.target, head, context, BLOCK)  # [1, B, H]
     tokens = torch.tensor([[context[-1], *proposal.tokens[b, :count].tolist()]])  # [1, 1 + count]
     law = head.block_logits(h[:, : 1 + count], tokens)[1][0].float().softmax(-1)  # [count, V]
     torch.testing.assert_close(proposal.probs[b, :count], law, atol=1e-5, rtol=1e-4)
     return True
 
 
-Checked = checking_drafter_class(DominoDrafter, _check_row)
+Checked = fixtures.checking_drafter_class(DominoDrafter, _check_row)
 
 
 def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
@@ -273,7 +262,7 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
     s_k the GRU state after the anchor and the drafts actually made before slot k."""
     target, head, prompts, _ = fitted
     drafter = Checked(head, target)
-    decode_ragged_sampled(target, prompts, drafter, BLOCK - 1, SamplingConfig(temperature=1.0))
+    fixtures.decode_ragged_sampled(target, prompts, drafter, BLOCK - 1, SamplingConfig(temperature=1.0))
     assert drafter.checked >= 6, drafter.checked
 
 
@@ -282,7 +271,7 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
 def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless at T = 1: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts, _ = fitted
-    assert_lossless(target, DominoDrafter(head), prompts[0], 150 * batch_size, batch_size)
+    fixtures.assert_lossless(target, DominoDrafter(head), prompts[0], 150 * batch_size, batch_size)
 
 
 def test_both_layouts_round_trip_with_the_same_tokens(fitted, tmp_path):

@@ -8,18 +8,10 @@ greedy continuations, so whole blocks are accepted and every branch of the verif
 
 from __future__ import annotations
 
+import fixtures
 import pytest
 import torch
-from fixtures import (
-    VOCAB,
-    anchored_blocks,
-    assert_greedy_is_target_only,
-    assert_lossless,
-    assert_walk_is_decoded,
-    block_hidden,
-    fit_block_head,
-    greedy_answers_batch,
-)
+from fixtures import VOCAB
 
 from draftsmith.decoding import generate, generate_batch
 from draftsmith.decoding.admission import ConfidenceAdmission, admitted_counts
@@ -108,11 +100,11 @@ def test_dpace_weights_follow_survival():
 def fitted(pairs, request):
     """(target, a DSpark head fitted to the target's greedy continuations of `prompts`, prompts)."""
     target, _ = pairs("llama")
-    prompts, batch, states = greedy_answers_batch(target)
+    prompts, batch, states = fixtures.greedy_answers_batch(target)
     head = _head(target, request.param)
     recipe = DSparkRecipe(target="t", data="d", out="o", block_size=BLOCK, max_anchors=32, markov_rank=16)
     trained = torch.cat([batch["loss_mask"][:, 1:], torch.zeros_like(batch["loss_mask"][:, :1])], 1)
-    losses = fit_block_head(head, batch, states, recipe, dspark_losses, 25, BLOCK, loss_mask=trained)
+    losses = fixtures.fit_block_head(head, batch, states, recipe, dspark_losses, 25, BLOCK, loss_mask=trained)
     assert sum(losses[-3:]) < sum(losses[:3])
     return target, head.eval(), prompts, recipe
 
@@ -120,16 +112,16 @@ def fitted(pairs, request):
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     target, head, prompts, _ = fitted
     # every slot drafts, the anchor's too: some call proposes BLOCK
-    assert_greedy_is_target_only(target, DSparkDrafter, head, prompts, BLOCK, drafts_every_slot=True)
+    fixtures.assert_greedy_is_target_only(target, DSparkDrafter, head, prompts, BLOCK, drafts_every_slot=True)
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
     """Held-out blocks anchored at every position, walked as the decoder walks them: the same
     calls and the same tau as greedy decoding (the teacher-forced correction is the drafter's)."""
     target, head, prompts, recipe = fitted
-    chains, starts = anchored_blocks(target, head, recipe, dspark_losses)
+    chains, starts = fixtures.anchored_blocks(target, head, recipe, dspark_losses)
     assert chains.shape[-1] == BLOCK and starts.sum(1).tolist() == [40] * len(prompts)
-    assert_walk_is_decoded(target, DSparkDrafter(head), prompts, chains, starts, BLOCK)
+    fixtures.assert_walk_is_decoded(target, DSparkDrafter(head), prompts, chains, starts, BLOCK)
 
 
 def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
@@ -148,7 +140,7 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
     generate(target, drafter, prompts[0], max_new_tokens=12, num_draft_tokens=BLOCK, temperature=1.0, seed=3)
     context, proposal = seen[1]
     with torch.no_grad():
-        h = block_hidden(target, head, context, BLOCK)[0]
+        h = fixtures.block_hidden(target, head, context, BLOCK)[0]
         prev = torch.tensor([context[-1], *proposal.tokens[0, : BLOCK - 1].tolist()])
         law = head.block_logits(h[None], prev[None])[0].float().softmax(-1)
     torch.testing.assert_close(proposal.probs[0], law, atol=1e-5, rtol=1e-4)
@@ -159,14 +151,14 @@ def test_each_draft_comes_from_the_corrected_law_it_reports(fitted):
 def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts, _ = fitted
-    assert_lossless(target, DSparkDrafter(head), prompts[0], 150 * batch_size, batch_size)
+    fixtures.assert_lossless(target, DSparkDrafter(head), prompts[0], 150 * batch_size, batch_size)
 
 
 @pytest.mark.parametrize("kind", MARKOV_HEADS)
 def test_both_layouts_round_trip_with_the_same_tokens(pairs, kind, tmp_path):
     target, _ = pairs("llama")
     head = _head(target, kind, aux=(0, 1))  # a server captures the states entering layers, not the last norm's
-    prompts, _, _ = greedy_answers_batch(target)
+    prompts, _, _ = fixtures.greedy_answers_batch(target)
     reference = generate(target, DSparkDrafter(head), prompts[0], max_new_tokens=16, num_draft_tokens=BLOCK).tokens
     save_dspark(head, tmp_path / "hf")
     export_dspark(head, tmp_path / "vllm")
@@ -185,7 +177,7 @@ def test_both_layouts_round_trip_with_the_same_tokens(pairs, kind, tmp_path):
 
 def test_anchor_chunks_start_where_the_decoder_calls(fitted):
     target, _, prompts, _ = fitted
-    _, batch, _ = greedy_answers_batch(target)
+    _, batch, _ = fixtures.greedy_answers_batch(target)
     starts, _ = anchor_chunks(batch["loss_mask"], batch["attention_mask"], 8)
     assert all(starts[b, len(p) - 1] for b, p in enumerate(prompts))  # the prompt's last token drafts the answer
 

@@ -9,22 +9,10 @@ from __future__ import annotations
 
 import json
 
+import fixtures
 import pytest
 import torch
-from fixtures import (
-    VOCAB,
-    assert_greedy_is_target_only,
-    assert_lossless,
-    assert_rows_leaving_are_checked,
-    assert_walk_is_decoded,
-    aux_features,
-    checking_drafter_class,
-    context_features,
-    fake_vocab_map,
-    fit_steps,
-    greedy_answers_batch,
-    tiny_model,
-)
+from fixtures import VOCAB
 from lifecycle_helpers import assert_loss_falls, assert_two_heads_evaluate, eval_error_args, head_recipe
 from safetensors.torch import load_file
 
@@ -56,7 +44,7 @@ def test_shapes_and_parameter_counts(family, pairs):
     c = target.config
     H, V, Vd, I = c.hidden_size, c.vocab_size, 64, c.intermediate_size
     head = PEagleHead.for_target(
-        target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], vocab_map=fake_vocab_map(Vd)
+        target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], vocab_map=fixtures.fake_vocab_map(Vd)
     )
     kv = c.num_key_value_heads * (H // c.num_attention_heads)
     layer = 2 * H * H + 2 * 2 * H * kv + H * H + 3 * H * I + 3 * H  # q/k/v read 2H; o; mlp; three norms
@@ -157,11 +145,11 @@ def fitted(pairs):
     """(target, a P-EAGLE head with q/k norms fitted to the target's greedy continuations of
     `prompts`, prompts): 25 AdamW steps of `peagle_losses`, no chain dropped by down-sampling."""
     target, _ = pairs("llama")
-    prompts, batch, states = greedy_answers_batch(target)
+    prompts, batch, states = fixtures.greedy_answers_batch(target)
     torch.manual_seed(0)
     # q/k norms as the trainer's default: every decode test here and in test_onepass_static runs them
     head = PEagleHead.for_target(target, mask_token_id=MASK, num_depths=DEPTHS, aux_layer_ids=[0, 1, 2], qk_norm=True)
-    feats = aux_features(states, head)
+    feats = fixtures.aux_features(states, head)
     recipe = PEagleRecipe(
         target="t",
         data="d",
@@ -176,7 +164,7 @@ def fitted(pairs):
         generator = torch.Generator().manual_seed(step)
         return peagle_losses(head, batch, feats, states.logits, recipe, None, generator)[0]
 
-    losses = fit_steps(head, loss_of, 25)
+    losses = fixtures.fit_steps(head, loss_of, 25)
     assert losses[-1] < losses[0] / 2, losses  # the fixture's loss falls
     return target, head.eval(), prompts
 
@@ -185,8 +173,8 @@ def test_the_walk_over_every_chain_is_what_the_decoder_gets(fitted):
     """Held-out evaluation's chains, one anchored at every pair (a few anchors per forward),
     walked as the decoder walks: greedy decoding of the same prompts makes the same calls."""
     target, head, prompts = fitted
-    _, batch, states = greedy_answers_batch(target)  # the prompts' 40-token answers
-    feats = aux_features(states, head)
+    _, batch, states = fixtures.greedy_answers_batch(target)  # the prompts' 40-token answers
+    feats = fixtures.aux_features(states, head)
     recipe = PEagleRecipe(target="t", data="d", out="o", num_depths=DEPTHS, max_anchors=7)
     chains, starts, hits, trained = every_chain(head, batch, feats, states.logits, recipe, None)
     assert starts.sum(1).tolist() == [40] * len(prompts)  # pair P - 2 drafts the answer's first token
@@ -194,7 +182,7 @@ def test_the_walk_over_every_chain_is_what_the_decoder_gets(fitted):
     assert torch.equal(whole[0], chains) and torch.equal(whole[3], trained)  # chunks change nothing
     # every chain whole: depth d >= 1 at each trained position p (anchor p - d), so 40 - (d - 1) per row
     assert trained.tolist() == [len(prompts) * (40.0 - max(0, d - 1)) for d in range(DEPTHS)]
-    assert_walk_is_decoded(target, PEagleDrafter(head), prompts, chains, starts, DEPTHS)
+    fixtures.assert_walk_is_decoded(target, PEagleDrafter(head), prompts, chains, starts, DEPTHS)
 
 
 def test_a_window_keeps_the_chains_anchored_in_it():
@@ -212,7 +200,7 @@ def test_a_window_keeps_the_chains_anchored_in_it():
 
 def test_greedy_equals_target_only_at_b1_and_b4(fitted):
     target, head, prompts = fitted
-    assert_greedy_is_target_only(target, PEagleDrafter, head, prompts, DEPTHS)
+    fixtures.assert_greedy_is_target_only(target, PEagleDrafter, head, prompts, DEPTHS)
 
 
 def _check_row(drafter, b, context, proposal, sampling):
@@ -222,26 +210,19 @@ def _check_row(drafter, b, context, proposal, sampling):
     head, n, k = drafter.head, len(context) - 1, proposal.counts[b]
     if k == 0:
         return False
-    feats = context_features(drafter.target, head, context)
+    feats = fixtures.context_features(drafter.target, head, context)
     hidden = torch.cat([feats, head.mask_features(1, k - 1)], dim=1)
     ids = torch.tensor([context[1:] + [MASK] * (k - 1)])
     _, logits = head(ids, hidden, position_ids=torch.arange(n + k - 1))
-    err = (logits[0, n - 1 :].float() - proposal.logits[b, :k]).abs().max().item()
-    assert err < 1e-4, (drafter.calls, b, err)
+    torch.testing.assert_close(logits[0, n - 1 :].float(), proposal.logits[b, :k], atol=1e-4, rtol=0)
     return True
-
-
-#: A P-EAGLE drafter (built as `(head, target)`) checking every proposal of every row from scratch.
-Checked = checking_drafter_class(PEagleDrafter, _check_row, raw_logits=True)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_cache_holds_each_rows_verified_pairs(fitted, temperature):
     """Ragged rows (prompts of 4, 6 and 1 tokens), rows leaving the batch, accepted and rejected
     drafts: every proposal equals the head's from-scratch forward on that row's context."""
-    target, head, prompts = fitted
-    drafter = Checked(head, target)
-    assert_rows_leaving_are_checked(target, prompts, drafter, DEPTHS, temperature)
+    fixtures.assert_rows_leaving_are_checked(fitted, PEagleDrafter, _check_row, DEPTHS, temperature)
 
 
 @pytest.mark.slow
@@ -250,21 +231,21 @@ def test_sampled_decode_is_lossless(fitted, batch_size):
     """check_lossless at T=1: chi-square of t1 and (t1, t2) against the target's exact law."""
     target, head, prompts = fitted
     samples = 150 if batch_size == 1 else 300
-    assert_lossless(target, PEagleDrafter(head), prompts[0], samples, batch_size)
+    fixtures.assert_lossless(target, PEagleDrafter(head), prompts[0], samples, batch_size)
 
 
 # ------------------------------------------------------------------------- formats
 
 
 def test_export_and_import_round_trip(tmp_path):
-    target = tiny_model("llama", layers=4).eval()  # servers capture layer inputs: aux ids below L
+    target = fixtures.tiny_model("llama", layers=4).eval()  # servers capture layer inputs: aux ids below L
     head = PEagleHead.for_target(
         target,
         mask_token_id=MASK,
         mask_token_source="recipe",
         num_depths=DEPTHS,
         aux_layer_ids=[1, 2, 3],
-        vocab_map=fake_vocab_map(64),
+        vocab_map=fixtures.fake_vocab_map(64),
     ).eval()
     with torch.no_grad():  # off the init (norms at 1), so that a dropped or misread tensor shows
         for p in head.parameters():
@@ -327,7 +308,7 @@ def test_training_lowers_the_loss_reloads_bit_identically_and_evaluates(toy_dir,
     state = head.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     with pytest.raises(EagleError, match="hidden size 48 .* but target .* has 32"):
-        load_eagle(out / "head", target=tiny_model("llama", hidden=32))
+        load_eagle(out / "head", target=fixtures.tiny_model("llama", hidden=32))
     assert_two_heads_evaluate(
         run_cli, toy_dir, "--peagle", out / "head", out / "head", tmp_path / "ev", extra=["--batch-sizes", "1,2"]
     )
