@@ -421,3 +421,27 @@ def test_a_head_of_another_kind_is_refused_in_one_line(toy_dir, tmp_path):
         head_method(recipe)
     with pytest.raises(RecipeError, match="unknown key"):
         load_recipe(OnPolicyRecipe, None, {"target": "t", "head": "h", "data": "d", "out": "o", "step": 1})
+
+
+def test_the_replay_takes_the_loss_the_heads_run_recorded(tmp_path):
+    """A head in a run folder replays with the loss keys its recipe.json recorded (a trainer's, or an
+    on-policy run's resolved ones), the recipe's method_recipe over them; the run's inputs and shared keys
+    are not carried over, and a broken recipe.json is refused naming the file."""
+    run = tmp_path / "dflash-run"
+    (run / "head").mkdir(parents=True)
+    (run / "head" / "config.json").write_text(json.dumps({"model_type": "draftsmith_dflash"}))
+    recorded = {"loss": "tv", "decay_gamma": 2.0, "hidden_cache": "/nowhere", "lr": 5.0, "gone_key": 1}
+    (run / "recipe.json").write_text(json.dumps(recorded))
+    recipe = OnPolicyRecipe(target="t", head=str(run / "head"), data="d", out="o")
+    dflash = get_method("dflash")
+    resolved = method_recipe(recipe, dflash)
+    assert (resolved.loss, resolved.decay_gamma, resolved.hidden_cache, resolved.lr) == ("tv", 2.0, None, 6e-4)
+    given = OnPolicyRecipe(target="t", head=str(run / "head"), data="d", out="o", method_recipe={"loss": "jsd"})
+    assert (method_recipe(given, dflash).loss, method_recipe(given, dflash).decay_gamma) == ("jsd", 2.0)
+    (run / "recipe.json").write_text(json.dumps({"rounds": 3, "method_recipe_resolved": {"loss": "reverse_kl"}}))
+    assert method_recipe(recipe, dflash).loss == "reverse_kl"
+    (run / "recipe.json").write_text("{not json")
+    with pytest.raises(RecipeError, match="recipe.json' \\(the head's run recipe\\) is not readable JSON"):
+        method_recipe(recipe, dflash)
+    unrecorded = OnPolicyRecipe(target="t", head=str(tmp_path / "x" / "head"), data="d", out="o")
+    assert method_recipe(unrecorded, dflash).loss == "soft_ce"  # no run folder: the trainer's defaults

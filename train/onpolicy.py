@@ -70,7 +70,8 @@ class OnPolicyRecipe:
     rejected_weight: float = 1.0  # k3 estimate of KL(q || p) on rejected drafts
     rejected_decay: float = 0.5  # a rejected draft at offset o past the last accepted one weighs decay^(o - 1)
     method_recipe: dict = field(default_factory=dict)  # keys of the head's trainer recipe its loss reads,
-    # e.g. {loss: tv, decay_gamma: 2}; unset: that trainer's defaults; the head's shape comes from the head
+    # e.g. {loss: tv, decay_gamma: 2}, over those the head's run folder recorded (its recipe.json; none
+    # there: that trainer's defaults); the head's shape comes from the head
     heldout_fraction: float = 0.05  # the data's held-out split as the trainers take it (every 1/f-th row)
     eval_prompts: int = 16  # held-out prompts decoded per round
     allow_target_mismatch: bool = False  # a head or data of another target: only for a fine-tune of it
@@ -144,13 +145,35 @@ def head_method(recipe: OnPolicyRecipe):
     return method
 
 
+#: A trainer recipe's keys that name the run's inputs, not its loss: never carried over from a recorded run.
+INPUT_KEYS = ("hidden_cache", "vocab_map")
+
+
+def recorded_method_recipe(head_folder) -> tuple[dict, str | None]:
+    """(the trainer recipe the head was trained with, the file it comes from): the `recipe.json` of its run
+    folder (the head's parent: a trainer's own, or an on-policy run's `method_recipe_resolved`), else
+    ({}, None)."""
+    path = Path(head_folder).parent / "recipe.json"
+    if not path.is_file():
+        return {}, None
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RecipeError(f"{str(path)!r} (the head's run recipe) is not readable JSON: {err}") from None
+    if not isinstance(recorded, dict):
+        raise RecipeError(f"{str(path)!r} (the head's run recipe) holds {type(recorded).__name__}, expected a mapping")
+    return recorded.get("method_recipe_resolved", recorded), str(path)
+
+
 def method_recipe(recipe: OnPolicyRecipe, method, head=None):
-    """The head's trainer recipe its loss reads: that trainer's defaults, `recipe.method_recipe` over them,
-    and (with the loaded `head`) the keys its config fixes (its replay's `shape_keys`, e.g. block_size)."""
+    """The head's trainer recipe its loss reads: the loss keys its run folder recorded (else that trainer's
+    defaults), `recipe.method_recipe` over them, and (with the loaded `head`) the keys its config fixes
+    (its replay's `shape_keys`, e.g. block_size)."""
     cls = method.part("recipe")
     # the keys every trainer shares (lr, max_steps, ...) are the run's, never its loss's: refused, not ignored
     shared = {f.name for f in dataclasses.fields(RunRecipe)}
     given, own = dict(recipe.method_recipe), {f.name for f in dataclasses.fields(cls)} - shared
+    recorded = {k: v for k, v in recorded_method_recipe(recipe.head)[0].items() if k in own and k not in INPUT_KEYS}
     unknown = sorted(set(given) - own)
     if unknown:
         raise RecipeError(
@@ -162,7 +185,7 @@ def method_recipe(recipe: OnPolicyRecipe, method, head=None):
     for key, value in shape.items():
         if key in given and given[key] != value:
             raise RecipeError(f"method_recipe: {key} = {given[key]!r}, but the head's is {value!r}: remove it")
-    values = {"target": recipe.target, "data": recipe.data, "out": recipe.out, **given, **shape}
+    values = {"target": recipe.target, "data": recipe.data, "out": recipe.out, **recorded, **given, **shape}
     try:
         return cls(**{name: _check_value(cls, name, value, "method_recipe") for name, value in values.items()})
     except ValueError as err:  # RecipeError of a type, or the method recipe's own check of a value
@@ -289,7 +312,9 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     resolved = recipe_dict(recipe) | {"kind": method.kind, "num_draft_tokens": k}
-    write_json_atomic(out / "recipe.json", resolved | {"method_recipe_resolved": recipe_dict(losses_recipe)})
+    source = recorded_method_recipe(recipe.head)[1] or f"{method.part('recipe').__name__}'s defaults"
+    resolved |= {"method_recipe_resolved": recipe_dict(losses_recipe), "method_recipe_base": source}
+    write_json_atomic(out / "recipe.json", resolved)
     print(f"on-policy post-training of {method.title} {recipe.head!r}: {recipe.rounds} rounds, K = {k}")
     rounds = [{"round": 0, "head": str(recipe.head), **heldout_tau(target, drafter, heldout, k, recipe)}]
     report = {
