@@ -445,3 +445,16 @@ def test_the_replay_takes_the_loss_the_heads_run_recorded(tmp_path):
         method_recipe(recipe, dflash)
     unrecorded = OnPolicyRecipe(target="t", head=str(tmp_path / "x" / "head"), data="d", out="o")
     assert method_recipe(unrecorded, dflash).loss == "soft_ce"  # no run folder: the trainer's defaults
+
+
+def test_greedy_rollouts_of_greedy_data_are_said_to_repeat_it():
+    from draftsmith.train.onpolicy import repeated_rows_note
+
+    greedy = {"settings": {"temperature": 0.0, "max_new_tokens": 128}}
+    recipe = OnPolicyRecipe(target="t", head="h", data="d", out="o", max_new_tokens=128)
+    assert "the rows replayed are the head's own training rows" in repeated_rows_note(recipe, greedy)
+    longer = OnPolicyRecipe(target="t", head="h", data="d", out="o", max_new_tokens=256)
+    sampled = OnPolicyRecipe(target="t", head="h", data="d", out="o", temperature=1.0)
+    assert repeated_rows_note(longer, greedy) is None and repeated_rows_note(sampled, greedy) is None
+    assert repeated_rows_note(recipe, {"settings": {"temperature": 0.7, "max_new_tokens": 128}}) is None
+    assert repeated_rows_note(recipe, {}) is None

@@ -192,6 +192,21 @@ def method_recipe(recipe: OnPolicyRecipe, method, head=None):
         raise RecipeError(str(err) if str(err).startswith("method_recipe") else f"method_recipe: {err}") from None
 
 
+def repeated_rows_note(recipe: OnPolicyRecipe, provenance: dict) -> str | None:
+    """A note when the rollouts can only repeat the data: greedy rollouts, no longer than the answers of
+    data generated greedily, are those answers (the decoder is lossless), up to bf16 near-ties."""
+    settings = provenance.get("settings") or {}
+    if recipe.temperature or settings.get("temperature") != 0:
+        return None
+    if recipe.max_new_tokens > settings.get("max_new_tokens", 0):
+        return None
+    return (
+        f"note: the data are the target's greedy answers (up to {settings['max_new_tokens']} tokens) and the "
+        f"rollouts are greedy (up to {recipe.max_new_tokens}): the rows replayed are the head's own training rows, "
+        "and only which drafts were accepted or rejected is new; temperature > 0 rolls out rows it has not seen"
+    )
+
+
 # ---------------------------------------------------------------------- rollouts and evaluation
 def rollout(target, drafter, prompts: list[list[int]], recipe: OnPolicyRecipe, k: int, seed: int) -> list[Episode]:
     """Each prompt decoded by the decoder with `drafter`, every call recorded (`RecordingDrafter`)."""
@@ -283,9 +298,9 @@ def train(recipe: OnPolicyRecipe, *, progress: bool = True) -> dict:
         raise RecipeError(f"data {recipe.data!r} ({len(data)} rows) leaves no training or no held-out row")
     heldout = heldout_prompts(data, heldout_rows, recipe.eval_prompts)
     target = load_causal_lm(recipe.target, device=device, dtype=dtype, role="target").requires_grad_(False)
-    note = data_target_note(recipe, data, target)
-    if note:
-        print(note, file=sys.stderr)
+    for note in (data_target_note(recipe, data, target), repeated_rows_note(recipe, data.provenance)):
+        if note:
+            print(note, file=sys.stderr)
 
     def drafter_of(folder):
         try:
