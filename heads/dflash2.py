@@ -188,13 +188,16 @@ class CandidateSelector(nn.Module):
 
     def context(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """A[p] * (W h) [..., r] of states h [..., H] after the tokens prev_ids [...]."""
-        predecessor = self.predecessor_codebook[prev_ids.long()]
+        predecessor = F.embedding(prev_ids.long(), self.predecessor_codebook)  # not [ids]: see `scores`
         return predecessor * self.hidden_projection(h.to(self.hidden_projection.weight.dtype)).to(predecessor.dtype)
 
     def scores(self, unary: torch.Tensor, h: torch.Tensor, prev_ids: torch.Tensor, candidates: torch.Tensor):
         """s(c | p, h) [..., K] float32 of the candidates [..., K] of slots with logits unary [..., V]
         (of any dtype: only the K candidates' logits are cast)."""
-        transition = (self.context(h, prev_ids)[..., None, :] * self.successor_codebook[candidates]).sum(-1)
+        # F.embedding, not codebook[ids]: indexing's backward accumulates repeated ids with atomic adds
+        # on a multi-threaded CPU, in an order that changes from run to run; embedding's does not
+        successor = F.embedding(candidates, self.successor_codebook)  # [..., K, r]
+        transition = (self.context(h, prev_ids)[..., None, :] * successor).sum(-1)
         return unary.gather(-1, candidates).float() + transition.float()
 
 

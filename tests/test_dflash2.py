@@ -155,6 +155,36 @@ def _walk_setting(head, rows=2, seed=1):
     return drafter, logits, hidden
 
 
+def test_the_selector_gradients_repeat_bit_for_bit_on_two_threads():
+    """The codebooks' gradients, with the same ids many times over (as the candidates of a batch), are
+    the same in every backward on a 2-thread CPU: indexing a codebook (`A[ids]`) accumulates its
+    gradient with atomic adds in an order that changed from run to run; F.embedding does not."""
+    from draftsmith.heads.dflash2 import CandidateSelector
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        config = DFlash2Config(mask_token_id=1, aux_layer_ids=[0], vocab_size=8192, hidden_size=64, selector_rank=64)
+        selector = CandidateSelector(config)
+        gen = torch.Generator().manual_seed(0)
+        prev = torch.randint(0, 300, (8, 16, 7), generator=gen)
+        candidates = torch.randint(0, 300, (8, 16, 7, 16), generator=gen)
+        h, unary = torch.randn(8, 16, 7, 64, generator=gen), torch.randn(8, 16, 7, 8192, generator=gen)
+        up = torch.randn(8, 16, 7, 16, generator=gen)
+
+        def grads():
+            selector.zero_grad(set_to_none=True)
+            (selector.scores(unary, h, prev, candidates) * up).sum().backward()
+            return [p.grad.clone() for p in (selector.predecessor_codebook, selector.successor_codebook)]
+
+        first = grads()
+        for _ in range(10):
+            assert all(torch.equal(a, b) for a, b in zip(grads(), first))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_walk_is_the_hand_computed_chain(pairs):
     """Greedy: from the anchor, each draft is the best-scoring of its slot's top-K backbone logits after
     the draft before it (z-lab's and speculators' selector); sampled: each q_k is the softmax of those
