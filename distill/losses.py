@@ -459,7 +459,9 @@ def _logits(src, rows, lo, hi, T):
 def _label_logits(src, rows, y):
     """z[label] for each row without touching the rest of the vocabulary."""
     if isinstance(src, Projected):
-        z = (src.hidden[rows].float() * src.weight[y].float()).sum(-1)
+        # F.embedding, not weight[y]: indexing's backward adds repeated labels' gradients with atomic adds
+        # on a multi-threaded CPU, in an order that changes from run to run; embedding's is deterministic
+        z = (src.hidden[rows].float() * F.embedding(y, src.weight).float()).sum(-1)
         return z if src.bias is None else z + src.bias[y].float()
     return src[torch.arange(src.shape[0], device=src.device)[rows], y].float()
 

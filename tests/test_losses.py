@@ -470,3 +470,27 @@ def test_closed_form_gradients_are_autograds_through_the_formula(kind, dtype, ch
     assert grad.dtype == dtype and not grad[~mask.bool()].any()
     tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
     torch.testing.assert_close(grad.float(), ref_grad.to(dtype).float(), **tolerance)
+
+
+def test_projected_cross_entropy_gradients_repeat_bit_for_bit_on_two_threads():
+    """Hard-label CE through a Projected student reads each label's lm_head row: repeated labels (every
+    batch has them) must not make the weight's gradient depend on thread scheduling (`weight[y]`'s
+    backward adds with atomic adds on a multi-threaded CPU; F.embedding's is deterministic)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(8192, 256, generator=gen).requires_grad_()
+        hidden = torch.randn(4, 512, 256, generator=gen)
+        labels = torch.randint(0, 300, (4, 512), generator=gen)
+        mask = torch.ones(4, 512, dtype=torch.bool)
+
+        def grad():
+            weight.grad = None
+            cross_entropy(Projected(hidden, weight), labels, mask).backward()
+            return weight.grad.clone()
+
+        first = grad()
+        assert all(torch.equal(grad(), first) for _ in range(10))
+    finally:
+        torch.set_num_threads(threads)
