@@ -17,13 +17,13 @@ import json
 
 import pytest
 import torch
-from fixtures import first_line_prompts
+from fixtures import checking_drafter_class, first_line_prompts
 from lifecycle_helpers import assert_fast_path_decodes_the_same
 from test_dflash import BLOCK  # noqa: F401 (a fixture)
-from test_dflash import Checked as CheckedDFlash
+from test_dflash import _check_row as check_dflash_row
 from test_dflash import fitted as dflash_fitted  # noqa: F401 (a fixture)
 from test_peagle import DEPTHS  # noqa: F401 (a fixture)
-from test_peagle import Checked as CheckedPEagle
+from test_peagle import _check_row as check_peagle_row
 from test_peagle import fitted as peagle_fitted  # noqa: F401 (a fixture)
 from test_static import COMPILED
 from test_tune_cli import flat_verify, tune_args  # noqa: F401 (a fixture)
@@ -39,7 +39,13 @@ from draftsmith.heads.eagle import PEagleHead, save_eagle
 from draftsmith.heads.models import load_causal_lm
 
 #: kind -> (drafter class, its from-scratch checking subclass, K: every position it drafts)
-KINDS = {"dflash": (DFlashDrafter, CheckedDFlash, BLOCK - 1), "peagle": (PEagleDrafter, CheckedPEagle, DEPTHS)}
+KINDS = {
+    kind: (drafter, checking_drafter_class(drafter, check_row, raw_logits=True), k)
+    for kind, drafter, check_row, k in (
+        ("dflash", DFlashDrafter, check_dflash_row, BLOCK - 1),
+        ("peagle", PEagleDrafter, check_peagle_row, DEPTHS),
+    )
+}
 
 
 @pytest.fixture(params=list(KINDS))
