@@ -336,18 +336,8 @@ def test_greedy_equals_target_only_at_b1_and_b3(fitted):
     """Greedy decoding with the head is target-only's, on the growing store and the static one."""
     target, head, prompts, _ = fitted
     # the anchor drafts nothing: every call proposes at most BLOCK - 1
-    fixtures.assert_greedy_is_target_only(
-        target,
-        DFlash2Drafter,
-        head,
-        prompts,
-        BLOCK - 1,
-        rows=3,
-        singles=1,
-        min_accepted=5,
-        min_batch_accepted=10,
-        drafts_every_slot=True,
-    )
+    checks = dict(rows=3, singles=1, min_accepted=5, min_batch_accepted=10, drafts_every_slot=True)
+    fixtures.assert_greedy_is_target_only(target, DFlash2Drafter, head, prompts, BLOCK - 1, **checks)
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):

@@ -216,18 +216,8 @@ def fitted(pairs):
 def test_greedy_equals_target_only_at_b1_and_b3(fitted):
     target, head, prompts, _ = fitted
     # the anchor drafts nothing: every call proposes at most BLOCK - 1
-    fixtures.assert_greedy_is_target_only(
-        target,
-        DominoDrafter,
-        head,
-        prompts,
-        BLOCK - 1,
-        rows=3,
-        singles=1,
-        min_accepted=5,
-        min_batch_accepted=10,
-        drafts_every_slot=True,
-    )
+    checks = dict(rows=3, singles=1, min_accepted=5, min_batch_accepted=10, drafts_every_slot=True)
+    fixtures.assert_greedy_is_target_only(target, DominoDrafter, head, prompts, BLOCK - 1, **checks)
 
 
 def test_the_walk_over_every_anchor_is_what_the_decoder_gets(fitted):
