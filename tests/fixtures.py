@@ -274,6 +274,16 @@ def assert_walk_is_decoded(target, drafter, prompts, chains, starts, num_draft_t
     assert (calls, tokens / calls) == (decoder_calls, pytest.approx(tau)) and tau > 1.5
 
 
+def block_head(head_class, target, block_size: int, seed: int = 0, aux=(0, 1, 2), **config):
+    """A `head_class` block head for `target`, its weights drawn after `torch.manual_seed(seed)`: mask
+    token VOCAB - 1, hidden states `aux`, and the head config's own keys `config`."""
+    import torch
+
+    torch.manual_seed(seed)
+    shape = dict(block_size=block_size, mask_token_id=VOCAB - 1, aux_layer_ids=list(aux))
+    return head_class.for_target(target, **shape, **config)
+
+
 def assert_greedy_is_target_only(
     target,
     drafter_class,

@@ -37,15 +37,8 @@ TOP_K, RANK = 4, 8  # few candidates of 320 tokens: the walk's restriction matte
 
 
 def _head(target, seed=0, aux=(0, 1, 2), **config):
-    torch.manual_seed(seed)
-    return DFlash2Head.for_target(
-        target,
-        block_size=BLOCK,
-        mask_token_id=VOCAB - 1,
-        aux_layer_ids=list(aux),
-        selector_rank=RANK,
-        selector_top_k=TOP_K,
-        **config,
+    return fixtures.block_head(
+        DFlash2Head, target, BLOCK, seed, aux, selector_rank=RANK, selector_top_k=TOP_K, **config
     )
 
 

@@ -33,16 +33,7 @@ GRU, PROJ = 16, 8
 
 
 def _head(target, seed=0, aux=(0, 1, 2), **config):
-    torch.manual_seed(seed)
-    head = DominoHead.for_target(
-        target,
-        block_size=BLOCK,
-        mask_token_id=VOCAB - 1,
-        aux_layer_ids=list(aux),
-        gru_hidden=GRU,
-        proj_dim=PROJ,
-        **config,
-    )
+    head = fixtures.block_head(DominoHead, target, BLOCK, seed, aux, gru_hidden=GRU, proj_dim=PROJ, **config)
     with torch.no_grad():  # a correction that is not zero, so it is exercised from the start
         head.embed_proj[2].weight.normal_(0, 0.5)
     return head

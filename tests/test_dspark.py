@@ -28,16 +28,7 @@ BLOCK = 4
 
 
 def _head(target, kind="vanilla", rank=16, seed=0, aux=(0, 1, 2), **variant):
-    torch.manual_seed(seed)
-    head = DSparkHead.for_target(
-        target,
-        block_size=BLOCK,
-        mask_token_id=VOCAB - 1,
-        aux_layer_ids=list(aux),
-        markov_rank=rank,
-        markov_head_type=kind,
-        **variant,
-    )
+    head = fixtures.block_head(DSparkHead, target, BLOCK, seed, aux, markov_rank=rank, markov_head_type=kind, **variant)
     with torch.no_grad():  # a bias that is not zero, so the correction is exercised from the start
         if head.markov_head is not None:
             head.markov_head.markov_w2.weight.normal_(0, 0.5)
