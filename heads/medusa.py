@@ -31,6 +31,12 @@ Layouts (`load_medusa` tells them apart by config.json):
 - "vllm" (vLLM's `MedusaModel`): config.json with `model_type: medusa`, `num_heads`,
   `num_hidden_layers` (= blocks per head) and the fields below; model.safetensors with
   `blocks.{h}.layers.{l}.{weight,bias}` and `lm_heads.{h}.weight`.
+
+A reduced draft vocabulary (`draft_vocab_size` < vocab_size, `heads.vocab_map`): each projection holds
+the draft tokens' rows only ([Vd, H], the buffers `d2t`/`t2d` map them), `forward` places the logits in
+the target vocabulary (-inf elsewhere, so argmax, top-k and the sampled q need no mapping), and vLLM's
+layout carries it as `truncated_vocab_size` = Vd and a `token_map` [Vd] of target ids. FasterDecoding's
+layout has no such field: those heads are refused there.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
 from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
-from draftsmith.heads.layers import target_provenance
+from draftsmith.heads.layers import check_vocab_map, draft_to_target_logits, target_provenance
 
 EXPORT_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
@@ -84,11 +90,18 @@ class MedusaConfig(PretrainedConfig):
         hidden_size: int = 4096,
         vocab_size: int = 32000,
         share_lm_head: bool = False,  # True: every head projects with the target's frozen lm_head (saves K*V*H params)
+        draft_vocab_size: int | None = None,  # < vocab_size: the projections' rows (a vocab map); None = vocab_size
         **kwargs,  # the provenance (_PROVENANCE_FIELDS), then PretrainedConfig's
     ):
         if num_heads < 1 or num_layers < 0:
             raise MedusaError(
                 f"MedusaConfig: num_heads={num_heads}, num_layers={num_layers}; expected num_heads >= 1, num_layers >= 0"
+            )
+        draft_vocab_size = vocab_size if draft_vocab_size is None else draft_vocab_size
+        if not 0 < draft_vocab_size <= vocab_size or (share_lm_head and draft_vocab_size < vocab_size):
+            raise MedusaError(
+                f"MedusaConfig: draft_vocab_size={draft_vocab_size} with vocab_size={vocab_size}, share_lm_head="
+                f"{share_lm_head}; expected 1..vocab_size, and the whole vocabulary with a shared lm_head"
             )
         for name in _PROVENANCE_FIELDS:
             setattr(self, name, kwargs.pop(name, None))
@@ -97,7 +110,12 @@ class MedusaConfig(PretrainedConfig):
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.share_lm_head = share_lm_head
+        self.draft_vocab_size = draft_vocab_size
         super().__init__(**kwargs)
+
+    @property
+    def reduced(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
 
 
 class ResBlock(nn.Module):
@@ -124,7 +142,7 @@ class MedusaHeads(PreTrainedModel):
 
     def __init__(self, config: MedusaConfig):
         super().__init__(config)
-        H, V = config.hidden_size, config.vocab_size
+        H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
         # One module per layer. The original Medusa built `nn.Sequential(*[ResBlock(H)] * L)`,
         # which repeats ONE module L times: for L > 1 its layers silently share weights (and
         # its loader keeps only the last layer's tensors). Here each layer is its own module.
@@ -132,7 +150,10 @@ class MedusaHeads(PreTrainedModel):
             nn.ModuleList(ResBlock(H) for _ in range(config.num_layers)) for _ in range(config.num_heads)
         )
         if not config.share_lm_head:
-            self.lm_heads = nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads))
+            self.lm_heads = nn.ModuleList(nn.Linear(H, Vd, bias=False) for _ in range(config.num_heads))
+        if config.reduced:  # draft id i is target id i + d2t[i]; t2d marks the draft tokens (heads.vocab_map)
+            self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
         # With share_lm_head the target's lm_head is borrowed, never owned: a plain tensor
         # attribute (see `attach_lm_head`), so it is neither saved, nor trained, nor seen by an
         # optimizer, DDP or `parameters()`. `_apply` below moves it with `.to()`.
@@ -143,7 +164,7 @@ class MedusaHeads(PreTrainedModel):
         if isinstance(module, ResBlock):
             init.zeros_(module.linear.weight)
             init.zeros_(module.linear.bias)
-        elif isinstance(module, nn.Linear) and module.out_features == self.config.vocab_size:
+        elif isinstance(module, nn.Linear) and module.out_features == self.config.draft_vocab_size:
             init.normal_(module.weight, mean=0.0, std=0.02)  # only without a target; for_target copies its lm_head
 
     def _apply(self, fn, recurse=True):
@@ -164,25 +185,33 @@ class MedusaHeads(PreTrainedModel):
         target_name_or_path: str | None = None,
         data_hash: str | None = None,
         dtype: torch.dtype | None = None,
+        vocab_map=None,
     ) -> MedusaHeads:
         """Heads sized for `target`, on its device, each projection a trainable copy of its lm_head
-        (or, with `share_lm_head`, the frozen lm_head itself)."""
+        (its `vocab_map`'s rows only, a `heads.vocab_map.VocabMap`; or, with `share_lm_head`, the
+        frozen lm_head itself)."""
         lm_weight = _output_weight(target)
         H, V = target.config.get_text_config().hidden_size, lm_weight.shape[0]
         if lm_weight.shape[1] != H:
             raise MedusaError(
                 f"target's output embeddings are {tuple(lm_weight.shape)}, but its config says hidden_size={H}"
             )
+        if vocab_map is not None:
+            check_vocab_map(vocab_map, V, MedusaError)
         config = MedusaConfig(
             num_heads=num_heads,
             num_layers=num_layers,
             hidden_size=H,
             vocab_size=V,
             share_lm_head=share_lm_head,
+            draft_vocab_size=None if vocab_map is None else vocab_map.draft_vocab_size,
             **target_provenance(target, target_name_or_path, data_hash),
         )
         heads = cls(config).to(device=lm_weight.device, dtype=dtype or lm_weight.dtype)
         with torch.no_grad():
+            if config.reduced:
+                heads.d2t.copy_(vocab_map.d2t), heads.t2d.copy_(vocab_map.t2d)
+                lm_weight = lm_weight[heads.draft_ids().to(lm_weight.device)]
             for h in range(num_heads):
                 for block in heads.blocks[h]:
                     block.reset_parameters()
@@ -215,8 +244,13 @@ class MedusaHeads(PreTrainedModel):
             outputs.append(x)
         return outputs
 
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] long: the target id of each projection row (arange(V) without a reduced vocabulary)."""
+        rows = torch.arange(self.config.draft_vocab_size, device=self.blocks[0][0].linear.weight.device)
+        return rows + self.d2t if self.config.reduced else rows
+
     def lm_head_weight(self, h: int) -> torch.Tensor:
-        """Head h's projection [V, H]: its own, or the attached target lm_head."""
+        """Head h's projection [Vd, H]: its own, or the attached target lm_head."""
         if not self.config.share_lm_head:
             return self.lm_heads[h].weight
         if self._shared_lm_head is None:
@@ -228,13 +262,15 @@ class MedusaHeads(PreTrainedModel):
         return self._shared_lm_head
 
     def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """Logits [num_heads, ..., V] from the target's last post-norm hidden state [..., H];
-        `num_heads` < config.num_heads runs the first heads only (a shorter proposal)."""
+        """Logits [num_heads, ..., V] from the target's last post-norm hidden state [..., H] (a reduced
+        vocabulary's placed in the target's, -inf elsewhere); `num_heads` < config.num_heads runs the
+        first heads only (a shorter proposal)."""
         logits = []
         for h, x in enumerate(self.head_hidden(hidden_states, num_heads)):
             weight = self.lm_head_weight(h)
             logits.append(F.linear(x, weight.to(dtype=x.dtype, device=x.device)))  # no-op unless the dtypes differ
-        return torch.stack(logits)
+        logits = torch.stack(logits)  # [num_heads, ..., Vd]
+        return draft_to_target_logits(logits, self.d2t, self.config.vocab_size) if self.config.reduced else logits
 
     def check_target(self, target: PreTrainedModel) -> None:
         """MedusaError when the sizes differ. Whether the heads were trained on this very target
@@ -316,7 +352,7 @@ def _vllm_config(heads: MedusaHeads) -> dict:
         "num_hidden_layers": c.num_layers,  # ResBlocks per head, not the target's depth
         "max_paths": 64,  # vLLM's default; unused by V1, which drafts top-1 per head (no tree)
         "topk": 10,  # vLLM's default; unused likewise
-        "truncated_vocab_size": c.vocab_size,  # = vocab: no token_map, full-vocabulary heads
+        "truncated_vocab_size": c.draft_vocab_size,  # < vocab_size: the weights' `token_map` [Vd] of target ids
         # vLLM's Linear has bias=getattr(config, "medusa_fc_bias", False): without this flag
         # the trained biases are silently dropped by its loader (not in params_dict).
         "medusa_fc_bias": True,
@@ -357,6 +393,11 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"export format {format!r}: expected one of {', '.join(map(repr, EXPORT_FORMATS))}")
     c = heads.config
+    if c.reduced and format == "medusa":
+        raise MedusaError(
+            f"these heads draft over {c.draft_vocab_size} of {c.vocab_size} tokens, and FasterDecoding's layout has no "
+            "token map: export them as 'vllm' (truncated_vocab_size and token_map) or 'hf'"
+        )
     if c.share_lm_head and heads._shared_lm_head is None:
         raise MedusaError(
             f"exporting to {format!r} writes the target's lm_head into every head, but it is not attached: "
@@ -372,6 +413,8 @@ def export_medusa(heads: MedusaHeads, out_dir, format: str, *, overwrite: bool =
         else:
             tensor = own[internal]
         state[external] = tensor.detach().to("cpu").contiguous()
+    if c.reduced:
+        state["token_map"] = heads.draft_ids().to("cpu")  # vLLM: logits[..., token_map] = the heads' [..., Vd]
     if format == "medusa":
         config, weights = _medusa_config(heads), MEDUSA_WEIGHTS
     else:
@@ -464,12 +507,22 @@ def _load_vllm(path: Path, raw: dict) -> MedusaHeads:
     num_heads, num_layers = int(raw["num_heads"]), int(raw.get("num_hidden_layers", 1))
     if "lm_heads.0.weight" not in state:
         raise MedusaError(f"{str(file)!r} has no key 'lm_heads.0.weight' (head 0's projection)")
-    vocab, hidden = state["lm_heads.0.weight"].shape
-    if raw.get("truncated_vocab_size", vocab) < raw.get("vocab_size", vocab) or "token_map" in state:
-        raise MedusaError(
-            f"{str(path)!r}: truncated_vocab_size={raw.get('truncated_vocab_size')} < vocab_size={raw.get('vocab_size')} "
-            "(a token_map checkpoint) is not supported"
-        )
+    rows, hidden = state["lm_heads.0.weight"].shape
+    vocab, token_map = int(raw.get("vocab_size") or rows), state.pop("token_map", None)
+    if int(raw.get("truncated_vocab_size") or vocab) < vocab:  # as vLLM: a token map, else none (ignored)
+        truncated = int(raw["truncated_vocab_size"])
+        token_map = None if token_map is None else token_map.long()
+        if token_map is None or tuple(token_map.shape) != (truncated,) or token_map.unique().numel() != truncated:
+            raise MedusaError(
+                f"{str(file)!r}: truncated_vocab_size={truncated} < vocab_size={vocab} needs a token_map of "
+                f"{truncated} distinct target ids, found {None if token_map is None else list(token_map.shape)}"
+            )
+        if int(token_map.min()) < 0 or int(token_map.max()) >= vocab:
+            raise MedusaError(f"{str(file)!r}: token_map holds ids outside the vocabulary 0..{vocab - 1}")
+        for key in [k for k in state if k.startswith("lm_heads.") and state[k].shape[0] == vocab > truncated]:
+            state[key] = state[key][token_map]  # full-vocabulary rows: vLLM keeps the token map's
+    else:
+        token_map = None
     if raw.get("original_lm_head", False) and "lm_heads.0.weight" in state:  # one projection for all heads
         for h in range(1, num_heads):
             state.setdefault(f"lm_heads.{h}.weight", state["lm_heads.0.weight"].clone())  # own copies, not tied
@@ -484,10 +537,11 @@ def _load_vllm(path: Path, raw: dict) -> MedusaHeads:
         state = {k: v for k, v in state.items() if k not in dropped}
         for key in [k for k in state if k.startswith("blocks.") and k.endswith(".weight")]:
             state[key.removesuffix("weight") + "bias"] = torch.zeros(hidden, dtype=state[key].dtype)
-    return _from_state(path, file, raw, state, "vllm", num_heads, num_layers, vocab, hidden)
+    return _from_state(path, file, raw, state, "vllm", num_heads, num_layers, vocab, hidden, token_map)
 
 
-def _from_state(path, file, raw, state, fmt, num_heads, num_layers, vocab, hidden) -> MedusaHeads:
+def _from_state(path, file, raw, state, fmt, num_heads, num_layers, vocab, hidden, token_map=None) -> MedusaHeads:
+    """Heads of `state` in layout `fmt`; `token_map` [Vd]: the target id of each projection row."""
     for key, expected in (("hidden_size", hidden), ("vocab_size", vocab)):
         if raw.get(key) not in (None, expected):
             raise MedusaError(f"{str(path)!r}: config.json says {key}={raw[key]} but the weights have {expected}")
@@ -508,14 +562,18 @@ def _from_state(path, file, raw, state, fmt, num_heads, num_layers, vocab, hidde
         hidden_size=hidden,
         vocab_size=vocab,
         share_lm_head=False,
+        draft_vocab_size=None if token_map is None else token_map.numel(),
         **{k: provenance.get(k) for k in _PROVENANCE_FIELDS},
     )
     with torch.device("meta"):  # no random init of K x V x H weights that are overwritten at once
         heads = MedusaHeads(config)
+    weights = {internal: state[external] for internal, external in keys.items()}
+    if token_map is not None:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[token_map] = True
+        weights |= {"d2t": token_map - torch.arange(token_map.numel()), "t2d": t2d}
     try:
-        heads.load_state_dict(
-            {internal: state[external] for internal, external in keys.items()}, strict=True, assign=True
-        )
+        heads.load_state_dict(weights, strict=True, assign=True)
     except RuntimeError as err:  # shape mismatches
         raise MedusaError(f"cannot load {str(file)!r}: {err}") from None
     return heads

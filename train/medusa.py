@@ -42,6 +42,7 @@ from draftsmith.train.command_line import trainer_main
 from draftsmith.train.common import (
     batch_rows,
     collate_rows,
+    draft_vocab_map,
     heldout_prompts,
     heldout_walks,
     serve_check,
@@ -68,6 +69,8 @@ class MedusaRecipe(RunRecipe):
     num_heads: int = 4  # Medusa's default; deeper heads are rarely right (acc ~0.8^k)
     num_layers: int = 1  # residual blocks per head (Medusa: 1)
     share_lm_head: bool = False  # reuse the target's frozen lm_head (for 128k+ vocabularies)
+    draft_vocab_size: int | None = None  # heads over the data's most frequent tokens only (None = full)
+    vocab_map: str | None = None  # a `draftsmith vocab-map` file of this data instead
     loss: str = "ce"  # ce, or a divergence: forward_kl, reverse_kl, jsd, tv, soft_ce, kl_tv
     temperature: float = 1.0  # of the divergence; match the serving temperature
     head_decay: float = 0.8  # w_k = head_decay^k (Medusa): later heads are less often useful
@@ -98,6 +101,14 @@ class MedusaRecipe(RunRecipe):
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
         if self.max_length < self.num_heads + 2:
             raise ValueError(f"max_length = {self.max_length} leaves no position for {self.num_heads} heads")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(
+                f"draft_vocab_size = {self.draft_vocab_size} must be >= 1 (or unset for the full vocabulary)"
+            )
+        if self.share_lm_head and (self.draft_vocab_size or self.vocab_map):
+            raise ValueError(
+                "share_lm_head projects with the target's whole lm_head: drop draft_vocab_size / vocab_map"
+            )
         if not 0 < self.head_decay <= 1 or self.temperature <= 0:
             raise ValueError("need 0 < head_decay <= 1, temperature > 0")
 
@@ -105,10 +116,10 @@ class MedusaRecipe(RunRecipe):
 def head_parameters(recipe: MedusaRecipe, target) -> tuple[int, int]:
     """(trainable, frozen) parameters of the heads `train` builds for `target` (meta is fine; the
     memory estimate, train/sharding.py): K heads of `num_layers` residual blocks (H x H + bias),
-    each with its own lm_head copy (V x H) unless `share_lm_head` reuses the target's. Medusa-2's
-    LoRA on the target is not counted."""
+    each with its own lm_head copy (V x H, or Vd x H with `draft_vocab_size`) unless `share_lm_head`
+    reuses the target's. Medusa-2's LoRA on the target is not counted (nor a `vocab_map` file's size)."""
     _, H, V = target_dims(target)
-    K = recipe.num_heads
+    K, V = recipe.num_heads, min(V, recipe.draft_vocab_size or V)
     blocks = K * recipe.num_layers * (H * H + H)
     return blocks + (0 if recipe.share_lm_head else K * V * H), 0
 
@@ -127,17 +138,28 @@ def head_targets(batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def head_losses(heads, hidden, teacher_logits, batch, recipe: MedusaRecipe) -> list[torch.Tensor]:
     """One loss per head. `hidden` [B, T, H] is the target's post-norm last hidden state;
-    `teacher_logits` [B, T, V] its logits (None for hard CE)."""
-    losses = []
+    `teacher_logits` [B, T, V] its logits (None for hard CE). Heads over a reduced vocabulary learn
+    the draft tokens only: a label outside it, or (for a divergence) a position where the target's
+    argmax is outside it, teaches nothing they can draft and is masked, as EAGLE-3's."""
+    losses, reduced = [], heads.config.reduced
+    if reduced:
+        vocab = heads.draft_ids()  # [Vd] target ids
+        draft_of = torch.full((heads.config.vocab_size,), -1, dtype=torch.long, device=vocab.device)
+        draft_of[vocab] = torch.arange(vocab.numel(), device=vocab.device)  # [V]: draft id, -1 outside
     for k, hk in enumerate(heads.head_hidden(hidden)):
         labels, mask = head_targets(batch, k)
         shift = 2 + k
         student = Projected(hk[:, :-shift], heads.lm_head_weight(k))
         if recipe.loss == "ce":
+            if reduced:
+                labels = draft_of[labels]
+                mask, labels = mask & (labels >= 0), labels.clamp(min=0)
             losses.append(cross_entropy(student, labels, mask, chunk_size=recipe.chunk_size))
         else:
             # The target's distribution for token t+2+k is its prediction at position t+1+k.
             teacher = teacher_logits[:, 1 + k : teacher_logits.shape[1] - 1]
+            if reduced:
+                mask, teacher = mask & heads.t2d[teacher.argmax(-1)], teacher[..., vocab]
             losses.append(
                 divergence(
                     recipe.loss, student, teacher, mask, temperature=recipe.temperature, chunk_size=recipe.chunk_size
@@ -270,6 +292,7 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
     cache = open_hidden_cache(recipe.hidden_cache, target, data, last) if recipe.hidden_cache else None
     pad_id = target.config.pad_token_id if target.config.pad_token_id is not None else 0
 
+    vocab_map = draft_vocab_map(recipe, data, target.get_output_embeddings().weight.shape[0])
     heads = MedusaHeads.for_target(
         target,
         recipe.num_heads,
@@ -277,7 +300,10 @@ def train(recipe: MedusaRecipe, *, progress: bool = True) -> dict:
         recipe.share_lm_head,
         target_name_or_path=recipe.target,
         data_hash=data.data_hash,
+        vocab_map=vocab_map,
     ).to(device)
+    if vocab_map is not None:
+        run.print(vocab_map.describe())
     backbone = None
     params = [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": recipe.lr}]
     if recipe.mode == "medusa2":
