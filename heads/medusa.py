@@ -32,11 +32,9 @@ Layouts (`load_medusa` tells them apart by config.json):
   `num_hidden_layers` (= blocks per head) and the fields below; model.safetensors with
   `blocks.{h}.layers.{l}.{weight,bias}` and `lm_heads.{h}.weight`.
 
-A reduced draft vocabulary (`draft_vocab_size` < vocab_size, `heads.vocab_map`): each projection holds
-the draft tokens' rows only ([Vd, H], the buffers `d2t`/`t2d` map them), `forward` places the logits in
-the target vocabulary (-inf elsewhere, so argmax, top-k and the sampled q need no mapping), and vLLM's
-layout carries it as `truncated_vocab_size` = Vd and a `token_map` [Vd] of target ids. FasterDecoding's
-layout has no such field: those heads are refused there.
+A reduced draft vocabulary (`draft_vocab_size` < vocab_size; buffers `d2t`/`t2d`, `heads.vocab_map`):
+projections [Vd, H]; `forward` places the logits in the target vocabulary, -inf elsewhere; vLLM's layout
+holds it as `truncated_vocab_size` and a `token_map` [Vd] of target ids, FasterDecoding's cannot.
 """
 
 from __future__ import annotations
@@ -246,8 +244,9 @@ class MedusaHeads(PreTrainedModel):
 
     def draft_ids(self) -> torch.Tensor:
         """[Vd] long: the target id of each projection row (arange(V) without a reduced vocabulary)."""
-        rows = torch.arange(self.config.draft_vocab_size, device=self.blocks[0][0].linear.weight.device)
-        return rows + self.d2t if self.config.reduced else rows
+        if not self.config.reduced:
+            return torch.arange(self.config.vocab_size, device=self.device)
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def lm_head_weight(self, h: int) -> torch.Tensor:
         """Head h's projection [Vd, H]: its own, or the attached target lm_head."""
