@@ -140,7 +140,7 @@ def head_losses(heads, hidden, teacher_logits, batch, recipe: MedusaRecipe) -> l
     """One loss per head. `hidden` [B, T, H] is the target's post-norm last hidden state;
     `teacher_logits` [B, T, V] its logits (None for hard CE). Heads over a reduced vocabulary learn
     the draft tokens only: a label outside it, or (for a divergence) a position where the target's
-    argmax is outside it, teaches nothing they can draft and is masked, as EAGLE-3's."""
+    argmax is outside it, teaches nothing they can draft and is masked."""
     losses, reduced = [], heads.config.reduced
     if reduced:
         vocab = heads.draft_ids()  # [Vd] target ids
