@@ -521,7 +521,7 @@ def _load_vllm(path: Path, raw: dict) -> MedusaHeads:
         for key in [k for k in state if k.startswith("lm_heads.") and state[k].shape[0] == vocab > truncated]:
             state[key] = state[key][token_map]  # full-vocabulary rows: vLLM keeps the token map's
     else:
-        token_map = None
+        token_map, vocab = None, rows  # the weights' size, checked against config.json's below
     if raw.get("original_lm_head", False) and "lm_heads.0.weight" in state:  # one projection for all heads
         for h in range(1, num_heads):
             state.setdefault(f"lm_heads.{h}.weight", state["lm_heads.0.weight"].clone())  # own copies, not tied

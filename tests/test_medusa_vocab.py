@@ -111,6 +111,11 @@ def test_vllm_layout_carries_the_token_map_both_ways(trained, tmp_path):
     full[heads.draft_ids()] = weights["lm_heads.0.weight"]
     save_file(weights | {"lm_heads.0.weight": full}, str(vllm / "model.safetensors"))
     torch.testing.assert_close(load_medusa(vllm).lm_heads[0].weight, heads.lm_heads[0].weight)
+    save_file(weights, str(vllm / "model.safetensors"))
+    (vllm / "config.json").write_text(json.dumps(config | {"truncated_vocab_size": VOCAB}))  # no map: full rows
+    with pytest.raises(MedusaError, match=f"config.json says vocab_size={VOCAB} but the weights have {VD}"):
+        load_medusa(vllm)
+    (vllm / "config.json").write_text(json.dumps(config))
     save_file({k: v for k, v in weights.items() if k != "token_map"}, str(vllm / "model.safetensors"))
     with pytest.raises(MedusaError, match=f"truncated_vocab_size={VD} < vocab_size={VOCAB} needs a token_map"):
         load_medusa(vllm)
