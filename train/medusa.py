@@ -55,7 +55,7 @@ from draftsmith.train.recipe import RecipeError, RunRecipe
 from draftsmith.train.run import TrainingRun
 from draftsmith.train.run_folder import cleaned_up_on_error
 from draftsmith.train.sharding import target_dims
-from draftsmith.train.teacher import cached_states, open_hidden_cache, target_forward
+from draftsmith.train.teacher import cached_states, on_draft_vocab, open_hidden_cache, target_forward
 
 LOSSES = ("ce",) + DIVERGENCES
 
@@ -159,7 +159,8 @@ def head_losses(heads, hidden, teacher_logits, batch, recipe: MedusaRecipe) -> l
             # The target's distribution for token t+2+k is its prediction at position t+1+k.
             teacher = teacher_logits[:, 1 + k : teacher_logits.shape[1] - 1]
             if reduced:
-                mask, teacher = mask & heads.t2d[teacher.argmax(-1)], teacher[..., vocab]
+                teacher, in_vocab = on_draft_vocab(teacher, vocab, heads.t2d)
+                mask = mask & in_vocab
             losses.append(
                 divergence(
                     recipe.loss, student, teacher, mask, temperature=recipe.temperature, chunk_size=recipe.chunk_size
