@@ -93,6 +93,10 @@ class Drafter:
     def start(self, prompts: list[list[int]], prefill: dict[int, torch.Tensor], vocab_size: int) -> None:
         pass
 
+    def modules(self) -> list[torch.nn.Module]:
+        """The modules its proposals run (its attributes), whose CPU linears `decode` picks (`cpu_linears`)."""
+        return [value for value in vars(self).values() if isinstance(value, torch.nn.Module)]
+
     def propose(self, contexts, num_tokens, sampling, generators) -> Proposal:
         raise NotImplementedError
 

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 from draftsmith.decoding.compiler import compile_mode
 from draftsmith.decoding.drafters import Drafter, Proposal
 from draftsmith.decoding.kv import capacity_for, model_cache
+from draftsmith.decoding.linears import cpu_linears
 from draftsmith.decoding.masks import chain_attend, tree_attend
 from draftsmith.decoding.recurrent import state_layers
 from draftsmith.decoding.sampling import (
@@ -202,110 +203,115 @@ def decode(
     if any(not 0 <= i <= num_layers for i in layers):
         raise ValueError(f"drafter {drafter.name!r} reads target layers {layers}; the target has 0..{num_layers}")
 
-    device, batch = model.device, len(prompts)
-    eos = eos_set(eos_token_id)
-    generators = [_generator(device, s) for s in seeds]
-    contexts = [p.tolist() for p in prompts]  # prompt + emitted, per row, on the host
-    new: list[list[int]] = [[] for _ in range(batch)]
-    stats = [DecodeStats(num_draft_tokens=k_max, lossy=typical is not None) for _ in range(batch)]
-    result = BatchResult(tokens=new, rows=stats, stopped=["length"] * batch)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    with cpu_linears(model, *(drafter.modules() if drafter is not None else ())):
+        device, batch = model.device, len(prompts)
+        eos = eos_set(eos_token_id)
+        generators = [_generator(device, s) for s in seeds]
+        contexts = [p.tolist() for p in prompts]  # prompt + emitted, per row, on the host
+        new: list[list[int]] = [[] for _ in range(batch)]
+        stats = [DecodeStats(num_draft_tokens=k_max, lossy=typical is not None) for _ in range(batch)]
+        result = BatchResult(tokens=new, rows=stats, stopped=["length"] * batch)
+        vocab = model.get_output_embeddings().weight.shape[0]
 
-    def now() -> float:
-        synchronize(device)
-        return time.perf_counter()
+        def now() -> float:
+            synchronize(device)
+            return time.perf_counter()
 
-    # Outside the clock: size the static caches for this request, compile what the loop runs.
-    capacity = None
-    widths = sorted({1 + int(size) for size in (drafter.proposal_sizes(k_max) if drafter else (0,))})
-    if static_cache or compile_mode(compile) is not None:
-        capacity = capacity_for(max(map(len, contexts)) + max_new_tokens + widths[-1])
-        kv = model_cache(model, "target", batch, capacity, compile)
-        result.compile_seconds = kv.warm_up(widths, hidden_layers=layers)
-    if drafter is not None:
-        result.compile_seconds += drafter.prepare(batch, capacity, compile, k_max, sampling, logits=measure_distances)
-    start = now()
-    if capacity is None:
-        kv = model_cache(model, "target", batch, None)
-    prefill = {}
-    if max(map(len, contexts)) > 1:  # every prompt token but the last (the first call feeds it)
-        ids, positions, lo = right_aligned([c[:-1] for c in contexts], [0] * batch, device)
-        kv.reserve(ids.shape[1])
-        attend = chain_attend(ids.shape[1], lo, None, batch, device) if any(lo) else None
-        prefill = kv.forward(model, ids, positions, attend, hidden_layers=layers, logits_to_keep=1).hidden_states
-        kv.commit_spans(ids.shape[1], lo)
-    if drafter is not None:
-        drafter.start(contexts, prefill, vocab)
-    result.prefill_seconds = now() - start
-    for row in stats:
-        row.prefill_seconds = result.prefill_seconds
+        # Outside the clock: size the static caches for this request, compile what the loop runs.
+        capacity = None
+        widths = sorted({1 + int(size) for size in (drafter.proposal_sizes(k_max) if drafter else (0,))})
+        if static_cache or compile_mode(compile) is not None:
+            capacity = capacity_for(max(map(len, contexts)) + max_new_tokens + widths[-1])
+            kv = model_cache(model, "target", batch, capacity, compile)
+            result.compile_seconds = kv.warm_up(widths, hidden_layers=layers)
+        if drafter is not None:
+            result.compile_seconds += drafter.prepare(
+                batch, capacity, compile, k_max, sampling, logits=measure_distances
+            )
+        start = now()
+        if capacity is None:
+            kv = model_cache(model, "target", batch, None)
+        prefill = {}
+        if max(map(len, contexts)) > 1:  # every prompt token but the last (the first call feeds it)
+            ids, positions, lo = right_aligned([c[:-1] for c in contexts], [0] * batch, device)
+            kv.reserve(ids.shape[1])
+            attend = chain_attend(ids.shape[1], lo, None, batch, device) if any(lo) else None
+            prefill = kv.forward(model, ids, positions, attend, hidden_layers=layers, logits_to_keep=1).hidden_states
+            kv.commit_spans(ids.shape[1], lo)
+        if drafter is not None:
+            drafter.start(contexts, prefill, vocab)
+        result.prefill_seconds = now() - start
+        for row in stats:
+            row.prefill_seconds = result.prefill_seconds
 
-    active = list(range(batch))  # original index of each row still decoding
-    while active:
-        size = len(active)
-        budget = [min(k_max, max_new_tokens - len(new[r]) - 1) for r in active]  # never draft past the budget
-        t0 = now()
-        proposal = None
-        if drafter is not None and max(budget) > 0:
-            proposal = drafter.propose([contexts[r] for r in active], budget, sampling, [generators[r] for r in active])
-        t1 = now()
-        call = _Call(proposal, budget, typical is not None, size, device)
-        # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
-        # then the proposal at its depths after it (one host->device copy of ids and positions,
-        # each [B, W + 1] in standard strides).
-        host = [
-            [[contexts[r][-1]] * (call.width + 1) for r in active],
-            [[len(contexts[r]) - 1 + d for d in call.depths[i]] for i, r in enumerate(active)],
-        ]
-        fed, positions = torch.tensor(host, device=device).view(2, size, call.width + 1)
-        if call.width:
-            fed = torch.cat([fed[:, :1], call.tokens], dim=1)
-        kv.reserve(max(widths[-1], fed.shape[1]))  # the widest call (compiled calls are padded to it)
-        out = kv.forward(model, fed, positions, call.attend, hidden_layers=layers)
-        paths, emitted, lossy_kl = _verify(out.logits, call, sampling, typical, [generators[r] for r in active])
-        call.commit(kv, paths)  # row b keeps `last` and its accepted path
-        if measure_distances:
-            for i, r in enumerate(active):
-                _add_distances(stats[r], out.logits[i], call, i, paths[i], sampling, typical)
-        # Cut each row's output at its first eos; finished rows leave the batch.
-        hits = [next((j for j, t in enumerate(tokens) if t in eos), None) for tokens in emitted]
-        for r, tokens, hit in zip(active, emitted, hits):
-            new[r].extend(tokens if hit is None else tokens[: hit + 1])
-            contexts[r].extend(tokens)
-        alive = [i for i, (r, hit) in enumerate(zip(active, hits)) if hit is None and len(new[r]) < max_new_tokens]
-        index = torch.tensor(alive, dtype=torch.long, device=device) if alive and len(alive) < size else None
-        if index is not None:
-            kv.select(index, alive)  # with compiled steps they stay, as padding rows
-        kv.compact_if_wasteful()
-        t2 = now()
-        for i, r in enumerate(active):
-            row, n = stats[r], len(paths[i])
-            row.proposed.append(call.counts[i])
-            row.accepted.append(n)
-            # Depth j + 1 was reached when the path got to depth j and the node there has children.
-            for j in range(n + call.has_children(i, paths[i])):
-                row.reached[j] += 1
-                row.accepted_at[j] += int(j < n)
-            row.lossy_kl_sum += lossy_kl[i]
-            row.target_seconds += t2 - t1
-            row.ttft_seconds = row.ttft_seconds or t2 - start
-            if i not in alive:
-                result.stopped[r] = "eos" if hits[i] is not None else "length"
-                row.new_tokens, row.total_seconds = len(new[r]), t2 - start
-        if alive and drafter is not None:
+        active = list(range(batch))  # original index of each row still decoding
+        while active:
+            size = len(active)
+            budget = [min(k_max, max_new_tokens - len(new[r]) - 1) for r in active]  # never draft past the budget
+            t0 = now()
+            proposal = None
+            if drafter is not None and max(budget) > 0:
+                proposal = drafter.propose(
+                    [contexts[r] for r in active], budget, sampling, [generators[r] for r in active]
+                )
+            t1 = now()
+            call = _Call(proposal, budget, typical is not None, size, device)
+            # Fed per row: `last` (its last token, not yet fed) at the count of real tokens before it,
+            # then the proposal at its depths after it (one host->device copy of ids and positions,
+            # each [B, W + 1] in standard strides).
+            host = [
+                [[contexts[r][-1]] * (call.width + 1) for r in active],
+                [[len(contexts[r]) - 1 + d for d in call.depths[i]] for i, r in enumerate(active)],
+            ]
+            fed, positions = torch.tensor(host, device=device).view(2, size, call.width + 1)
+            if call.width:
+                fed = torch.cat([fed[:, :1], call.tokens], dim=1)
+            kv.reserve(max(widths[-1], fed.shape[1]))  # the widest call (compiled calls are padded to it)
+            out = kv.forward(model, fed, positions, call.attend, hidden_layers=layers)
+            paths, emitted, lossy_kl = _verify(out.logits, call, sampling, typical, [generators[r] for r in active])
+            call.commit(kv, paths)  # row b keeps `last` and its accepted path
+            if measure_distances:
+                for i, r in enumerate(active):
+                    _add_distances(stats[r], out.logits[i], call, i, paths[i], sampling, typical)
+            # Cut each row's output at its first eos; finished rows leave the batch.
+            hits = [next((j for j, t in enumerate(tokens) if t in eos), None) for tokens in emitted]
+            for r, tokens, hit in zip(active, emitted, hits):
+                new[r].extend(tokens if hit is None else tokens[: hit + 1])
+                contexts[r].extend(tokens)
+            alive = [i for i, (r, hit) in enumerate(zip(active, hits)) if hit is None and len(new[r]) < max_new_tokens]
+            index = torch.tensor(alive, dtype=torch.long, device=device) if alive and len(alive) < size else None
             if index is not None:
-                drafter.select(index, alive)
-            committed, hidden = call.committed(emitted, paths, out.hidden_states, alive)
-            drafter.accepted([len(paths[i]) for i in alive], committed, hidden)
-        t3 = now()
-        result.call_seconds.append(t2 - t1)
-        result.call_rows.append(size)
-        result.drafter_seconds.append((t1 - t0) + (t3 - t2) if drafter is not None else 0.0)
-        for r in active:
-            stats[r].drafter_seconds += result.drafter_seconds[-1]
-        active = [active[i] for i in alive]
-    result.total_seconds = now() - start
-    return result
+                kv.select(index, alive)  # with compiled steps they stay, as padding rows
+            kv.compact_if_wasteful()
+            t2 = now()
+            for i, r in enumerate(active):
+                row, n = stats[r], len(paths[i])
+                row.proposed.append(call.counts[i])
+                row.accepted.append(n)
+                # Depth j + 1 was reached when the path got to depth j and the node there has children.
+                for j in range(n + call.has_children(i, paths[i])):
+                    row.reached[j] += 1
+                    row.accepted_at[j] += int(j < n)
+                row.lossy_kl_sum += lossy_kl[i]
+                row.target_seconds += t2 - t1
+                row.ttft_seconds = row.ttft_seconds or t2 - start
+                if i not in alive:
+                    result.stopped[r] = "eos" if hits[i] is not None else "length"
+                    row.new_tokens, row.total_seconds = len(new[r]), t2 - start
+            if alive and drafter is not None:
+                if index is not None:
+                    drafter.select(index, alive)
+                committed, hidden = call.committed(emitted, paths, out.hidden_states, alive)
+                drafter.accepted([len(paths[i]) for i in alive], committed, hidden)
+            t3 = now()
+            result.call_seconds.append(t2 - t1)
+            result.call_rows.append(size)
+            result.drafter_seconds.append((t1 - t0) + (t3 - t2) if drafter is not None else 0.0)
+            for r in active:
+                stats[r].drafter_seconds += result.drafter_seconds[-1]
+            active = [active[i] for i in alive]
+        result.total_seconds = now() - start
+        return result
 
 
 def _check_lengths(model, drafter, prompts, max_new_tokens: int) -> None:

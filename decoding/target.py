@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from draftsmith.decoding.linears import cpu_linears
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device, so that a host timer measures the work (timers call it)."""
@@ -34,7 +36,8 @@ def forward_seconds(model, kv, ids, positions, base: int, sizes, *, repeats: int
     [base, base + n)}, the median of `repeats` synchronised timings per n, on the KV store `kv`
     (`kv.py`) holding columns [0, base) of every row. Every forward computes all its logits (as a
     verification does) and is cut away again; one untimed warm-up per n, then the sizes
-    interleaved within each repeat, so load noise hits every size alike."""
+    interleaved within each repeat, so load noise hits every size alike. The linears run as in a
+    decode (`linears.cpu_linears`)."""
     rows = ids.shape[0]
 
     def once(n: int) -> float:
@@ -45,12 +48,13 @@ def forward_seconds(model, kv, ids, positions, base: int, sizes, *, repeats: int
         kv.commit_spans(n, None, [0] * rows)  # kept by no row: cut again
         return seconds
 
-    for n in sizes:
-        once(n)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
+    with cpu_linears(model):  # as a decode runs them
         for n in sizes:
-            samples[n].append(once(n))
+            once(n)
+        for _ in range(repeats):
+            for n in sizes:
+                samples[n].append(once(n))
     return {n: statistics.median(v) for n, v in samples.items()}
 
 

@@ -27,6 +27,7 @@ import transformers
 from draftsmith.decoding import DecodeStats, DraftModelDrafter, PromptLookupDrafter, generate, synchronize
 from draftsmith.decoding.compiler import COMPILE_MODES
 from draftsmith.decoding.kv import capacity_for, model_cache
+from draftsmith.decoding.linears import cpu_linears
 from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.bench_report import ROW_NAMES, report
@@ -433,7 +434,8 @@ class CostCurves:
                 capacity = None if path == "eager" else capacity_for(max(room, self.context + max(ns)))
                 mode = cfg.compile_mode if path == "compiled" else False
                 if capacity is not None:
-                    seconds = model_cache(model, role, 1, capacity, mode).warm_up(ns)
+                    with cpu_linears(model):  # compiled as a decode runs it
+                        seconds = model_cache(model, role, 1, capacity, mode).warm_up(ns)
                     self.compile_seconds[path] = self.compile_seconds.get(path, 0.0) + seconds
                 self.jobs += [(path, role, model, capacity, mode, n) for n in ns]
         self.times = {(path, role, n): [] for path, role, _, _, _, n in self.jobs}
