@@ -40,6 +40,13 @@ def choice() -> str:
     return value
 
 
+def in_force(device, dtype) -> str:
+    """What a decode on `device` in `dtype` multiplies its linears with (the reports record it):
+    "W Xᵀ" (this module) or "F.linear"."""
+    swapped = choice() == "transposed" and torch.device(device).type == "cpu" and dtype == torch.float32
+    return "W Xᵀ" if swapped else "F.linear"
+
+
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, as (W Xᵀ)ᵀ when x has 2..MAX_ROWS rows (contiguous, as F.linear's)."""
     rows = x.numel() // max(x.shape[-1], 1)
@@ -61,28 +68,30 @@ def _transposed_forward(module: torch.nn.Linear):
     return forward
 
 
+def _swappable(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (
+        type(module) is torch.nn.Linear
+        and "forward" not in vars(module)  # already replaced: by accelerate, or by this block (a module seen twice)
+        and weight is not None
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+    )
+
+
 @contextlib.contextmanager
 def cpu_linears(*models):
     """For the block's duration, the float32 CPU `nn.Linear`s of `models` (modules; None is skipped)
-    compute a few rows as (W Xᵀ)ᵀ (module docstring); nothing when `DRAFTSMITH_CPU_LINEARS=aten`."""
+    compute a few rows as (W Xᵀ)ᵀ (module docstring); nothing when `DRAFTSMITH_CPU_LINEARS=aten`.
+    Yields how many modules it swapped."""
     swapped: list[torch.nn.Linear] = []
-    if choice() == "transposed":
-        seen = set()
-        for model in models:
-            for module in model.modules() if model is not None else ():
-                weight = getattr(module, "weight", None)
-                if (
-                    type(module) is torch.nn.Linear
-                    and id(module) not in seen
-                    and "forward" not in vars(module)
-                    and weight is not None
-                    and weight.device.type == "cpu"
-                    and weight.dtype == torch.float32
-                ):
-                    seen.add(id(module))
-                    module.forward = _transposed_forward(module)
-                    swapped.append(module)
     try:
+        if choice() == "transposed":
+            for model in models:
+                for module in model.modules() if model is not None else ():
+                    if _swappable(module):
+                        module.forward = _transposed_forward(module)
+                        swapped.append(module)
         yield len(swapped)
     finally:
         for module in swapped:

@@ -27,7 +27,7 @@ import transformers
 from draftsmith.decoding import DecodeStats, DraftModelDrafter, PromptLookupDrafter, generate, synchronize
 from draftsmith.decoding.compiler import COMPILE_MODES
 from draftsmith.decoding.kv import capacity_for, model_cache
-from draftsmith.decoding.linears import cpu_linears
+from draftsmith.decoding.linears import cpu_linears, in_force
 from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.distill.chat import resolve_chat_template
 from draftsmith.eval.bench_report import ROW_NAMES, report
@@ -489,7 +489,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         f"{cfg.max_new_tokens} new tokens x {len(prompts)} prompts, median of {cfg.repeats} repeats; "
         f"paths {cfg.paths} (compile mode {cfg.compile_mode}); "
         f"{cfg.device} {cfg.dtype}, torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads, linears {in_force(cfg.device, DTYPES[cfg.dtype])}"
     )
     summary = report(cfg, methods, costs, header, top1)
     print(f"\n(bench time {time.perf_counter() - started:.0f} s)")

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.decoding import DecodeStats, Drafter, generate
 from draftsmith.decoding.compiler import COMPILE_MODES
+from draftsmith.decoding.linears import in_force
 from draftsmith.decoding.loop import DEFAULT_NUM_DRAFT_TOKENS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.distill.prompts import Prompter
@@ -329,6 +330,7 @@ def describe_target(path, model, device, dtype) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(dtype).replace("torch.", ""),
         "device": str(device),
+        "linears": in_force(device, dtype),  # decoding/linears.py: a few rows as W Xᵀ on a CPU in fp32
     }
 
 

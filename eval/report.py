@@ -213,7 +213,7 @@ def render_markdown(report: dict) -> str:
         "# draftsmith evaluation",
         "",
         f"Target: `{target.get('path', '?')}` ({target.get('parameters', '?')} parameters, "
-        f"{target.get('dtype', '?')} on {target.get('device', '?')})",
+        f"{target.get('dtype', '?')} on {target.get('device', '?')}, linears {target.get('linears', 'F.linear')})",
         "",
         header(report),
         "",

@@ -87,3 +87,14 @@ def test_greedy_decoding_is_the_same_either_way(monkeypatch):
         speculative = generate_batch(target, prompts, DraftModelDrafter(draft), max_new_tokens=12, num_draft_tokens=3)
         runs[choice] = (plain.tokens, speculative.tokens)
     assert runs["aten"][0] == runs["aten"][1] == runs["transposed"][0] == runs["transposed"][1]
+
+
+def test_reports_name_the_linears_in_force(monkeypatch):
+    from draftsmith.decoding.linears import in_force
+    from draftsmith.eval.evaluator import describe_target
+
+    model = torch.nn.Linear(4, 4)
+    assert describe_target("t", model, torch.device("cpu"), torch.float32)["linears"] == "W Xᵀ"
+    assert in_force("cpu", torch.bfloat16) == in_force("cuda", torch.float32) == "F.linear"
+    monkeypatch.setenv("DRAFTSMITH_CPU_LINEARS", "aten")
+    assert in_force("cpu", torch.float32) == "F.linear"
