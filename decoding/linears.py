@@ -1,22 +1,24 @@
 """How the decoder's forwards run `nn.Linear` over a few rows on a CPU.
 
-A verification forward feeds K + 1 columns per row, so every linear layer of the target multiplies a
-few rows X [n, in] by its weight W [out, in]. On a CPU, PyTorch computes `F.linear` as X Wᵀ, and
-MKL's single-precision GEMM in that orientation costs about as much as n separate one-row products
-for small n (measured on the demo's 2-core x86 machine with torch 2.13's MKL: SmolLM2-135M's
-4-column forward took 1.5x its 1-column forward). The same product taken as (W Xᵀ)ᵀ runs at the
-cost of about one row for n up to 8 (the 4-column forward: 0.9-1.0x the 1-column one). So within
-`cpu_linears`, a float32 `nn.Linear` on the CPU computes 2 to `MAX_ROWS` rows that way:
-
-- the arithmetic is the same product and sum; only MKL's blocking, hence the float rounding, differs,
-  as it already differs between a one-row forward (a matrix-vector product) and a wider one;
-- one row (target-only decoding, batch 1) keeps `F.linear`, and so does anything wider than
-  `MAX_ROWS` (a prompt's prefill), bfloat16/float16 (oneDNN's kernels, which the other orientation
-  does not help) and every device but the CPU;
-- the model is not changed: for the decode's duration each plain `nn.Linear` instance gets a
-  `forward` of its own, removed afterwards (modules that already have one, e.g. accelerate's
-  offloading hooks, are left alone);
-- `DRAFTSMITH_CPU_LINEARS=aten` turns it off (to compare the two, side by side).
+A decoding step multiplies every linear layer's weight W [out, in] by a few rows X [n, in]: one per
+row of the batch, K + 1 per row in a verification. On a CPU PyTorch computes `F.linear` as X Wᵀ, and
+in float32 MKL is slow there (torch 2.13's MKL on the 2-core x86 machine of the docs; SmolLM2-135M,
+whole forwards after a 200-token context, 2 threads):
+- n = 2..4 costs 1.5-2x n = 1;
+- n = 1 (a matrix-vector product) streams W at about a third of the speed of the same product
+  taken as W Xᵀ with two columns.
+So within `cpu_linears`, a float32 `nn.Linear` on the CPU computes 1 to `MAX_ROWS` rows as (W Xᵀ)ᵀ,
+one row padded to two (that forward: 60 -> 36 ms at n = 1, 100 -> 39 ms at n = 2, 95 -> 51 ms at
+n = 4; at n = 8 0.8x on 2 threads, 1.0-1.1x on one). Wider inputs keep `F.linear`: at 16-64 rows
+the two measured alike on 2 threads and W Xᵀ 10-20% slower on one.
+- the arithmetic is the same product and sum; only MKL's blocking, hence the float round-off,
+  differs, as it already did between a one-row and a wider forward;
+- bfloat16/float16 (oneDNN's kernels, which the other orientation does not help), other devices,
+  subclasses of `nn.Linear` and modules whose `forward` is already replaced keep `F.linear`;
+- the model is not changed: for the block's duration each swapped `nn.Linear` instance gets a
+  `forward` of its own, removed afterwards, also after an error;
+- `DRAFTSMITH_CPU_LINEARS=aten` turns it off (to compare the two side by side); reports name the
+  one in force (`in_force`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 #: The widest input (rows = every dim but the last, multiplied) that takes (W Xᵀ)ᵀ.
-MAX_ROWS = 64
+MAX_ROWS = 8
 #: `DRAFTSMITH_CPU_LINEARS` values: "transposed" (the default) or "aten" (always `F.linear`).
 CHOICES = ("transposed", "aten")
 
@@ -48,7 +50,7 @@ def in_force(device, dtype) -> str:
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, as (W Xᵀ)ᵀ when x has 2..MAX_ROWS rows (contiguous, as F.linear's)."""
+    """`F.linear(x, weight, bias)`, as (W Xᵀ)ᵀ when x has 1..MAX_ROWS rows (contiguous, as F.linear's)."""
     rows = x.numel() // max(x.shape[-1], 1)
     if not 1 <= rows <= MAX_ROWS or weight.dim() != 2:
         return F.linear(x, weight, bias)
