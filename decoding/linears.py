@@ -42,11 +42,15 @@ def choice() -> str:
     return value
 
 
+def _covered(device, dtype) -> bool:
+    """Whether weights on `device` in `dtype` take (W Xᵀ)ᵀ: float32 on the CPU."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32
+
+
 def in_force(device, dtype) -> str:
     """What a decode on `device` in `dtype` multiplies its linears with (the reports record it):
     "W Xᵀ" (this module) or "F.linear"."""
-    swapped = choice() == "transposed" and torch.device(device).type == "cpu" and dtype == torch.float32
-    return "W Xᵀ" if swapped else "F.linear"
+    return "W Xᵀ" if choice() == "transposed" and _covered(device, dtype) else "F.linear"
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -76,8 +80,7 @@ def _swappable(module: torch.nn.Module) -> bool:
         type(module) is torch.nn.Linear
         and "forward" not in vars(module)  # already replaced: by accelerate, or by this block (a module seen twice)
         and weight is not None
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and _covered(weight.device, weight.dtype)
     )
 
 
