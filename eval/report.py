@@ -62,98 +62,72 @@ def table_markdown(columns: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
-def summary_table(report: dict) -> str:
-    """One Markdown row per method: what a user compares first."""
-    columns = [
-        "method",
-        "alpha",
-        "acc. rate",
-        "tau",
-        "tok/s",
-        "speedup",
-        "predicted",
-        "TTFT ms",
-        "latency p50 s",
-        "p90 s",
-        "OOV",
-        "KL",
-        "TV",
-    ]
+def _cell(row: dict, value, digits: int, suffix: str) -> str:
+    """One cell: `value` is a key of the row (a list for per-position values) or a function of it."""
+    value = value(row) if callable(value) else row.get(value)
+    return _positions(value, digits) if isinstance(value, list) else _num(value, digits, suffix)
+
+
+def _method_table(report: dict, columns: tuple, needs: str | None = None) -> str:
+    """A Markdown table of the report's methods (those with a `needs` key): the method's name,
+    then a cell per (header, key or function of the row, digits, suffix) of `columns`."""
     rows = [
-        [
-            method_name(row),
-            _num(row.get("alpha")),
-            _num(row.get("acceptance_rate")),
-            _num(row["tau"]),
-            _num(row["tokens_per_second"], 1),
-            _num(row["speedup"], 2, "x"),
-            _num(row.get("predicted_speedup"), 2, "x"),
-            _num(row["ttft_ms_p50"], 1),
-            _num(row["latency_s_p50"], 3),
-            _num(row["latency_s_p90"], 3),
-            _num(row.get("oov_mass_mean"), 3),
-            _num(_kl(row), 3),
-            _num(row.get("tv_mean"), 3),
-        ]
+        [method_name(row)] + [_cell(row, value, digits, suffix) for _, value, digits, suffix in columns]
         for row in report["methods"]
+        if needs is None or needs in row
     ]
-    return table_markdown(columns, rows)
+    return table_markdown(["method"] + [column[0] for column in columns], rows)
+
+
+# What a user compares first.
+SUMMARY_COLUMNS = (
+    ("alpha", "alpha", 2, ""),
+    ("acc. rate", "acceptance_rate", 2, ""),
+    ("tau", "tau", 2, ""),
+    ("tok/s", "tokens_per_second", 1, ""),
+    ("speedup", "speedup", 2, "x"),
+    ("predicted", "predicted_speedup", 2, "x"),
+    ("TTFT ms", "ttft_ms_p50", 1, ""),
+    ("latency p50 s", "latency_s_p50", 3, ""),
+    ("p90 s", "latency_s_p90", 3, ""),
+    ("OOV", "oov_mass_mean", 3, ""),
+    ("KL", _kl, 3, ""),
+    ("TV", "tv_mean", 3, ""),
+)
+# Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV.
+POSITION_COLUMNS = (
+    ("measured alpha_i", "alpha_per_position", 2, ""),
+    ("expected alpha_i = E[sum min(p,q)]", "expected_alpha_per_position", 2, ""),
+    ("OOV_i", "oov_mass_per_position", 3, ""),
+    ("KL(p||q) on draft vocab_i", "kl_draft_vocab_per_position", 3, ""),
+    ("TV_i", "tv_per_position", 3, ""),
+)
+# Leviathan's predictions from the measured alpha and cost ratio, beside the measurements.
+THEORY_COLUMNS = (
+    ("alpha", "alpha", 2, ""),
+    ("c (draft/target step)", "draft_cost_ratio_c", 3, ""),
+    ("verify cost (x 1 step)", "verify_cost_ratio", 2, ""),
+    ("tau measured", "tau", 2, ""),
+    ("tau predicted", "predicted_tau", 2, ""),
+    ("speedup measured", "speedup", 2, "x"),
+    ("predicted (Leviathan)", "predicted_speedup", 2, "x"),
+    ("predicted (measured costs)", "predicted_speedup_measured_costs", 2, "x"),
+)
+
+
+def summary_table(report: dict) -> str:
+    """One Markdown row per method: `SUMMARY_COLUMNS`."""
+    return _method_table(report, SUMMARY_COLUMNS)
 
 
 def position_table(report: dict) -> str:
-    """Per draft position: measured alpha_i beside the theory sum_x min(p, q), KL, TV."""
-    columns = [
-        "method",
-        "measured alpha_i",
-        "expected alpha_i = E[sum min(p,q)]",
-        "OOV_i",
-        "KL(p||q) on draft vocab_i",
-        "TV_i",
-    ]
-    rows = [
-        [
-            method_name(row),
-            _positions(row["alpha_per_position"]),
-            _positions(row.get("expected_alpha_per_position")),
-            _positions(row.get("oov_mass_per_position"), 3),
-            _positions(row.get("kl_draft_vocab_per_position"), 3),
-            _positions(row.get("tv_per_position"), 3),
-        ]
-        for row in report["methods"]
-        if "alpha_per_position" in row
-    ]
-    return table_markdown(columns, rows)
+    """One Markdown row per method that drafts: `POSITION_COLUMNS`."""
+    return _method_table(report, POSITION_COLUMNS, needs="alpha_per_position")
 
 
 def theory_table(report: dict) -> str:
-    """Leviathan's predictions from the measured alpha and cost ratio, beside the measurements."""
-    columns = [
-        "method",
-        "alpha",
-        "c (draft/target step)",
-        "verify cost (x 1 step)",
-        "tau measured",
-        "tau predicted",
-        "speedup measured",
-        "predicted (Leviathan)",
-        "predicted (measured costs)",
-    ]
-    rows = [
-        [
-            method_name(row),
-            _num(row["alpha"]),
-            _num(row["draft_cost_ratio_c"], 3),
-            _num(row["verify_cost_ratio"]),
-            _num(row["tau"]),
-            _num(row["predicted_tau"]),
-            _num(row["speedup"], 2, "x"),
-            _num(row["predicted_speedup"], 2, "x"),
-            _num(row["predicted_speedup_measured_costs"], 2, "x"),
-        ]
-        for row in report["methods"]
-        if "alpha" in row
-    ]
-    return table_markdown(columns, rows)
+    """One Markdown row per method that drafts: `THEORY_COLUMNS`."""
+    return _method_table(report, THEORY_COLUMNS, needs="alpha")
 
 
 def task_table(report: dict) -> str:

@@ -110,6 +110,15 @@ def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
         raise error(f"{str(config_file)!r} is not valid JSON: {err}") from None
 
 
+def load_pretrained(cls, path, what: str, error=ValueError, dtype=None):
+    """`cls.from_pretrained(path)` (in `dtype`, when given) of a draftsmith folder; a folder it
+    cannot read raises `error` naming it as `what` (e.g. "an EAGLE head")."""
+    try:
+        return cls.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}))
+    except (OSError, ValueError) as err:
+        raise error(f"cannot load {what} from {str(path)!r}: {err}") from None
+
+
 def read_weights(file, what: str, error=ValueError) -> dict:
     """The tensors of the safetensors `file` ({name: tensor}, on CPU); a missing or unreadable file
     raises `error` naming it as `what` (e.g. "the head weights")."""

@@ -50,7 +50,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, load_pretrained, read_config, read_weights, write_folder_atomic
 from draftsmith.heads.layers import check_vocab_map, draft_to_target_logits, target_provenance
 
 EXPORT_FORMATS = ("medusa", "vllm")
@@ -453,11 +453,7 @@ def load_medusa(
     `target`: sizes checked and, for share_lm_head, its lm_head attached."""
     path, raw = read_config(path, "Medusa heads", MedusaError)
     if raw.get("model_type") == MedusaConfig.model_type:
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        try:
-            heads = MedusaHeads.from_pretrained(path, **kwargs)
-        except (OSError, ValueError) as err:
-            raise MedusaError(f"cannot load Medusa heads from {str(path)!r}: {err}") from None
+        heads = load_pretrained(MedusaHeads, path, "Medusa heads", MedusaError, dtype)
     elif raw.get("model_type") == "medusa" or "MedusaModel" in (raw.get("architectures") or []):
         heads = _load_vllm(path, raw)
     elif "medusa_num_heads" in raw:

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from draftsmith.heads.artifacts import has_model_type, read_config, read_weights, write_folder_atomic
+from draftsmith.heads.artifacts import has_model_type, load_pretrained, read_config, read_weights, write_folder_atomic
 from draftsmith.heads.eagle.model import VARIANT_FLAGS, EagleConfig, EagleError, EagleHead
 from draftsmith.heads.layers import PROVENANCE
 from draftsmith.heads.speculators import DECODER_LAYER_KEYS, draft_layer_fields, speculators_block, speculators_header
@@ -333,12 +333,7 @@ def load_eagle(
     path, raw = read_config(path, "EAGLE head", EagleError)
     heads = _draftsmith_heads()
     if raw.get("model_type") in heads:
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        cls = heads[raw["model_type"]]
-        try:
-            head = cls.from_pretrained(path, **kwargs)
-        except (OSError, ValueError) as err:
-            raise EagleError(f"cannot load an EAGLE head from {str(path)!r}: {err}") from None
+        head = load_pretrained(heads[raw["model_type"]], path, "an EAGLE head", EagleError, dtype)
         head._freeze()
     elif raw.get("speculators_model_type") is not None:
         head = _load_vllm(path, raw)
