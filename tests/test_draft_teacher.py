@@ -166,6 +166,28 @@ def test_draft_vocab_teacher_gives_the_full_vocabulary_losses_and_masks(setup, t
     assert got[2].any()
 
 
+def test_eagle_losses_project_only_the_kept_positions(setup, toy_dir, toy_data):
+    """The trainer's path (the kept positions' logits only) gives the losses and hits of every
+    position's logits (`dense`, the on-policy replay's path)."""
+    from draftsmith.train.eagle import eagle_losses
+
+    target, data, batch, caches = setup
+    vocab_map, by_kind = heads(target, data)
+    head = by_kind["eagle3"]
+    vocab = draft_vocab_ids(head, vocab_map, "cpu")
+    recipe = recipe_of("eagle3", toy_dir, toy_data, caches["argmax"])
+    feats, teacher, in_vocab = aux_states_and_teacher(
+        recipe, target, data, (0, 1), 2, torch.device("cpu"), vocab, head.t2d
+    )(batch)
+    kept, dense = (
+        eagle_losses(head, batch, feats, teacher, recipe, in_vocab, train=True, steps=3, dense=d) for d in (False, True)
+    )
+    torch.testing.assert_close(torch.stack(kept[0]), torch.stack(dense[0]), rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.stack(kept[1]), torch.stack(dense[1]))  # hits
+    assert torch.equal(torch.stack(kept[2]), torch.stack(dense[2])) and kept[2][0].any()  # kept positions
+    assert not torch.stack(kept[2])[:, ~batch["attention_mask"].bool()[:, 1:]].any()  # padding is never kept
+
+
 def test_online_teacher_is_restricted_once(setup, toy_dir, toy_data):
     """Online (no cache) the forward's full logits are restricted once per batch: the same teacher and mask."""
     from draftsmith.train.eagle import EagleRecipe

@@ -173,6 +173,22 @@ def test_one_forward_equals_token_by_token_through_the_cache(targets, version):
     torch.testing.assert_close(torch.cat(logits, 1), full_logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("version", ["eagle1", "eagle3"])
+def test_logits_at_projects_just_those_positions(targets, version):
+    """Training projects only the positions its loss reads: the same logits, row-major, [N, Vd]."""
+    head = trained(make(targets(), version))
+    ids, hidden, pos = inputs(head, T=6)
+    at = torch.tensor([[True, False, False, True, True, False], [False, False, True, False, False, True]])
+    with torch.no_grad():
+        out, logits = head(ids, hidden, position_ids=pos)
+        kept_out, kept = head(ids, hidden, position_ids=pos, logits_at=at)
+    assert kept.shape == (int(at.sum()), head.config.draft_vocab_size)
+    torch.testing.assert_close(kept_out, out)
+    torch.testing.assert_close(kept, logits[at], rtol=1e-5, atol=1e-5)
+    with pytest.raises(EagleError, match=r"logits_at \[2, 5\] must be \[B, T\] = \[2, 6\]"):
+        head(ids, hidden, position_ids=pos, logits_at=at[:, :5])
+
+
 def tree_attention_mask(parents: list[int], past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-Python reference: the float additive mask [1, 1, n, past_len + n] of n tree nodes
     fed after `past_len` cached entries (a node sees the cache, its ancestors and itself;

@@ -166,13 +166,15 @@ def ttt_mask(n: int, step: int, device, dtype=torch.float32) -> torch.Tensor:
     return mask[None, None]
 
 
-def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, train: bool, steps: int):
-    """Per-step losses and top-1 hits over `steps` unrolled draft steps. `feats`: eagle1 the
-    post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
+def eagle_losses(
+    head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, train: bool, steps: int, dense: bool = False
+):
+    """Per-step losses, top-1 hits and kept positions over `steps` unrolled draft steps. `feats`: eagle1 the post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
     target's logits on the head's vocabulary [B,T,Vd] and `in_vocab` [B,T] (None: the whole
     vocabulary) as `teacher.on_draft_vocab` makes them. Unrolling is the training-time test for
     EAGLE-3 and, at evaluation, simply how both versions draft past the first token (own output
-    fed back)."""
+    fed back). The head projects the kept positions only (the lm_head is most of a step's cost);
+    `dense`: every position (the on-policy replay reads the logits at its calls)."""
     from transformers import DynamicCache
 
     ids = batch["input_ids"]
@@ -186,12 +188,12 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
     for j in range(steps):
         # Step j at position t drafts token t+2+j; the target's distribution for it is its
         # prediction at position t+1+j.
-        target_logits = shifted(teacher, 1 + j)[:, :n]  # [B, n, Vd]
         label_mask = shifted(batch["loss_mask"], 2 + j, False)[:, :n] & valid[:, 1:]
         if in_vocab is not None:
             # The target's distribution restricted to the draft vocabulary (EAGLE-3); positions whose
             # target argmax the draft vocabulary cannot produce teach nothing useful and are masked.
             label_mask = label_mask & shifted(in_vocab, 1 + j, False)[:, :n]
+        at = None if dense else label_mask
         if j == 0:
             if recipe.version == "eagle1":
                 f = feats[:, :-1]
@@ -200,7 +202,7 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
                 hidden = f
             else:
                 hidden = head.project(feats[:, :-1].to(head.dtype))
-            out, logits = head(step_ids, hidden.to(head.dtype), position_ids=positions, cache=cache)
+            out, logits = head(step_ids, hidden.to(head.dtype), position_ids=positions, cache=cache, logits_at=at)
         else:
             out, logits = head(
                 shifted(step_ids, j),
@@ -208,16 +210,21 @@ def eagle_losses(head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, 
                 position_ids=positions + j,
                 cache=cache,
                 attention_mask=ttt_mask(n, j, ids.device, head.dtype),
+                logits_at=at,
             )
-        loss = divergence(recipe.loss, logits, target_logits, label_mask)  # fp32 over the kept rows
+        kept_logits = logits[label_mask] if dense else logits  # [N, Vd]
+        rows, cols = label_mask.nonzero(as_tuple=True)  # a kept t has its token t+2+j, so t+1+j < T
+        kept_teacher = teacher[rows, cols + 1 + j]  # [N, Vd], read in place (no shifted copy of [B, T, Vd])
+        loss = divergence(recipe.loss, kept_logits, kept_teacher)  # fp32, the mean over the kept positions
         if recipe.version == "eagle1":
             feature_mask = batch["loss_mask"][:, 1:] & valid[:, 1:]  # f_{t+1} of an answer token
             loss = recipe.ce_weight * loss + recipe.feature_weight * smooth_l1(
                 out.float(), feats[:, 1:].float(), feature_mask
             )
         losses.append(loss)
-        with torch.no_grad():
-            hit = (logits.argmax(-1) == target_logits.argmax(-1)) & label_mask
+        with torch.no_grad():  # top-1 per position [B, n], False where nothing is kept
+            hit = torch.zeros_like(label_mask)
+            hit[label_mask] = kept_logits.argmax(-1) == kept_teacher.argmax(-1)
             hits.append(hit)
             counts.append(label_mask)
         hidden = out  # the next step reads the head's own output (training-time test)
@@ -234,7 +241,8 @@ def _replayed_loss(kept, rows, feats, teacher, recipe: EagleRecipe, in_vocab, wi
     read `width` steps. train=False: no EAGLE-1 feature noise (its only effect), so the law replayed
     is the decoder's own."""
     trained = trained_steps(recipe)
-    per_step, _, _ = eagle_losses(kept, rows, feats, teacher, recipe, in_vocab, train=False, steps=max(trained, width))
+    width = max(trained, width)
+    per_step, _, _ = eagle_losses(kept, rows, feats, teacher, recipe, in_vocab, train=False, steps=width, dense=True)
     return sum(recipe.ttt_decay**j * loss for j, loss in enumerate(per_step[:trained]))
 
 

@@ -198,14 +198,16 @@ def peagle_losses(
     hidden = torch.where(is_pair[..., None], pairs, head.mask_features(B, anchor.shape[1]).to(pairs.dtype))
     mask = chain_mask(anchor, depth, real, valid[:, 1:])  # pair t is real when token t+1 is
     allowed = additive(mask, head.dtype)[:, None]
-    _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed)
     label = trained[rows, position] & real
-    targets = teacher[:, 1:][rows, position]  # [B, N, Vd]: the target's distribution for token position + 2
     if in_vocab is not None:  # the draft vocabulary only; out-of-vocabulary argmaxes teach nothing: masked
         label = label & in_vocab[:, 1:][rows, position]
-    loss = divergence(recipe.loss, logits, targets, label)  # fp32 over the kept rows
+    # logits [L, Vd] of the L kept elements only: the lm_head is most of a step's cost
+    _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed, logits_at=label)
+    targets = teacher[:, 1:][rows, position][label]  # [L, Vd]: the target's distribution for token position + 2
+    loss = divergence(recipe.loss, logits, targets)  # fp32, the mean over the kept elements
     with torch.no_grad():
-        hits = (logits.argmax(-1) == targets.argmax(-1)) & label
+        hits = torch.zeros_like(label)  # [B, N]
+        hits[label] = logits.argmax(-1) == targets.argmax(-1)
     return loss, hits, label, anchor, depth
 
 

@@ -374,9 +374,12 @@ class EagleHead(Fp32Rope, PreTrainedModel):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out_hidden [B, T, H], logits [B, T, draft_vocab]) for input_ids [B, T] (token t+1 at
         position t) and hidden [B, T, H] (EAGLE-1: f_t; EAGLE-3: project(aux) or a previous out_hidden).
+        With `logits_at` (bool [B, T]) the logits are those positions' only, [N, draft_vocab] in
+        row-major order: training projects just the positions its loss reads.
 
         cache: a HF cache (`DynamicCache`: the head's past columns; a `StaticCache` of the decoder's
         static store: its whole buffer) or None. attention_mask: None = causal among the T new
@@ -398,10 +401,12 @@ class EagleHead(Fp32Rope, PreTrainedModel):
         if position_ids.shape[-1] != T:
             raise EagleError(f"forward: position_ids {list(position_ids.shape)} do not cover the {T} new tokens")
         past = 0 if cache is None else cache.get_mask_sizes(T, 0)[0] - T
+        if logits_at is not None and tuple(logits_at.shape) != (B, T):
+            raise EagleError(f"forward: logits_at {list(logits_at.shape)} must be [B, T] = [{B}, {T}]")
         mask = self._mask(attention_mask, B, T, past, self.embed_tokens.weight.dtype, input_ids.device)
-        return self.decode(input_ids, hidden, position_ids.expand(B, T), mask, cache)
+        return self.decode(input_ids, hidden, position_ids.expand(B, T), mask, cache, logits_at)
 
-    def decode(self, input_ids, hidden, position_ids, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, input_ids, hidden, position_ids, mask, cache, logits_at=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` without its checks, for the decoder's steps: position_ids [B, T], `cache` a
         HF cache (growing or static) or None, mask a float additive [B or 1, 1, T, S] over the S
         columns its layer returns (the past and the new ones; a static layer's whole buffer;
@@ -411,11 +416,10 @@ class EagleHead(Fp32Rope, PreTrainedModel):
         x = hidden if self.eagle3 else self.fc(torch.cat([embeds, hidden], dim=-1))
         cos, sin = self.rotary_emb(x, position_ids)
         out = self.layers[0](embeds, x, cos, sin, mask, cache)
-        if not self.eagle3:
-            return out, self.lm_head(out)
-        normed = self.norm(out)
+        normed = self.norm(out) if self.eagle3 else out  # EAGLE-1 projects the layer's output as it is
+        projected = normed if logits_at is None else normed[logits_at]
         # EAGLE-3.1 norm_output: the next step reads the post-norm state (the logits are the same).
-        return (normed if self.config.norm_output else out), self.lm_head(normed)
+        return (normed if self.config.norm_output else out), self.lm_head(projected)
 
     @staticmethod
     def _mask(mask, B, T, past, dtype, device) -> torch.Tensor:
