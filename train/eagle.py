@@ -169,7 +169,8 @@ def ttt_mask(n: int, step: int, device, dtype=torch.float32) -> torch.Tensor:
 def eagle_losses(
     head, batch, feats, teacher, recipe: EagleRecipe, in_vocab, *, train: bool, steps: int, dense: bool = False
 ):
-    """Per-step losses, top-1 hits and kept positions over `steps` unrolled draft steps. `feats`: eagle1 the post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
+    """Per-step losses, top-1 hits and kept positions over `steps` unrolled draft steps. `feats`:
+    eagle1 the post-norm last hidden [B,T,H], eagle3 the concatenated aux states [B,T,n*H]; `teacher` the
     target's logits on the head's vocabulary [B,T,Vd] and `in_vocab` [B,T] (None: the whole
     vocabulary) as `teacher.on_draft_vocab` makes them. Unrolling is the training-time test for
     EAGLE-3 and, at evaluation, simply how both versions draft past the first token (own output

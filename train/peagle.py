@@ -203,7 +203,8 @@ def peagle_losses(
         label = label & in_vocab[:, 1:][rows, position]
     # logits [L, Vd] of the L kept elements only: the lm_head is most of a step's cost
     _, logits = head(element_ids, hidden, position_ids=position, attention_mask=allowed, logits_at=label)
-    targets = teacher[:, 1:][rows, position][label]  # [L, Vd]: the target's distribution for token position + 2
+    # [L, Vd]: the target's distribution for token position + 2, read at the kept elements only
+    targets = teacher[rows.expand_as(position)[label], position[label] + 1]
     loss = divergence(recipe.loss, logits, targets)  # fp32, the mean over the kept elements
     with torch.no_grad():
         hits = torch.zeros_like(label)  # [B, N]
