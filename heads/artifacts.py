@@ -112,7 +112,7 @@ def read_config(path, what: str, error=ValueError) -> tuple[Path, dict]:
 
 def load_pretrained(cls, path, what: str, error=ValueError, dtype=None):
     """`cls.from_pretrained(path)` (in `dtype`, when given) of a draftsmith folder; a folder it
-    cannot read raises `error` naming it as `what` (e.g. "an EAGLE head")."""
+    cannot read raises `error` naming it as `what` (e.g. "the heads")."""
     try:
         return cls.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}))
     except (OSError, ValueError) as err:
