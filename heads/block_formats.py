@@ -65,6 +65,11 @@ class BlockLayout:
     extra_keys: Callable[[BlockConfig], set] = lambda config: set()  # tensors beyond the backbone's
     to_speculators: Callable[[BlockConfig], dict] = lambda config: {}  # speculators config keys it adds
     from_speculators: Callable[[dict], dict] = lambda raw: {}  # and back: config keys from them
+    # A head whose tensors meet the target's in what the speculators layout stores (a product with the
+    # target's embeddings): `reads_target(config)` says which, `as_speculators(head, tensors)` gives the
+    # (config, tensors) to write.
+    reads_target: Callable[[BlockConfig], bool] = lambda config: False
+    as_speculators: Callable[[BlockHead, dict], tuple] = lambda head, state: (head.config, state)
 
     @property
     def config(self) -> type:
@@ -233,7 +238,8 @@ def export_head(head: BlockHead, out_dir, *, layout: BlockLayout, overwrite: boo
     set vLLM loads before anything is written."""
     frozen = set(head.frozen_keys())
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in frozen}
-    return _write_speculators(head.config, state, out_dir, overwrite=overwrite, layout=layout)
+    config, state = layout.as_speculators(head, state)
+    return _write_speculators(config, state, out_dir, overwrite=overwrite, layout=layout)
 
 
 def _write_speculators(c: BlockConfig, state: dict, out_dir, *, layout: BlockLayout, overwrite: bool = False) -> Path:
@@ -260,9 +266,17 @@ def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, layout:
     ("vllm": the layout's speculators one; "hf": the draftsmith layout, saved as it is).
 
     Both layouts hold the same tensors (never the target's), so the head is converted without
-    its target; `target`, a zero-argument loader, is called only to check that the head fits it.
+    its target (but for a head that `reads_target`); `target`, a zero-argument loader, is called only to check that the head fits it, or
+    where the speculators layout stores a product with the target's tensors (`as_speculators`).
     The drafts per call are the block's (block_size - 1): `num_speculative_tokens` is not written."""
     path, config, state = _read_folder(folder, layout)
+    if fmt == "vllm" and layout.reads_target(config):
+        if target is None:
+            raise layout.error(
+                f"{str(path)!r}: this {layout.title} reads the target's embeddings, and the vllm layout stores their "
+                "product with its weights: give the target (--target), or export with format 'hf'"
+            )
+        return export_head(load_head(path, target=target(), layout=layout), out, layout=layout)
     if target is not None:
         load_head(path, target=target(), layout=layout)  # sizes, depth, positions and RoPE against the target
     if fmt == "vllm":

@@ -12,7 +12,9 @@ What it adds to `BlockHead` (DSpark, arXiv 2607.05147; the speculators `dspark` 
   B tokens, slot k the token at p + k + 1 (the backbone's slot 0 drafts nothing);
 - the Markov bias (`markov_head`, rank r): logits_k = U_k + bias_k, U_k = lm_head(h_k) the
   backbone's, bias_k from the token before slot k's target (the anchor for slot 0, then the
-  previous draft), e_k = W1[x_{k-1}] ([V, r], indexed by target ids):
+  previous draft), e_k = W1[x_{k-1}] ([V, r], indexed by target ids; `markov_embedding: target`
+  makes it W1 = E P, the target's frozen embeddings E [V, H] through a trained P [H -> r], H x r
+  parameters in place of V x r, exported as the product):
     vanilla  bias_k = W2 e_k
     gated    bias_k = W2 (sigmoid(G [h_k; e_k]) * e_k)
     rnn      s_k = g * s_{k-1} + (1 - g) * tanh(c), bias_k = W2 tanh(o), [g; c; o] = J [s_{k-1}; e_k; h_k]
@@ -33,6 +35,7 @@ from draftsmith.heads.blocks import BlockConfig, BlockError, BlockHead
 from draftsmith.heads.layers import describe_mask_head
 
 MARKOV_HEADS = ("vanilla", "gated", "rnn")
+MARKOV_EMBEDDINGS = ("table", "target")  # W1: a free [V, r] table (the paper's), or E P (module docstring)
 
 
 class DSparkError(BlockError):
@@ -48,18 +51,24 @@ class DSparkConfig(BlockConfig):
         markov_head_type: str = "vanilla",  # vanilla | gated | rnn (module docstring)
         enable_confidence_head: bool = True,
         confidence_head_with_markov: bool = True,  # the confidence head reads [h_k; W1[x_{k-1}]], else h_k
+        markov_embedding: str = "table",  # W1: table (a free [V, r]) | target (E P, module docstring)
         **kwargs,
     ):
         if not isinstance(markov_rank, int) or markov_rank < 0:
             raise DSparkError(f"DSparkConfig: markov_rank={markov_rank!r}; expected an integer >= 0 (0 = none)")
         if markov_head_type not in MARKOV_HEADS:
             raise DSparkError(f"DSparkConfig: markov_head_type={markov_head_type!r}; expected one of {MARKOV_HEADS}")
+        if markov_embedding not in MARKOV_EMBEDDINGS:
+            raise DSparkError(
+                f"DSparkConfig: markov_embedding={markov_embedding!r}; expected one of {MARKOV_EMBEDDINGS}"
+            )
         if enable_confidence_head and confidence_head_with_markov and markov_rank == 0:
             raise DSparkError("DSparkConfig: confidence_head_with_markov needs markov_rank > 0")
         self.markov_rank = markov_rank
         self.markov_head_type = markov_head_type
         self.enable_confidence_head = bool(enable_confidence_head)
         self.confidence_head_with_markov = bool(confidence_head_with_markov)
+        self.markov_embedding = markov_embedding
         super().__init__(**kwargs)
 
     sample_from_anchor = True  # slot k drafts the token at p + k + 1: block_size drafts per forward
@@ -77,7 +86,10 @@ class MarkovHead(nn.Module):
         super().__init__()
         r, H = config.markov_rank, config.hidden_size
         self.kind = config.markov_head_type
-        self.markov_w1 = nn.Embedding(config.vocab_size, r)  # indexed by target ids
+        if config.markov_embedding == "table":
+            self.markov_w1 = nn.Embedding(config.vocab_size, r)  # indexed by target ids
+        else:
+            self.markov_w1_proj = nn.Linear(H, r, bias=False)  # P of W1 = E P, over the target's embeddings
         self.markov_w2 = nn.Linear(r, config.draft_vocab_size, bias=False)
         if self.kind == "gated":
             self.gate_proj = nn.Linear(H + r, r)
@@ -132,13 +144,27 @@ class DSparkHead(BlockHead):
         width = H + (r if config.confidence_head_with_markov else 0)
         self.confidence_head = ConfidenceHead(width) if config.enable_confidence_head else None
         if self.markov_head is not None:
-            nn.init.normal_(self.markov_head.markov_w1.weight, std=0.01)
+            if config.markov_embedding == "table":
+                nn.init.normal_(self.markov_head.markov_w1.weight, std=0.01)
             nn.init.zeros_(self.markov_head.markov_w2.weight)  # starts as the backbone: bias 0
         self._freeze()
 
     def previous(self, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """W1[x] [..., r] of target ids (None without a sequential head)."""
-        return None if self.markov_head is None else self.markov_head.markov_w1(prev_ids)
+        if self.markov_head is None:
+            return None
+        if self.config.markov_embedding == "table":
+            return self.markov_head.markov_w1(prev_ids)
+        return self.markov_head.markov_w1_proj(
+            self.embed_tokens(prev_ids).to(self.markov_head.markov_w1_proj.weight.dtype)
+        )
+
+    def markov_table(self) -> torch.Tensor:
+        """W1 [V, r] as a table, whichever way the head holds it (E P in float32 when it is a product;
+        the speculators layout stores the table)."""
+        if self.config.markov_embedding == "table":
+            return self.markov_head.markov_w1.weight
+        return self.embed_tokens.weight.float() @ self.markov_head.markov_w1_proj.weight.float().t()
 
     def corrected(self, base: torch.Tensor, prev_ids: torch.Tensor, h: torch.Tensor, state=None):
         """(logits_k = U_k + bias_k [..., Vd], the next rnn state) of slots whose backbone logits

@@ -20,9 +20,9 @@ from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.distill.losses import dpace_weights
 from draftsmith.eval.lossless import check_lossless
 from draftsmith.heads.dspark import MARKOV_HEADS, DSparkConfig, DSparkError, DSparkHead
-from draftsmith.heads.dspark_formats import export_dspark, load_dspark, save_dspark
+from draftsmith.heads.dspark_formats import export_dspark, export_folder, load_dspark, save_dspark
 from draftsmith.train.blocks import anchor_chunks
-from draftsmith.train.dspark import DSparkRecipe, dspark_losses
+from draftsmith.train.dspark import DSparkRecipe, dspark_losses, head_parameters
 
 BLOCK = 4
 
@@ -64,8 +64,12 @@ def test_a_zero_rank_head_is_its_backbone_and_bad_configs_are_refused(pairs):
     ):
         with pytest.raises(DSparkError, match=message):
             DSparkConfig(mask_token_id=1, aux_layer_ids=[0], vocab_size=VOCAB, **bad)
+    with pytest.raises(DSparkError, match="markov_embedding"):
+        DSparkConfig(mask_token_id=1, aux_layer_ids=[0], vocab_size=VOCAB, markov_embedding="hash")
     with pytest.raises(ValueError, match="markov_head_type = 'lstm'"):
         DSparkRecipe(target="t", data="d", out="o", markov_head_type="lstm")
+    with pytest.raises(ValueError, match="markov_embedding = 'hash'"):
+        DSparkRecipe(target="t", data="d", out="o", markov_embedding="hash")
     assert DSparkConfig(mask_token_id=1, aux_layer_ids=[0], vocab_size=VOCAB, block_size=7).drafts_per_block == 7
 
 
@@ -164,6 +168,45 @@ def test_both_layouts_round_trip_with_the_same_tokens(pairs, kind, tmp_path):
     assert config["speculators_model_type"] == "dspark" and config["sample_from_anchor"] is True
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == BLOCK
     assert {"markov_rank", "markov_head_type", "enable_confidence_head"} <= set(config)
+
+
+@pytest.mark.parametrize("embedding", ["table", "target"])
+def test_the_parameter_count_is_the_built_heads(pairs, embedding):
+    """`head_parameters` (the memory estimate's count) against the head `train` builds: W1 a [V, r]
+    table, or over the target's frozen embeddings its [H, r] projection."""
+    target, _ = pairs("llama")
+    variant = dict(markov_rank=16, markov_head_type="rnn", markov_embedding=embedding)
+    recipe = DSparkRecipe(target="t", data="d", out="o", aux_layers=[0, 1, 2], **variant)
+    head = _head(target, "rnn", markov_embedding=embedding)
+    assert head_parameters(recipe, target) == fixtures.parameter_counts(head)
+
+
+def test_a_markov_embedding_over_the_target_exports_its_table(pairs, tmp_path):
+    """`markov_embedding: target`: W1[x] = E[x] P with E the target's frozen embeddings and P
+    trained; the vllm layout stores the table E P, a `table` head drafting the same tokens, so a
+    folder exports to it only with the target."""
+    import json
+
+    target, _ = pairs("llama")
+    head = _head(target, "gated", aux=(0, 1), markov_embedding="target")
+    trained = {name for name, p in head.named_parameters() if p.requires_grad}
+    assert "markov_head.markov_w1_proj.weight" in trained and "embed_tokens.weight" not in trained
+    ids = torch.randint(0, VOCAB, (3, BLOCK))
+    torch.testing.assert_close(head.previous(ids), head.markov_table()[ids])
+    prompts, _, _ = fixtures.greedy_answers_batch(target)
+    reference = generate(target, DSparkDrafter(head), prompts[0], max_new_tokens=16, num_draft_tokens=BLOCK).tokens
+    save_dspark(head, tmp_path / "hf")
+    with pytest.raises(DSparkError, match="reads the target's embeddings.*give the target"):
+        export_folder(tmp_path / "hf", tmp_path / "vllm", "vllm", num_speculative_tokens=BLOCK)
+    assert not (tmp_path / "vllm").exists()
+    export_folder(tmp_path / "hf", tmp_path / "vllm", "vllm", num_speculative_tokens=BLOCK, target=lambda: target)
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["markov_rank"] == 16 and "markov_embedding" not in config
+    for folder, embedding in (("hf", "target"), ("vllm", "table")):
+        again = load_dspark(tmp_path / folder, target=target)
+        assert again.config.markov_embedding == embedding
+        out = generate(target, DSparkDrafter(again), prompts[0], max_new_tokens=16, num_draft_tokens=BLOCK).tokens
+        assert out == reference, folder
 
 
 def test_anchor_chunks_start_where_the_decoder_calls(fitted):

@@ -33,7 +33,13 @@ from draftsmith.train.draft_opd import block_replay, block_states, block_tokens
 from draftsmith.train.sharding import draft_vocab, target_dims
 from draftsmith.train.teacher import teacher_rows
 
-VARIANT = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+VARIANT = (
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+    "markov_embedding",
+)
 
 
 @dataclass(kw_only=True)
@@ -45,6 +51,7 @@ class DSparkRecipe(BlockRecipe):
     markov_head_type: str = "vanilla"  # vanilla | gated | rnn (heads/dspark.py)
     enable_confidence_head: bool = True  # c_k predicts each draft's acceptance (dynamic draft length)
     confidence_head_with_markov: bool = True  # c_k reads [h_k; W1[x_{k-1}]], else h_k
+    markov_embedding: str = "table"  # W1: table (a free [V, r]) | target (E P: the target's embeddings, P trained)
     loss: str = "tv"  # the distribution term: DeepSpec's L1(p_d, p_t) = 2 TV
     divergence_weight: float = 1.8  # 0.9 L1 = 1.8 TV
     ce_weight: float = 0.1  # CE on the data's token
@@ -53,12 +60,16 @@ class DSparkRecipe(BlockRecipe):
 
     def __post_init__(self):
         super().__post_init__()
-        from draftsmith.heads.dspark import MARKOV_HEADS
+        from draftsmith.heads.dspark import MARKOV_EMBEDDINGS, MARKOV_HEADS
 
         if self.markov_rank < 0:
             raise ValueError(f"markov_rank = {self.markov_rank} must be >= 0 (0: no sequential head)")
         if self.markov_head_type not in MARKOV_HEADS:
             raise ValueError(f"markov_head_type = {self.markov_head_type!r}: expected one of {', '.join(MARKOV_HEADS)}")
+        if self.markov_embedding not in MARKOV_EMBEDDINGS:
+            raise ValueError(
+                f"markov_embedding = {self.markov_embedding!r}: expected one of {', '.join(MARKOV_EMBEDDINGS)}"
+            )
         if self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
             raise ValueError("confidence_head_with_markov needs markov_rank > 0 (or set it false)")
         for name in ("divergence_weight", "ce_weight", "confidence_weight"):
@@ -68,13 +79,13 @@ class DSparkRecipe(BlockRecipe):
 
 def head_parameters(recipe: DSparkRecipe, target) -> tuple[int, int]:
     """(trainable, frozen) parameters: the backbone's (`train.blocks.head_parameters`), then the
-    Markov head (W1 [V, r], W2 [r, Vd], gated: G [H + r -> r], rnn: J [2r + H -> 3r]) and the
+    Markov head (W1 [V, r] or its P [H, r], W2 [r, Vd], gated: G [H + r -> r], rnn: J [2r + H -> 3r]) and the
     confidence head ([H (+ r) -> 1])."""
     trained, frozen = backbone_parameters(recipe, target)
     _, H, V = target_dims(target)
     r, Vd = recipe.markov_rank, draft_vocab(recipe, V)
     if r:
-        trained += V * r + r * Vd
+        trained += (V if recipe.markov_embedding == "table" else H) * r + r * Vd
         trained += {"gated": (H + r) * r + r, "rnn": (2 * r + H) * 3 * r + 3 * r}.get(recipe.markov_head_type, 0)
     if recipe.enable_confidence_head:
         trained += H + (r if recipe.confidence_head_with_markov else 0) + 1
