@@ -103,7 +103,7 @@ def _is_staging(folder: Path) -> bool:
 def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
     """The weights and config.json in layout `fmt`, by the method's exporter (the registry's);
     `k` is the draft length written into server configs. The target is loaded only when the
-    exporter asks for it (heads sharing its lm_head, in a server layout)."""
+    exporter asks for it (a server layout holding its lm_head, or a product with its embeddings)."""
     from draftsmith.heads.registry import RegistryError
 
     method = artifact.spec
@@ -116,7 +116,7 @@ def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
 
 def _load_target(artifact: Artifact):
     """The target the run recorded, on the CPU in its own dtype: a few layouts hold a copy of its
-    weights (the lm_head of heads that share it)."""
+    weights (the lm_head of heads that share it) or a product with them (DSpark's W1 over its embeddings)."""
     import torch
 
     from draftsmith.heads.models import ModelLoadError, load_causal_lm
