@@ -116,7 +116,7 @@ def _write_weights(artifact: Artifact, fmt: str, k: int, out: Path) -> None:
 
 def _load_target(artifact: Artifact):
     """The target the run recorded, on the CPU in its own dtype: a few layouts hold a copy of its
-    weights (the lm_head of heads that share it) or a product with them (DSpark's W1 over its embeddings)."""
+    weights (the lm_head of heads that share it) or a product with them (a Markov bias over its embeddings)."""
     import torch
 
     from draftsmith.heads.models import ModelLoadError, load_causal_lm
