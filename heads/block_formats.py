@@ -266,8 +266,8 @@ def export_folder(folder, out, fmt: str, *, num_speculative_tokens: int, layout:
     ("vllm": the layout's speculators one; "hf": the draftsmith layout, saved as it is).
 
     Both layouts hold the same tensors (never the target's), so the head is converted without
-    its target (but for a head that `reads_target`); `target`, a zero-argument loader, is called only to check that the head fits it, or
-    where the speculators layout stores a product with the target's tensors (`as_speculators`).
+    its target; `target`, a zero-argument loader, is called to check that the head fits it, and is
+    required where the layout `reads_target` (vllm stores a product with the target's embeddings).
     The drafts per call are the block's (block_size - 1): `num_speculative_tokens` is not written."""
     path, config, state = _read_folder(folder, layout)
     if fmt == "vllm" and layout.reads_target(config):
